@@ -1,0 +1,168 @@
+// llama-bitcos-bench: times ggml's real CPU MUL_MAT on every weight of a GGUF, for side-by-side ratios
+// of BITCOS against TQ2_0 / TQ1_0 / Q4_0 measured in one run (`ggml-bitcos bench gemv` writes the GGUF
+// and reads this program's JSON lines). Also measures per-thread read bandwidth (beta) for the roofline.
+//
+//   llama-bitcos-bench gemv FILE.gguf THREADS REPS [NCOLS]
+//   llama-bitcos-bench bandwidth MIB THREADS REPS
+//
+// BITCOS weights are linked to their companion (<name>.bitcos) through src[0], as the patched loader does.
+#include "ggml.h"
+#include "ggml-cpu.h"
+#include "gguf.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+static int cmp_double(const void * a, const void * b) {
+    const double x = *(const double *) a, y = *(const double *) b;
+    return (x > y) - (x < y);
+}
+
+static int ends_with(const char * s, const char * suffix) {
+    const size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int bench_gemv(const char * fname, int n_threads, int reps, int64_t ncols) {
+    // one persistent threadpool, as llama.cpp uses: no thread start-up inside the timed region
+    struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    struct ggml_threadpool * tp = ggml_threadpool_new(&tpp);
+    struct ggml_context * wctx = NULL;
+    struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &wctx };
+    struct gguf_context * g = gguf_init_from_file(fname, gp);
+    if (!g) {
+        fprintf(stderr, "%s: cannot read GGUF\n", fname);
+        return 1;
+    }
+    const int64_t n = gguf_get_n_tensors(g);
+    for (int64_t i = 0; i < n; ++i) {
+        const char * name = gguf_get_tensor_name(g, i);
+        if (ends_with(name, ".bitcos")) {
+            continue;
+        }
+        struct ggml_tensor * w = ggml_get_tensor(wctx, name);
+        if (ggml_n_dims(w) != 2) {
+            continue;
+        }
+        size_t bytes = ggml_nbytes(w);
+        char cname[GGML_MAX_NAME + 8];
+        snprintf(cname, sizeof(cname), "%s.bitcos", name);
+        struct ggml_tensor * comp = ggml_get_tensor(wctx, cname);
+        if (comp) {
+            w->src[0] = comp;
+            bytes += ggml_nbytes(comp);
+        }
+        const int64_t k = w->ne[0], rows = w->ne[1];
+
+        struct ggml_init_params ip = { /*.mem_size =*/ ggml_tensor_overhead() * 8 + ggml_graph_overhead() +
+                                       (size_t) (k + rows) * ncols * sizeof(float) + 1024 * 1024,
+                                       /*.mem_buffer =*/ NULL, /*.no_alloc =*/ false };
+        struct ggml_context * ctx = ggml_init(ip);
+        struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, ncols);
+        float * xd = (float *) x->data;
+        uint32_t s = 12345;
+        for (int64_t j = 0; j < k * ncols; ++j) {
+            s = s * 1664525u + 1013904223u;
+            xd[j] = ((s >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
+        }
+        struct ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+        struct ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, y);
+
+        struct ggml_cplan plan = ggml_graph_plan(gf, n_threads, tp);
+        uint8_t * work = plan.work_size ? malloc(plan.work_size) : NULL;
+        plan.work_data = work;
+
+        ggml_graph_compute(gf, &plan);  // warm-up (page faults, caches)
+        double * t = malloc(sizeof(double) * reps);
+        for (int r = 0; r < reps; ++r) {
+            const double t0 = now_us();
+            ggml_graph_compute(gf, &plan);
+            t[r] = now_us() - t0;
+        }
+        qsort(t, reps, sizeof(double), cmp_double);
+        const double med = t[reps / 2];
+        printf("{\"tensor\": \"%s\", \"type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64
+               ", \"ncols\": %" PRId64 ", \"threads\": %d, \"reps\": %d, \"bytes\": %zu, \"median_us\": %.3f,"
+               " \"min_us\": %.3f, \"checksum\": %.6g}\n",
+               name, ggml_type_name(w->type), k, rows, ncols, n_threads, reps, bytes, med, t[0],
+               (double) ((float *) y->data)[0] + ((float *) y->data)[rows - 1]);
+        fflush(stdout);
+        free(t);
+        free(work);
+        ggml_free(ctx);
+    }
+    gguf_free(g);
+    ggml_free(wctx);
+    ggml_threadpool_free(tp);
+    return 0;
+}
+
+typedef struct {
+    const uint64_t * p;
+    size_t n;
+    uint64_t sum;
+} bw_job;
+
+static void * bw_worker(void * arg) {
+    bw_job * j = (bw_job *) arg;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= j->n; i += 4) {
+        s0 += j->p[i]; s1 += j->p[i + 1]; s2 += j->p[i + 2]; s3 += j->p[i + 3];
+    }
+    j->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+
+static int bench_bandwidth(size_t mib, int n_threads, int reps) {
+    const size_t n = mib * 1024 * 1024 / sizeof(uint64_t);
+    uint64_t * buf = malloc(n * sizeof(uint64_t));
+    for (size_t i = 0; i < n; ++i) {
+        buf[i] = i;
+    }
+    double * t = malloc(sizeof(double) * reps);
+    uint64_t total = 0;
+    for (int r = 0; r < reps; ++r) {
+        pthread_t th[64];
+        bw_job jobs[64];
+        const double t0 = now_us();
+        for (int i = 0; i < n_threads; ++i) {
+            jobs[i].p = buf + n / n_threads * i;
+            jobs[i].n = n / n_threads;
+            pthread_create(&th[i], NULL, bw_worker, &jobs[i]);
+        }
+        for (int i = 0; i < n_threads; ++i) {
+            pthread_join(th[i], NULL);
+            total += jobs[i].sum;
+        }
+        t[r] = now_us() - t0;
+    }
+    qsort(t, reps, sizeof(double), cmp_double);
+    printf("{\"bandwidth_mib\": %zu, \"threads\": %d, \"median_us\": %.3f, \"gb_per_s\": %.3f, \"checksum\": %" PRIu64 "}\n",
+           mib, n_threads, t[reps / 2], (double) (n * sizeof(uint64_t)) / (t[reps / 2] * 1e3), total);
+    free(t);
+    free(buf);
+    return 0;
+}
+
+int main(int argc, char ** argv) {
+    if (argc >= 5 && strcmp(argv[1], "gemv") == 0) {
+        return bench_gemv(argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? atoll(argv[5]) : 1);
+    }
+    if (argc >= 5 && strcmp(argv[1], "bandwidth") == 0) {
+        return bench_bandwidth((size_t) atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    }
+    fprintf(stderr, "usage: %s gemv FILE.gguf THREADS REPS [NCOLS]\n       %s bandwidth MIB THREADS REPS\n",
+            argv[0], argv[0]);
+    return 2;
+}

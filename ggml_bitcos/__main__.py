@@ -1,0 +1,3 @@
+from ggml_bitcos.cli import main
+
+raise SystemExit(main())

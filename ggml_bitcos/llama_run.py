@@ -1,0 +1,195 @@
+"""Running models through the patched llama.cpp: Python bindings and the installed tools.
+
+Used by `ggml-bitcos demo`, the end-to-end tests and the benchmarks, so all of them exercise the same
+real code paths (llama_cpp.Llama, llama-completion, llama-bench, llama-perplexity, llama-server).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PATCHED_VERSION_SUFFIX = "+bitcos1"
+
+
+class LlamaNotBuilt(RuntimeError):
+    pass
+
+
+def llama_cpp_dir() -> Path:
+    """Directory of the installed llama_cpp package, found without importing it (importing loads the lib)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise LlamaNotBuilt("llama_cpp is not installed; run scripts/install.sh (or `ggml-bitcos build-llama`)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def is_patched() -> bool:
+    try:
+        init = (llama_cpp_dir() / "__init__.py").read_text()
+    except (LlamaNotBuilt, OSError):
+        return False
+    return PATCHED_VERSION_SUFFIX in init
+
+
+def tool_path(name: str) -> Path:
+    """Path of a llama.cpp tool built with BITCOS (installed under llama_cpp/bin by the patched build)."""
+    p = llama_cpp_dir() / "bin" / name
+    if not p.exists():
+        raise LlamaNotBuilt(f"{p} not found: the patched llama.cpp build is not installed (scripts/install.sh)")
+    return p
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    logits: np.ndarray          # [n_generated, n_vocab] float32, logits that chose each token
+    text: str
+    prompt_tokens: int
+    seconds: float              # wall time of the generation loop (excludes load)
+    load_seconds: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else float("nan")
+
+
+def greedy_generate(model: Path, prompt: str, n_tokens: int = 64, n_threads: int | None = None,
+                    n_ctx: int = 512) -> Generation:
+    """Greedy decoding through llama_cpp.Llama, returning the tokens and the logits of every step."""
+    from llama_cpp import Llama  # imported here: loading the library is the caller's choice
+
+    t0 = time.perf_counter()
+    llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(),
+                n_threads_batch=n_threads or os.cpu_count(), logits_all=True, verbose=False, seed=0)
+    load_s = time.perf_counter() - t0
+    prompt_toks = llm.tokenize(prompt.encode(), add_bos=True)
+    t1 = time.perf_counter()
+    llm.eval(prompt_toks)
+    out: list[int] = []
+    logits: list[np.ndarray] = []
+    for _ in range(n_tokens):
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        tok = int(np.argmax(row))
+        logits.append(row)
+        out.append(tok)
+        llm.eval([tok])
+    secs = time.perf_counter() - t1
+    text = llm.detokenize(out).decode("utf-8", errors="replace")
+    del llm
+    return Generation(out, np.stack(logits), text, len(prompt_toks), secs, load_s)
+
+
+def run_completion(model: Path, prompt: str, n_tokens: int = 64, threads: int = 2,
+                   timeout: float = 300) -> str:
+    """Greedy completion through the llama-completion tool; returns the generated text (stdout)."""
+    cmd = [str(tool_path("llama-completion")), "-m", str(model), "-p", prompt, "-n", str(n_tokens),
+           "--temp", "0", "--top-k", "1", "--seed", "0", "-t", str(threads), "-no-cnv",
+           "--no-warmup", "--simple-io", "-c", "512"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-completion failed ({r.returncode}) on {model}:\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def run_bench(models: list[Path], n_prompt: int = 512, n_gen: int = 128, threads: list[int] | None = None,
+              repetitions: int = 3, timeout: float = 3600) -> list[dict]:
+    """llama-bench in JSON mode over several models in one run."""
+    cmd = [str(tool_path("llama-bench"))]
+    for m in models:
+        cmd += ["-m", str(m)]
+    cmd += ["-p", str(n_prompt), "-n", str(n_gen), "-r", str(repetitions), "-o", "json"]
+    if threads:
+        cmd += ["-t", ",".join(str(t) for t in threads)]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout)
+
+
+_PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
+
+
+def run_perplexity(model: Path, text_file: Path, ctx: int = 128, threads: int = 2,
+                   timeout: float = 1800) -> tuple[float, float]:
+    """llama-perplexity on a text file; returns (ppl, stderr of ppl)."""
+    cmd = [str(tool_path("llama-perplexity")), "-m", str(model), "-f", str(text_file), "-c", str(ctx),
+           "-b", str(ctx), "-t", str(threads)]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    m = _PPL_RE.search(r.stdout)
+    if r.returncode != 0 or not m:
+        raise RuntimeError(f"llama-perplexity failed ({r.returncode}) on {model}:\n{r.stdout[-3000:]}")
+    return float(m.group(1)), float(m.group(2))
+
+
+class LlamaServer:
+    """llama-server on a free loopback port, stopped on exit (bounded waits, never left running)."""
+
+    def __init__(self, model: Path, threads: int = 2, ctx: int = 512, extra: list[str] | None = None):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.cmd = [str(tool_path("llama-server")), "-m", str(model), "--host", "127.0.0.1",
+                    "--port", str(self.port), "-t", str(threads), "-c", str(ctx), "--no-webui",
+                    *(extra or [])]
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "LlamaServer":
+        import requests
+
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}):\n"
+                                   f"{self.proc.stderr.read()[-3000:] if self.proc.stderr else ''}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        self.__exit__(None, None, None)
+        raise RuntimeError("llama-server did not become healthy within 120 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=20)
+
+    def chat(self, content: str, max_tokens: int = 16) -> dict:
+        import requests
+
+        r = requests.post(self.url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "temperature": 0, "seed": 0})
+        r.raise_for_status()
+        return r.json()
+
+
+def which(name: str) -> str | None:
+    return shutil.which(name)

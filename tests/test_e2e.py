@@ -1,0 +1,95 @@
+"""End to end through the patched llama.cpp: a BITCOS file must behave exactly like its TQ2_0 source.
+
+Needs the patched build (scripts/install.sh). Without it these tests skip, except under
+BITCOS_REQUIRE_LLAMA=1 (set by .ci/run), where a missing build is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggml_bitcos import llama_run
+
+PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
+N_TOKENS = 64
+
+
+def _cli(*args: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", *args], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 0, f"ggml-bitcos {' '.join(args)} failed:\n{r.stdout[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def patched_llama() -> None:
+    if not llama_run.is_patched():
+        if os.environ.get("BITCOS_REQUIRE_LLAMA") == "1":
+            pytest.fail("patched llama.cpp is not installed but BITCOS_REQUIRE_LLAMA=1")
+        pytest.skip("patched llama.cpp not installed (run scripts/install.sh)")
+
+
+@pytest.fixture(scope="session")
+def model_pairs(tmp_path_factory, patched_llama) -> dict[str, tuple[Path, Path]]:
+    """(TQ2_0 source, BITCOS conversion) for a dense and an MoE tiny llama at z = 0.42, both scale variants."""
+    d = tmp_path_factory.mktemp("e2e")
+    pairs = {}
+    for name, extra in {
+        "dense-g128": ["--scale", "g128"],
+        "dense-pt": ["--scale", "tensor"],
+        "moe-g128": ["--scale", "g128", "--moe", "4"],
+    }.items():
+        src = d / f"{name}-tq2_0.gguf"
+        out = d / f"{name}-bitcos.gguf"
+        _cli("make-model", "-o", str(src), "--preset", "tiny", "--zero-density", "0.42", "--type", "tq2_0",
+             "--seed", "7", *extra)
+        _cli("convert", str(src), "-o", str(out))
+        pairs[name] = (src, out)
+    return pairs
+
+
+@pytest.mark.parametrize("name", ["dense-g128", "dense-pt", "moe-g128"])
+def test_python_bindings_identical_greedy_and_logits(model_pairs, name):
+    src, out = model_pairs[name]
+    a = llama_run.greedy_generate(src, PROMPT, N_TOKENS, n_threads=2)
+    b = llama_run.greedy_generate(out, PROMPT, N_TOKENS, n_threads=2)
+    assert a.tokens == b.tokens, f"{name}: greedy tokens differ\nTQ2_0: {a.tokens}\nBITCOS: {b.tokens}"
+    scale = float(np.max(np.abs(a.logits)))
+    diff = float(np.max(np.abs(a.logits - b.logits)))
+    assert diff <= 1e-3 * scale, f"{name}: max |logit diff| {diff} > 1e-3 * {scale}"
+    # the model must not be degenerate, or equality would prove little
+    assert len(set(a.tokens)) > 3
+
+
+def test_llama_completion_identical_text(model_pairs):
+    src, out = model_pairs["dense-g128"]
+    a = llama_run.run_completion(src, PROMPT, N_TOKENS)
+    b = llama_run.run_completion(out, PROMPT, N_TOKENS)
+    assert a == b and len(a) > len(PROMPT)
+
+
+def test_llama_completion_moe_identical_text(model_pairs):
+    src, out = model_pairs["moe-g128"]
+    assert llama_run.run_completion(src, PROMPT, N_TOKENS) == llama_run.run_completion(out, PROMPT, N_TOKENS)
+
+
+def test_llama_bench_runs(model_pairs):
+    src, out = model_pairs["dense-pt"]
+    rows = llama_run.run_bench([src, out], n_prompt=64, n_gen=16, threads=[2], repetitions=1)
+    assert len(rows) == 4
+    assert all(r["avg_ts"] > 0 for r in rows)
+    types = {Path(r["model_filename"]).name: r["model_type"] for r in rows}
+    assert "bitcos" in str(types).lower() or len(types) == 2
+
+
+def test_llama_server_chat_completion(model_pairs):
+    _, out = model_pairs["dense-g128"]
+    with llama_run.LlamaServer(out, extra=["--chat-template", "chatml"]) as srv:
+        reply = srv.chat("Say something.", max_tokens=16)
+    assert reply["choices"][0]["message"]["content"] is not None
+    assert reply["usage"]["completion_tokens"] > 0

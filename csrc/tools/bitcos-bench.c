@@ -4,6 +4,10 @@
 //
 //   llama-bitcos-bench gemv FILE.gguf THREADS REPS [NCOLS]
 //   llama-bitcos-bench bandwidth MIB THREADS REPS
+//   llama-bitcos-bench gamma TYPE K ROWS ITERS        (ggml's own types: tq2_0, tq1_0, q4_0, ...)
+//
+// gamma: CPU cycles (rdtsc) per 32 weights of one type's vec_dot on L1-resident data, one thread —
+// the roofline's instruction cost. BITCOS's gamma comes from the kernel harness (ggml-bitcos bench kernels).
 //
 // BITCOS weights are linked to their companion (<name>.bitcos) through src[0], as the patched loader does.
 #include "ggml.h"
@@ -16,6 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 static double now_us(void) {
     struct timespec ts;
@@ -155,14 +162,79 @@ static int bench_bandwidth(size_t mib, int n_threads, int reps) {
     return 0;
 }
 
+static uint64_t cycles_now(void) {
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    return (uint64_t) (now_us() * 1e3);  // no TSC: nanoseconds stand in for cycles
+#endif
+}
+
+static int bench_gamma(const char * type_name, int64_t k, int64_t rows, int iters) {
+    enum ggml_type type = GGML_TYPE_COUNT;
+    for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+        const char * n = ggml_type_name((enum ggml_type) t);
+        if (n && strcmp(n, type_name) == 0) {
+            type = (enum ggml_type) t;
+        }
+    }
+    const struct ggml_type_traits_cpu * tr = type == GGML_TYPE_COUNT ? NULL : ggml_get_type_traits_cpu(type);
+    if (!tr || !tr->vec_dot) {
+        fprintf(stderr, "gamma: type '%s' has no CPU vec_dot\n", type_name);
+        return 1;
+    }
+    ggml_cpu_init();
+    float * wf = malloc(sizeof(float) * k * rows);
+    float * xf = malloc(sizeof(float) * k);
+    uint32_t s = 777;
+    for (int64_t i = 0; i < k * rows; ++i) {
+        s = s * 1664525u + 1013904223u;
+        const uint32_t r = (s >> 8) % 100;
+        wf[i] = r < 40 ? 0.0f : (r < 70 ? 0.5f : -0.5f);  // ternary, z = 0.4
+    }
+    for (int64_t i = 0; i < k; ++i) {
+        s = s * 1664525u + 1013904223u;
+        xf[i] = ((s >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
+    }
+    const size_t wrow = ggml_row_size(type, k);
+    uint8_t * w = malloc(wrow * rows);
+    ggml_quantize_chunk(type, wf, w, 0, rows, k, NULL);
+    const enum ggml_type vt = tr->vec_dot_type;
+    uint8_t * x = malloc(ggml_row_size(vt, k));
+    if (vt == GGML_TYPE_F32) {
+        memcpy(x, xf, sizeof(float) * k);
+    } else {
+        ggml_get_type_traits_cpu(vt)->from_float(xf, x, k);
+    }
+    float acc = 0.0f, out;
+    uint64_t best = UINT64_MAX;
+    for (int it = 0; it < iters; ++it) {
+        const uint64_t c0 = cycles_now();
+        for (int64_t r = 0; r < rows; ++r) {
+            tr->vec_dot((int) k, &out, 0, w + r * wrow, 0, x, 0, 1);
+            acc += out;
+        }
+        const uint64_t c = cycles_now() - c0;
+        best = c < best ? c : best;
+    }
+    printf("{\"gamma_type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64 ", \"bytes\": %zu,"
+           " \"cycles_per_32\": %.4f, \"checksum\": %g}\n",
+           type_name, k, rows, wrow * rows, (double) best / ((double) k * rows / 32.0), (double) acc);
+    free(wf); free(xf); free(w); free(x);
+    return 0;
+}
+
 int main(int argc, char ** argv) {
+    if (argc >= 6 && strcmp(argv[1], "gamma") == 0) {
+        return bench_gamma(argv[2], atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
+    }
     if (argc >= 5 && strcmp(argv[1], "gemv") == 0) {
         return bench_gemv(argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? atoll(argv[5]) : 1);
     }
     if (argc >= 5 && strcmp(argv[1], "bandwidth") == 0) {
         return bench_bandwidth((size_t) atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
     }
-    fprintf(stderr, "usage: %s gemv FILE.gguf THREADS REPS [NCOLS]\n       %s bandwidth MIB THREADS REPS\n",
-            argv[0], argv[0]);
+    fprintf(stderr, "usage: %s gemv FILE.gguf THREADS REPS [NCOLS]\n       %s bandwidth MIB THREADS REPS\n"
+                    "       %s gamma TYPE K ROWS ITERS\n", argv[0], argv[0], argv[0]);
     return 2;
 }

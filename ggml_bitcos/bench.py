@@ -1,0 +1,403 @@
+"""`ggml-bitcos bench …`: the paper's measurements reproduced on the machine at hand.
+
+* ``gemv``     — Fig. 11: GEMV time over zero density, BITCOS vs TQ2_0 / TQ1_0 (Q4_0 as a familiar
+                 reference), through ggml's real CPU MUL_MAT (llama-bitcos-bench), ratios from one run.
+* ``roofline`` — Table II / Fig. 10: measured per-thread read bandwidth beta and instruction cost gamma
+                 (cycles per 32 weights, L1-resident), the predicted bound for each z, next to measured.
+* ``e2e``      — Fig. 12: llama-bench tg128 / pp512 for one model in TQ1_0, TQ2_0 and BITCOS.
+* ``kernels``  — the BITCOS kernel microbenchmark (ggml_bitcos.kbench).
+
+Every ratio printed is measured in the same invocation; nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ggml_bitcos import codec, llama_run
+
+REF_TYPES = ("tq2_0", "tq1_0", "q4_0")
+
+
+# ---------------------------------------------------------------------------------------------- utils
+def machine_line(threads: list[int]) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs, threads {','.join(map(str, threads))}"
+
+
+def _run_tool(args: list[str], timeout: float = 3600) -> list[dict[str, Any]]:
+    exe = llama_run.tool_path("llama-bitcos-bench")
+    r = subprocess.run([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-bitcos-bench {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def _codes(rows: int, k: int, z: float, seed: int) -> np.ndarray:
+    from ggml_bitcos.make_model import ternary_codes
+
+    return ternary_codes(np.random.default_rng(seed), (rows, k), z)
+
+
+def write_gemv_gguf(path: Path, rows: int, k: int, z: float, types: list[str], seed: int = 0) -> None:
+    """One GGUF holding the same ternary matrix (zero density z) in each requested type."""
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants
+
+    import gguf_tools
+
+    codes = _codes(rows, k, z, seed)
+    scale = np.float16(1.0 / np.sqrt(k))
+    datas: list[tuple[str, Any, tuple[int, ...], np.ndarray]] = []
+    for t in types:
+        if t == "tq2_0":
+            datas.append((f"w.{t}", T.TQ2_0, (k, rows), codec.tq2_0_encode(codes, np.full((rows, k // 256), scale))))
+        elif t == "tq1_0":
+            datas.append((f"w.{t}", T.TQ1_0, (k, rows), codec.tq1_0_encode(codes, np.full((rows, k // 256), scale))))
+        elif t == "q4_0":
+            parts = [quants.quantize(codes[i:i + 1024].astype(np.float32) * np.float32(scale), T.Q4_0)
+                     for i in range(0, rows, 1024)]
+            datas.append((f"w.{t}", T.Q4_0, (k, rows), np.concatenate(parts, axis=0)))
+        elif t in ("bitcos_pt", "bitcos_g128"):
+            if t == "bitcos_pt":
+                enc = codec.encode(codes, codec.VARIANT_PT, matrix_scales=np.array([scale], np.float32))
+                gt = gguf_tools.BITCOS_PT
+            else:
+                enc = codec.encode(codes, codec.VARIANT_G128, block_scales=np.full((rows, k // 128), scale))
+                gt = gguf_tools.BITCOS_G128
+            datas.append((f"w.{t}", gt, (k, rows), enc.blocks))
+            datas.append((f"w.{t}.bitcos", T.I8, (enc.companion.nbytes,), enc.companion.view(np.int8)))
+        else:
+            raise ValueError(f"unknown type {t}")
+    del codes
+    with gguf_tools.GGUFStreamWriter(path, arch="bitcos-bench", overwrite=True) as w:
+        w.add_kv("general.architecture", "bitcos-bench", __import__("gguf").GGUFValueType.STRING)
+        for name, gt, ne, _ in datas:
+            w.add_tensor_info(name, gt, ne)
+        w.begin()
+        for name, _, _, data in datas:
+            w.write_tensor(name, data)
+
+
+# ----------------------------------------------------------------------------------------------- gemv
+def bench_gemv(rows: int, k: int, zs: list[float], threads: list[int], reps: int, workdir: Path,
+               bitcos_types: list[str], refs: list[str], log=print) -> list[dict[str, Any]]:
+    """Time every type on the same shape; references once (their speed does not depend on z)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    files: list[tuple[float | None, Path]] = []
+    t0 = time.perf_counter()
+    ref_path = workdir / f"gemv-ref-{rows}x{k}.gguf"
+    write_gemv_gguf(ref_path, rows, k, 0.4, refs)
+    files.append((None, ref_path))
+    for z in zs:
+        p = workdir / f"gemv-bitcos-{rows}x{k}-z{z:.3f}.gguf"
+        write_gemv_gguf(p, rows, k, z, bitcos_types, seed=1)
+        files.append((z, p))
+    log(f"# wrote {len(files)} GGUFs in {time.perf_counter() - t0:.1f} s")
+    results = []
+    for nt in threads:
+        for z, p in files:
+            for rec in _run_tool(["gemv", str(p), str(nt), str(reps)]):
+                rec["z"] = z
+                rec["type"] = rec["tensor"].split(".", 1)[1]
+                results.append(rec)
+    return results
+
+
+def gemv_table(results: list[dict[str, Any]]) -> str:
+    lines = []
+    for nt in sorted({r["threads"] for r in results}):
+        rs = [r for r in results if r["threads"] == nt]
+        refs = {r["type"]: r for r in rs if r["z"] is None}
+        lines.append(f"\n## threads = {nt}   shape {rs[0]['rows']} x {rs[0]['k']} (rows x K)")
+        lines.append("| type | z | median µs | GB/s | bits/weight | vs TQ2_0 | vs TQ1_0 | vs Q4_0 |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        ordered = [r for r in rs if r["z"] is None] + sorted((r for r in rs if r["z"] is not None),
+                                                              key=lambda r: (r["type"], r["z"]))
+        for r in ordered:
+            n_w = r["rows"] * r["k"]
+            ratio = {t: (refs[t]["median_us"] / r["median_us"]) if t in refs else float("nan") for t in REF_TYPES}
+            zs = "-" if r["z"] is None else f"{r['z']:.2f}"
+            lines.append(f"| {r['type']} | {zs} | {r['median_us']:.1f} | {r['bytes'] / r['median_us'] / 1e3:.2f} "
+                         f"| {8 * r['bytes'] / n_w:.3f} | {ratio['tq2_0']:.3f}x | {ratio['tq1_0']:.3f}x "
+                         f"| {ratio['q4_0']:.3f}x |")
+    return "\n".join(lines)
+
+
+def gemv_plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    thr = sorted({r["threads"] for r in results})
+    fig, axes = plt.subplots(1, len(thr), figsize=(6 * len(thr), 4.2), squeeze=False)
+    for ax, nt in zip(axes[0], thr):
+        rs = [r for r in results if r["threads"] == nt]
+        for t in sorted({r["type"] for r in rs if r["z"] is not None}):
+            pts = sorted((r["z"], r["median_us"]) for r in rs if r["type"] == t and r["z"] is not None)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=t.upper())
+        for r in rs:
+            if r["z"] is None:
+                ax.axhline(r["median_us"], linestyle="--", label=r["type"].upper(),
+                           color={"tq2_0": "C3", "tq1_0": "C4", "q4_0": "C7"}.get(r["type"], "k"))
+        ax.set_xlabel("zero density z")
+        ax.set_ylabel("GEMV time (µs, median)")
+        ax.set_title(f"{rs[0]['rows']}x{rs[0]['k']}, {nt} thread(s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+# ------------------------------------------------------------------------------------------- roofline
+def bench_roofline(threads: list[int], zs: list[float], rows: int, k: int, reps: int, workdir: Path,
+                   log=print) -> dict[str, Any]:
+    """beta (GB/s per thread count), gamma (cycles/32 weights), predicted vs measured GEMV time."""
+    beta = {nt: _run_tool(["bandwidth", "1024", str(nt), "5"])[0]["gb_per_s"] for nt in threads}
+    gam: dict[str, float] = {}
+    for t in REF_TYPES:
+        gam[t] = _run_tool(["gamma", t, "2048", "8", "2000"])[0]["cycles_per_32"]
+    try:
+        from ggml_bitcos import kbench
+
+        for variant, g in kbench.gamma_l1().items():
+            gam[variant] = g
+    except Exception as e:  # kernel harness not built: roofline without BITCOS gamma
+        log(f"# BITCOS gamma unavailable ({e}); build the harness with `pip install .`")
+    ghz = tsc_ghz()
+    res = bench_gemv(rows, k, zs, threads, reps, workdir, ["bitcos_pt"], list(REF_TYPES), log)
+    rows_out = []
+    for r in res:
+        n_w = r["rows"] * r["k"]
+        nt = r["threads"]
+        t_mem = r["bytes"] / (beta[nt] * 1e3)                            # µs at the measured bandwidth
+        g = gam.get(r["type"], gam.get("bitcos_pt_avx512", float("nan")) if r["type"].startswith("bitcos") else float("nan"))
+        t_ins = (n_w / 32) * g / (ghz * 1e3) / nt                         # µs if instruction-bound
+        bound = "memory" if t_mem >= t_ins else "instructions"
+        rows_out.append({**r, "t_mem_us": t_mem, "t_ins_us": t_ins, "predicted_us": max(t_mem, t_ins),
+                         "bound": bound, "gamma": g})
+    return {"beta_gb_s": beta, "gamma_cycles_per_32": gam, "tsc_ghz": ghz, "rows": rows_out}
+
+
+def tsc_ghz() -> float:
+    """Cycle counter rate (rdtsc ticks per ns), from /proc/cpuinfo's 'cpu MHz' as a fallback estimate."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                return float(line.split(":")[1]) / 1000.0
+    except OSError:
+        pass
+    return float("nan")
+
+
+def roofline_table(rf: dict[str, Any]) -> str:
+    out = ["| threads | beta GB/s |", "|---|---|"]
+    out += [f"| {nt} | {b:.2f} |" for nt, b in rf["beta_gb_s"].items()]
+    out += ["", "| kernel | gamma (cycles / 32 weights, L1) |", "|---|---|"]
+    out += [f"| {t} | {g:.3f} |" for t, g in rf["gamma_cycles_per_32"].items()]
+    out += ["", "| type | z | threads | memory-bound µs | instr-bound µs | predicted | bound | measured µs | measured/predicted |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in rf["rows"]:
+        zs = "-" if r["z"] is None else f"{r['z']:.2f}"
+        out.append(f"| {r['type']} | {zs} | {r['threads']} | {r['t_mem_us']:.0f} | {r['t_ins_us']:.0f} | "
+                   f"{r['predicted_us']:.0f} | {r['bound']} | {r['median_us']:.0f} | "
+                   f"{r['median_us'] / r['predicted_us']:.2f} |")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------------ e2e
+def bench_e2e(workdir: Path, preset: str, z: float, threads: list[int], reps: int, n_prompt: int,
+              n_gen: int, log=print) -> list[dict[str, Any]]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    models = {}
+    for t in ("tq1_0", "tq2_0"):
+        p = workdir / f"{preset}-z{z:.2f}-{t}.gguf"
+        if not p.exists():
+            _cli(["make-model", "-o", str(p), "--preset", preset, "--zero-density", str(z), "--type", t,
+                  "--scale", "tensor", "--seed", "1"], log)
+        models[t] = p
+    b = workdir / f"{preset}-z{z:.2f}-bitcos.gguf"
+    if not b.exists():
+        _cli(["convert", str(models["tq2_0"]), "-o", str(b)], log)
+    models["bitcos"] = b
+    return llama_run.run_bench([models["tq1_0"], models["tq2_0"], models["bitcos"]], n_prompt=n_prompt,
+                               n_gen=n_gen, threads=threads, repetitions=reps)
+
+
+def _cli(args: list[str], log) -> None:
+    log(f"# ggml-bitcos {' '.join(args)}")
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", *args])
+    if r.returncode != 0:
+        raise RuntimeError(f"ggml-bitcos {' '.join(args)} failed")
+
+
+def e2e_table(rows: list[dict[str, Any]]) -> str:
+    def kind(r):
+        return "pp" if r["n_prompt"] > 0 else "tg"
+
+    base = {}
+    for r in rows:
+        name = Path(r["model_filename"]).name
+        r["_label"] = "BITCOS" if "bitcos" in name else ("TQ2_0" if "tq2_0" in name else "TQ1_0")
+        base[(r["_label"], kind(r), r["n_threads"])] = r["avg_ts"]
+    out = ["| model | test | threads | t/s | vs TQ2_0 | vs TQ1_0 | size MiB |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        key = (kind(r), r["n_threads"])
+        test = f"pp{r['n_prompt']}" if kind(r) == "pp" else f"tg{r['n_gen']}"
+        out.append(f"| {r['_label']} | {test} | {r['n_threads']} | {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | "
+                   f"{r['avg_ts'] / base.get(('TQ2_0', *key), float('nan')):.3f}x | "
+                   f"{r['avg_ts'] / base.get(('TQ1_0', *key), float('nan')):.3f}x | "
+                   f"{r['model_size'] / 2**20:.1f} |")
+    return "\n".join(out)
+
+
+def e2e_plot(rows: list[dict[str, Any]], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, kind in zip(axes, ("tg", "pp")):
+        rs = [r for r in rows if (r["n_prompt"] > 0) == (kind == "pp")]
+        labels = [f"{r['_label']}\n{r['n_threads']}t" for r in rs]
+        ax.bar(range(len(rs)), [r["avg_ts"] for r in rs], yerr=[r["stddev_ts"] for r in rs],
+               color=["C2" if r["_label"] == "BITCOS" else ("C3" if r["_label"] == "TQ2_0" else "C4") for r in rs])
+        ax.set_xticks(range(len(rs)), labels, fontsize=8)
+        ax.set_ylabel("tokens / s")
+        ax.set_title("decode (tg)" if kind == "tg" else "prompt processing (pp)")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="benchmarks: gemv, roofline, e2e, kernels",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="bench_cmd", required=True)
+    ncpu = os.cpu_count() or 1
+
+    g = sub.add_parser("gemv", help="GEMV zero-density sweep (paper Fig. 11)")
+    g.add_argument("--rows", type=int, default=32768, help="output rows N (default 32768)")
+    g.add_argument("--k", type=int, default=16384, help="row length K (default 16384)")
+    g.add_argument("--z", type=_floats, default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.95])
+    g.add_argument("--threads", type=_ints, default=sorted({1, ncpu}))
+    g.add_argument("--reps", type=int, default=9)
+    g.add_argument("--bitcos-types", default="bitcos_pt,bitcos_g128")
+    g.add_argument("--workdir", type=Path, default=None, help="where the test GGUFs go (default: a temp dir)")
+    g.add_argument("--json", type=Path, help="write all measurements as JSON")
+    g.add_argument("--plot", type=Path, help="write the figure (PNG)")
+    g.set_defaults(func=_run_gemv)
+
+    r = sub.add_parser("roofline", help="beta, gamma and the roofline prediction (paper Table II / Fig. 10)")
+    r.add_argument("--rows", type=int, default=32768)
+    r.add_argument("--k", type=int, default=16384)
+    r.add_argument("--z", type=_floats, default=[0.0, 0.3, 0.4, 0.5, 0.95])
+    r.add_argument("--threads", type=_ints, default=sorted({1, ncpu}))
+    r.add_argument("--reps", type=int, default=7)
+    r.add_argument("--workdir", type=Path, default=None)
+    r.add_argument("--json", type=Path)
+    r.set_defaults(func=_run_roofline)
+
+    e = sub.add_parser("e2e", help="llama-bench tg/pp for TQ1_0, TQ2_0, BITCOS (paper Fig. 12)")
+    e.add_argument("--preset", default="bitnet-2b")
+    e.add_argument("--zero-density", type=float, default=0.42)
+    e.add_argument("--threads", type=_ints, default=sorted({1, ncpu}))
+    e.add_argument("--reps", type=int, default=3)
+    e.add_argument("-p", "--n-prompt", type=int, default=512)
+    e.add_argument("-n", "--n-gen", type=int, default=128)
+    e.add_argument("--workdir", type=Path, default=Path("bench-models"))
+    e.add_argument("--json", type=Path)
+    e.add_argument("--plot", type=Path)
+    e.set_defaults(func=_run_e2e)
+
+    try:
+        from ggml_bitcos import kbench
+
+        kbench.register(sub)
+    except ImportError:
+        pass
+
+
+def _workdir(arg: Path | None) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    if arg is not None:
+        return arg, None
+    td = tempfile.TemporaryDirectory(prefix="bitcos-bench-")
+    return Path(td.name), td
+
+
+def _run_gemv(args: argparse.Namespace) -> int:
+    wd, td = _workdir(args.workdir)
+    try:
+        res = bench_gemv(args.rows, args.k, args.z, args.threads, args.reps, wd,
+                         args.bitcos_types.split(","), list(REF_TYPES))
+    finally:
+        if td:
+            td.cleanup()
+    title = f"ggml-bitcos bench gemv — {machine_line(args.threads)}"
+    print(f"# {title}")
+    print(gemv_table(res))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": title, "results": res}, indent=1))
+    if args.plot:
+        gemv_plot(res, args.plot, title)
+        print(f"# plot: {args.plot}")
+    return 0
+
+
+def _run_roofline(args: argparse.Namespace) -> int:
+    wd, td = _workdir(args.workdir)
+    try:
+        rf = bench_roofline(args.threads, args.z, args.rows, args.k, args.reps, wd)
+    finally:
+        if td:
+            td.cleanup()
+    print(f"# ggml-bitcos bench roofline — {machine_line(args.threads)}; TSC {rf['tsc_ghz']:.2f} GHz")
+    print(roofline_table(rf))
+    if args.json:
+        args.json.write_text(json.dumps(rf, indent=1, default=str))
+    return 0
+
+
+def _run_e2e(args: argparse.Namespace) -> int:
+    rows = bench_e2e(args.workdir, args.preset, args.zero_density, args.threads, args.reps, args.n_prompt,
+                     args.n_gen)
+    title = (f"llama-bench, {args.preset} z={args.zero_density} — {machine_line(args.threads)}")
+    print(f"# {title}")
+    print(e2e_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if args.plot:
+        e2e_plot(rows, args.plot, title)
+        print(f"# plot: {args.plot}")
+    return 0

@@ -1,0 +1,142 @@
+// Standalone harness around the BITCOS kernels (libbitcos_kernels.so): flat C entry points for the Python
+// tests and `ggml-bitcos bench kernels` (ggml_bitcos/kernels.py, ggml_bitcos/kbench.py).
+//
+// The generic kernel is compiled with the baseline flags; the x86 file is compiled twice by CMakeLists.txt,
+// once for x86-64-v3 (AVX2, its symbol renamed to bitcos_mm_avx2_v3) and once for x86-64-v4 + VNNI & co.
+// (bitcos_mm_avx512_v4), so all paths sit side by side and the CPU picks which ones may run.
+#include "bitcos-kernels.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define BITCOS_IMPL_GENERIC 0
+#define BITCOS_IMPL_AVX2    1
+#define BITCOS_IMPL_AVX512  2
+
+#if defined(BITCOS_HARNESS_X86)
+void bitcos_mm_avx2_v3(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                       float * const * dst);
+void bitcos_mm_avx512_v4(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                         float * const * dst);
+#endif
+
+#define BITCOS_H_MAX_COLS 4096
+
+// 1 when implementation `impl` is compiled in and this CPU has every extension its object was built for.
+int bitcos_h_available(int impl) {
+    switch (impl) {
+    case BITCOS_IMPL_GENERIC:
+        return 1;
+#if defined(BITCOS_HARNESS_X86)
+    case BITCOS_IMPL_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
+    case BITCOS_IMPL_AVX512:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni") &&
+               __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("avx512bitalg") &&
+               __builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("bmi2");
+#endif
+    default:
+        return 0;
+    }
+}
+
+static bitcos_mm_fn bitcos_h_fn(int impl) {
+    if (!bitcos_h_available(impl)) {
+        return NULL;
+    }
+    switch (impl) {
+    case BITCOS_IMPL_GENERIC: return bitcos_mm_generic;
+#if defined(BITCOS_HARNESS_X86)
+    case BITCOS_IMPL_AVX2:    return bitcos_mm_avx2_v3;
+    case BITCOS_IMPL_AVX512:  return bitcos_mm_avx512_v4;
+#endif
+    default:                  return NULL;
+    }
+}
+
+// Arguments of one call in flat form: nc columns of ceil(k/256) Q8_K blocks each, back to back in y, and
+// dst as nc columns of nr floats.
+typedef struct {
+    bitcos_rows         rows;
+    const bitcos_q8_K * ycols[BITCOS_H_MAX_COLS];
+    float             * dcols[BITCOS_H_MAX_COLS];
+} bitcos_h_call;
+
+static int bitcos_h_setup(bitcos_h_call * call, int variant, int64_t k, const uint8_t * blocks, size_t row_bytes,
+                          const uint8_t * pool, const uint64_t * sign_pos, float scale,
+                          const bitcos_q8_K * y, int64_t nc, float * dst, int64_t nr) {
+    if (nc < 1 || nc > BITCOS_H_MAX_COLS || k <= 0 || k % BITCOS_QK != 0 || nr < 0) {
+        return -2;
+    }
+    call->rows.variant   = variant;
+    call->rows.k         = k;
+    call->rows.blocks    = blocks;
+    call->rows.row_bytes = row_bytes;
+    call->rows.pool      = pool;
+    call->rows.sign_pos  = sign_pos;
+    call->rows.scale     = scale;
+    const int64_t nby = (k + 255) / 256;
+    for (int64_t c = 0; c < nc; ++c) {
+        call->ycols[c] = y + c * nby;
+        call->dcols[c] = dst + c * nr;
+    }
+    return 0;
+}
+
+// One kernel call. Returns 0, -1 when impl is not available here, -2 on bad arguments.
+int bitcos_h_mm(int impl, int variant, int64_t k, const uint8_t * blocks, size_t row_bytes,
+                const uint8_t * pool, const uint64_t * sign_pos, float scale, int64_t nr,
+                const bitcos_q8_K * y, int64_t nc, float * dst) {
+    const bitcos_mm_fn fn = bitcos_h_fn(impl);
+    if (fn == NULL) {
+        return -1;
+    }
+    static _Thread_local bitcos_h_call call;
+    const int rc = bitcos_h_setup(&call, variant, k, blocks, row_bytes, pool, sign_pos, scale, y, nc, dst, nr);
+    if (rc != 0) {
+        return rc;
+    }
+    fn(&call.rows, nr, call.ycols, nc, call.dcols);
+    return 0;
+}
+
+static inline uint64_t bitcos_h_tsc(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    uint32_t lo, hi;
+    __asm__ __volatile__("lfence\n\trdtsc\n\tlfence" : "=a"(lo), "=d"(hi) :: "memory");
+    return ((uint64_t)hi << 32) | lo;
+#else
+    return 0;
+#endif
+}
+
+// Times `reps` back-to-back calls (after one warm-up call), writing each call's TSC ticks to ticks[rep].
+// rdtsc counts at the constant reference frequency, not the core clock (see docs/KERNELS.md).
+int bitcos_h_time(int impl, int variant, int64_t k, const uint8_t * blocks, size_t row_bytes,
+                  const uint8_t * pool, const uint64_t * sign_pos, float scale, int64_t nr,
+                  const bitcos_q8_K * y, int64_t nc, float * dst, int reps, uint64_t * ticks) {
+    const bitcos_mm_fn fn = bitcos_h_fn(impl);
+    if (fn == NULL) {
+        return -1;
+    }
+    static _Thread_local bitcos_h_call call;
+    const int rc = bitcos_h_setup(&call, variant, k, blocks, row_bytes, pool, sign_pos, scale, y, nc, dst, nr);
+    if (rc != 0) {
+        return rc;
+    }
+    fn(&call.rows, nr, call.ycols, nc, call.dcols);
+    for (int i = 0; i < reps; ++i) {
+        const uint64_t t0 = bitcos_h_tsc();
+        fn(&call.rows, nr, call.ycols, nc, call.dcols);
+        ticks[i] = bitcos_h_tsc() - t0;
+    }
+    return 0;
+}
+
+// Size of the Q8_K block as this library sees it (the Python side checks its dtype against it).
+size_t bitcos_h_q8k_size(void) {
+    return sizeof(bitcos_q8_K);
+}

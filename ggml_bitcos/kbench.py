@@ -1,0 +1,150 @@
+"""`ggml-bitcos bench kernels`: cycles per 32 weights of the generic, AVX2 and AVX-512 BITCOS kernels.
+
+L1-resident microbenchmark (default 16 rows x 2048 weights: ~4-9 KB of weights and signs) on the standalone
+harness library (ggml_bitcos.kernels). Each configuration is timed in C with rdtsc around single kernel
+calls (Python never sits inside the timed region); the table shows the median over the repeats.
+rdtsc counts reference cycles at the constant TSC frequency, which equals core cycles only when the core
+runs at its nominal clock (see docs/KERNELS.md).
+
+    ggml-bitcos bench kernels [--rows 16] [--k 2048] [--nc 1,4,16] [--z 0,0.4,0.95] [--variant g128]
+    python -m ggml_bitcos.kbench ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import kernels as K
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    impl: str
+    variant: str
+    rows: int
+    k: int
+    nc: int
+    zero_density: float
+    cycles_per_32: float          # median TSC ticks per 32 weight x column products
+    cycles_per_32_min: float      # best repeat
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def measure(impls: list[str], variant: int, rows: int, k: int, ncs: list[int], zs: list[float], reps: int,
+            seed: int = 0) -> list[KernelTiming]:
+    """Times every (z, nc, impl) on the same random matrix and activations per (z, nc)."""
+    rng = np.random.default_rng(seed)
+    vname = "g128" if variant == K.VARIANT_G128 else "pt"
+    out: list[KernelTiming] = []
+    for z in zs:
+        codes = K.random_codes(rng, rows, k, z)
+        block_scales = rng.uniform(0.0, 2.0, size=(rows, k // K.QK)).astype(np.float16)
+        w = K.encode_rows(codes, variant, block_scales=block_scales, scale=0.5)
+        for nc in ncs:
+            y = K.random_q8k(rng, nc, k)
+            units = rows * k * nc / 32.0
+            reference = K.mm("generic", w, y)
+            for impl in impls:
+                if impl != "generic" and not np.array_equal(K.mm(impl, w, y).view(np.uint32),
+                                                            reference.view(np.uint32)):
+                    raise RuntimeError(f"{impl} differs from generic (z={z}, nc={nc}): not timing a wrong kernel")
+                # fewer repeats for the slow scalar kernel keep the whole table under a few seconds
+                n = max(5, reps // 10) if impl == "generic" else reps
+                ticks = K.time_mm(impl, w, y, n).astype(np.float64)
+                out.append(KernelTiming(impl, vname, rows, k, nc, z, float(np.median(ticks) / units),
+                                        float(ticks.min() / units)))
+    return out
+
+
+def format_table(timings: list[KernelTiming], impls: list[str], stat: str = "median") -> str:
+    head = f"{'z':>5} {'nc':>4} " + " ".join(f"{i:>9}" for i in impls)
+    if "generic" in impls and len(impls) > 1:
+        head += "   speedup vs generic"
+    lines = [head, "-" * len(head)]
+    keys = sorted({(t.zero_density, t.nc) for t in timings})
+    for z, nc in keys:
+        row = {t.impl: (t.cycles_per_32 if stat == "median" else t.cycles_per_32_min)
+               for t in timings if t.zero_density == z and t.nc == nc}
+        line = f"{z:5.2f} {nc:4d} " + " ".join(f"{row[i]:9.3f}" for i in impls)
+        if "generic" in impls and len(impls) > 1:
+            line += "   " + " ".join(f"{i}:{row['generic'] / row[i]:5.1f}x" for i in impls if i != "generic")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=16, help="rows of the weight matrix (default 16)")
+    p.add_argument("--k", type=int, default=2048, help="weights per row, a multiple of 128 (default 2048)")
+    p.add_argument("--nc", type=_ints, default=[1, 4, 16], help="activation columns, comma list (default 1,4,16)")
+    p.add_argument("--z", type=_floats, default=[0.0, 0.4, 0.95], help="zero densities (default 0,0.4,0.95)")
+    p.add_argument("--variant", choices=("g128", "pt"), default="g128")
+    p.add_argument("--impl", default="all", help="comma list of generic,avx2,avx512 or 'all' (default)")
+    p.add_argument("--reps", type=int, default=400, help="timed calls per configuration (default 400)")
+    p.add_argument("--stat", choices=("median", "min"), default="median",
+                   help="statistic over the repeats shown in the table (min is robust to other processes "
+                        "sharing the core; default median)")
+    p.add_argument("--json", action="store_true", help="print JSON records (median and min) instead of the table")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        K.load_library()
+    except K.KernelLibraryNotFound as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.k % K.QK != 0 or args.k <= 0 or args.rows <= 0:
+        print("error: --k must be a positive multiple of 128 and --rows positive", file=sys.stderr)
+        return 2
+    wanted = list(K.IMPLS) if args.impl == "all" else [i.strip() for i in args.impl.split(",")]
+    unknown = [i for i in wanted if i not in K.IMPLS]
+    if unknown:
+        print(f"error: unknown kernel(s) {unknown}; choose from {list(K.IMPLS)}", file=sys.stderr)
+        return 2
+    impls = [i for i in wanted if K.available(i)]
+    skipped = [i for i in wanted if i not in impls]
+    variant = K.VARIANT_G128 if args.variant == "g128" else K.VARIANT_PT
+    timings = measure(impls, variant, args.rows, args.k, args.nc, args.z, args.reps)
+    if args.json:
+        print(json.dumps([asdict(t) for t in timings], indent=1))
+        return 0
+    print(f"BITCOS kernels, {args.variant.upper()}, {args.rows} rows x {args.k} weights, "
+          f"TSC ticks per 32 weights per column ({args.stat} of {args.reps} calls; generic "
+          f"{max(5, args.reps // 10)})")
+    print(f"library: {K.library_path()}  cpu: {platform.processor() or platform.machine()}")
+    if skipped:
+        print(f"not available on this CPU/library: {', '.join(skipped)}")
+    print(format_table(timings, impls, args.stat))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds the `kernels` subcommand to a `bench` subparsers object; its handler is stored as `func`."""
+    p = subparsers.add_parser("kernels", help="cycles per 32 weights of the generic/AVX2/AVX-512 kernels",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ggml_bitcos.kbench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""BITCOS CPU kernels (csrc/): AVX2 and AVX-512 bit-identical to the generic C kernel, and the generic kernel
+bit-identical to an independent numpy evaluation of the contract in csrc/bitcos-kernels.h.
+
+Needs libbitcos_kernels.so; when neither installed nor built, the fixture builds it with cmake into
+build/kernels (as docs/KERNELS.md describes) or skips. A SIMD path is skipped when /proc/cpuinfo lacks its
+extensions. The AVX2 path tested here is the x86-64-v3 object (compiled with AVX-512 off).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggml_bitcos import kernels as K
+
+REPO = Path(__file__).resolve().parent.parent
+
+ZERO_DENSITIES = (0.0, 0.01, 0.3, 0.5, 0.95, 1.0)
+KS = (128, 384, 2048, 4096 + 128)
+NRS = (1, 2, 3, 5, 17)
+NCS = (1, 2, 5, 16)
+VARIANTS = (K.VARIANT_G128, K.VARIANT_PT)
+
+# Extensions each harness object was compiled for (CMakeLists.txt); a CPU missing one skips the path.
+CPU_FLAGS_NEEDED = {
+    "avx2": {"avx2", "fma", "bmi2", "f16c"},
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_vbmi2",
+               "avx512_bitalg", "avx512_vpopcntdq", "bmi2", "f16c"},
+}
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.fixture(scope="session")
+def lib() -> object:
+    try:
+        return K.load_library()
+    except K.KernelLibraryNotFound:
+        pass
+    if shutil.which("cmake") is None:
+        pytest.skip("libbitcos_kernels.so not built and cmake not available")
+    build = REPO / "build" / "kernels"
+    subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"], check=True,
+                   capture_output=True)
+    subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
+    K.load_library.cache_clear()
+    return K.load_library()
+
+
+def simd_impls() -> list[str]:
+    flags = cpu_flags()
+    return [impl for impl, need in CPU_FLAGS_NEEDED.items() if need <= flags]
+
+
+def require(impl: str) -> None:
+    need = CPU_FLAGS_NEEDED.get(impl, set())
+    missing = need - cpu_flags()
+    if missing:
+        pytest.skip(f"CPU lacks {sorted(missing)} for {impl}")
+    if not K.available(impl):
+        pytest.skip(f"{impl} not compiled into the harness library")
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def make_case(seed: int, variant: int, z: float, k: int, nr: int, nc: int):
+    rng = np.random.default_rng(seed)
+    codes = K.random_codes(rng, nr, k, z)
+    block_scales = rng.uniform(0.0, 2.0, size=(nr, k // K.QK)).astype(np.float16)
+    scale = float(rng.uniform(0.05, 3.0))
+    w = K.encode_rows(codes, variant, block_scales=block_scales, scale=scale)
+    y = K.random_q8k(rng, nc, k)
+    return codes, block_scales, scale, w, y
+
+
+def case_seed(variant: int, z: float, k: int, nr: int, nc: int) -> int:
+    return (variant * 1_000_003 + int(z * 1000) * 10_007 + k * 101 + nr * 17 + nc) & 0x7FFFFFFF
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("z", ZERO_DENSITIES)
+@pytest.mark.parametrize("variant", VARIANTS, ids=("g128", "pt"))
+def test_generic_matches_numpy_reference(lib, variant: int, z: float, k: int) -> None:
+    for nr in NRS:
+        for nc in NCS:
+            codes, ds, scale, w, y = make_case(case_seed(variant, z, k, nr, nc), variant, z, k, nr, nc)
+            ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=scale)
+            out = K.mm("generic", w, y)
+            assert out.shape == (nc, nr)
+            np.testing.assert_array_equal(bits(out), bits(ref), err_msg=f"nr={nr} nc={nc}")
+
+
+@pytest.mark.parametrize("impl", ("avx2", "avx512"))
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("z", ZERO_DENSITIES)
+@pytest.mark.parametrize("variant", VARIANTS, ids=("g128", "pt"))
+def test_simd_bit_identical_to_generic(lib, impl: str, variant: int, z: float, k: int) -> None:
+    require(impl)
+    for nr in NRS:
+        for nc in NCS:
+            _, _, _, w, y = make_case(case_seed(variant, z, k, nr, nc) ^ 0x5A5A, variant, z, k, nr, nc)
+            want = K.mm("generic", w, y)
+            got = K.mm(impl, w, y)
+            np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{impl} nr={nr} nc={nc}")
+
+
+# Shapes around the kernels' internal tiles: 32 rows, 8 columns, chunks of 16 groups (2048 weights).
+TILE_SHAPES = [(33, 9, 2048 * 2 + 384), (32, 8, 2048), (64, 17, 2048 + 128), (40, 3, 6144), (7, 1, 2048 * 3)]
+
+
+@pytest.mark.parametrize("impl", ("generic", "avx2", "avx512"))
+@pytest.mark.parametrize("shape", TILE_SHAPES, ids=lambda s: f"nr{s[0]}-nc{s[1]}-k{s[2]}")
+@pytest.mark.parametrize("variant", VARIANTS, ids=("g128", "pt"))
+def test_tile_edges_against_reference(lib, impl: str, variant: int, shape: tuple[int, int, int]) -> None:
+    if impl != "generic":
+        require(impl)
+    nr, nc, k = shape
+    for z in (0.0, 0.4, 1.0):
+        codes, ds, scale, w, y = make_case(case_seed(variant, z, k, nr, nc) + 7, variant, z, k, nr, nc)
+        ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=scale)
+        np.testing.assert_array_equal(bits(K.mm(impl, w, y)), bits(ref), err_msg=f"z={z}")
+
+
+@pytest.mark.parametrize("impl", ("generic", "avx2", "avx512"))
+def test_rows_starting_mid_tensor(lib, impl: str) -> None:
+    """A run of rows whose first sign is not at pool bit 0 (how ggml threads split a matrix)."""
+    if impl != "generic":
+        require(impl)
+    rng = np.random.default_rng(11)
+    nr, k, nc = 23, 2048 + 384, 3
+    codes = K.random_codes(rng, nr, k, 0.37)
+    ds = rng.uniform(0.0, 2.0, size=(nr, k // K.QK)).astype(np.float16)
+    w = K.encode_rows(codes, K.VARIANT_G128, block_scales=ds)
+    y = K.random_q8k(rng, nc, k)
+    ref = K.reference_mm(codes, K.VARIANT_G128, y, block_scales=ds)
+    for lo, hi in ((5, 23), (1, 2), (9, 20)):
+        # same pool, blocks from row lo on: pointer arithmetic exactly as a ggml thread would do it
+        part = K.BitcosRows(w.variant, k, w.blocks[lo:hi], w.pool, w.sign_pos[lo:hi])
+        np.testing.assert_array_equal(bits(K.mm(impl, part, y)), bits(ref[:, lo:hi]))
+
+
+@pytest.mark.parametrize("impl", ("generic", "avx2", "avx512"))
+def test_extreme_values(lib, impl: str) -> None:
+    """int8 -128 / 127 activations against all -1 / +1 codes (q + 128 and -q overflow traps), large and
+    subnormal fp16 block scales."""
+    if impl != "generic":
+        require(impl)
+    k, nr = 2048 + 128, 4
+    codes = np.empty((nr, k), dtype=np.int8)
+    codes[0] = -1
+    codes[1] = 1
+    codes[2] = np.where(np.arange(k) % 2 == 0, -1, 1)
+    codes[3] = np.where(np.arange(k) % 3 == 0, 0, -1)
+    ds = np.full((nr, k // K.QK), 65504.0, dtype=np.float16)
+    ds[2] = np.float16(6e-8)      # subnormal
+    ds[3, ::2] = 0.0
+    y = np.zeros((3, (k + 255) // 256), dtype=K.Q8K_DTYPE)
+    y["qs"][0] = -128
+    y["qs"][1] = 127
+    y["qs"][2] = np.where(np.arange(256) % 2 == 0, -128, 127).astype(np.int8)
+    y["d"] = np.float32(1.5e-3)
+    for variant in VARIANTS:
+        w = K.encode_rows(codes, variant, block_scales=ds, scale=0.75)
+        ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=0.75)
+        np.testing.assert_array_equal(bits(K.mm(impl, w, y)), bits(ref))
+
+
+def test_reference_detects_a_single_flipped_sign(lib) -> None:
+    """The comparisons above can fail: one flipped sign changes the result."""
+    codes, ds, scale, w, y = make_case(3, K.VARIANT_G128, 0.3, 384, 2, 1)
+    idx = int(np.flatnonzero(codes[0])[10])
+    flipped = codes.copy()
+    flipped[0, idx] = -flipped[0, idx]
+    y["qs"].reshape(1, -1)[0, idx] = 100
+    a = K.reference_mm(codes, K.VARIANT_G128, y, block_scales=ds)
+    b = K.reference_mm(flipped, K.VARIANT_G128, y, block_scales=ds)
+    assert a[0, 0] != b[0, 0]
+    w2 = K.encode_rows(flipped, K.VARIANT_G128, block_scales=ds)
+    assert K.mm("generic", w2, y)[0, 0] == b[0, 0] != K.mm("generic", w, y)[0, 0]
+
+
+def test_encoder_layout() -> None:
+    """The test encoder follows FORMAT.md: LSB-first bitmap, fp16 d after it, signs packed back to back."""
+    codes = np.zeros((2, 128), dtype=np.int8)
+    codes[0, [0, 9, 127]] = [1, -1, -1]
+    codes[1, [3]] = [-1]
+    w = K.encode_rows(codes, K.VARIANT_G128, block_scales=np.array([[1.0], [0.5]], dtype=np.float16))
+    assert w.blocks.shape == (2, 18)
+    assert w.blocks[0, 0] == 0b1 and w.blocks[0, 1] == 0b10 and w.blocks[0, 15] == 0x80
+    assert w.blocks[0, 16:18].view("<f2")[0] == 1.0
+    assert list(w.sign_pos) == [0, 3]
+    assert w.pool[0] == 0b1110          # signs: row0 (+, -, -), row1 (-)
+    assert w.pool.size == 64 + 64
+
+
+def test_quantize_q8k_round_trip() -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 640)).astype(np.float32)
+    y = K.quantize_q8k(x)
+    assert y.shape == (3, 3)
+    deq = (y["qs"].astype(np.float32) * y["d"][..., None]).reshape(3, -1)[:, :640]
+    assert np.all(np.abs(deq - x) <= np.repeat(np.abs(y["d"]), 256, axis=1)[:, :640] * 0.5 + 1e-6)
+    assert np.all(np.abs(y["qs"]) <= 127)
+    np.testing.assert_array_equal(y["bsums"], y["qs"].reshape(3, 3, 16, 16).sum(axis=3))
+
+
+def test_quantized_activations_through_all_paths(lib) -> None:
+    """Realistic activations (ggml's Q8_K quantizer) instead of random int8."""
+    rng = np.random.default_rng(8)
+    nr, k, nc = 12, 4096, 4
+    codes = K.random_codes(rng, nr, k, 0.45)
+    ds = rng.uniform(0.01, 0.1, size=(nr, k // K.QK)).astype(np.float16)
+    w = K.encode_rows(codes, K.VARIANT_G128, block_scales=ds)
+    y = K.quantize_q8k(rng.normal(size=(nc, k)).astype(np.float32))
+    ref = K.reference_mm(codes, K.VARIANT_G128, y, block_scales=ds)
+    for impl in ["generic"] + simd_impls():
+        if K.available(impl):
+            np.testing.assert_array_equal(bits(K.mm(impl, w, y)), bits(ref), err_msg=impl)
+
+
+@pytest.mark.parametrize("impl", ("generic", "avx2", "avx512"))
+def test_pool_reads_stay_inside_the_format_tail(lib, impl: str) -> None:
+    """The sign pool ends exactly at a PROT_NONE page: a read past the FORMAT.md §4.4 tail would crash."""
+    if impl != "generic":
+        require(impl)
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    rng = np.random.default_rng(21)
+    for z in (0.0, 0.5, 1.0):
+        nr, k = 9, 2048 + 384
+        codes = K.random_codes(rng, nr, k, z)
+        codes[-1, -200:] = 0          # the last row ends in zeros: its cursor sits at the end of the signs
+        ds = rng.uniform(0.0, 2.0, size=(nr, k // K.QK)).astype(np.float16)
+        w = K.encode_rows(codes, K.VARIANT_G128, block_scales=ds)
+        npages = -(-w.pool.size // page) + 1
+        buf = mmap.mmap(-1, (npages + 1) * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        base = np.frombuffer(buf, dtype=np.uint8)
+        guard = npages * page
+        assert libc.mprotect(base.ctypes.data + guard, page, 0) == 0
+        pool = base[guard - w.pool.size:guard]
+        pool[:] = w.pool
+        fenced = K.BitcosRows(w.variant, k, w.blocks, pool, w.sign_pos)
+        y = K.random_q8k(rng, 2, k)
+        ref = K.reference_mm(codes, K.VARIANT_G128, y, block_scales=ds)
+        np.testing.assert_array_equal(bits(K.mm(impl, fenced, y)), bits(ref))
+        assert libc.mprotect(base.ctypes.data + guard, page, mmap.PROT_READ | mmap.PROT_WRITE) == 0
+        del pool, base, fenced
+        buf.close()

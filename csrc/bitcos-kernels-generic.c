@@ -2,6 +2,7 @@
 // Contract and arithmetic order: bitcos-kernels.h. Format: docs/FORMAT.md.
 #include "bitcos-kernels.h"
 
+#include <math.h>
 #include <string.h>
 
 // Reads the 64 sign bits starting at pool bit `pos` (little-endian, LSB first). The pool carries >= 64
@@ -40,44 +41,61 @@ static inline void bitcos_decode_block(const uint8_t * bits, const uint8_t * poo
     }
 }
 
+static inline float bitcos_fma(float a, float b, float c) {
+#if BITCOS_FMA
+    return fmaf(a, b, c);
+#else
+    const float p = a * b;
+    return p + c;
+#endif
+}
+
 void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
                        const bitcos_q8_K * const * y, int64_t nc, float * const * dst) {
-    const int64_t nb = w->k / BITCOS_QK;
-    const size_t  bb = w->variant == BITCOS_VARIANT_G128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
-    int8_t t[BITCOS_QK];
+    const int64_t nb  = w->k / BITCOS_QK;          // 128-groups
+    const int64_t nby = (nb + 1) / 2;              // Q8_K blocks
+    const size_t  bb  = w->variant == BITCOS_VARIANT_G128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
+    int8_t t[2][BITCOS_QK];
     for (int64_t i = 0; i < nr; ++i) {
         const uint8_t * row = w->blocks + (size_t)i * w->row_bytes;
         for (int64_t c = 0; c < nc; ++c) {
-            uint64_t cursor    = w->sign_pos[i];
-            float    acc       = 0.0f;
-            float    part      = 0.0f;  // G128: scaled sum of the current Q8_K block's two groups
-            int32_t  isum_pair = 0;     // PT: integer sum of the current Q8_K block's two groups
-            for (int64_t g = 0; g < nb; ++g) {
-                const uint8_t * blk = row + (size_t)g * bb;
-                bitcos_decode_block(blk, w->pool, &cursor, t);
-                const bitcos_q8_K * yb = &y[c][g/2];
-                const int8_t      * q  = yb->qs + 128*(g & 1);
-                int32_t isum = 0;
-                for (int j = 0; j < BITCOS_QK; ++j) {
-                    isum += (int32_t)t[j] * (int32_t)q[j];
+            uint64_t cursor = w->sign_pos[i];
+            float    acc[8] = {0};
+            for (int64_t b = 0; b < nby; ++b) {
+                const bitcos_q8_K * yb = &y[c][b];
+                const int halves = (2*b + 1 < nb) ? 2 : 1;
+                int32_t L[2][8] = {{0}};
+                uint16_t e[2] = {0, 0};
+                for (int h = 0; h < halves; ++h) {
+                    const uint8_t * blk = row + (size_t)(2*b + h) * bb;
+                    bitcos_decode_block(blk, w->pool, &cursor, t[h]);
+                    if (w->variant == BITCOS_VARIANT_G128) {
+                        memcpy(&e[h], blk + 16, 2);
+                    }
+                    const int8_t * q = yb->qs + 128*h;
+                    for (int j = 0; j < BITCOS_QK; ++j) {
+                        L[h][(j % 32) / 4] += ((int32_t)t[h][j] + 1) * (int32_t)q[j];
+                        L[h][4*h + j / 32] -= (int32_t)q[j];
+                    }
                 }
-                const int last_of_pair = (g & 1) == 1 || g == nb - 1;
-                if (w->variant == BITCOS_VARIANT_G128) {
-                    uint16_t dh;
-                    memcpy(&dh, blk + 16, 2);
-                    const float d = bitcos_fp16_to_fp32(dh);
-                    part = (g & 1) == 0 ? (float)isum * d : part + (float)isum * d;
-                    if (last_of_pair) {
-                        acc = acc + yb->d * part;
+                if (halves == 1) {
+                    e[1] = e[0];
+                }
+                if (w->variant == BITCOS_VARIANT_PT || e[0] == e[1]) {
+                    const float D = yb->d * (w->variant == BITCOS_VARIANT_PT ? w->scale : bitcos_fp16_to_fp32(e[0]));
+                    for (int l = 0; l < 8; ++l) {
+                        acc[l] = bitcos_fma((float)(L[0][l] + L[1][l]), D, acc[l]);
                     }
                 } else {
-                    isum_pair = (g & 1) == 0 ? isum : isum_pair + isum;
-                    if (last_of_pair) {
-                        acc = acc + yb->d * (float)isum_pair;
+                    const float D0 = yb->d * bitcos_fp16_to_fp32(e[0]);
+                    const float D1 = yb->d * bitcos_fp16_to_fp32(e[1]);
+                    for (int l = 0; l < 8; ++l) {
+                        acc[l] = bitcos_fma((float)L[0][l], D0, acc[l]);
+                        acc[l] = bitcos_fma((float)L[1][l], D1, acc[l]);
                     }
                 }
             }
-            dst[c][i] = w->variant == BITCOS_VARIANT_G128 ? acc : acc * w->scale;
+            dst[c][i] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
         }
     }
 }

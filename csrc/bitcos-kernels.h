@@ -4,23 +4,39 @@
 // (via patches/) and into the standalone harness libbitcos_kernels (root CMakeLists.txt) used by the
 // Python tests and `ggml-bitcos bench kernels`.
 //
-// Arithmetic contract (every implementation must produce bit-identical results):
-//   For row i and activation column c, with nb = k/128 groups and t = ternary code of the weight:
-//     isum[g] = sum_{j<128} t[i][128g+j] * y[c][(128g+j)/256].qs[(128g+j)%256]        (exact int32)
-//   G128: acc = 0.0f
-//         for b in 0 .. ceil(nb/2)-1:
-//             part = (float)isum[2b] * fp32(d[2b])
-//             if 2b+1 < nb: part = part + (float)isum[2b+1] * fp32(d[2b+1])
-//             acc = acc + y[c][b].d * part
-//         dst[c][i] = acc
-//   PT:   acc = 0.0f
-//         for b: acc = acc + y[c][b].d * (float)(isum[2b] + (2b+1 < nb ? isum[2b+1] : 0))
-//         dst[c][i] = acc * scale
-//   Every operation above is one IEEE fp32 operation in that order; files implementing it are compiled
-//   with -ffp-contract=off so no compiler fuses a multiply and an add differently in different files.
+// Arithmetic contract v2 ("TQ2_0-exact"; every implementation must produce bit-identical results).
+//
+// Why this shape: llama.cpp's x86 TQ2_0 and TQ1_0 kernels (AVX2) accumulate each 256-block in eight
+// int32 lanes, scale them with one fused multiply-add per lane and reduce the lanes at the end. A BITCOS
+// tensor converted from TQ2_0 must give *bit-identical* logits, because any 1-ulp difference in a matmul
+// output can flip a Q8_K rounding of the next layer's input and change the generated text. So BITCOS
+// reproduces that arithmetic exactly, using the same lane partition of the integer sums.
+//
+//   For row i, activation column c and Q8_K block b (256 weights, j = position in the block, t = ternary
+//   code, q = activation; positions past k have t = 0 and q = 0), for lane l in 0..7 and half h in {0,1}:
+//     L[h][l] = sum_{j in half h, j % 32 in [4l, 4l+4)} (t_j + 1) * q_j  -  sum_{j in half h, j / 32 == l} q_j
+//   (exact int32; the second sum is bsums[2l] + bsums[2l+1] restricted to half h, i.e. non-zero only for
+//   h == l / 4; L[0][l] + L[1][l] is exactly TQ2_0's lane l.)
+//     G128, fp16 scales e0 = d[2b], e1 = d[2b+1] (e1 = e0 and L[1] = 0 when the block has one half):
+//         if bits(e0) == bits(e1):  D = y.d * fp32(e0);  acc[l] = FMA(float(L[0][l] + L[1][l]), D, acc[l])
+//         else:  D0 = y.d * fp32(e0); D1 = y.d * fp32(e1);
+//                acc[l] = FMA(float(L[0][l]), D0, acc[l]);  acc[l] = FMA(float(L[1][l]), D1, acc[l])
+//     PT:  D = y.d * scale;  acc[l] = FMA(float(L[0][l] + L[1][l]), D, acc[l])
+//   acc[] starts at +0.0f; blocks in increasing b; then
+//     dst[c][i] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+//   FMA(a, b, c) is a fused multiply-add when BITCOS_FMA is 1, else (a * b) rounded, then + c rounded.
+//   BITCOS_FMA follows what GCC does to TQ2_0's `_mm256_add_ps(_mm256_mul_ps(x, d), acc)`: it contracts
+//   it to vfmadd when the target has FMA (GCC's default -ffp-contract=fast); clang does not.
+//   Every other operation is one IEEE fp32 operation in the order written; kernel files are compiled
+//   with -ffp-contract=off so that only the explicit FMA is fused. Inputs are finite.
+//
+// Result: on x86-64 builds with AVX2 by GCC (GGML_NATIVE and the AVX2/AVX-512 CPU variants), a BITCOS
+// matmul equals llama.cpp's TQ2_0 matmul bit for bit whenever the BITCOS tensor holds the same ternary
+// codes and scales (every tensor `ggml-bitcos convert` made from TQ2_0/TQ1_0, and PT tensors whose scale
+// is the TQ2_0 block scale). Elsewhere it equals TQ2_0 up to float summation order.
 //
 // Activations are ggml block_q8_K (256 per block). A row length k that is an odd multiple of 128 uses
-// ceil(k/256) blocks whose last half is ignored (the caller quantizes with zero padding).
+// ceil(k/256) blocks; the caller quantizes a zero-padded copy, so the padding contributes nothing.
 #pragma once
 
 #include <stddef.h>
@@ -35,6 +51,15 @@ extern "C" {
 #define BITCOS_VARIANT_PT    1
 #define BITCOS_BLOCK_BYTES_G128 18
 #define BITCOS_BLOCK_BYTES_PT   16
+
+// Overridable (-DBITCOS_FMA=0/1) so the harness can test both forms in every implementation.
+#ifndef BITCOS_FMA
+#if defined(__FMA__) && !defined(__clang__)
+#define BITCOS_FMA 1
+#else
+#define BITCOS_FMA 0
+#endif
+#endif
 
 // Same layout as ggml's block_q8_K (ggml-common.h); checked by a static_assert where both are visible.
 typedef struct {

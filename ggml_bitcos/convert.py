@@ -1,0 +1,458 @@
+"""``ggml-bitcos convert``: rewrite every exactly-ternary weight of a GGUF file as BITCOS (FORMAT.md).
+
+Three passes over the source, each streaming tensor by tensor through a read-only memory map:
+
+1. analyze: decode each candidate tensor to fp32 in row chunks, decide (FORMAT.md §7) whether and in
+   which variant it converts, encode it (the encoding is kept for pass 2 while it fits a memory budget,
+   otherwise recomputed) — the output's tensor infos need every companion's byte size up front;
+2. write: header, metadata (+ ``bitcos.*`` keys), tensor infos, then tensor data one by one — copied
+   tensors straight from the source map, converted ones as weight blocks followed by the companion —
+   into a temporary file in the target folder, renamed onto the target only when complete;
+3. verify (unless ``--no-verify``): reopen the output, decode every converted tensor with the full
+   invariant checks and compare its fp32 bit patterns with the source's (−0.0 mapped to +0.0, §5);
+   copied tensors are compared byte for byte. A failed verification deletes the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFValueType
+from gguf.constants import GGMLQuantizationType
+from gguf.gguf_reader import ReaderTensor
+
+from gguf_tools import (BITCOS_G128, BITCOS_PT, CheckedGGUFReader, GGUFError, GGUFStreamWriter, field_value,
+                        open_gguf, tensor_bytes, tensor_ggml_shape, tensor_row_bytes, type_name)
+
+from . import codec
+from .progress import Progress
+
+FLOAT_SOURCES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+TQ_SOURCES = (GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0)
+SOURCE_TYPES = FLOAT_SOURCES + TQ_SOURCES
+BITCOS_TYPES = {BITCOS_G128: codec.VARIANT_G128, BITCOS_PT: codec.VARIANT_PT}
+VARIANT_TYPES = {codec.VARIANT_G128: BITCOS_G128, codec.VARIANT_PT: BITCOS_PT}
+CHUNK_WEIGHTS = 1 << 23              # rows are processed in chunks of about this many weights
+DEFAULT_CACHE_BYTES = 1 << 30        # encoded tensors kept between pass 1 and 2 up to this total
+
+
+class ConvertError(Exception):
+    """A conversion failure; ``str()`` is one line naming the file (and tensor) and the problem."""
+
+
+def default_output(src: Path) -> Path:
+    return src.with_name(src.stem + "-bitcos.gguf") if src.suffix == ".gguf" else src.with_name(src.name + "-bitcos.gguf")
+
+
+# --- reading source tensors as fp32 ----------------------------------------------------------------
+
+def chunk_rows(k: int) -> int:
+    return max(1, CHUNK_WEIGHTS // max(k, 1))
+
+
+def source_float_rows(t: ReaderTensor, start: int, stop: int) -> np.ndarray:
+    """fp32 values of rows [start, stop) of a 2-D/3-D source tensor, as ggml would dequantize them."""
+    raw = tensor_row_bytes(t)[start:stop]
+    tt = t.tensor_type
+    if tt == GGMLQuantizationType.F32:
+        return raw.view("<f4")
+    if tt == GGMLQuantizationType.F16:
+        return raw.view("<f2").astype(np.float32)
+    if tt == GGMLQuantizationType.BF16:
+        return codec.bf16_to_float(raw)
+    if tt == GGMLQuantizationType.TQ2_0:
+        return codec.tq_to_float(*codec.tq2_0_decode(raw))
+    if tt == GGMLQuantizationType.TQ1_0:
+        return codec.tq_to_float(*codec.tq1_0_decode(raw))
+    raise ValueError(f"cannot decode {type_name(tt)}")
+
+
+def iter_row_chunks(n_rows: int, k: int) -> Iterator[tuple[int, int]]:
+    step = chunk_rows(k)
+    for s in range(0, n_rows, step):
+        yield s, min(n_rows, s + step)
+
+
+# --- per-tensor decision ---------------------------------------------------------------------------
+
+@dataclass
+class TensorResult:
+    name: str
+    src_type: str
+    ne: tuple[int, ...]
+    converted: bool = False
+    variant: int | None = None
+    reason: str = ""                  # why a candidate was not converted
+    ternary_looking: bool = False     # a --strict error when not converted
+    measured: bool = False            # exactly ternary per 128-block: n_zeros is the measured count
+    n_weights: int = 0
+    n_zeros: int = 0
+    src_bytes: int = 0
+    out_bytes: int = 0                # weight + companion for converted tensors
+    companion_bytes: int = 0
+
+    @property
+    def zero_density(self) -> float:
+        return self.n_zeros / self.n_weights if self.n_weights else 0.0
+
+
+@dataclass
+class Analysis:
+    result: TensorResult
+    codes: np.ndarray | None = None
+    block_mag: np.ndarray | None = None
+    pt: np.ndarray | None = None
+
+
+def is_candidate(name: str, t: ReaderTensor) -> bool:
+    """A tensor convert looks at: a 2-D/3-D weight of a ternary-capable type, not a lookup table."""
+    ne = tensor_ggml_shape(t)
+    return (len(ne) in (2, 3) and t.tensor_type in SOURCE_TYPES and "token_embd" not in name
+            and not name.endswith(codec.COMPANION_SUFFIX))
+
+
+def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> Analysis:
+    """Decide whether a candidate converts (FORMAT.md §7) and gather its codes and scales."""
+    ne = tensor_ggml_shape(t)
+    k = ne[0]
+    n_rows = math.prod(ne[1:])
+    res = TensorResult(t.name, type_name(t.tensor_type), ne, n_weights=k * n_rows, src_bytes=int(t.n_bytes))
+    is_tq = t.tensor_type in TQ_SOURCES
+
+    if k % codec.QK:
+        looks = all(codec.is_row_ternary(source_float_rows(t, s, e)) for s, e in iter_row_chunks(n_rows, k))
+        res.ternary_looking = looks
+        res.reason = f"row length {k} is not a multiple of {codec.QK}" if looks else "not ternary"
+        return Analysis(res)
+
+    codes = np.empty((n_rows, k), dtype=np.int8) if want_codes else None
+    block_mag = np.empty((n_rows, k // codec.QK), dtype=np.float32)
+    n_zeros = 0
+    for s, e in iter_row_chunks(n_rows, k):
+        ch = codec.analyze_rows(source_float_rows(t, s, e))
+        if not ch.blocks_uniform:
+            res.ternary_looking = is_tq
+            res.reason = "not ternary" if not is_tq else "non-finite scale"
+            return Analysis(res)
+        if codes is not None:
+            codes[s:e] = ch.codes
+        n_zeros += int(ch.codes.size - np.count_nonzero(ch.codes))
+        block_mag[s:e] = ch.block_mag
+    res.n_zeros = n_zeros
+    res.ternary_looking = True
+    res.measured = True
+    n_mats = codec.n_mats_of(ne)
+    pt = codec.pt_scales(block_mag, n_mats) if scale in ("auto", "tensor") else None
+    g128_ok = codec.g128_representable(block_mag) if scale in ("auto", "g128") else False
+
+    if not codec.weight_name_ok(t.name):
+        res.reason = f"name longer than {codec.MAX_WEIGHT_NAME} bytes (no room for the companion name)"
+    elif scale == "tensor" and pt is None:
+        res.reason = "--scale tensor: non-zero magnitudes differ within a matrix"
+    elif scale == "g128" and not g128_ok:
+        res.reason = "--scale g128: a block magnitude is not exactly representable in fp16"
+    elif scale == "auto" and pt is None and not g128_ok:
+        res.reason = "magnitudes differ within a matrix and are not all fp16-representable"
+    else:
+        res.converted = True
+        res.variant = codec.VARIANT_PT if pt is not None else codec.VARIANT_G128
+    return Analysis(res, codes, block_mag, pt)
+
+
+def encode_analysis(a: Analysis) -> codec.Encoded:
+    r = a.result
+    assert r.converted and a.codes is not None and a.block_mag is not None
+    if r.variant == codec.VARIANT_PT:
+        return codec.encode(a.codes, codec.VARIANT_PT, matrix_scales=a.pt, n_mats=codec.n_mats_of(r.ne))
+    return codec.encode(a.codes, codec.VARIANT_G128, block_scales=a.block_mag.astype(np.float16),
+                        n_mats=codec.n_mats_of(r.ne))
+
+
+# --- the conversion --------------------------------------------------------------------------------
+
+@dataclass
+class ConvertResult:
+    src: Path
+    out: Path
+    tensors: list[TensorResult] = field(default_factory=list)
+    verified: bool = False
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def converted(self) -> list[TensorResult]:
+        return [t for t in self.tensors if t.converted]
+
+    @property
+    def skipped(self) -> list[TensorResult]:
+        return [t for t in self.tensors if not t.converted and t.reason]
+
+
+def check_paths(src: Path, out: Path, force: bool) -> None:
+    if not src.exists():
+        raise ConvertError(f"{src}: no such file")
+    same = out.resolve() == src.resolve() or (out.exists() and os.path.samefile(out, src))
+    if same:
+        raise ConvertError(f"{out}: output path is the input file; choose another -o")
+    if out.exists() and not force:
+        raise ConvertError(f"{out}: output already exists (use --force to overwrite)")
+    if out.exists() and not out.is_file():
+        raise ConvertError(f"{out}: output exists and is not a regular file")
+    if not out.parent.is_dir():
+        raise ConvertError(f"{out}: output folder {out.parent} does not exist")
+
+
+def check_bitcos_file(reader: CheckedGGUFReader, path: Path) -> None:
+    """FORMAT.md §1/§6: refuse a newer format version and unpaired weights/companions."""
+    ver = reader.get_field("bitcos.format_version")
+    if ver is not None and int(ver.contents()) > codec.VERSION:
+        raise ConvertError(f"{path}: bitcos.format_version {int(ver.contents())} is newer than this tool "
+                           f"supports ({codec.VERSION})")
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    for name, tt in types.items():
+        if tt in BITCOS_TYPES and name + codec.COMPANION_SUFFIX not in types:
+            raise ConvertError(f"{path}: tensor '{name}': BITCOS weight without its companion tensor")
+        if name.endswith(codec.COMPANION_SUFFIX) and types.get(name[:-len(codec.COMPANION_SUFFIX)]) not in BITCOS_TYPES:
+            raise ConvertError(f"{path}: tensor '{name}': companion without a BITCOS weight")
+
+
+def _merged_converted_from(reader: CheckedGGUFReader, new_types: set[str]) -> str:
+    old = reader.get_field("bitcos.converted_from")
+    types = set(new_types)
+    if old is not None and old.types == [GGUFValueType.STRING]:
+        types |= {x for x in old.contents().split(",") if x}
+    return ",".join(sorted(types))
+
+
+def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: bool = False,
+            verify: bool = True, force: bool = False, progress: bool = True,
+            cache_bytes: int = DEFAULT_CACHE_BYTES) -> ConvertResult:
+    """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``); see the module docstring for the passes."""
+    src = Path(src)
+    out = Path(out) if out is not None else default_output(src)
+    check_paths(src, out, force)
+    reader = open_gguf(src)
+    check_bitcos_file(reader, src)
+    result = ConvertResult(src, out)
+    t0 = time.perf_counter()
+
+    # names of tensors already in BITCOS form (re-running convert on a converted file copies them)
+    existing = {t.name for t in reader.tensors}
+
+    # pass 1: analyze (+ encode, cached within budget)
+    candidates = [t for t in reader.tensors if is_candidate(t.name, t)
+                  and t.name + codec.COMPANION_SUFFIX not in existing]
+    bar = Progress(sum(int(t.n_bytes) for t in candidates), "analyze", enabled=progress)
+    plan: dict[str, tuple[TensorResult, codec.Encoded | None]] = {}
+    cached = 0
+    for t in candidates:
+        a = analyze_tensor(t, scale)
+        r = a.result
+        enc = None
+        if r.converted:
+            enc = encode_analysis(a)
+            r.out_bytes = enc.nbytes
+            r.companion_bytes = int(enc.companion.nbytes)
+            if cached + enc.nbytes > cache_bytes:
+                enc = None                 # over budget: recomputed in pass 2 (sizes are kept)
+            else:
+                cached += enc.nbytes
+        del a
+        plan[t.name] = (r, enc)
+        bar.update(int(t.n_bytes), note=t.name)
+        if strict and not r.converted and r.ternary_looking:
+            bar.close()
+            raise ConvertError(f"{src}: tensor '{t.name}': ternary but not convertible: {r.reason} (--strict)")
+    bar.close()
+    result.seconds["analyze"] = time.perf_counter() - t0
+    result.tensors = [plan[t.name][0] if t.name in plan else
+                      TensorResult(t.name, type_name(t.tensor_type), tensor_ggml_shape(t), src_bytes=int(t.n_bytes))
+                      for t in reader.tensors]
+
+    # pass 2: write
+    t1 = time.perf_counter()
+    arch_field = reader.get_field("general.architecture")
+    arch = arch_field.contents() if arch_field is not None else ""
+    writer = GGUFStreamWriter(out, arch, overwrite=force)
+    try:
+        for key, fld in reader.fields.items():
+            if key.startswith("GGUF.") or key.startswith("bitcos."):
+                continue
+            try:
+                value, vtype, sub = field_value(fld)
+            except ValueError as e:
+                raise ConvertError(f"{src}: {e}") from None
+            writer.add_kv(key, value, vtype, sub)
+        conv_types = {r.src_type for r in result.converted}
+        writer.add_kv("bitcos.format_version", codec.VERSION, GGUFValueType.UINT32)
+        writer.add_kv("bitcos.converted_from", _merged_converted_from(reader, conv_types), GGUFValueType.STRING)
+        for t in reader.tensors:
+            r, enc = plan.get(t.name, (None, None))
+            if r is not None and r.converted:
+                writer.add_tensor_info(t.name, VARIANT_TYPES[r.variant], r.ne)
+                writer.add_tensor_info(t.name + codec.COMPANION_SUFFIX, GGMLQuantizationType.I8,
+                                       (r.companion_bytes,))
+            else:
+                writer.add_tensor_info(t.name, t.tensor_type, tensor_ggml_shape(t))
+        writer.begin()
+        bar = Progress(sum(int(t.n_bytes) for t in reader.tensors), "write  ", enabled=progress)
+        for t in reader.tensors:
+            r, enc = plan.get(t.name, (None, None))
+            if r is not None and r.converted:
+                if enc is None:
+                    enc = encode_analysis(analyze_tensor(t, scale))
+                    if enc.companion.nbytes != r.companion_bytes:
+                        raise ConvertError(f"{src}: tensor '{t.name}': re-encoding changed the companion size")
+                writer.write_tensor(t.name, enc.blocks)
+                writer.write_tensor(t.name + codec.COMPANION_SUFFIX, enc.companion.view(np.int8))
+                plan[t.name] = (r, None)   # release the cached encoding
+            else:
+                writer.write_tensor(t.name, tensor_bytes(t))
+            bar.update(int(t.n_bytes), note=t.name)
+        bar.close()
+        tmp_path = writer.flush()
+        result.seconds["write"] = time.perf_counter() - t1
+
+        # pass 3: verify the temporary file before it replaces anything
+        if verify:
+            t2 = time.perf_counter()
+            assert tmp_path is not None
+            verify_output(reader, tmp_path, result, progress=progress, label=str(out))
+            result.verified = True
+            result.seconds["verify"] = time.perf_counter() - t2
+        writer.finish()
+    except OSError as e:
+        writer.abort()
+        raise ConvertError(f"{out}: write failed: {describe_write_error(e, out.parent)}") from None
+    except BaseException:
+        writer.abort()
+        raise
+    result.seconds["total"] = time.perf_counter() - t0
+    return result
+
+
+def describe_write_error(e: OSError, folder: Path) -> str:
+    """The OS reason of a failed write. numpy's ``tofile`` reports a short write without an errno
+    ("N requested and M written"); a full file system is then the likely cause, so say so when the
+    target file system has no space left."""
+    if e.errno:
+        return os.strerror(e.errno)
+    try:
+        st = os.statvfs(folder)
+        if st.f_bavail * st.f_frsize < (1 << 20):
+            return f"{os.strerror(errno.ENOSPC)} ({e})"
+    except OSError:
+        pass
+    return str(e)
+
+
+def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertResult, *,
+                  progress: bool = True, label: str | None = None) -> None:
+    """Every converted tensor decodes to the source's fp32 bits (−0.0 -> +0.0); others are byte-equal."""
+    label = label or str(out_path)
+    try:
+        out_reader = open_gguf(out_path)
+    except GGUFError as e:
+        raise ConvertError(f"{label}: verification failed: output does not parse: {e.problem}") from None
+    out_tensors = {t.name: t for t in out_reader.tensors}
+    conv = {r.name: r for r in result.converted}
+    bar = Progress(sum(int(t.n_bytes) for t in src_reader.tensors), "verify ", enabled=progress)
+    for t in src_reader.tensors:
+        o = out_tensors.get(t.name)
+        if o is None:
+            raise ConvertError(f"{label}: tensor '{t.name}': verification failed: missing from the output")
+        if t.name in conv:
+            r = conv[t.name]
+            comp = out_tensors.get(t.name + codec.COMPANION_SUFFIX)
+            if comp is None or o.tensor_type not in BITCOS_TYPES:
+                raise ConvertError(f"{label}: tensor '{t.name}': verification failed: not written as BITCOS")
+            ne = tensor_ggml_shape(o)
+            n_rows, k = math.prod(ne[1:]), ne[0]
+            try:
+                dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), BITCOS_TYPES[o.tensor_type], k, n_rows,
+                                   codec.n_mats_of(ne))
+            except codec.FormatError as e:
+                raise ConvertError(f"{label}: tensor '{t.name}': verification failed: {e}") from None
+            for s, e in iter_row_chunks(n_rows, k):
+                want = source_float_rows(t, s, e)
+                got = dec.to_float(slice(s, e))
+                # bit-exact up to the sign of zero (FORMAT.md §5): IEEE-equal (so +0 == -0, and a
+                # NaN never matches) and the output never holds -0.0; non-zero equal floats have equal bits
+                if not np.array_equal(got, want) or np.any(got.view(np.uint32) == np.uint32(0x80000000)):
+                    gb, wb = got.view(np.uint32), want.view(np.uint32)
+                    wb = np.where(wb == np.uint32(0x80000000), np.uint32(0), wb)
+                    bad = np.argwhere(gb != wb)[0]
+                    raise ConvertError(f"{label}: tensor '{t.name}': verification failed: row {s + int(bad[0])} "
+                                       f"col {int(bad[1])} decodes to bits 0x{int(gb[tuple(bad)]):08x}, "
+                                       f"source 0x{int(wb[tuple(bad)]):08x}")
+        else:
+            if o.tensor_type != t.tensor_type or not np.array_equal(tensor_bytes(o), tensor_bytes(t)):
+                raise ConvertError(f"{label}: tensor '{t.name}': verification failed: copied tensor differs")
+        bar.update(int(t.n_bytes), note=t.name)
+    bar.close()
+    del out_reader
+
+
+def summarize(result: ConvertResult) -> list[str]:
+    conv = result.converted
+    n_w = sum(r.n_weights for r in conv)
+    n_z = sum(r.n_zeros for r in conv)
+    out_b = sum(r.out_bytes for r in conv)
+    src_b = sum(r.src_bytes for r in conv)
+    by_var = {name: sum(1 for r in conv if r.variant == v) for v, name in codec.VARIANT_NAMES.items()}
+    lines = [f"converted {len(conv)} tensors ({by_var['PT']} PT, {by_var['G128']} G128) of "
+             f"{len(result.tensors)}; copied {len(result.tensors) - len(conv)} unchanged"]
+    if n_w:
+        lines.append(f"ternary weights {n_w:,}: zero density {n_z / n_w:.4f}, "
+                     f"{8 * src_b / n_w:.4f} -> {8 * out_b / n_w:.4f} bits per weight (tensor data)")
+    for r in result.skipped:
+        if r.reason != "not ternary":
+            lines.append(f"not converted: {r.name} ({r.src_type}): {r.reason}")
+    n_nt = sum(1 for r in result.skipped if r.reason == "not ternary")
+    if n_nt:
+        lines.append(f"not converted: {n_nt} non-ternary tensor(s): " +
+                     ", ".join(r.name for r in result.skipped if r.reason == "not ternary")[:300])
+    size_in = result.src.stat().st_size
+    size_out = result.out.stat().st_size if result.out.exists() else 0
+    lines.append(f"{result.src} ({size_in / 1e6:.1f} MB) -> {result.out} ({size_out / 1e6:.1f} MB)"
+                 + (", verified bit-exact" if result.verified else ", not verified (--no-verify)"))
+    lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items()))
+    return lines
+
+
+# --- command line --------------------------------------------------------------------------------
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("convert", help="rewrite the ternary weights of a GGUF as BITCOS",
+                              description="Rewrite every exactly-ternary weight (TQ1_0, TQ2_0, or F16/BF16/F32 "
+                                          "holding ternary values) as BITCOS; copy everything else unchanged.")
+    p.add_argument("input", type=Path, metavar="IN.gguf")
+    p.add_argument("-o", "--output", type=Path, metavar="OUT.gguf", help="default: IN-bitcos.gguf")
+    p.add_argument("--scale", choices=["auto", "g128", "tensor"], default="auto",
+                   help="auto: per-tensor scale (PT) when exact, else fp16 per 128 (G128)")
+    p.add_argument("--strict", action="store_true", help="fail on a ternary tensor that cannot be converted")
+    p.add_argument("--no-verify", action="store_true", help="skip the bit-exact check of the output")
+    p.add_argument("--force", action="store_true", help="overwrite the output if it exists")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    res = convert(args.input, args.output, scale=args.scale, strict=args.strict, verify=not args.no_verify,
+                  force=args.force, progress=not args.quiet)
+    if not args.quiet:
+        for line in summarize(res):
+            print(line, file=sys.stderr)
+    return 0
+
+
+__all__ = ["ConvertError", "ConvertResult", "TensorResult", "convert", "default_output", "analyze_tensor",
+           "source_float_rows", "is_candidate", "register", "run"]

@@ -1,0 +1,83 @@
+"""Teach gguf-py (PyPI ``gguf`` 0.19.0) the two BITCOS ggml types, in one place.
+
+gguf-py keeps its type table in two module-level objects that every part of it (reader, writer,
+quants) reads at call time:
+
+* ``GGMLQuantizationType`` — an ``IntEnum``; ``GGMLQuantizationType(160)`` raises ``ValueError``, which
+  is why ``GGUFReader`` refuses a file holding a BITCOS tensor;
+* ``GGML_QUANT_SIZES`` — ``{type: (block_size, type_size)}``, used to size tensor data (reader) and to
+  turn a byte shape into a logical shape (writer, ``quant_shape_from_byte_shape``).
+
+Registering a type therefore means adding an enum member (so the id parses and has a ``.name``) and a
+size entry. Python's ``Enum`` has no public API to extend a class after creation; we create the member
+the same way ``EnumType`` does (``int.__new__`` + ``_name_``/``_value_``) and enter it in the three
+lookup tables the enum machinery uses (``_value2member_map_`` for ``Type(160)``, ``_member_map_`` for
+``Type['BITCOS_G128']``, ``_member_names_`` for iteration). The function is idempotent and refuses to
+run if gguf-py already uses the ids for something else (a future gguf-py release), rather than
+silently shadowing a real upstream type.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+BITCOS_QK: Final = 128
+
+# name -> (type id, block size in weights, bytes per block); docs/FORMAT.md §2.
+BITCOS_TYPES: Final[dict[str, tuple[int, int, int]]] = {
+    "BITCOS_G128": (160, BITCOS_QK, 18),
+    "BITCOS_PT": (161, BITCOS_QK, 16),
+}
+
+
+def _add_enum_member(enum_cls: type[GGMLQuantizationType], name: str, value: int) -> GGMLQuantizationType:
+    member = int.__new__(enum_cls, value)
+    member._name_ = name
+    member._value_ = value
+    member.__objclass__ = enum_cls  # type: ignore[attr-defined]
+    member.__init__()  # IntEnum members run __init__ with no args; keeps parity with real members
+    enum_cls._value2member_map_[value] = member
+    enum_cls._member_map_[name] = member
+    enum_cls._member_names_.append(name)
+    # class attribute access (GGMLQuantizationType.BITCOS_G128); type.__setattr__ bypasses the
+    # EnumType guard against reassigning members
+    type.__setattr__(enum_cls, name, member)
+    return member
+
+
+def register_bitcos_types() -> None:
+    """Make ``GGMLQuantizationType.BITCOS_G128`` / ``BITCOS_PT`` and their sizes known to gguf-py."""
+    for name, (type_id, block_size, type_size) in BITCOS_TYPES.items():
+        existing = GGMLQuantizationType._value2member_map_.get(type_id)
+        if existing is None:
+            if name in GGMLQuantizationType._member_map_:
+                raise RuntimeError(f"gguf-py already defines {name} with a different id")
+            member = _add_enum_member(GGMLQuantizationType, name, type_id)
+        elif existing.name != name:
+            raise RuntimeError(f"gguf-py already uses ggml type id {type_id} for {existing.name}; "
+                               f"cannot register {name}")
+        else:
+            member = existing
+        old = GGML_QUANT_SIZES.get(member)
+        if old is not None and old != (block_size, type_size):
+            raise RuntimeError(f"gguf-py sizes {name} as {old}, expected {(block_size, type_size)}")
+        GGML_QUANT_SIZES[member] = (block_size, type_size)
+
+
+register_bitcos_types()
+
+BITCOS_G128: Final = GGMLQuantizationType(160)
+BITCOS_PT: Final = GGMLQuantizationType(161)
+
+
+def is_known_type(type_id: int) -> bool:
+    """True when gguf-py (after registration) can size a tensor of this ggml type id."""
+    member = GGMLQuantizationType._value2member_map_.get(int(type_id))
+    return member is not None and member in GGML_QUANT_SIZES
+
+
+def type_name(type_id: int) -> str:
+    member = GGMLQuantizationType._value2member_map_.get(int(type_id))
+    return member.name if member is not None else f"type {int(type_id)}"

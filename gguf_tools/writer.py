@@ -1,0 +1,210 @@
+"""Streaming GGUF writing on top of gguf-py's ``GGUFWriter``, with bounded memory and atomic output.
+
+``GGUFWriter``'s usual flow (``add_tensor`` for every tensor, then ``write_tensors_to_file``) keeps every
+tensor referenced until the end. Its lower-level API streams instead: declare all tensor infos first
+(``add_tensor_info``: name, shape, type, byte size), write header + metadata + tensor infos, then hand it
+the tensor data one tensor at a time (``write_tensor_data``), in declaration order. ``GGUFStreamWriter``
+wraps that flow, so at most one tensor's data (or a memory-mapped view of it) is alive at a time.
+
+Atomicity: the file is written to a temporary name in the target folder and renamed over the target
+only when complete (and fsync'ed); any error removes the temporary file, so a failed run never leaves
+a partial output behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from gguf import GGUFValueType, GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import quant_shape_to_byte_shape
+
+from . import types as _types  # noqa: F401  (registers the BITCOS types)
+
+# ggml types whose data gguf-py writes element-typed; every other type is written as raw bytes
+_PLAIN_DTYPES: dict[GGMLQuantizationType, np.dtype] = {
+    GGMLQuantizationType.F32: np.dtype(np.float32),
+    GGMLQuantizationType.F16: np.dtype(np.float16),
+    GGMLQuantizationType.F64: np.dtype(np.float64),
+    GGMLQuantizationType.I8: np.dtype(np.int8),
+    GGMLQuantizationType.I16: np.dtype(np.int16),
+    GGMLQuantizationType.I32: np.dtype(np.int32),
+    GGMLQuantizationType.I64: np.dtype(np.int64),
+}
+
+
+def tensor_nbytes(ggml_type: GGMLQuantizationType, ne: Sequence[int]) -> int:
+    """Byte size of a tensor of this type and ggml shape (ne0 first)."""
+    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    n = 1
+    for d in ne:
+        n *= int(d)
+    if int(ne[0]) % block_size:
+        raise ValueError(f"row length {ne[0]} is not a multiple of the {ggml_type.name} block size {block_size}")
+    return n // block_size * type_size
+
+
+class GGUFStreamWriter:
+    """Write a GGUF file tensor by tensor.
+
+    Usage::
+
+        with GGUFStreamWriter(out_path, arch="llama") as w:
+            w.add_kv("llama.block_count", 2, GGUFValueType.UINT32)
+            w.add_tensor_info("a", GGMLQuantizationType.F32, (256,))
+            w.begin()                      # header, metadata, tensor infos
+            w.write_tensor("a", array)     # in declaration order
+        # on normal exit: flushed, fsync'ed, renamed onto out_path; on error: temp file removed
+    """
+
+    def __init__(self, path: os.PathLike[str] | str, arch: str, *, alignment: int | None = None,
+                 overwrite: bool = False):
+        self.path = Path(path)
+        self.overwrite = overwrite
+        self._w = GGUFWriter(None, arch)
+        # start from an empty key/value table so callers control the order (GGUFWriter pre-adds
+        # general.architecture; copy_fields/add_kv put it back where the caller wants it)
+        self._w.kv_data = [{}]
+        if alignment is not None:
+            self.set_alignment(alignment)
+        self._order: list[str] = []
+        self._infos: dict[str, tuple[GGMLQuantizationType, tuple[int, ...], int]] = {}
+        self._next = 0
+        self._tmp: Path | None = None
+        self._begun = False
+        self._done = False
+
+    # -- metadata ---------------------------------------------------------------------------------
+    @property
+    def alignment(self) -> int:
+        return int(self._w.data_alignment)
+
+    def set_alignment(self, alignment: int) -> None:
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"alignment {alignment} is not a power of two")
+        self._w.data_alignment = alignment
+
+    def add_kv(self, key: str, value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None = None) -> None:
+        if vtype == GGUFValueType.ARRAY and len(value) == 0:
+            raise ValueError(f"metadata key {key}: GGUF arrays cannot be empty")
+        self._w.kv_data[0][key] = _gguf_value(value, vtype, sub_type)
+        if key == "general.alignment":
+            self.set_alignment(int(value))
+
+    def has_kv(self, key: str) -> bool:
+        return key in self._w.kv_data[0]
+
+    # -- tensors ----------------------------------------------------------------------------------
+    def add_tensor_info(self, name: str, ggml_type: GGMLQuantizationType, ne: Sequence[int]) -> int:
+        """Declare a tensor (ggml shape, ne0 first); returns its byte size."""
+        if self._begun:
+            raise RuntimeError("add_tensor_info after begin()")
+        if name in self._infos:
+            raise ValueError(f"duplicate tensor name {name!r}")
+        ne = tuple(int(d) for d in ne)
+        nbytes = tensor_nbytes(ggml_type, ne)
+        np_shape = tuple(reversed(ne))
+        if ggml_type in _PLAIN_DTYPES:
+            self._w.add_tensor_info(name, np_shape, _PLAIN_DTYPES[ggml_type], nbytes, raw_dtype=ggml_type)
+        else:
+            # a uint8 byte view: gguf-py maps the byte shape back to the logical one via GGML_QUANT_SIZES
+            byte_shape = quant_shape_to_byte_shape(np_shape, ggml_type)
+            self._w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=ggml_type)
+        self._infos[name] = (ggml_type, ne, nbytes)
+        self._order.append(name)
+        return nbytes
+
+    def begin(self) -> None:
+        """Create the temporary file and write header, metadata and tensor infos."""
+        if self._begun:
+            raise RuntimeError("begin() called twice")
+        if self.path.exists() and not self.overwrite:
+            raise FileExistsError(f"{self.path} already exists")
+        folder = self.path.parent if str(self.path.parent) else Path(".")
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        self._tmp = Path(tmp)
+        # mkstemp creates 0600; give the output the permissions a plain open() would (0666 & ~umask)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self._tmp, 0o666 & ~umask)
+        self._begun = True
+        self._w.write_header_to_file(self._tmp)
+        self._w.write_kv_data_to_file()
+        self._w.write_ti_data_to_file()
+
+    def write_tensor(self, name: str, data: np.ndarray) -> None:
+        """Write the next tensor's data (any dtype/shape with the declared byte size, C-contiguous)."""
+        if not self._begun:
+            raise RuntimeError("write_tensor before begin()")
+        if self._next >= len(self._order) or self._order[self._next] != name:
+            expected = self._order[self._next] if self._next < len(self._order) else "(none)"
+            raise RuntimeError(f"tensor {name!r} written out of order; expected {expected!r}")
+        _type, _ne, nbytes = self._infos[name]
+        if data.nbytes != nbytes:
+            raise ValueError(f"tensor {name!r}: {data.nbytes} bytes given, {nbytes} declared")
+        if not data.flags.c_contiguous:
+            data = np.ascontiguousarray(data)
+        self._w.write_tensor_data(data)
+        self._next += 1
+
+    def flush(self) -> Path:
+        """Flush what was written so far and return the temporary file's path (e.g. to verify it
+        before ``finish`` renames it onto the target)."""
+        if self._tmp is None:
+            raise RuntimeError("flush before begin()")
+        self._w.flush()
+        return self._tmp
+
+    def finish(self) -> Path:
+        if self._next != len(self._order):
+            raise RuntimeError(f"only {self._next} of {len(self._order)} tensors written")
+        assert self._tmp is not None and self._w.fout is not None
+        self._w.flush()
+        for f in self._w.fout:
+            os.fsync(f.fileno())
+        self._w.close()
+        if self.path.exists() and not self.overwrite:
+            raise FileExistsError(f"{self.path} already exists")
+        os.replace(self._tmp, self.path)
+        self._tmp = None
+        self._done = True
+        return self.path
+
+    def abort(self) -> None:
+        """Close and delete the temporary file (safe to call at any point, more than once)."""
+        try:
+            self._w.close()
+        except OSError:
+            pass
+        if self._tmp is not None:
+            try:
+                self._tmp.unlink()
+            except FileNotFoundError:
+                pass
+            self._tmp = None
+
+    def __enter__(self) -> GGUFStreamWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None and self._begun and not self._done:
+            try:
+                self.finish()
+            except BaseException:
+                self.abort()
+                raise
+        elif not self._done:
+            self.abort()
+
+
+def _gguf_value(value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None) -> Any:
+    from gguf.gguf_writer import GGUFValue
+    return GGUFValue(value=value, type=vtype, sub_type=sub_type)

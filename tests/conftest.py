@@ -1,0 +1,67 @@
+"""Shared fixtures. Tests run from a checkout (PYTHONPATH or this file puts the repo root on sys.path)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def model_factory(tmp_path_factory: pytest.TempPathFactory):
+    """make_model with a session cache: factory(name, **kwargs) -> path (each distinct model made once)."""
+    from dataclasses import replace
+
+    from ggml_bitcos.make_model import PRESETS, make_model
+
+    cache: dict[tuple, Path] = {}
+    folder = tmp_path_factory.mktemp("models")
+
+    def factory(*, z: float = 0.4, scale: str = "tensor", src_type: str = "tq2_0", moe: int = 0,
+                seed: int = 0, **shape_overrides) -> Path:
+        key = (z, scale, src_type, moe, seed, tuple(sorted(shape_overrides.items())))
+        if key not in cache:
+            shape = replace(PRESETS["tiny"], **shape_overrides)
+            if moe:
+                shape = replace(shape, n_expert=moe, n_expert_used=2)
+            path = folder / f"m{len(cache)}.gguf"
+            make_model(path, shape, z=z, scale_mode=scale, src_type=src_type, seed=seed, progress=False)
+            cache[key] = path
+        return cache[key]
+
+    return factory
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run tests marked slow (or set GGML_BITCOS_SLOW=1)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import os
+    if config.getoption("--run-slow") or os.environ.get("GGML_BITCOS_SLOW") == "1":
+        return
+    # `-m slow` (or any -m expression naming slow) selects them explicitly
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: use --run-slow or GGML_BITCOS_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def patched_llama() -> None:
+    """Skip unless the patched llama.cpp build is installed (fail instead under BITCOS_REQUIRE_LLAMA=1)."""
+    import os
+
+    from ggml_bitcos import llama_run
+    if not llama_run.is_patched():
+        if os.environ.get("BITCOS_REQUIRE_LLAMA") == "1":
+            pytest.fail("patched llama.cpp is not installed but BITCOS_REQUIRE_LLAMA=1")
+        pytest.skip("patched llama.cpp not installed (run scripts/install.sh)")

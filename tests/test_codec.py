@@ -1,0 +1,300 @@
+"""The numpy codec against an independent per-bit reference (plain Python, written from FORMAT.md),
+round trips on random codes, TQ1_0/TQ2_0 against gguf-py, and ternary detection."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from ggml_bitcos import codec
+
+ZS = [0.0, 0.01, 0.5, 0.99, 1.0]
+
+
+def random_codes(rng: np.random.Generator, rows: int, k: int, z: float) -> np.ndarray:
+    present = rng.random((rows, k)) >= z
+    sign = np.where(rng.random((rows, k)) < 0.5, -1, 1)
+    return (present * sign).astype(np.int8)
+
+
+def random_d(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.uniform(0.001, 2.0, shape).astype(np.float16)
+
+
+# --- an independent, slow, per-bit reference encoder (plain Python, from docs/FORMAT.md) ----------
+
+def _roundup(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def ref_encode(codes: list[list[int]], variant: int, block_d: list[list[float]] | None,
+               mat_scales: list[float] | None, n_mats: int) -> tuple[bytes, bytes, int]:
+    rows, k = len(codes), len(codes[0])
+    weight = bytearray()
+    for r in range(rows):
+        for b in range(k // 128):
+            bits = bytearray(16)
+            nonzero = False
+            for j in range(128):
+                if codes[r][128 * b + j] != 0:
+                    bits[j // 8] |= 1 << (j % 8)      # weight j: bit j % 8 (LSB first) of byte j / 8
+                    nonzero = True
+            weight += bits
+            if variant == 0:
+                weight += struct.pack("<e", block_d[r][b] if nonzero else 0.0)
+    counts = [sum(1 for v in row if v != 0) for row in codes]
+    sign_pos, acc = [], 0
+    for c in counts:
+        sign_pos.append(acc)
+        acc += c
+    n_sign = acc
+    g = 0
+    for cand in range(6, -1, -1):
+        if all(sign_pos[r] - sign_pos[(r >> cand) << cand] <= 0xFFFF for r in range(rows)):
+            g = cand
+            break
+    n_groups = -(-rows // (1 << g))
+    off = 128
+    scales_off = 0
+    if variant == 1:
+        scales_off = off
+        off = _roundup(off + 4 * n_mats, 64)
+    base_off = off
+    off = _roundup(off + 8 * n_groups, 64)
+    delta_off = off
+    off = _roundup(off + 2 * rows, 64)
+    pool_off = off
+    pool_bytes = _roundup(-(-n_sign // 8), 64) + 64
+    comp = bytearray(pool_off + pool_bytes)
+    comp[0:128] = struct.pack("<IHBBQQQQQQQQQ", 0x53435442, 1, variant, g, k, rows, n_mats, n_sign, scales_off,
+                              base_off, delta_off, pool_off, pool_bytes) + bytes(48)
+    if variant == 1:
+        for m, s in enumerate(mat_scales):
+            comp[scales_off + 4 * m:scales_off + 4 * m + 4] = struct.pack("<f", s)
+    for grp in range(n_groups):
+        comp[base_off + 8 * grp:base_off + 8 * grp + 8] = struct.pack("<Q", sign_pos[grp << g])
+    for r in range(rows):
+        comp[delta_off + 2 * r:delta_off + 2 * r + 2] = struct.pack("<H", sign_pos[r] - sign_pos[(r >> g) << g])
+    bit = 0
+    for r in range(rows):
+        assert bit == sign_pos[r]
+        for v in codes[r]:
+            if v != 0:
+                if v < 0:
+                    comp[pool_off + bit // 8] |= 1 << (bit % 8)
+                bit += 1
+    return bytes(weight), bytes(comp), g
+
+
+@pytest.mark.parametrize("variant", [codec.VARIANT_G128, codec.VARIANT_PT])
+@pytest.mark.parametrize("rows,k,z,n_mats,want_g", [
+    (5, 256, 0.4, 1, 6),        # small: whole tensor in one group
+    (6, 384, 0.0, 3, 6),        # 3 matrices (PT scales per matrix)
+    (40, 2048, 0.0, 1, 5),      # 39 * 2048 > 65535 in one group of 64 -> g = 5
+    (10, 8192, 0.0, 2, 3),      # 7 * 8192 fits, 15 * 8192 does not -> g = 3
+    (2, 65664, 0.0, 1, 0),      # one row alone overflows 16 bits -> g = 0
+    (3, 128, 1.0, 1, 6),        # all zero: empty pool, d = 0
+])
+def test_layout_matches_per_bit_reference(variant: int, rows: int, k: int, z: float, n_mats: int, want_g: int):
+    rng = np.random.default_rng(1234 + rows + k)
+    codes = random_codes(rng, rows, k, z)
+    d = random_d(rng, (rows, k // 128))
+    scales = rng.uniform(0.01, 1.0, n_mats).astype(np.float32)
+    enc = codec.encode(codes, variant, block_scales=d, matrix_scales=scales, n_mats=n_mats)
+    ref_w, ref_c, ref_g = ref_encode(codes.tolist(), variant, d.astype(np.float32).tolist(),
+                                     scales.tolist(), n_mats)
+    assert ref_g == want_g
+    assert enc.header.row_group_log2 == want_g
+    assert enc.blocks.tobytes() == ref_w
+    assert enc.companion.tobytes() == ref_c
+    # pool tail: every bit beyond n_sign_bits is zero, and >= 64 bytes of zero tail
+    h = enc.header
+    pool = enc.companion[h.pool_offset:]
+    assert len(pool) - (h.n_sign_bits + 7) // 8 >= 64
+    assert not np.any(pool[(h.n_sign_bits + 7) // 8:])
+    assert h.companion_bytes == enc.companion.nbytes
+
+
+def test_bit_order_by_hand():
+    """Weight 0 negative and weight 9 positive in one G128 block: bitmap byte0 bit0, byte1 bit1."""
+    codes = np.zeros((1, 128), dtype=np.int8)
+    codes[0, 0] = -1
+    codes[0, 9] = 1
+    codes[0, 127] = -1
+    enc = codec.encode(codes, codec.VARIANT_G128, block_scales=np.array([[0.5]], dtype=np.float16))
+    b = enc.blocks[0]
+    assert b[0] == 0b1 and b[1] == 0b10 and b[15] == 0x80 and not np.any(b[2:15])
+    assert b[16:18].tobytes() == struct.pack("<e", 0.5)
+    h = enc.header
+    assert h.n_sign_bits == 3
+    # signs in increasing k: -, +, -  -> bits 1, 0, 1
+    assert enc.companion[h.pool_offset] == 0b101
+
+
+@pytest.mark.parametrize("variant", [codec.VARIANT_G128, codec.VARIANT_PT])
+@pytest.mark.parametrize("z", ZS)
+@pytest.mark.parametrize("rows,k", [(1, 128), (3, 384), (37, 2048), (37, 128), (1, 2048), (3, 128)])
+def test_round_trip(variant: int, z: float, rows: int, k: int):
+    rng = np.random.default_rng(int(z * 1000) * 7 + rows * 13 + k)
+    codes = random_codes(rng, rows, k, z)
+    n_mats = 1 if rows % 3 else 3 if rows >= 3 else 1
+    d = random_d(rng, (rows, k // 128))
+    scales = rng.uniform(0.01, 1.0, n_mats).astype(np.float32)
+    enc = codec.encode(codes, variant, block_scales=d, matrix_scales=scales, n_mats=n_mats)
+    dec = codec.decode(enc.blocks, enc.companion, variant, k, rows, n_mats)
+    assert np.array_equal(dec.codes, codes)
+    x = dec.to_float()
+    if variant == codec.VARIANT_G128:
+        empty = ~np.any(codes.reshape(rows, -1, 128) != 0, axis=2)
+        assert np.array_equal(dec.block_scales, np.where(empty, np.float16(0), d))
+        want = codes.astype(np.float32) * np.repeat(d.astype(np.float32), 128, axis=1)
+    else:
+        assert np.array_equal(dec.matrix_scales, scales)
+        want = codes.astype(np.float32) * np.repeat(scales, rows // n_mats)[:, None]
+    assert np.array_equal(x.view(np.uint32), (want + np.float32(0)).view(np.uint32))  # +0.0 for zeros
+    # size formula (FORMAT.md §8): exact companion size
+    assert enc.companion.nbytes == codec.companion_size(variant, k, rows, n_mats, int(np.count_nonzero(codes)),
+                                                       enc.header.row_group_log2)
+
+
+def _encoded(variant: int = codec.VARIANT_G128, rows: int = 9, k: int = 256, z: float = 0.3):
+    rng = np.random.default_rng(99)
+    codes = random_codes(rng, rows, k, z)
+    enc = codec.encode(codes, variant, block_scales=random_d(rng, (rows, k // 128)),
+                       matrix_scales=np.array([0.25], dtype=np.float32))
+    return enc, rows, k
+
+
+@pytest.mark.parametrize("corrupt,match", [
+    (lambda c, h: c.__setitem__(0, 0), "magic"),
+    (lambda c, h: c.__setitem__(4, 2), "version"),
+    (lambda c, h: c.__setitem__(7, 7), "row_group_log2"),
+    (lambda c, h: c.__setitem__(100, 1), "reserved"),
+    (lambda c, h: c.__setitem__(h.row_delta_offset + 2, c[h.row_delta_offset + 2] ^ 1), "row"),
+    (lambda c, h: c.__setitem__(h.row_base_offset, 1), "row"),
+    (lambda c, h: c.__setitem__(h.companion_bytes - 1, 1), "beyond"),
+    (lambda c, h: c.__setitem__(48, c[48] + 64), "canonical"),
+])
+def test_decode_rejects_corruption(corrupt, match: str):
+    enc, rows, k = _encoded()
+    comp = enc.companion.copy()
+    corrupt(comp, enc.header)
+    with pytest.raises(codec.FormatError, match=match):
+        codec.decode(enc.blocks, comp, codec.VARIANT_G128, k, rows, 1)
+
+
+def test_decode_rejects_mismatches():
+    enc, rows, k = _encoded()
+    with pytest.raises(codec.FormatError, match="variant"):
+        codec.decode(enc.blocks[:, :rows * 0 + 32], enc.companion, codec.VARIANT_PT, k, rows, 1)
+    with pytest.raises(codec.FormatError, match="shape"):
+        codec.decode(enc.blocks, enc.companion, codec.VARIANT_G128, k, rows + 1, 1)
+    with pytest.raises(codec.FormatError, match="bytes"):
+        codec.decode(enc.blocks, enc.companion[:-1], codec.VARIANT_G128, k, rows, 1)
+    blocks = enc.blocks.copy()
+    blocks[0, 0] ^= 1          # a bitmap bit flipped: row index no longer consistent
+    with pytest.raises(codec.FormatError):
+        codec.decode(blocks, enc.companion, codec.VARIANT_G128, k, rows, 1)
+
+
+def test_encode_rejects_bad_input():
+    codes = np.zeros((2, 128), dtype=np.int8)
+    with pytest.raises(ValueError):
+        codec.encode(np.zeros((2, 100), dtype=np.int8), codec.VARIANT_PT, matrix_scales=np.ones(1, np.float32))
+    with pytest.raises(ValueError):
+        codec.encode(codes + 2, codec.VARIANT_PT, matrix_scales=np.ones(1, np.float32))
+    with pytest.raises(ValueError):
+        codec.encode(codes, codec.VARIANT_PT, matrix_scales=-np.ones(1, np.float32))
+    with pytest.raises(ValueError):
+        codec.encode(codes, codec.VARIANT_G128, block_scales=np.full((2, 1), np.nan, np.float16))
+
+
+# --- TQ1_0 / TQ2_0 ---------------------------------------------------------------------------------
+
+TQ = [(GGMLQuantizationType.TQ2_0, codec.tq2_0_encode, codec.tq2_0_decode),
+      (GGMLQuantizationType.TQ1_0, codec.tq1_0_encode, codec.tq1_0_decode)]
+
+
+@pytest.mark.parametrize("qtype,enc,dec", TQ, ids=["TQ2_0", "TQ1_0"])
+@pytest.mark.parametrize("rows,k,z", [(1, 256, 0.0), (3, 768, 0.5), (37, 2048, 0.99), (5, 256, 1.0)])
+def test_tq_writer_reader_vs_gguf_py(qtype, enc, dec, rows: int, k: int, z: float):
+    rng = np.random.default_rng(rows * 31 + k)
+    codes = random_codes(rng, rows, k, z)
+    d = random_d(rng, (rows, k // 256))
+    d[0, 0] = -d[0, 0]                      # a negative scale must round trip too
+    raw = enc(codes, d)
+    assert raw.shape == (rows, k // 256 * (66 if qtype == GGMLQuantizationType.TQ2_0 else 54))
+    got_codes, got_d = dec(raw)
+    assert np.array_equal(got_codes, codes) and np.array_equal(got_d.view(np.uint16), d.view(np.uint16))
+    # gguf-py's own dequantization of our packing gives the codes back
+    ref = dequantize(raw, qtype)
+    assert np.array_equal(ref.view(np.uint32), codec.tq_to_float(got_codes, got_d).view(np.uint32))
+    want = codes.astype(np.float32) * np.repeat(d.astype(np.float32), 256, axis=1)
+    assert np.array_equal(ref.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype,enc,dec", TQ, ids=["TQ2_0", "TQ1_0"])
+def test_tq_reader_on_gguf_py_quantize(qtype, enc, dec):
+    rng = np.random.default_rng(5)
+    codes = random_codes(rng, 7, 512, 0.4)
+    x = codes.astype(np.float32) * np.float32(0.375)
+    raw = quantize(x, qtype)
+    got_codes, got_d = dec(raw)
+    assert np.array_equal(codec.tq_to_float(got_codes, got_d), dequantize(raw, qtype))
+    assert np.array_equal(got_codes, codes)
+
+
+# --- exact ternary detection -----------------------------------------------------------------------
+
+def test_analyze_rows_and_variants():
+    rng = np.random.default_rng(3)
+    codes = random_codes(rng, 6, 256, 0.4)
+    s = np.float32(0.1)                          # not an fp16 value
+    x = codes.astype(np.float32) * s
+    ch = codec.analyze_rows(x)
+    assert ch.blocks_uniform and np.array_equal(ch.codes, codes)
+    assert codec.pt_scales(ch.block_mag, 2) is not None
+    assert not codec.g128_representable(ch.block_mag)
+    x16 = codes.astype(np.float32) * np.float32(np.float16(0.1))
+    assert codec.g128_representable(codec.analyze_rows(x16).block_mag)
+    # a second magnitude in one block: not ternary
+    y = x.copy()
+    y[0, codes[0] != 0][:1] *= 2
+    y[0, np.flatnonzero(codes[0])[0]] *= 2
+    assert not codec.analyze_rows(y).blocks_uniform
+    # NaN / inf are never ternary
+    y = x.copy()
+    y[1, 3] = np.nan
+    assert not codec.analyze_rows(y).blocks_uniform
+    y[1, 3] = np.inf
+    assert not codec.analyze_rows(y).blocks_uniform
+    # -0.0 is a zero code
+    y = x.copy()
+    y[2, :] = -0.0
+    assert np.all(codec.analyze_rows(y).codes[2] == 0)
+    # per-matrix scales differ between matrices: PT still applies (one scale per matrix)
+    z2 = np.concatenate([x[:3], 2 * x[3:]])
+    mags = codec.analyze_rows(z2).block_mag
+    sc = codec.pt_scales(mags, 2)
+    assert sc is not None and sc[1] == 2 * sc[0]
+    assert codec.pt_scales(mags, 1) is None
+
+
+def test_size_overhead_bound():
+    """FORMAT.md §8: companion overhead <= 0.01 bit per weight for K >= 2048 and >= 2 M weights
+    (at exactly 1 M weights, 512 x 2048 at z = 0, it is 0.01025: 18 bits per row + 192 fixed bytes)."""
+    for variant in (codec.VARIANT_G128, codec.VARIANT_PT):
+        for z in (0.0, 0.5, 1.0):
+            rows, k = 1024, 2048
+            s = int((1 - z) * rows * k)
+            g = 5 if z < 0.5 else 6
+            comp = codec.companion_size(variant, k, rows, 1, s, g)
+            overhead = (8 * comp - s) / (rows * k)
+            assert overhead <= 0.01, (variant, z, overhead)
+            assert math.isclose(codec.bits_per_weight_formula(variant, z),
+                                (2.125 if variant == 0 else 2.0) - z)

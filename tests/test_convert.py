@@ -1,0 +1,211 @@
+"""convert: generated models (dense and MoE, each source type) converted and checked tensor by tensor
+against an independent decoding of the source (gguf-py's dequantize for TQ, plain casts for floats)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from gguf import GGUFValueType
+from gguf.constants import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+from ggml_bitcos import codec
+from ggml_bitcos.convert import ConvertError, convert, default_output
+from gguf_tools import GGUFStreamWriter, open_gguf, tensor_bytes, tensor_ggml_shape
+
+PROJ = ["attn_q", "attn_k", "attn_v", "attn_output"]
+
+
+def independent_source_floats(t) -> np.ndarray:
+    """fp32 values of a source tensor, rows x K, without the converter's own readers."""
+    ne = tensor_ggml_shape(t)
+    rows = math.prod(ne[1:])
+    raw = np.asarray(t.data)
+    if t.tensor_type in (T.TQ1_0, T.TQ2_0):
+        return dequantize(raw, t.tensor_type).reshape(rows, ne[0])
+    if t.tensor_type == T.F16:
+        return raw.astype(np.float32).reshape(rows, ne[0])
+    if t.tensor_type == T.F32:
+        return raw.astype(np.float32).reshape(rows, ne[0])
+    if t.tensor_type == T.BF16:
+        u = raw.reshape(-1).view(np.uint16).astype(np.uint32) << 16
+        return u.view(np.float32).reshape(rows, ne[0])
+    raise AssertionError(t.tensor_type)
+
+
+def check_converted(src_path, out_path, expect_variant: int | None = None) -> dict[str, int]:
+    """Every converted tensor decodes to the source's fp32 bits (up to -0.0); every other tensor and
+    every metadata value is copied; companions follow their weights. Returns {name: variant}."""
+    src = open_gguf(src_path)
+    out = open_gguf(out_path)
+    out_list = [t.name for t in out.tensors]
+    out_t = {t.name: t for t in out.tensors}
+    variants: dict[str, int] = {}
+    for t in src.tensors:
+        o = out_t[t.name]
+        if int(o.tensor_type) in (160, 161):
+            variant = int(o.tensor_type) - 160
+            variants[t.name] = variant
+            assert tensor_ggml_shape(o) == tensor_ggml_shape(t)
+            comp_name = t.name + ".bitcos"
+            assert out_list[out_list.index(t.name) + 1] == comp_name       # companion right after
+            comp = out_t[comp_name]
+            assert comp.tensor_type == T.I8 and len(tensor_ggml_shape(comp)) == 1
+            ne = tensor_ggml_shape(o)
+            rows = math.prod(ne[1:])
+            dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), variant, ne[0], rows, codec.n_mats_of(ne))
+            want = independent_source_floats(t)
+            got = dec.to_float()
+            assert np.array_equal(got, want)                        # IEEE-equal (-0.0 == +0.0)
+            w = want.view(np.uint32)
+            assert np.array_equal(got.view(np.uint32), np.where(w == 0x80000000, 0, w))
+            assert not np.any(got.view(np.uint32) == 0x80000000)
+        else:
+            assert o.tensor_type == t.tensor_type
+            assert np.array_equal(tensor_bytes(o), tensor_bytes(t))
+    if expect_variant is not None:
+        assert set(variants.values()) == {expect_variant}
+    for key, f in src.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        g = out.get_field(key)
+        assert g is not None and g.types == f.types, key
+        assert all(bytes(a) == bytes(b) for a, b in zip(f.parts, g.parts)), key
+    assert out.get_field("bitcos.format_version").contents() == 1
+    return variants
+
+
+CASES = [
+    # (source type, scale, moe, expected variant with --scale auto)
+    ("tq2_0", "tensor", 0, codec.VARIANT_PT),
+    ("tq1_0", "g128", 4, codec.VARIANT_G128),
+    ("f16", "g128", 0, codec.VARIANT_G128),
+    pytest.param("f16", "tensor", 4, codec.VARIANT_PT, marks=pytest.mark.slow),
+    pytest.param("tq2_0", "g128", 4, codec.VARIANT_G128, marks=pytest.mark.slow),
+    pytest.param("tq1_0", "tensor", 0, codec.VARIANT_PT, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("src_type,scale,moe,variant", CASES)
+def test_convert_generated_model(model_factory, tmp_path, src_type, scale, moe, variant):
+    src = model_factory(src_type=src_type, scale=scale, moe=moe)
+    out = tmp_path / "out.gguf"
+    res = convert(src, out, progress=False)
+    assert res.verified
+    variants = check_converted(src, out, variant)
+    assert len(variants) == 7 * 2           # 7 projections x 2 layers (MoE: 4 attention + 3 expert tensors)
+    names = set(variants)
+    assert "token_embd.weight" not in names and "output.weight" not in names
+    if moe:
+        assert "blk.0.ffn_down_exps.weight" in names and "blk.0.ffn_gate_inp.weight" not in names
+    out_r = open_gguf(out)
+    conv_from = out_r.get_field("bitcos.converted_from").contents()
+    assert conv_from == {"tq2_0": "TQ2_0", "tq1_0": "TQ1_0", "f16": "F16"}[src_type]
+
+
+def test_forced_scale_modes(model_factory, tmp_path):
+    src = model_factory(src_type="tq2_0", scale="tensor")
+    out = tmp_path / "g.gguf"
+    convert(src, out, scale="g128", progress=False)
+    check_converted(src, out, codec.VARIANT_G128)
+    # --scale tensor on per-block scales: nothing converts, reported; --strict makes it an error
+    src_g = model_factory(src_type="tq2_0", scale="g128")
+    res = convert(src_g, tmp_path / "t.gguf", scale="tensor", progress=False)
+    assert not res.converted
+    assert all("--scale tensor" in r.reason for r in res.skipped if r.ternary_looking)
+    with pytest.raises(ConvertError, match="strict"):
+        convert(src_g, tmp_path / "t2.gguf", scale="tensor", strict=True, progress=False)
+    assert not (tmp_path / "t2.gguf").exists()
+
+
+def test_k_not_multiple_of_128_reported_and_strict(model_factory, tmp_path):
+    src = model_factory(src_type="tq2_0", n_ff=320)          # ffn_down K = 320: F16 ternary, K % 128 != 0
+    res = convert(src, tmp_path / "o.gguf", progress=False)
+    skipped = {r.name: r for r in res.skipped}
+    assert "blk.0.ffn_down.weight" in skipped
+    assert "multiple of 128" in skipped["blk.0.ffn_down.weight"].reason
+    assert "blk.0.ffn_up.weight" in {r.name for r in res.converted}
+    check_converted(src, tmp_path / "o.gguf")
+    with pytest.raises(ConvertError, match=r"blk\.0\.ffn_down\.weight.*multiple of 128"):
+        convert(src, tmp_path / "o2.gguf", strict=True, progress=False)
+
+
+def _write_float_model(path, tensors: dict[str, tuple[T, np.ndarray]], alignment: int | None = None) -> None:
+    with GGUFStreamWriter(path, "llama", alignment=alignment) as w:
+        w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
+        w.add_kv("test.array", [1.5, 2.5], GGUFValueType.ARRAY, GGUFValueType.FLOAT32)
+        if alignment:
+            w.add_kv("general.alignment", alignment, GGUFValueType.UINT32)
+        for name, (tt, data) in tensors.items():
+            w.add_tensor_info(name, tt, tuple(reversed(data.shape)))    # BF16 data: uint16 bit patterns
+        w.begin()
+        for name, (tt, data) in tensors.items():
+            w.write_tensor(name, data)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_float_sources_bf16_f32_negative_zero_and_non_ternary(tmp_path):
+    rng = np.random.default_rng(11)
+    codes = rng.integers(-1, 2, (2, 40, 256)).astype(np.int8)       # 3-D: 2 experts
+    s = np.array([0.0078125, 0.01171875], dtype=np.float32)[:, None, None]   # bf16- and fp16-exact
+    x = codes.astype(np.float32) * s
+    x[x == 0] = -0.0 * (rng.random(np.count_nonzero(x == 0)) < 0.5)   # mixed -0.0 / +0.0
+    x_bf = _bf16(x)
+    odd = rng.integers(-1, 2, (8, 256)).astype(np.float32) * np.float32(0.1)  # PT only (0.1 not fp16)
+    dense = rng.standard_normal((16, 256)).astype(np.float32)
+    src = tmp_path / "floats.gguf"
+    _write_float_model(src, {
+        "blk.0.ffn_up_exps.weight": (T.BF16, x_bf),
+        "blk.0.attn_q.weight": (T.F32, odd),
+        "blk.0.attn_k.weight": (T.F32, dense),
+        "token_embd.weight": (T.F32, odd.copy()),
+        "blk.0.attn_norm.weight": (T.F32, np.ones(256, np.float32)),
+    }, alignment=64)
+    res = convert(src, progress=False)
+    out = default_output(src)
+    assert out.name == "floats-bitcos.gguf" and out.exists()
+    variants = check_converted(src, out)
+    assert variants == {"blk.0.ffn_up_exps.weight": codec.VARIANT_PT, "blk.0.attn_q.weight": codec.VARIANT_PT}
+    assert {r.name for r in res.skipped} == {"blk.0.attn_k.weight"}
+    r = open_gguf(out)
+    assert r.alignment == 64 and r.get_field("bitcos.converted_from").contents() == "BF16,F32"
+    # g128 cannot represent 0.1 exactly: reported, and --strict fails
+    res2 = convert(src, tmp_path / "g.gguf", scale="g128", progress=False)
+    assert "blk.0.attn_q.weight" in {t.name for t in res2.skipped}
+    with pytest.raises(ConvertError):
+        convert(src, tmp_path / "g2.gguf", scale="g128", strict=True, progress=False)
+
+
+def test_cache_budget_recompute_path(model_factory, tmp_path):
+    """With no room to cache encodings, pass 2 re-encodes: identical output."""
+    src = model_factory(src_type="tq2_0", scale="tensor")
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    convert(src, a, progress=False, verify=False)
+    convert(src, b, progress=False, cache_bytes=0)
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_reconvert_converted_file_is_identity(model_factory, tmp_path):
+    src = model_factory(src_type="tq2_0", scale="tensor")
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    convert(src, a, progress=False)
+    res = convert(a, b, progress=False)
+    assert not res.converted
+    ra, rb = open_gguf(a), open_gguf(b)
+    assert [t.name for t in ra.tensors] == [t.name for t in rb.tensors]
+    assert all(np.array_equal(tensor_bytes(x), tensor_bytes(y)) for x, y in zip(ra.tensors, rb.tensors))
+
+
+def test_cli_convert(model_factory, tmp_path, capsys):
+    from ggml_bitcos.cli import main
+    src = model_factory(src_type="tq2_0", scale="tensor")
+    out = tmp_path / "cli.gguf"
+    assert main(["convert", str(src), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "converted 14 tensors" in err and "verified bit-exact" in err
+    assert main(["convert", str(src), "-o", str(out), "--no-verify", "--force", "-q"]) == 0

@@ -19,6 +19,10 @@ SUBCOMMAND_MODULES: list[str] = [
     "ggml_bitcos.convert",
     "ggml_bitcos.stats",
     "ggml_bitcos.make_model",
+    "ggml_bitcos.ternarize",
+    "ggml_bitcos.demo",
+    "ggml_bitcos.bench",
+    "ggml_bitcos.build",
 ]
 
 

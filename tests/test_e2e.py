@@ -6,7 +6,6 @@ BITCOS_REQUIRE_LLAMA=1 (set by .ci/run), where a missing build is a failure.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +23,6 @@ def _cli(*args: str) -> None:
     r = subprocess.run([sys.executable, "-m", "ggml_bitcos", *args], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     assert r.returncode == 0, f"ggml-bitcos {' '.join(args)} failed:\n{r.stdout[-3000:]}"
-
-
-@pytest.fixture(scope="session")
-def patched_llama() -> None:
-    if not llama_run.is_patched():
-        if os.environ.get("BITCOS_REQUIRE_LLAMA") == "1":
-            pytest.fail("patched llama.cpp is not installed but BITCOS_REQUIRE_LLAMA=1")
-        pytest.skip("patched llama.cpp not installed (run scripts/install.sh)")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,30 @@
+// ggml-bitcos CPU backend glue: BITCOS mul_mat / mul_mat_id for ggml-cpu (hooked in by patches/0002).
+// Private to ggml-cpu; compiled into every CPU backend variant.
+#pragma once
+
+#include "ggml.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ggml_compute_params;
+
+// true when `op` reads or writes a BITCOS tensor (then ggml_bitcos_cpu_supports_op decides alone)
+bool ggml_bitcos_cpu_op_involves(const struct ggml_tensor * op);
+
+// BITCOS is supported only as src0 of MUL_MAT / MUL_MAT_ID with an F32 src1, F32 dst and a linked companion
+bool ggml_bitcos_cpu_supports_op(const struct ggml_tensor * op);
+
+// work buffer bytes for a MUL_MAT / MUL_MAT_ID node with a BITCOS src0, run by n_threads threads
+size_t ggml_bitcos_cpu_work_size(const struct ggml_tensor * node, int n_threads);
+
+void ggml_bitcos_cpu_mul_mat(const struct ggml_compute_params * params, struct ggml_tensor * dst);
+void ggml_bitcos_cpu_mul_mat_id(const struct ggml_compute_params * params, struct ggml_tensor * dst);
+
+#ifdef __cplusplus
+}
+#endif

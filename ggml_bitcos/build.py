@@ -1,0 +1,239 @@
+"""Build and install the patched llama-cpp-python (`ggml-bitcos build-llama`, scripts/build_llama.py).
+
+Steps: fetch the pinned sdist (ggml_bitcos.upstream), extract it into a staging tree, copy csrc/ into
+vendor/llama.cpp/ggml/src/ggml-bitcos/ (and the public header ggml-bitcos.h into ggml/include/), copy the
+C tests into .../ggml-bitcos/tests/, apply patches/*.patch in order, then `pip install` that tree so that
+`from llama_cpp import Llama` and llama_cpp/bin/{llama-cli,llama-server,llama-bench,llama-perplexity} use
+the patched library.
+
+Incremental rebuilds: the staged tree is synced by content into one stable source directory
+(<cache>/src/llama_cpp_python-<version>) — files whose bytes did not change keep their mtime — and the
+CMake build directory (<cache>/build) is stable too, so ninja recompiles only what a change touches. (A
+directory per patch hash would give a cold CMake build after every csrc edit; ccache alone cannot rescue it
+because ggml's asserts embed absolute source paths.) ccache is used when installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import upstream
+
+REPO = Path(__file__).resolve().parent.parent
+CSRC_DIR = REPO / "csrc"
+PATCH_DIR = REPO / "patches"
+CTEST_DIR = REPO / "tests" / "c"
+
+LLAMA_DIR = "vendor/llama.cpp"
+BITCOS_SRC_DIR = f"{LLAMA_DIR}/ggml/src/ggml-bitcos"
+PUBLIC_HEADER = "ggml-bitcos.h"
+
+# Tools the package installs into llama_cpp/bin (see patches/0005).
+TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-perplexity")
+
+BASE_CMAKE_ARGS = [
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DGGML_NATIVE=ON",
+]
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def csrc_destinations() -> list[str]:
+    """Paths (relative to the sdist root) that hold copies of this repository's C sources."""
+    return [BITCOS_SRC_DIR, f"{LLAMA_DIR}/ggml/include/{PUBLIC_HEADER}"]
+
+
+def _csrc_files() -> list[Path]:
+    return sorted(p for p in CSRC_DIR.iterdir() if p.suffix in (".c", ".h"))
+
+
+def _ctest_files() -> list[Path]:
+    return sorted(CTEST_DIR.glob("*.c")) if CTEST_DIR.is_dir() else []
+
+
+def source_hash() -> str:
+    """Hash of everything that determines the patched tree: pinned sdist, patches, csrc, C tests."""
+    h = hashlib.sha256(upstream.SDIST_SHA256.encode())
+    for p in sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _ctest_files():
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def copy_csrc(tree: Path) -> None:
+    """Copy csrc/*.{c,h} and tests/c/*.c into the sdist tree (replacing earlier copies)."""
+    dest = tree / BITCOS_SRC_DIR
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for p in _csrc_files():
+        shutil.copy2(p, dest / p.name)
+    shutil.copy2(CSRC_DIR / PUBLIC_HEADER, tree / LLAMA_DIR / "ggml" / "include" / PUBLIC_HEADER)
+    if _ctest_files():
+        (dest / "tests").mkdir()
+        for p in _ctest_files():
+            shutil.copy2(p, dest / "tests" / p.name)
+
+
+def apply_patches(tree: Path) -> list[str]:
+    """Apply patches/*.patch in order with `patch -p1`; any failure or fuzz is an error."""
+    applied = []
+    for patch in sorted(PATCH_DIR.glob("*.patch")):
+        r = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-i", str(patch)],
+                           cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            raise BuildError(f"patch {patch.name} does not apply to llama-cpp-python "
+                             f"{upstream.SDIST_VERSION}:\n{r.stdout}")
+        applied.append(patch.name)
+    return applied
+
+
+def _sync_tree(src: Path, dst: Path) -> int:
+    """Make dst identical to src, rewriting only files whose content differs. Returns files written."""
+    written = 0
+    dst.mkdir(parents=True, exist_ok=True)
+    src_names = {p.name for p in src.iterdir()}
+    for p in dst.iterdir():
+        if p.name not in src_names:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    for p in src.iterdir():
+        q = dst / p.name
+        if p.is_dir() and not p.is_symlink():
+            if q.exists() and not q.is_dir():
+                q.unlink()
+            written += _sync_tree(p, q)
+        else:
+            if q.is_dir():
+                shutil.rmtree(q)
+            if not q.exists() or not filecmp.cmp(p, q, shallow=False):
+                shutil.copy2(p, q)
+                os.utime(q)  # newer than any object built from the old content
+                written += 1
+    return written
+
+
+def prepare_tree(work: Path | None = None) -> Path:
+    """Return the patched source tree (stable path), re-staging it when patches/csrc/tests changed."""
+    cache = work or upstream.cache_dir()
+    stable = cache / "src" / upstream.SDIST_TOPDIR
+    stamp = cache / "src" / ".bitcos-hash"
+    digest = source_hash()
+    if stable.is_dir() and stamp.exists() and stamp.read_text().strip() == digest:
+        return stable
+    stage = cache / f"stage-{digest}"
+    if stage.exists():
+        shutil.rmtree(stage)
+    try:
+        tree = upstream.extract_sdist(stage)
+        copy_csrc(tree)
+        names = apply_patches(tree)
+        print(f"applied {len(names)} patches: {', '.join(names)}", flush=True)
+        # build products written into the source tree by the package's install rules survive the sync
+        keep = stable / "llama_cpp" / "lib"
+        kept = None
+        if keep.is_dir():
+            kept = cache / "src" / ".lib-keep"
+            if kept.exists():
+                shutil.rmtree(kept)
+            shutil.move(str(keep), str(kept))
+        n = _sync_tree(tree, stable)
+        if kept is not None:
+            shutil.move(str(kept), str(keep))
+        print(f"source tree {stable}: {n} files changed", flush=True)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    stamp.write_text(digest + "\n")
+    return stable
+
+
+def cmake_args_for(user_args: str | None) -> str:
+    """Base args + ccache launcher (when installed) + the user's args last (they win)."""
+    args = list(BASE_CMAKE_ARGS)
+    if shutil.which("ccache"):
+        args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+    if user_args:
+        args += shlex.split(user_args)
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def build(cmake_args: str | None = None, work: Path | None = None, jobs: int | None = None,
+          log: Path | None = None, verbose: bool = False) -> Path:
+    """Build and pip-install the patched llama-cpp-python. cmake_args defaults to $CMAKE_ARGS.
+
+    Returns the patched source tree. Raises BuildError with the log tail on failure.
+    """
+    t0 = time.monotonic()
+    if cmake_args is None:
+        cmake_args = os.environ.get("CMAKE_ARGS")
+    cache = work or upstream.cache_dir()
+    tree = prepare_tree(cache)
+    env = dict(os.environ)
+    env["CMAKE_ARGS"] = cmake_args_for(cmake_args)
+    if jobs:
+        env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs)
+    build_dir = cache / "build"
+    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "-v",
+           f"--config-settings=build-dir={build_dir}", str(tree)]
+    log = log or cache / "build-llama.log"
+    print(f"building patched llama-cpp-python {upstream.SDIST_VERSION} (llama.cpp {upstream.LLAMA_CPP_COMMIT})",
+          flush=True)
+    print(f"  CMAKE_ARGS={env['CMAKE_ARGS']}\n  build dir {build_dir}\n  log {log}", flush=True)
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            f.write(line)
+            if verbose:
+                sys.stdout.write(line)
+        rc = proc.wait()
+    dt = time.monotonic() - t0
+    if rc != 0:
+        tail = "".join(open(log).readlines()[-60:])
+        raise BuildError(f"pip install of the patched tree failed after {dt:.0f} s (log {log}):\n{tail}")
+    print(f"patched llama-cpp-python installed in {dt:.0f} s ({dt/60:.1f} min)", flush=True)
+    return tree
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `build-llama` to the ggml-bitcos CLI."""
+    p = subparsers.add_parser(
+        "build-llama",
+        help="build and install the patched llama-cpp-python (llama.cpp with BITCOS)",
+        description="Fetch the pinned llama-cpp-python sdist, apply patches/ and csrc/, and pip-install it. "
+                    "Extra CMake options come from $CMAKE_ARGS (e.g. -DGGML_VULKAN=ON) or --cmake-args.")
+    p.add_argument("--cmake-args", default=None, help="CMake options appended last (default: $CMAKE_ARGS)")
+    p.add_argument("--work-dir", type=Path, default=None, help="cache dir (default ~/.cache/ggml-bitcos)")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs")
+    p.add_argument("-v", "--verbose", action="store_true", help="stream the build output")
+    p.add_argument("--prepare-only", action="store_true", help="only stage the patched source tree")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    try:
+        if args.prepare_only:
+            print(prepare_tree(args.work_dir))
+        else:
+            build(args.cmake_args, work=args.work_dir, jobs=args.jobs, verbose=args.verbose)
+    except (BuildError, upstream.UpstreamError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

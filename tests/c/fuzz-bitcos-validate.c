@@ -1,0 +1,105 @@
+// fuzz-bitcos-validate: random corruptions of BITCOS weights/companions against ggml_bitcos_validate().
+//
+// Compiled by tests/test_llama_build.py with -fsanitize=address,undefined from csrc/ggml-bitcos.c and
+// csrc/bitcos-kernels-generic.c plus the patched tree's ggml.h (no ggml library needed). For every mutated
+// tensor the validator must return without reading outside the buffers; when it accepts, the reference
+// kernel is run over every row using the companion's row index, which must stay inside the buffers too
+// (ASan aborts the run otherwise). Deterministic: fixed seed, fixed iteration count.
+#include "ggml.h"
+#include "ggml-bitcos.h"
+#include "bitcos-kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ggml-bitcos.c only uses ggml_type_name for messages; this harness does not link ggml
+const char * ggml_type_name(enum ggml_type type) {
+    return type == GGML_TYPE_BITCOS_PT ? "bitcos_pt" : "bitcos_g128";
+}
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
+    return g_rng * 2685821657736338717ull;
+}
+
+int main(void) {
+    const int iters = 4000;
+    int accepted = 0, rejected = 0;
+    for (int it = 0; it < iters; ++it) {
+        const enum ggml_type type = (it & 1) ? GGML_TYPE_BITCOS_PT : GGML_TYPE_BITCOS_G128;
+        const int64_t k = 128 * (int64_t)(1 + rnd() % 5), n = 1 + (int64_t)(rnd() % 40), mats = 1 + (int64_t)(rnd() % 2);
+        const int64_t rows = n * mats;
+        int8_t * codes = malloc((size_t)(rows * k));
+        uint16_t * d = malloc(sizeof(uint16_t) * (size_t)(rows * k / 128));
+        float scales[2] = { 0.5f, 0.25f };
+        const unsigned pz = (unsigned)(rnd() % 101);
+        for (int64_t i = 0; i < rows * k; ++i) {
+            codes[i] = (rnd() % 100) < pz ? 0 : ((rnd() & 1) ? 1 : -1);
+        }
+        for (int64_t i = 0; i < rows * k / 128; ++i) {
+            d[i] = 0x2c00;  // 1/16
+        }
+        const size_t cb = ggml_bitcos_encode(type, k, rows, mats, codes, d, scales, NULL, NULL, 0);
+        const size_t bb = type == GGML_TYPE_BITCOS_G128 ? 18 : 16;
+        const size_t wb_size = (size_t)(rows * k / 128) * bb;
+        uint8_t * wb = malloc(wb_size);
+        uint8_t * cd = malloc(cb);
+        if (ggml_bitcos_encode(type, k, rows, mats, codes, d, scales, wb, cd, cb) != cb) {
+            fprintf(stderr, "encode failed\n");
+            return 1;
+        }
+        struct ggml_tensor t;
+        memset(&t, 0, sizeof(t));
+        t.type = type;
+        t.ne[0] = k; t.ne[1] = n; t.ne[2] = mats; t.ne[3] = 1;
+        char err[256];
+        if (!ggml_bitcos_validate(&t, wb, cd, cb, err, sizeof(err))) {
+            fprintf(stderr, "valid tensor rejected: %s\n", err);
+            return 1;
+        }
+        // mutate: header bytes, index bytes, any byte, bitmap bytes, or the declared size
+        size_t csize = cb;
+        const int n_mut = 1 + (int)(rnd() % 4);
+        for (int m = 0; m < n_mut; ++m) {
+            switch (rnd() % 5) {
+                case 0: cd[rnd() % 128] ^= (uint8_t)(1u << (rnd() % 8)); break;
+                case 1: cd[128 + rnd() % (cb - 128)] ^= (uint8_t)(1u << (rnd() % 8)); break;
+                case 2: cd[rnd() % cb] = (uint8_t) rnd(); break;
+                case 3: wb[rnd() % wb_size] ^= (uint8_t)(1u << (rnd() % 8)); break;
+                case 4: csize = (size_t)(rnd() % (cb + 1)); break;
+            }
+        }
+        // the buffer handed to the validator is exactly csize bytes (ASan sees reads beyond it)
+        uint8_t * cexact = malloc(csize ? csize : 1);
+        memcpy(cexact, cd, csize < cb ? csize : cb);
+        if (ggml_bitcos_validate(&t, wb, cexact, csize, err, sizeof(err))) {
+            accepted++;
+            struct ggml_bitcos_header h;
+            ggml_bitcos_read_header(cexact, &h);
+            uint64_t * sp = malloc(sizeof(uint64_t) * (size_t) rows);
+            for (int64_t r = 0; r < rows; ++r) {
+                sp[r] = ggml_bitcos_sign_pos(cexact, &h, (uint64_t) r);
+            }
+            bitcos_q8_K * y = calloc((size_t)((k + 255) / 256), sizeof(bitcos_q8_K));
+            float * out = malloc(sizeof(float) * (size_t) rows);
+            const bitcos_q8_K * ys[1] = { y };
+            float * outs[1] = { out };
+            for (int64_t m = 0; m < mats; ++m) {
+                bitcos_rows br = { type == GGML_TYPE_BITCOS_PT ? BITCOS_VARIANT_PT : BITCOS_VARIANT_G128, k,
+                                   wb + (size_t)(m * n * k / 128) * bb, (size_t)(k / 128) * bb,
+                                   cexact + h.pool_offset, sp + m * n, 1.0f };
+                outs[0] = out + m * n;
+                bitcos_mm_generic(&br, n, ys, 1, outs);
+            }
+            free(sp); free(y); free(out);
+        } else {
+            rejected++;
+        }
+        free(cexact); free(codes); free(d); free(wb); free(cd);
+    }
+    printf("fuzz-bitcos-validate: %d iterations, %d rejected, %d accepted (then decoded in bounds)\n",
+           iters, rejected, accepted);
+    return rejected > 0 ? 0 : 1;  // a fuzzer that never sees a rejection is not mutating anything
+}

@@ -1,0 +1,466 @@
+"""Tests of the patched llama-cpp-python build (`ggml-bitcos build-llama`).
+
+Every test here needs that build installed and skips cleanly (with the reason) when it is not. They check:
+the package identity and tools, ggml's type table (ctypes), the C test of BITCOS mul_mat / mul_mat_id
+(llama_cpp/bin/test-bitcos-mm), and loading tiny llama-architecture GGUFs written here from the format spec
+(docs/FORMAT.md) with an encoder independent of the C one: the BITCOS model must give the same logits as
+the same model stored in F32 (up to Q8_K activation rounding), and crafted files must fail to load with an
+error naming the tensor. End-to-end tests on real models live elsewhere (the lead's).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+llama = pytest.mark.llama  # tests that need the patched build installed
+
+BITCOS_G128 = 160
+BITCOS_PT = 161
+TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-perplexity")
+
+
+def _llama_cpp_dir() -> Path | None:
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@pytest.fixture(scope="session")
+def llama_pkg() -> Path:
+    """The installed llama_cpp package directory, when it is the patched build."""
+    pkg = _llama_cpp_dir()
+    if pkg is None:
+        pytest.skip("llama_cpp is not installed (run `ggml-bitcos build-llama`)")
+    init = (pkg / "__init__.py").read_text()
+    if "+bitcos" not in init:
+        pytest.skip(f"installed llama_cpp at {pkg} is not the patched build (run `ggml-bitcos build-llama`)")
+    return pkg
+
+
+@pytest.fixture(scope="session")
+def ggml_base(llama_pkg: Path) -> ctypes.CDLL:
+    libs = sorted((llama_pkg / "lib").glob("libggml-base.so*"))
+    if not libs:
+        pytest.skip("libggml-base not found in llama_cpp/lib")
+    lib = ctypes.CDLL(str(libs[0]))
+    lib.ggml_type_name.restype = ctypes.c_char_p
+    lib.ggml_type_name.argtypes = [ctypes.c_int]
+    lib.ggml_type_size.restype = ctypes.c_size_t
+    lib.ggml_type_size.argtypes = [ctypes.c_int]
+    lib.ggml_blck_size.restype = ctypes.c_int64
+    lib.ggml_blck_size.argtypes = [ctypes.c_int]
+    lib.ggml_is_quantized.restype = ctypes.c_bool
+    lib.ggml_is_quantized.argtypes = [ctypes.c_int]
+    return lib
+
+
+@llama
+def test_version_marks_patched_build(llama_pkg: Path) -> None:
+    r = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "0.3.36+bitcos1"
+
+
+@llama
+@pytest.mark.parametrize("tool", TOOLS)
+def test_tools_installed_and_run(llama_pkg: Path, tool: str) -> None:
+    exe = llama_pkg / "bin" / tool
+    assert exe.is_file() and os.access(exe, os.X_OK), f"{exe} missing"
+    r = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "version" in (r.stdout + r.stderr).lower()
+
+
+@llama
+def test_llama_tools_wrapper_finds_tools(llama_pkg: Path) -> None:
+    from ggml_bitcos import llama_tools
+    for tool in TOOLS:
+        assert llama_tools.tool_path(tool) == llama_pkg / "bin" / tool
+
+
+@llama
+def test_type_table(ggml_base: ctypes.CDLL) -> None:
+    assert ggml_base.ggml_type_name(BITCOS_G128) == b"bitcos_g128"
+    assert ggml_base.ggml_type_name(BITCOS_PT) == b"bitcos_pt"
+    assert (ggml_base.ggml_blck_size(BITCOS_G128), ggml_base.ggml_type_size(BITCOS_G128)) == (128, 18)
+    assert (ggml_base.ggml_blck_size(BITCOS_PT), ggml_base.ggml_type_size(BITCOS_PT)) == (128, 16)
+    assert ggml_base.ggml_is_quantized(BITCOS_G128) and ggml_base.ggml_is_quantized(BITCOS_PT)
+    # ids between upstream's last type and BITCOS are holes
+    for hole in (43, 100, 159):
+        assert ggml_base.ggml_blck_size(hole) == 0 and ggml_base.ggml_type_name(hole) is None
+
+
+@llama
+def test_c_mul_mat(llama_pkg: Path) -> None:
+    exe = llama_pkg / "bin" / "test-bitcos-mm"
+    if not exe.is_file():
+        pytest.skip("test-bitcos-mm was not built (tests/c missing at build time)")
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert " 0 failures" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A BITCOS writer written from docs/FORMAT.md (independent of csrc/ggml-bitcos.c's encoder)
+
+def _pad64(x: int) -> int:
+    return (x + 63) // 64 * 64
+
+
+def encode_bitcos(codes: np.ndarray, variant: int, d16: np.ndarray | None, scales: np.ndarray | None,
+                  n_mats: int) -> tuple[np.ndarray, bytes]:
+    """codes [R, K] int8 in {-1,0,1} -> (weight block bytes [R, K/128*bb] uint8, companion bytes)."""
+    R, K = codes.shape
+    nb = K // 128
+    present = codes != 0
+    bitmap = np.packbits(present.reshape(R, nb, 128), axis=-1, bitorder="little")  # [R, nb, 16]
+    if variant == 0:
+        assert d16 is not None
+        blocks = np.concatenate([bitmap, d16.astype("<u2").reshape(R, nb, 1).view(np.uint8)], axis=-1)
+    else:
+        blocks = bitmap
+    pc = present.sum(axis=1).astype(np.uint64)
+    sign_pos = np.concatenate([[0], np.cumsum(pc)[:-1]]).astype(np.uint64)
+    S = int(pc.sum())
+    g = 0
+    for cand in range(6, -1, -1):
+        G = 1 << cand
+        first = sign_pos[(np.arange(R) // G) * G]
+        if int((sign_pos - first).max(initial=0)) <= 0xFFFF:
+            g = cand
+            break
+    G = 1 << g
+    row_base = sign_pos[::G].astype("<u8")
+    row_delta = (sign_pos - sign_pos[(np.arange(R) // G) * G]).astype("<u2")
+    signs = (codes[present] < 0)  # row-major: row by row, k increasing
+    pool_bytes = _pad64((S + 7) // 8) + 64
+    pool = np.zeros(pool_bytes, np.uint8)
+    packed = np.packbits(signs, bitorder="little")
+    pool[: packed.size] = packed
+
+    pos = 128
+    scales_offset = 0
+    if variant == 1:
+        scales_offset = _pad64(pos)
+        pos = scales_offset + 4 * n_mats
+    row_base_offset = _pad64(pos)
+    pos = row_base_offset + 8 * row_base.size
+    row_delta_offset = _pad64(pos)
+    pos = row_delta_offset + 2 * R
+    pool_offset = _pad64(pos)
+    comp = bytearray(pool_offset + pool_bytes)
+    hdr = np.zeros(1, dtype=np.dtype([("magic", "<u4"), ("version", "<u2"), ("variant", "u1"), ("g", "u1"),
+                                      ("n_cols", "<u8"), ("n_rows", "<u8"), ("n_mats", "<u8"), ("S", "<u8"),
+                                      ("scales", "<u8"), ("row_base", "<u8"), ("row_delta", "<u8"),
+                                      ("pool", "<u8"), ("pool_bytes", "<u8")]))
+    hdr[0] = (0x53435442, 1, variant, g, K, R, n_mats, S, scales_offset, row_base_offset, row_delta_offset,
+              pool_offset, pool_bytes)
+    comp[: hdr.nbytes] = hdr.tobytes()
+    if variant == 1:
+        assert scales is not None
+        comp[scales_offset: scales_offset + 4 * n_mats] = scales.astype("<f4").tobytes()
+    comp[row_base_offset: row_base_offset + 8 * row_base.size] = row_base.tobytes()
+    comp[row_delta_offset: row_delta_offset + 2 * R] = row_delta.tobytes()
+    comp[pool_offset:] = pool.tobytes()
+    return blocks.reshape(R, -1), bytes(comp)
+
+
+class _RawType(int):
+    """Stands in for a GGMLQuantizationType member gguf-py does not know (it only packs the integer)."""
+
+    @property
+    def name(self) -> str:  # used in gguf-py log messages
+        return f"TYPE_{int(self)}"
+
+
+N_EMBD, N_FF, N_VOCAB, N_HEAD = 128, 384, 64, 2
+
+
+def _matrices(n_expert: int) -> dict[str, tuple[int, int, int]]:
+    """Ternary matrices of the 1-layer model: name -> (experts, N, K); experts = 0 for a 2-D weight."""
+    mats = {"attn_q": (0, N_EMBD, N_EMBD), "attn_k": (0, N_EMBD, N_EMBD), "attn_v": (0, N_EMBD, N_EMBD),
+            "attn_output": (0, N_EMBD, N_EMBD)}
+    if n_expert:
+        mats.update({"ffn_gate_exps": (n_expert, N_FF, N_EMBD), "ffn_up_exps": (n_expert, N_FF, N_EMBD),
+                     "ffn_down_exps": (n_expert, N_EMBD, N_FF)})
+    else:
+        mats.update({"ffn_gate": (0, N_FF, N_EMBD), "ffn_up": (0, N_FF, N_EMBD), "ffn_down": (0, N_EMBD, N_FF)})
+    return mats
+
+
+def write_model(path: Path, storage: str, scale: str, seed: int = 7, corrupt: str | None = None,
+                n_expert: int = 0) -> None:
+    """A 1-layer llama GGUF whose matrices are ternary. storage: 'f32' (dequantized reference) or 'bitcos';
+    scale: 'g128' (fp16 scale per 128 weights) or 'pt' (one scale per matrix / expert). With n_expert > 0
+    the FFN is a mixture of experts (3-D weights, MUL_MAT_ID), 2 experts used per token."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(256)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(N_VOCAB)
+    writer.add_tokenizer_model("none")
+    if n_expert:
+        writer.add_expert_count(n_expert)
+        writer.add_expert_used_count(2)
+        writer.add_tensor("blk.0.ffn_gate_inp.weight", rng.normal(0, 1, (n_expert, N_EMBD)).astype(np.float32))
+    writer.add_tensor("token_embd.weight", rng.normal(0, 1, (N_VOCAB, N_EMBD)).astype(np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))
+    writer.add_tensor("output.weight", rng.normal(0, 0.2, (N_VOCAB, N_EMBD)).astype(np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(N_EMBD, np.float32))
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(N_EMBD, np.float32))
+    for m, (e, n, k) in _matrices(n_expert).items():
+        mats = max(e, 1)
+        rows = mats * n
+        codes = rng.choice(np.array([-1, 0, 1], np.int8), size=(rows, k), p=[0.3, 0.4, 0.3])
+        shape = (e, n, k) if e else (n, k)
+        name = f"blk.0.{m}.weight"
+        s = np.float16(0.05 + 0.05 * rng.random(mats)).astype(np.float16)  # one per matrix / expert
+        if scale == "pt":
+            d16 = np.repeat(s, rows // mats * (k // 128)).reshape(rows, k // 128).view(np.uint16)
+        else:  # exact fp16 values that vary per block
+            d16 = np.full((rows, k // 128), s[0]).view(np.uint16)
+            d16 = (d16 + rng.integers(0, 64, d16.shape)).astype(np.uint16)
+        if storage == "f32":
+            dense = codes.astype(np.float32) * np.repeat(d16.view(np.float16).astype(np.float32), 128, axis=1)
+            writer.add_tensor(name, dense.reshape(shape).astype(np.float32))
+            continue
+        vid = 0 if scale == "g128" else 1
+        blocks, comp_b = encode_bitcos(codes, vid, d16, s.astype(np.float32), mats)
+        comp = bytearray(comp_b)
+        if corrupt == "row_delta" and m == "attn_q":
+            rd = int.from_bytes(comp[56:64], "little")
+            r = 1 if comp[7] > 0 else 0
+            comp[rd + 2 * r] ^= 0x01  # sign_pos(1) off by one, or a group head's delta != 0
+        if corrupt == "magic" and m == "ffn_down":
+            comp[0] ^= 0xFF
+        writer.add_tensor(name, blocks.view(np.int8), raw_shape=shape, raw_dtype=_RawType(BITCOS_G128 + vid))
+        if corrupt != "missing_companion" or m != "ffn_up":
+            writer.add_tensor(name + ".bitcos", np.frombuffer(bytes(comp), np.int8))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+_EVAL = textwrap.dedent("""
+    import sys, numpy as np
+    from llama_cpp import Llama
+    llm = Llama(sys.argv[1], n_ctx=64, n_threads=int(sys.argv[3]), n_batch=64, logits_all=True, verbose=False)
+    llm.eval([1, 5, 9, 13, 2, 40, 63])
+    np.save(sys.argv[2], np.array(llm.eval_logits, dtype=np.float32))
+""")
+
+
+def _eval_logits(model: Path, out: Path, threads: int = 2) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _EVAL, str(model), str(out), str(threads)],
+                          capture_output=True, text=True, timeout=300)
+
+
+@llama
+@pytest.mark.parametrize("n_expert", [0, 4], ids=["dense", "moe"])
+@pytest.mark.parametrize("scale", ["g128", "pt"])
+def test_bitcos_model_matches_f32(llama_pkg: Path, tmp_path: Path, scale: str, n_expert: int) -> None:
+    ref_model, bc_model = tmp_path / "ref.gguf", tmp_path / "bitcos.gguf"
+    write_model(ref_model, "f32", scale, n_expert=n_expert)
+    write_model(bc_model, "bitcos", scale, n_expert=n_expert)
+    r = _eval_logits(ref_model, tmp_path / "ref.npy")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for threads in (1, 2):
+        r = _eval_logits(bc_model, tmp_path / f"bc{threads}.npy", threads)
+        assert r.returncode == 0, r.stderr[-3000:]
+    ref = np.load(tmp_path / "ref.npy")
+    got1, got2 = np.load(tmp_path / "bc1.npy"), np.load(tmp_path / "bc2.npy")
+    assert ref.shape == got1.shape == (7, N_VOCAB)
+    assert np.all(np.isfinite(got1))
+    np.testing.assert_array_equal(got1, got2)  # rows split across threads, never K: identical results
+    # activations are quantized to Q8_K (<= 0.4 % of the block max per value); logits must agree closely
+    err = float(np.abs(got1 - ref).max() / np.abs(ref).max())
+    assert err < 0.02, f"relative logit error {err:.4f}"  # measured: 0.006
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    ("row_delta", "invalid BITCOS tensor 'blk.0.attn_q.weight'"),
+    ("magic", "invalid BITCOS tensor 'blk.0.ffn_down.weight'"),
+    ("missing_companion", "BITCOS tensor 'blk.0.ffn_up.weight' has no companion"),
+])
+@llama
+@pytest.mark.parametrize("use_mmap", [True, False], ids=["mmap", "read"])
+def test_crafted_file_fails_with_tensor_name(llama_pkg: Path, tmp_path: Path, corrupt: str, message: str,
+                                             use_mmap: bool) -> None:
+    model = tmp_path / f"bad-{corrupt}.gguf"
+    write_model(model, "bitcos", "g128", corrupt=corrupt)
+    r = subprocess.run([sys.executable, "-c", "import sys\nfrom llama_cpp import Llama\n"
+                        f"Llama(sys.argv[1], n_ctx=64, use_mmap={use_mmap}, verbose=True)", str(model)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("variant, k, rows, mats, p_zero", [
+    (0, 128, 5, 1, 0.4), (0, 384, 70, 1, 0.0), (1, 2048, 33, 3, 0.5), (1, 256, 200, 2, 1.0), (0, 2048, 300, 1, 0.01),
+])
+@llama
+def test_c_encoder_matches_spec_writer(ggml_base: ctypes.CDLL, variant: int, k: int, rows: int, mats: int,
+                                       p_zero: float) -> None:
+    """ggml_bitcos_encode (C, used by the C tests) and the FORMAT.md writer above produce identical bytes."""
+    rng = np.random.default_rng(k * rows + variant)
+    p = [(1 - p_zero) / 2, p_zero, (1 - p_zero) / 2]
+    codes = np.ascontiguousarray(rng.choice(np.array([-1, 0, 1], np.int8), size=(rows, k), p=p))
+    d16 = np.ascontiguousarray(np.float16(rng.uniform(0.01, 0.1, (rows, k // 128))).view(np.uint16))
+    scales = np.ascontiguousarray(rng.uniform(0.01, 0.1, mats).astype(np.float32))
+    blocks, comp = encode_bitcos(codes, variant, d16, scales, mats)
+    f = ggml_base.ggml_bitcos_encode
+    f.restype = ctypes.c_size_t
+    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    args = (BITCOS_G128 + variant, k, rows, mats, codes.ctypes.data, d16.ctypes.data, scales.ctypes.data)
+    size = f(*args, None, None, 0)
+    assert size == len(comp)
+    wbuf = np.zeros(blocks.size, np.uint8)
+    cbuf = np.zeros(size, np.uint8)
+    assert f(*args, wbuf.ctypes.data, cbuf.ctypes.data, size) == size
+    assert wbuf.tobytes() == blocks.tobytes()
+    assert cbuf.tobytes() == comp
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Build plumbing that needs no build
+
+def test_cmake_args_user_last() -> None:
+    from ggml_bitcos import build
+    args = build.cmake_args_for("-DGGML_VULKAN=ON -DGGML_NATIVE=OFF")
+    assert args.startswith("-DLLAMA_BUILD_TOOLS=ON")
+    assert args.endswith("-DGGML_VULKAN=ON -DGGML_NATIVE=OFF")  # the user's options win (CMake: last -D)
+
+
+@pytest.fixture(scope="session")
+def patched_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pinned sdist with csrc copied in and the patch series applied (no compile)."""
+    from ggml_bitcos import build, upstream
+    try:
+        upstream.fetch_sdist()
+    except upstream.UpstreamError as e:
+        pytest.skip(f"sdist not available: {e}")
+    tree = upstream.extract_sdist(tmp_path_factory.mktemp("sdist") / "x")
+    build.copy_csrc(tree)
+    build.apply_patches(tree)
+    return tree
+
+
+def test_patch_series_applies(patched_tree: Path) -> None:
+    from ggml_bitcos import build
+    ggml_h = (patched_tree / "vendor/llama.cpp/ggml/include/ggml.h").read_text()
+    assert "GGML_TYPE_BITCOS_G128 = 160" in ggml_h and "GGML_TYPE_COUNT   = 162" in ggml_h
+    assert (patched_tree / "vendor/llama.cpp/ggml/include/ggml-bitcos.h").is_file()
+    assert (patched_tree / build.BITCOS_SRC_DIR / "tests" / "test-bitcos-mm.c").is_file()
+    assert '__version__ = "0.3.36+bitcos1"' in (patched_tree / "llama_cpp/__init__.py").read_text()
+
+
+def test_validator_fuzz_under_asan(patched_tree: Path, tmp_path: Path) -> None:
+    """Corrupted companions never make the validator (or, once accepted, the kernel) read out of bounds."""
+    import shutil
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    repo = Path(__file__).resolve().parent.parent
+    exe = tmp_path / "fuzz"
+    cmd = [cc, "-std=c11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+           "-I", str(patched_tree / "vendor/llama.cpp/ggml/include"), "-I", str(repo / "csrc"),
+           str(repo / "tests/c/fuzz-bitcos-validate.c"), str(repo / "csrc/ggml-bitcos.c"),
+           str(repo / "csrc/bitcos-kernels-generic.c"), "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 and "sanitize" in r.stderr:
+        pytest.skip(f"sanitizers unavailable: {r.stderr[-500:]}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "rejected" in r.stdout
+
+
+_GGUF_OPEN = textwrap.dedent("""
+    import ctypes, sys
+    lib = ctypes.CDLL(sys.argv[1])
+    class Params(ctypes.Structure):
+        _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+    lib.gguf_init_from_file.restype = ctypes.c_void_p
+    lib.gguf_init_from_file.argtypes = [ctypes.c_char_p, Params]
+    ok = lib.gguf_init_from_file(sys.argv[2].encode(), Params(True, None))
+    print("opened" if ok else "refused")
+""")
+
+
+@pytest.mark.slow
+def test_unpatched_ggml_refuses_bitcos_file(tmp_path: Path) -> None:
+    """Upstream ggml (no patches) must refuse a BITCOS GGUF with 'invalid ggml type', never misread it.
+
+    Builds only upstream's ggml-base (the GGUF reader) from the pinned sdist, about a minute on 2 cores.
+    """
+    import shutil
+    from ggml_bitcos import upstream
+    if shutil.which("cmake") is None or shutil.which("cc") is None:
+        pytest.skip("cmake / C compiler not available")
+    try:
+        upstream.fetch_sdist()
+    except upstream.UpstreamError as e:
+        pytest.skip(f"sdist not available: {e}")
+    tree = upstream.extract_sdist(tmp_path / "x")
+    bdir = tmp_path / "b"
+    launcher = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] \
+        if shutil.which("ccache") else []
+    # configured from llama.cpp's top level (ggml alone is not standalone-configurable in the sdist)
+    r = subprocess.run(["cmake", "-S", str(tree / "vendor/llama.cpp"), "-B", str(bdir), "-DGGML_NATIVE=OFF",
+                        "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TOOLS=OFF",
+                        "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                        "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF",
+                        "-DLLAMA_CURL=OFF", *launcher], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    subprocess.run(["cmake", "--build", str(bdir), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)],
+                   check=True, capture_output=True)
+    lib = next(bdir.rglob("libggml-base.so"))
+    model = tmp_path / "bitcos.gguf"
+    write_model(model, "bitcos", "g128")
+    r = subprocess.run([sys.executable, "-c", _GGUF_OPEN, str(lib), str(model)], capture_output=True, text=True)
+    assert r.stdout.strip() == "refused"
+    assert "has invalid ggml type 160" in r.stderr
+    # control: the same reader opens the F32 model
+    write_model(tmp_path / "f32.gguf", "f32", "g128")
+    r = subprocess.run([sys.executable, "-c", _GGUF_OPEN, str(lib), str(tmp_path / "f32.gguf")],
+                       capture_output=True, text=True)
+    assert r.stdout.strip() == "opened", r.stderr[-2000:]
+
+
+@llama
+def test_patched_gguf_reader_refuses_hole_type_ids(llama_pkg: Path, tmp_path: Path) -> None:
+    """Ids between upstream's last type and BITCOS (43..159) are holes: refused as invalid, like id >= 162."""
+    import gguf
+    lib = sorted((llama_pkg / "lib").glob("libggml-base.so*"))[0]
+    for type_id in (100, 162):
+        path = tmp_path / f"t{type_id}.gguf"
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_tensor("x", np.zeros(256, np.int8), raw_shape=(256,), raw_dtype=_RawType(type_id))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        r = subprocess.run([sys.executable, "-c", _GGUF_OPEN, str(lib), str(path)], capture_output=True, text=True)
+        assert r.stdout.strip() == "refused"
+        assert f"has invalid ggml type {type_id}" in r.stderr, r.stderr[-2000:]

@@ -63,6 +63,10 @@ def _csrc_files() -> list[Path]:
     return sorted(p for p in CSRC_DIR.iterdir() if p.suffix in (".c", ".h"))
 
 
+def _tool_files() -> list[Path]:
+    return sorted((CSRC_DIR / "tools").glob("*.c"))
+
+
 def _ctest_files() -> list[Path]:
     return sorted(CTEST_DIR.glob("*.c")) if CTEST_DIR.is_dir() else []
 
@@ -70,7 +74,7 @@ def _ctest_files() -> list[Path]:
 def source_hash() -> str:
     """Hash of everything that determines the patched tree: pinned sdist, patches, csrc, C tests."""
     h = hashlib.sha256(upstream.SDIST_SHA256.encode())
-    for p in sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _ctest_files():
+    for p in sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _tool_files() + _ctest_files():
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
@@ -84,6 +88,11 @@ def copy_csrc(tree: Path) -> None:
     for p in _csrc_files():
         shutil.copy2(p, dest / p.name)
     shutil.copy2(CSRC_DIR / PUBLIC_HEADER, tree / LLAMA_DIR / "ggml" / "include" / PUBLIC_HEADER)
+    tools = _tool_files()
+    if tools:
+        (dest / "tools").mkdir()
+        for p in tools:
+            shutil.copy2(p, dest / "tools" / p.name)
     if _ctest_files():
         (dest / "tests").mkdir()
         for p in _ctest_files():

@@ -6,7 +6,6 @@ real code paths (llama_cpp.Llama, llama-completion, llama-bench, llama-perplexit
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -18,35 +17,24 @@ from pathlib import Path
 
 import numpy as np
 
+from ggml_bitcos import llama_tools
+
 PATCHED_VERSION_SUFFIX = "+bitcos1"
 
 
-class LlamaNotBuilt(RuntimeError):
-    pass
-
-
-def llama_cpp_dir() -> Path:
-    """Directory of the installed llama_cpp package, found without importing it (importing loads the lib)."""
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.submodule_search_locations:
-        raise LlamaNotBuilt("llama_cpp is not installed; run scripts/install.sh (or `ggml-bitcos build-llama`)")
-    return Path(list(spec.submodule_search_locations)[0])
+LlamaNotBuilt = llama_tools.ToolNotBuiltError
 
 
 def is_patched() -> bool:
+    """True when the installed llama_cpp is the BITCOS build (its version carries the +bitcos tag)."""
+    pkg = llama_tools.llama_cpp_dir()
     try:
-        init = (llama_cpp_dir() / "__init__.py").read_text()
-    except (LlamaNotBuilt, OSError):
+        return pkg is not None and PATCHED_VERSION_SUFFIX in (pkg / "__init__.py").read_text()
+    except OSError:
         return False
-    return PATCHED_VERSION_SUFFIX in init
 
 
-def tool_path(name: str) -> Path:
-    """Path of a llama.cpp tool built with BITCOS (installed under llama_cpp/bin by the patched build)."""
-    p = llama_cpp_dir() / "bin" / name
-    if not p.exists():
-        raise LlamaNotBuilt(f"{p} not found: the patched llama.cpp build is not installed (scripts/install.sh)")
-    return p
+tool_path = llama_tools.tool_path
 
 
 @dataclass

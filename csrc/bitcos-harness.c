@@ -1,6 +1,9 @@
 // Standalone harness around the BITCOS kernels (libbitcos_kernels.so): flat C entry points for the Python
 // tests and `ggml-bitcos bench kernels` (ggml_bitcos/kernels.py, ggml_bitcos/kbench.py).
 //
+// CMakeLists.txt builds it twice, with -DBITCOS_FMA=1 (libbitcos_kernels.so) and -DBITCOS_FMA=0
+// (libbitcos_kernels_nofma.so), passing the same value to every object so that all paths of one library
+// implement the same form of the contract.
 // The generic kernel is compiled with the baseline flags; the x86 file is compiled twice by CMakeLists.txt,
 // once for x86-64-v3 (AVX2, its symbol renamed to bitcos_mm_avx2_v3) and once for x86-64-v4 + VNNI & co.
 // (bitcos_mm_avx512_v4), so all paths sit side by side and the CPU picks which ones may run.
@@ -134,6 +137,11 @@ int bitcos_h_time(int impl, int variant, int64_t k, const uint8_t * blocks, size
         ticks[i] = bitcos_h_tsc() - t0;
     }
     return 0;
+}
+
+// The contract's FMA form this library was built with (BITCOS_FMA, the same for every object in it).
+int bitcos_h_fma(void) {
+    return BITCOS_FMA;
 }
 
 // Size of the Q8_K block as this library sees it (the Python side checks its dtype against it).

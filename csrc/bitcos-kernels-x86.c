@@ -1,26 +1,29 @@
 // x86 SIMD BITCOS kernels: AVX2 and AVX-512 (F/BW/VL; VNNI, BMI2 and F16C used when present).
 //
-// Contract: bitcos-kernels.h (results bit-identical to bitcos_mm_generic). Design notes and measured
-// cycles: docs/KERNELS.md. This file defines only what the compiler's target flags allow (the same guards
-// as the header's declarations): on a non-x86 target, or without AVX2, it defines nothing. Compile it with
-// -ffp-contract=off like every kernel file (GCC fuses intrinsic multiplies and adds into FMAs otherwise,
-// which would change the rounding).
+// Contract: bitcos-kernels.h, arithmetic contract v2 (results bit-identical to bitcos_mm_generic, hence to
+// llama.cpp's AVX2 TQ2_0 kernel). Design notes and measured cycles: docs/KERNELS.md. This file defines only
+// what the compiler's target flags allow (the same guards as the header's declarations): on a non-x86
+// target, or without AVX2, it defines nothing. Compile it with -ffp-contract=off like every kernel file:
+// the only fused operation allowed is the contract's explicit FMA (BITCOS_FMA), which is written as an
+// intrinsic here; GCC would otherwise fuse the BITCOS_FMA=0 form's multiply and add.
 //
-// Integer part (exact, so any order is allowed). Per 64 weights of a row:
-//   P = presence word, S = 64 sign bits at the row's cursor, N = pdep(S, P) (negative lanes), cursor += |P|.
-//   AVX-512: u = t + 1 in {0, 1, 2} from two masked byte moves (blend by P: 1 -> 2, zero by N), then one
-//     vpdpbusd(u, q) = sum t*q + sum q against the raw signed activations; sum q per group is a column
-//     property, staged once per tile. Exact for every int8 q, -128 included.
-//   AVX2: t in {-1, 0, +1} from P and N expanded to bytes (broadcast, pshufb, and, min / cmpeq), then
-//     vpmaddubsw(q', t) with q' = q ^ 0x80 = q + 128 staged once per tile: sum t*q' = sum t*q + 128 sum t,
-//     and sum t = |P| - 2|N| is a scalar popcount per row.
-// Each group of 128 weights gives one vector of lane partial sums; 16 groups (a "chunk", 2048 weights) are
-// reduced together by a transpose tree, so a group costs about two vector ops of reduction instead of a
-// full horizontal sum.
-// Float part: exactly the header's order, vectorised across the groups of a chunk where the contract has
-// no dependency (per-group products and per-Q8_K-block parts); the acc chain itself stays sequential.
-// GEMV (one column) decodes straight into the dot products, two rows interleaved (AVX-512); several columns
-// decode each row chunk once into a code buffer and reuse it for every column.
+// Integer part (exact). Per 64 weights of a row: P = presence word, S = 64 sign bits at the row's cursor,
+// N = pdep(S, P) (negative lanes), cursor += |P|; the codes are used as u = t + 1 in {0, 1, 2}, the
+// unsigned operand of a byte dot product against the raw signed activations q (exact for q = -128 too):
+//   AVX-512: u from two masked byte moves (blend by P: 1 -> 2, zero by N); vpdpbusd over 64-byte chunks
+//     gives dword m = sum over j % 64 in [4m, 4m+4), so the contract's lane l (j % 32 in [4l, 4l+4)) is
+//     dword l + dword l+8 ("fold"). Four vpdpbusd per Q8_K block go into one register; the half-0 partial
+//     (after the first two) is kept for G128 blocks whose two fp16 scales differ.
+//   AVX2: u from P and N expanded to bytes (broadcast, pshufb, and, cmpeq); vpmaddubsw over 32-byte chunks,
+//     summed in int16 (|word| <= 8 * 512), then vpmaddwd(., 1) gives the 8 contract lanes directly.
+// Minus the 32-position activation sums of the block (a column property, staged once per tile and chunk).
+// Float part: one 8-lane FMA (two for a G128 block with different half scales) per block, the final
+// reduction in the contract's order. AVX-512 keeps two 8-lane accumulators in one zmm: two rows against
+// one column (GEMV) or one row against two columns (several columns), so the fold, conversion and FMA
+// serve two accumulators per instruction; every lane is still exactly the contract's operation.
+// GEMV (one column) decodes straight into the dot products, two rows interleaved (AVX-512). With several
+// columns each row's codes are decoded once and reused for every column of the tile: AVX-512 block by
+// block in registers (all column pairs before the next block), AVX2 a chunk at a time into a code buffer.
 #include "bitcos-kernels.h"
 
 #if defined(__AVX2__) && !(defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)))
@@ -42,19 +45,24 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * con
 #include <immintrin.h>
 #include <string.h>
 
-#define BX_ALWAYS_INLINE static inline __attribute__((always_inline))
-#define BX_CHUNK_G 16                    // groups of 128 per chunk (one reduction tree)
-#define BX_CHUNK_K (BX_CHUNK_G * BITCOS_QK)
-#define BX_CT      8                     // activation columns per tile (q' staging buffer: 8 x 2 KB)
-#define BX_RT      32                    // rows per tile (amortises the q' staging)
+#if BITCOS_FMA && !defined(__FMA__)
+#error "BITCOS_FMA=1 needs FMA instructions in the x86 kernels: compile with -mfma (or -DBITCOS_FMA=0)"
+#endif
 
-// Slot of group g (0..15) in a chunk's reduction: even groups first, then odd groups, so the reduced vector
-// holds isum[0,2,..,14] then isum[1,3,..,15] and a Q8_K block's two groups sit 8 lanes apart.
-#define BX_SLOT(g) (((g) & 1) ? 8 + ((g) >> 1) : ((g) >> 1))
+#define BX_ALWAYS_INLINE static inline __attribute__((always_inline))
+#define BX_CHUNK_B 8                     // Q8_K blocks per chunk (2048 weights): staging granularity
+#define BX_CT      8                     // activation columns per tile
+#define BX_RT      32                    // rows per tile (amortises the staging of the columns)
 
 BX_ALWAYS_INLINE uint64_t bx_load_u64(const uint8_t * p) {
     uint64_t v;
     memcpy(&v, p, 8);
+    return v;
+}
+
+BX_ALWAYS_INLINE uint16_t bx_load_u16(const uint8_t * p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
     return v;
 }
 
@@ -85,154 +93,39 @@ BX_ALWAYS_INLINE uint64_t bx_sign_window(const uint8_t * pool, uint64_t pos) {
     return (lo >> (pos & 63)) | ((hi << 1) << (~pos & 63));
 }
 
-// Per-chunk state of one row: everything the column loop needs that does not depend on the column.
-typedef struct {
-    int32_t  corr[BX_CHUNK_G];  // AVX2: 128 * sum(t) of each group, by slot (q' bias correction)
-    uint16_t dh[BX_CHUNK_G];    // fp16 group scales by slot (G128; 0 for absent groups)
-} bx_row_chunk;
+// Negative-lane word of the 64 weights with presence word p at the row's cursor; advances the cursor.
+BX_ALWAYS_INLINE uint64_t bx_negatives(uint64_t p, const uint8_t * pool, uint64_t * cursor) {
+    const uint64_t pos = *cursor;
+    *cursor = pos + (uint64_t)__builtin_popcountll(p);
+    return bx_pdep(bx_sign_window(pool, pos), p);
+}
 
-// fp32 scales of a row chunk, slots 0-7 (even groups) and 8-15 (odd groups).
-BX_ALWAYS_INLINE void bx_chunk_scales(const bx_row_chunk * rc, __m256 * de, __m256 * dodd) {
+// fp16 -> fp32, exact either way.
+BX_ALWAYS_INLINE float bx_h2f(uint16_t h) {
 #if defined(__F16C__)
-    *de   = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rc->dh));
-    *dodd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rc->dh + 8)));
+    return _cvtsh_ss(h);
 #else
-    float d[BX_CHUNK_G];
-    for (int i = 0; i < BX_CHUNK_G; ++i) d[i] = bitcos_fp16_to_fp32(rc->dh[i]);
-    *de   = _mm256_loadu_ps(d);
-    *dodd = _mm256_loadu_ps(d + 8);
+    return bitcos_fp16_to_fp32(h);
 #endif
 }
 
-BX_ALWAYS_INLINE uint16_t bx_group_scale_bits(const uint8_t * blk, int g128) {
-    uint16_t dh = 0;
-    if (g128) {
-        memcpy(&dh, blk + 16, 2);
-    }
-    return dh;
+// The contract's FMA(a, b, c), 8 lanes.
+BX_ALWAYS_INLINE __m256 bx_fma8(__m256 a, __m256 b, __m256 c) {
+#if BITCOS_FMA
+    return _mm256_fmadd_ps(a, b, c);
+#else
+    return _mm256_add_ps(_mm256_mul_ps(a, b), c);
+#endif
 }
 
-// acc + p[0] + p[1] + ... + p[n-1], one fp32 addition at a time in that order (the contract's acc chain).
-BX_ALWAYS_INLINE float bx_chain_add(float acc, __m256 p, int n) {
-    if (n == 8) {
-        const __m128 lo = _mm256_castps256_ps128(p);
-        const __m128 hi = _mm256_extractf128_ps(p, 1);
-        __m128 a = _mm_set_ss(acc);
-        a = _mm_add_ss(a, lo);
-        a = _mm_add_ss(a, _mm_movehdup_ps(lo));
-        a = _mm_add_ss(a, _mm_movehl_ps(lo, lo));
-        a = _mm_add_ss(a, _mm_shuffle_ps(lo, lo, 3));
-        a = _mm_add_ss(a, hi);
-        a = _mm_add_ss(a, _mm_movehdup_ps(hi));
-        a = _mm_add_ss(a, _mm_movehl_ps(hi, hi));
-        a = _mm_add_ss(a, _mm_shuffle_ps(hi, hi, 3));
-        return _mm_cvtss_f32(a);
-    }
-    float prod[8];
-    _mm256_storeu_ps(prod, p);
-    for (int b = 0; b < n; ++b) {
-        acc = acc + prod[b];
-    }
-    return acc;
+// ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), the contract's final reduction.
+BX_ALWAYS_INLINE float bx_reduce8(__m256 a) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));  // a_l + a_{l+4}
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));                                    // s0+s2, s1+s3
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// Float part of the contract for one row, one column and one chunk: ie/io hold the exact integer sums of
-// the even/odd groups (by Q8_K block), de/dodd their scales, yd the chunk's Q8_K scales, ng the number of
-// groups present (<= 16). Returns the updated accumulator.
-BX_ALWAYS_INLINE float bx_float_phase(__m256i ie, __m256i io, __m256 de, __m256 dodd, const float * yd,
-                                      int ng, int g128, float acc) {
-    const int    nbc = (ng + 1) >> 1;             // Q8_K blocks touched by this chunk
-    const __m256 vy  = _mm256_loadu_ps(yd);
-    __m256 prod;
-    if (g128) {
-        const __m256 pe = _mm256_mul_ps(_mm256_cvtepi32_ps(ie), de);
-        const __m256 po = _mm256_mul_ps(_mm256_cvtepi32_ps(io), dodd);
-        prod = _mm256_mul_ps(vy, _mm256_add_ps(pe, po));
-        if (ng & 1) {
-            // the lone last group of an odd row: part is its product alone (no "+ 0.0f")
-            float pe_s[8], prod_s[8];
-            _mm256_storeu_ps(pe_s, pe);
-            _mm256_storeu_ps(prod_s, prod);
-            prod_s[nbc - 1] = yd[nbc - 1] * pe_s[nbc - 1];
-            prod = _mm256_loadu_ps(prod_s);
-        }
-    } else {
-        // PT: the two groups' integer sums are added before the conversion (absent odd group: isum 0)
-        prod = _mm256_mul_ps(vy, _mm256_cvtepi32_ps(_mm256_add_epi32(ie, io)));
-    }
-    return bx_chain_add(acc, prod, nbc);
-}
-
-// Stages columns c0 .. c0+nct-1 of chunk g0 as bytes (q ^ xor_bias; zero beyond the matrix, so absent groups
-// contribute nothing) and the Q8_K scales of the chunk's blocks.
-BX_ALWAYS_INLINE void bx_stage_columns(const bitcos_q8_K * const * y, int64_t c0, int nct, int64_t g0, int ng,
-                                       char xor_bias, uint8_t (*qbuf)[BX_CHUNK_K], float (*ydbuf)[8]) {
-    const __m256i bias = _mm256_set1_epi8(xor_bias);
-    for (int c = 0; c < nct; ++c) {
-        const bitcos_q8_K * yb = y[c0 + c] + g0 / 2;
-        for (int j = 0; j < 8; ++j) {
-            const int nh = ng - 2*j;            // halves (groups) of block j present in the chunk
-            uint8_t * out = qbuf[c] + 256*j;
-            ydbuf[c][j] = nh > 0 ? yb[j].d : 0.0f;
-            for (int h = 0; h < 2; ++h) {
-                for (int v = 0; v < 4; ++v) {
-                    __m256i x = _mm256_setzero_si256();
-                    if (h < nh) {
-                        x = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(yb[j].qs + 128*h + 32*v)), bias);
-                    }
-                    _mm256_storeu_si256((__m256i *)(out + 128*h + 32*v), x);
-                }
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// AVX2
-// ---------------------------------------------------------------------------------------------------------
-
-// Codes t in {-1, 0, +1} of 64 weights from the presence word at pbits and the negative-lane word n, as two
-// vectors of 32. Each bit set is broadcast once (P straight from memory, N from the GPR), pshufb copies
-// byte i of the word to lanes 8i .. 8i+7, and-ing with 1, 2, 4, .. 128 isolates lane j's bit; then
-// t = min(p, 1) | (n ? -1 : 0).
-BX_ALWAYS_INLINE void bx2_codes64(const uint8_t * pbits, uint64_t n, __m256i * t0, __m256i * t1) {
-    const __m256i idx_lo = _mm256_setr_epi8(0,0,0,0,0,0,0,0, 1,1,1,1,1,1,1,1, 2,2,2,2,2,2,2,2, 3,3,3,3,3,3,3,3);
-    const __m256i idx_hi = _mm256_setr_epi8(4,4,4,4,4,4,4,4, 5,5,5,5,5,5,5,5, 6,6,6,6,6,6,6,6, 7,7,7,7,7,7,7,7);
-    const __m256i sel    = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i one    = _mm256_set1_epi8(1);
-    const __m256i bp     = _mm256_set1_epi64x((long long)bx_load_u64(pbits));
-    const __m256i bn     = _mm256_set1_epi64x((long long)n);
-    *t0 = _mm256_or_si256(_mm256_min_epu8(_mm256_and_si256(_mm256_shuffle_epi8(bp, idx_lo), sel), one),
-                          _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bn, idx_lo), sel), sel));
-    *t1 = _mm256_or_si256(_mm256_min_epu8(_mm256_and_si256(_mm256_shuffle_epi8(bp, idx_hi), sel), one),
-                          _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bn, idx_hi), sel), sel));
-}
-
-// Decodes one group (128 weights) into 4 x 32 codes; returns 128 * sum(t) and advances the cursor.
-BX_ALWAYS_INLINE int32_t bx2_decode_group(const uint8_t * blk, const uint8_t * pool, uint64_t * cursor,
-                                          __m256i t[4]) {
-    const uint64_t p0 = bx_load_u64(blk), p1 = bx_load_u64(blk + 8);
-    const uint64_t c0 = *cursor;
-    const int n0 = __builtin_popcountll(p0), n1 = __builtin_popcountll(p1);
-    const uint64_t c1 = c0 + (uint64_t)n0;
-    *cursor = c1 + (uint64_t)n1;
-    const uint64_t m0 = bx_pdep(bx_sign_window(pool, c0), p0);
-    const uint64_t m1 = bx_pdep(bx_sign_window(pool, c1), p1);
-    bx2_codes64(blk,     m0, &t[0], &t[1]);
-    bx2_codes64(blk + 8, m1, &t[2], &t[3]);
-    return 128 * (n0 + n1 - 2 * (__builtin_popcountll(m0) + __builtin_popcountll(m1)));
-}
-
-// Lane partial sums (8 x int32) of sum t*q' over one group; |lane| <= 16 * 255.
-BX_ALWAYS_INLINE __m256i bx2_dot_group(const __m256i t[4], const uint8_t * qp) {
-    __m256i s = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)qp), t[0]);
-    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(qp + 32)), t[1]));
-    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(qp + 64)), t[2]));
-    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(qp + 96)), t[3]));
-    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));   // int16 lanes <= 4 * 510: no saturation
-}
-
-// 8 vectors of 8 lane partial sums -> one vector of the 8 totals, in input order.
+// 8 vectors of 8 int32 -> one vector of the 8 totals, in input order.
 BX_ALWAYS_INLINE __m256i bx2_tree8(const __m256i x[8]) {
     const __m256i h01 = _mm256_hadd_epi32(x[0], x[1]);
     const __m256i h23 = _mm256_hadd_epi32(x[2], x[3]);
@@ -243,120 +136,167 @@ BX_ALWAYS_INLINE __m256i bx2_tree8(const __m256i x[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(k03, k47, 0x20), _mm256_permute2x128_si256(k03, k47, 0x31));
 }
 
-// Rows per pass of the AVX2 GEMV. 1: with only 16 ymm registers a second interleaved row spills and measured
-// slower (3.7 vs 3.5 ticks per 32 weights); the loop below has no remainder handling for larger values.
-#define BX2_GEMV_ROWS 1
-
-// One full chunk (16 groups) of rows r0 .. r0+nrt-1 against one staged column (q' = q ^ 0x80), codes never
-// stored. g128 is a compile-time constant at both call sites.
-BX_ALWAYS_INLINE void bx2_gemv_rows(const bitcos_rows * w, int64_t r0, int nrt, int64_t g0, const int ng,
-                                    const uint8_t * q, const float * yd, const int g128, uint64_t * cursor,
-                                    float (*acc)[BX_CT]) {
-    const size_t bb = g128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
-    for (int r = 0; r + BX2_GEMV_ROWS <= nrt; r += BX2_GEMV_ROWS) {
-        const uint8_t * row[BX2_GEMV_ROWS];
-        uint64_t        cur[BX2_GEMV_ROWS];
-        bx_row_chunk    rc[BX2_GEMV_ROWS];
-        __m256i         x[BX2_GEMV_ROWS][BX_CHUNK_G];
-#pragma GCC unroll 8
-        for (int i = 0; i < BX2_GEMV_ROWS; ++i) {
-            row[i] = w->blocks + (size_t)(r0 + r + i) * w->row_bytes + (size_t)g0 * bb;
-            cur[i] = cursor[r + i];
-        }
-#pragma GCC unroll 16
-        for (int g = 0; g < BX_CHUNK_G; ++g) {
-#pragma GCC unroll 8
-            for (int i = 0; i < BX2_GEMV_ROWS; ++i) {
-                const uint8_t * blk = row[i] + (size_t)g * bb;
-                if (g < ng) {
-                    __m256i t[4];
-                    rc[i].corr[BX_SLOT(g)] = bx2_decode_group(blk, w->pool, &cur[i], t);
-                    rc[i].dh[BX_SLOT(g)]   = bx_group_scale_bits(blk, g128);
-                    x[i][BX_SLOT(g)]       = bx2_dot_group(t, q + 128*g);
-                } else {
-                    rc[i].corr[BX_SLOT(g)] = 0;
-                    rc[i].dh[BX_SLOT(g)]   = 0;
-                    x[i][BX_SLOT(g)]       = _mm256_setzero_si256();
-                }
-            }
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < BX2_GEMV_ROWS; ++i) {
-            cursor[r + i] = cur[i];
-            __m256 de = _mm256_setzero_ps(), dodd = _mm256_setzero_ps();
-            if (g128) bx_chunk_scales(&rc[i], &de, &dodd);
-            const __m256i ie = _mm256_sub_epi32(bx2_tree8(x[i]),     _mm256_loadu_si256((const __m256i *)rc[i].corr));
-            const __m256i io = _mm256_sub_epi32(bx2_tree8(x[i] + 8), _mm256_loadu_si256((const __m256i *)(rc[i].corr + 8)));
-            acc[r + i][0] = bx_float_phase(ie, io, de, dodd, yd, ng, g128, acc[r + i][0]);
-        }
+// The 8 sums of 32 consecutive activations of a Q8_K block (lane l: positions 32l .. 32l+31; lanes 4..7
+// zero when the block has only its first half in the matrix): the contract's subtracted term.
+BX_ALWAYS_INLINE __m256i bx_block_qsums(const int8_t * qs, int halves) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256i v[8];
+    for (int i = 0; i < 8; ++i) {
+        v[i] = i < 4*halves
+             ? _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)(qs + 32*i))), ones16)
+             : _mm256_setzero_si256();
     }
+    return bx2_tree8(v);
+}
+
+// Staged data of one activation column for one chunk of blocks.
+typedef struct {
+    __m256i        qsum[BX_CHUNK_B];   // bx_block_qsums of each block
+    float          yd[BX_CHUNK_B];     // y.d
+    float          dpt[BX_CHUNK_B];    // PT: y.d * scale
+    const int8_t * qs[BX_CHUNK_B];     // the block's activations
+} bx_col_chunk;
+
+BX_ALWAYS_INLINE void bx_stage_column(const bitcos_q8_K * yc, int64_t b0, int nbk, int64_t nb, float scale,
+                                      bx_col_chunk * cc) {
+    for (int j = 0; j < nbk; ++j) {
+        const int64_t b = b0 + j;
+        const int halves = 2*b + 1 < nb ? 2 : 1;
+        cc->qsum[j] = bx_block_qsums(yc[b].qs, halves);
+        cc->yd[j]   = yc[b].d;
+        cc->dpt[j]  = yc[b].d * scale;
+        cc->qs[j]   = yc[b].qs;
+    }
+}
+
+// fp16 scales of G128 block b of a row (e1 = e0 for a block with one half), as the contract defines them.
+BX_ALWAYS_INLINE void bx_block_scale_bits(const uint8_t * row, int64_t b, int halves, uint16_t * e0, uint16_t * e1) {
+    *e0 = bx_load_u16(row + (size_t)(2*b) * BITCOS_BLOCK_BYTES_G128 + 16);
+    *e1 = halves == 2 ? bx_load_u16(row + (size_t)(2*b + 1) * BITCOS_BLOCK_BYTES_G128 + 16) : *e0;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AVX2
+// ---------------------------------------------------------------------------------------------------------
+
+// Codes u = t + 1 in {0, 1, 2} of 64 weights from the presence word at pbits and the negative-lane word n,
+// as two vectors of 32. Each word is broadcast once, pshufb copies byte i of the word to lanes 8i .. 8i+7,
+// and-ing with 1, 2, 4, .. 128 and cmpeq give -1 where lane j's bit is set; u = (1 - pm) & ~nm.
+BX_ALWAYS_INLINE void bx2_codes64(const uint8_t * pbits, uint64_t n, __m256i * u0, __m256i * u1) {
+    const __m256i idx_lo = _mm256_setr_epi8(0,0,0,0,0,0,0,0, 1,1,1,1,1,1,1,1, 2,2,2,2,2,2,2,2, 3,3,3,3,3,3,3,3);
+    const __m256i idx_hi = _mm256_setr_epi8(4,4,4,4,4,4,4,4, 5,5,5,5,5,5,5,5, 6,6,6,6,6,6,6,6, 7,7,7,7,7,7,7,7);
+    const __m256i sel    = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i one    = _mm256_set1_epi8(1);
+    const __m256i bp     = _mm256_set1_epi64x((long long)bx_load_u64(pbits));
+    const __m256i bn     = _mm256_set1_epi64x((long long)n);
+    const __m256i pm0 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bp, idx_lo), sel), sel);
+    const __m256i nm0 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bn, idx_lo), sel), sel);
+    const __m256i pm1 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bp, idx_hi), sel), sel);
+    const __m256i nm1 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(bn, idx_hi), sel), sel);
+    *u0 = _mm256_andnot_si256(nm0, _mm256_sub_epi8(one, pm0));
+    *u1 = _mm256_andnot_si256(nm1, _mm256_sub_epi8(one, pm1));
+}
+
+// Decodes the 128 codes of one G128/PT block into u[0..3].
+BX_ALWAYS_INLINE void bx2_decode_half(const uint8_t * blk, const uint8_t * pool, uint64_t * cursor, __m256i u[4]) {
+    const uint64_t n0 = bx_negatives(bx_load_u64(blk), pool, cursor);
+    const uint64_t n1 = bx_negatives(bx_load_u64(blk + 8), pool, cursor);
+    bx2_codes64(blk,     n0, &u[0], &u[1]);
+    bx2_codes64(blk + 8, n1, &u[2], &u[3]);
+}
+
+// int16 lanes of sum u*q over 128 weights (4 x 32): |word| <= 4 * 512.
+BX_ALWAYS_INLINE __m256i bx2_dot_half(const __m256i u[4], const int8_t * q) {
+    __m256i s = _mm256_maddubs_epi16(u[0], _mm256_loadu_si256((const __m256i *)q));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u[1], _mm256_loadu_si256((const __m256i *)(q + 32))));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u[2], _mm256_loadu_si256((const __m256i *)(q + 64))));
+    return _mm256_add_epi16(s, _mm256_maddubs_epi16(u[3], _mm256_loadu_si256((const __m256i *)(q + 96))));
+}
+
+// Float part of one block for one (row, column): s0 / s are the int16 dot products of half 0 / the whole
+// block (s = s0 when the block has one half), per the contract.
+BX_ALWAYS_INLINE __m256 bx2_block_float(__m256i s0, __m256i s, __m256i qsum, const uint8_t * row, int64_t b,
+                                        int halves, float yd, float dpt, int g128, __m256 acc) {
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    const __m256i lf = _mm256_sub_epi32(_mm256_madd_epi16(s, ones16), qsum);
+    if (!g128) {
+        return bx_fma8(_mm256_cvtepi32_ps(lf), _mm256_set1_ps(dpt), acc);
+    }
+    uint16_t e0, e1;
+    bx_block_scale_bits(row, b, halves, &e0, &e1);
+    const __m256 d0 = _mm256_set1_ps(yd * bx_h2f(e0));
+    if (e0 == e1) {
+        return bx_fma8(_mm256_cvtepi32_ps(lf), d0, acc);
+    }
+    // half 0 subtracts the sums of positions 0..127 (lanes 0..3), half 1 those of 128..255 (lanes 4..7)
+    const __m256i l0 = _mm256_sub_epi32(_mm256_madd_epi16(s0, ones16), _mm256_blend_epi32(qsum, _mm256_setzero_si256(), 0xF0));
+    const __m256i l1 = _mm256_sub_epi32(lf, l0);
+    acc = bx_fma8(_mm256_cvtepi32_ps(l0), d0, acc);
+    return bx_fma8(_mm256_cvtepi32_ps(l1), _mm256_set1_ps(yd * bx_h2f(e1)), acc);
 }
 
 void bitcos_mm_avx2(const bitcos_rows * w, int64_t nr,
                     const bitcos_q8_K * const * y, int64_t nc, float * const * dst) {
     const int64_t nb   = w->k / BITCOS_QK;
+    const int64_t nby  = (nb + 1) / 2;
     const int     g128 = w->variant == BITCOS_VARIANT_G128;
     const size_t  bb   = g128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
-    _Alignas(64) uint8_t qbuf[BX_CT][BX_CHUNK_K];
-    _Alignas(64) float   ydbuf[BX_CT][8];
-    _Alignas(64) __m256i tbuf[BX_CHUNK_G][4];
+    _Alignas(64) bx_col_chunk cc[BX_CT];
+    _Alignas(64) __m256i      ubuf[BX_CHUNK_B][8];
+    _Alignas(64) __m256       acc[BX_RT][BX_CT];
     uint64_t cursor[BX_RT];
-    float    acc[BX_RT][BX_CT];
     for (int64_t r0 = 0; r0 < nr; r0 += BX_RT) {
         const int nrt = (int)(nr - r0 < BX_RT ? nr - r0 : BX_RT);
         for (int64_t c0 = 0; c0 < nc; c0 += BX_CT) {
             const int nct = (int)(nc - c0 < BX_CT ? nc - c0 : BX_CT);
             for (int r = 0; r < nrt; ++r) {
                 cursor[r] = w->sign_pos[r0 + r];
-                for (int c = 0; c < nct; ++c) acc[r][c] = 0.0f;
+                for (int c = 0; c < nct; ++c) acc[r][c] = _mm256_setzero_ps();
             }
-            for (int64_t g0 = 0; g0 < nb; g0 += BX_CHUNK_G) {
-                const int ng = (int)(nb - g0 < BX_CHUNK_G ? nb - g0 : BX_CHUNK_G);
-                bx_stage_columns(y, c0, nct, g0, ng, (char)0x80, qbuf, ydbuf);
-                if (nct == 1) {
-                    // GEMV: decode straight into the dot products, no staging of the codes
-                    if (ng == BX_CHUNK_G) {
-                        if (g128) bx2_gemv_rows(w, r0, nrt, g0, BX_CHUNK_G, qbuf[0], ydbuf[0], 1, cursor, acc);
-                        else      bx2_gemv_rows(w, r0, nrt, g0, BX_CHUNK_G, qbuf[0], ydbuf[0], 0, cursor, acc);
-                    } else {
-                        if (g128) bx2_gemv_rows(w, r0, nrt, g0, ng, qbuf[0], ydbuf[0], 1, cursor, acc);
-                        else      bx2_gemv_rows(w, r0, nrt, g0, ng, qbuf[0], ydbuf[0], 0, cursor, acc);
-                    }
-                    continue;
-                }
+            for (int64_t b0 = 0; b0 < nby; b0 += BX_CHUNK_B) {
+                const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
+                for (int c = 0; c < nct; ++c) bx_stage_column(y[c0 + c], b0, nbk, nb, w->scale, &cc[c]);
                 for (int r = 0; r < nrt; ++r) {
-                    const uint8_t * row = w->blocks + (size_t)(r0 + r) * w->row_bytes + (size_t)g0 * bb;
-                    bx_row_chunk rc;
-                    for (int g = 0; g < BX_CHUNK_G; ++g) {
-                        const int s = BX_SLOT(g);
-                        if (g < ng) {
-                            const uint8_t * blk = row + (size_t)g * bb;
-                            rc.corr[s] = bx2_decode_group(blk, w->pool, &cursor[r], tbuf[g]);
-                            rc.dh[s]   = bx_group_scale_bits(blk, g128);
-                        } else {
-                            rc.corr[s] = 0;
-                            rc.dh[s]   = 0;
+                    const uint8_t * row = w->blocks + (size_t)(r0 + r) * w->row_bytes;
+                    if (nct == 1) {
+                        // GEMV: decode straight into the dot products
+                        __m256 a = acc[r][0];
+                        for (int j = 0; j < nbk; ++j) {
+                            const int64_t b = b0 + j;
+                            const int halves = 2*b + 1 < nb ? 2 : 1;
+                            __m256i u[4];
+                            bx2_decode_half(row + (size_t)(2*b) * bb, w->pool, &cursor[r], u);
+                            const __m256i s0 = bx2_dot_half(u, cc[0].qs[j]);
+                            __m256i s = s0;
+                            if (halves == 2) {
+                                bx2_decode_half(row + (size_t)(2*b + 1) * bb, w->pool, &cursor[r], u);
+                                s = _mm256_add_epi16(s0, bx2_dot_half(u, cc[0].qs[j] + 128));
+                            }
+                            a = bx2_block_float(s0, s, cc[0].qsum[j], row, b, halves, cc[0].yd[j], cc[0].dpt[j], g128, a);
                         }
+                        acc[r][0] = a;
+                        continue;
                     }
-                    __m256 de, dodd;
-                    bx_chunk_scales(&rc, &de, &dodd);
+                    for (int j = 0; j < nbk; ++j) {
+                        const int64_t b = b0 + j;
+                        bx2_decode_half(row + (size_t)(2*b) * bb, w->pool, &cursor[r], ubuf[j]);
+                        if (2*b + 1 < nb) bx2_decode_half(row + (size_t)(2*b + 1) * bb, w->pool, &cursor[r], ubuf[j] + 4);
+                    }
                     for (int c = 0; c < nct; ++c) {
-                        __m256i xe[8], xo[8];
-                        for (int j = 0; j < 8; ++j) {
-                            xe[j] = 2*j < ng     ? bx2_dot_group(tbuf[2*j],     qbuf[c] + 128*(2*j))     : _mm256_setzero_si256();
-                            xo[j] = 2*j + 1 < ng ? bx2_dot_group(tbuf[2*j + 1], qbuf[c] + 128*(2*j + 1)) : _mm256_setzero_si256();
+                        __m256 a = acc[r][c];
+                        for (int j = 0; j < nbk; ++j) {
+                            const int64_t b = b0 + j;
+                            const int halves = 2*b + 1 < nb ? 2 : 1;
+                            const __m256i s0 = bx2_dot_half(ubuf[j], cc[c].qs[j]);
+                            const __m256i s  = halves == 2 ? _mm256_add_epi16(s0, bx2_dot_half(ubuf[j] + 4, cc[c].qs[j] + 128)) : s0;
+                            a = bx2_block_float(s0, s, cc[c].qsum[j], row, b, halves, cc[c].yd[j], cc[c].dpt[j], g128, a);
                         }
-                        const __m256i ce = _mm256_loadu_si256((const __m256i *)rc.corr);
-                        const __m256i co = _mm256_loadu_si256((const __m256i *)(rc.corr + 8));
-                        acc[r][c] = bx_float_phase(_mm256_sub_epi32(bx2_tree8(xe), ce), _mm256_sub_epi32(bx2_tree8(xo), co),
-                                                   de, dodd, ydbuf[c], ng, g128, acc[r][c]);
+                        acc[r][c] = a;
                     }
                 }
             }
             for (int r = 0; r < nrt; ++r) {
-                for (int c = 0; c < nct; ++c) {
-                    dst[c0 + c][r0 + r] = g128 ? acc[r][c] : acc[r][c] * w->scale;
-                }
+                for (int c = 0; c < nct; ++c) dst[c0 + c][r0 + r] = bx_reduce8(acc[r][c]);
             }
         }
     }
@@ -377,209 +317,235 @@ BX_ALWAYS_INLINE __m512i bx5_dpbusd(__m512i acc, __m512i u, __m512i q) {
 #endif
 }
 
-// Codes of one group as u = t + 1 in {0, 1, 2} (unsigned operand of vpdpbusd against the raw signed q):
-// sum u*q = sum t*q + sum q, and sum q per group is a column property staged once per tile. Two masked
-// byte moves per 64 weights: blend by P (1 -> 2), then zero the negative lanes N.
-typedef struct { __m512i lo, hi; } bx5_codes;
-
-BX_ALWAYS_INLINE uint64_t bx5_half(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor, __m512i * u) {
-    const uint64_t p   = bx_load_u64(bits);
-    const uint64_t pos = *cursor;
-    *cursor = pos + (uint64_t)__builtin_popcountll(p);
-    const uint64_t n = bx_pdep(bx_sign_window(pool, pos), p);
-    const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2);
-    *u = _mm512_mask_mov_epi8(_mm512_mask_blend_epi8(_cvtu64_mask64(p), one, two), _cvtu64_mask64(n),
-                              _mm512_setzero_si512());
-    return n;
-}
-
-BX_ALWAYS_INLINE void bx5_decode_group(const uint8_t * blk, const uint8_t * pool, uint64_t * cursor, bx5_codes * t) {
-    bx5_half(blk,     pool, cursor, &t->lo);
-    bx5_half(blk + 8, pool, cursor, &t->hi);
-}
-
-BX_ALWAYS_INLINE __m512i bx5_dot_group(const bx5_codes * t, const uint8_t * q) {
-    __m512i s = bx5_dpbusd(_mm512_setzero_si512(), t->lo, _mm512_loadu_si512((const void *)q));
-    return bx5_dpbusd(s, t->hi, _mm512_loadu_si512((const void *)(q + 64)));
-}
-
-// 16 vectors of 16 lane partial sums (|lane| <= 8 * 256) -> one vector of the 16 totals in input order.
-// Two levels of packs_epi32 + madd_epi16 (exact: every intermediate fits int16) sum within 128-bit lanes;
-// two levels of 128-bit lane shuffles finish across lanes: 33 ops for 16 groups. (An unpack + add tree
-// that keeps the multiplier pipe free for vpdpbusd needs 45 ops and measured slightly slower here.)
-BX_ALWAYS_INLINE __m512i bx5_tree16(const __m512i x[16]) {
-    __m512i yv[8], zv[4];
-    const __m512i ones = _mm512_set1_epi16(1);
-    for (int j = 0; j < 8; ++j) yv[j] = _mm512_madd_epi16(_mm512_packs_epi32(x[2*j], x[2*j + 1]), ones);
-    for (int j = 0; j < 4; ++j) zv[j] = _mm512_madd_epi16(_mm512_packs_epi32(yv[2*j], yv[2*j + 1]), ones);
-    // zv[m], 128-bit lane L: partial sums over lane L of x[4m .. 4m+3]
-    const __m512i w01 = _mm512_add_epi32(_mm512_shuffle_i32x4(zv[0], zv[1], 0x88), _mm512_shuffle_i32x4(zv[0], zv[1], 0xDD));
-    const __m512i w23 = _mm512_add_epi32(_mm512_shuffle_i32x4(zv[2], zv[3], 0x88), _mm512_shuffle_i32x4(zv[2], zv[3], 0xDD));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(w01, w23, 0x88), _mm512_shuffle_i32x4(w01, w23, 0xDD));
-}
-
-// sum q of each group of a staged column chunk, by slot.
-BX_ALWAYS_INLINE __m512i bx5_column_sums(const uint8_t * q) {
-    const __m512i one = _mm512_set1_epi8(1);
-    __m512i x[BX_CHUNK_G];
-    for (int g = 0; g < BX_CHUNK_G; ++g) {
-        const __m512i s = bx5_dpbusd(_mm512_setzero_si512(), one, _mm512_loadu_si512((const void *)(q + 128*g)));
-        x[BX_SLOT(g)] = bx5_dpbusd(s, one, _mm512_loadu_si512((const void *)(q + 128*g + 64)));
-    }
-    return bx5_tree16(x);
-}
-
-// Float part for a reduced chunk (slot order) and the row's scales.
-BX_ALWAYS_INLINE float bx5_float_phase(__m512i isum, __m256 de, __m256 dodd, const float * yd, int ng, int g128,
-                                       float acc) {
-    return bx_float_phase(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1), de, dodd, yd, ng,
-                          g128, acc);
-}
-
-// One full chunk (16 groups) of rows r0 .. r0+nrt-1 against one staged column, codes never stored:
-// decode -> vpdpbusd -> tree -> float part. g128 is a compile-time constant at both call sites.
-#ifndef BX5_GEMV_ROWS
-#define BX5_GEMV_ROWS 2
+// The contract's FMA(a, b, c), 16 lanes.
+BX_ALWAYS_INLINE __m512 bx5_fma16(__m512 a, __m512 b, __m512 c) {
+#if BITCOS_FMA
+    return _mm512_fmadd_ps(a, b, c);
+#else
+    return _mm512_add_ps(_mm512_mul_ps(a, b), c);
 #endif
+}
 
-BX_ALWAYS_INLINE void bx5_gemv_rows(const bitcos_rows * w, int64_t r0, int nrt, int64_t g0, const int ng,
-                                    const uint8_t * q, __m512i qsum, const float * yd, const int g128,
-                                    uint64_t * cursor, float (*acc)[BX_CT]) {
+// u = t + 1 of 64 weights: two masked byte moves (blend by P: 1 -> 2, then zero the negative lanes N).
+// The P mask is loaded from memory (kmovq k, m64) instead of moved from the GPR that popcount reads:
+// 64-bit GPR -> mask writes bound the GEMV on Zen 5 (2.21 vs 2.31 ticks per 32 weights, G128 with equal
+// halves; the multi-column path is within 3 % either way). Inline asm, because GCC merges _load_mask64
+// with the GPR load of the same word.
+BX_ALWAYS_INLINE __m512i bx5_codes64(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor) {
+    const uint64_t p = bx_load_u64(bits);
+    const uint64_t n = bx_negatives(p, pool, cursor);
+    __mmask64 pm;
+    __asm__("kmovq %1, %0" : "=k"(pm) : "m"(*(const uint64_t *)bits));
+    return _mm512_mask_mov_epi8(_mm512_mask_blend_epi8(pm, _mm512_set1_epi8(1), _mm512_set1_epi8(2)),
+                                _cvtu64_mask64(n), _mm512_setzero_si512());
+}
+
+// Dword lanes of one block's dot products: z0 over half 0, z over the block (z = z0 with one half).
+// Decodes the row's codes on the way (GEMV form).
+BX_ALWAYS_INLINE void bx5_block_dots(const uint8_t * blk, size_t bb, int halves, const uint8_t * pool,
+                                     uint64_t * cursor, const int8_t * q, __m512i * z0, __m512i * z) {
+    const __m512i u0 = bx5_codes64(blk,     pool, cursor);
+    const __m512i u1 = bx5_codes64(blk + 8, pool, cursor);
+    *z0 = bx5_dpbusd(bx5_dpbusd(_mm512_setzero_si512(), u0, _mm512_loadu_si512((const void *)q)),
+                     u1, _mm512_loadu_si512((const void *)(q + 64)));
+    *z = *z0;
+    if (halves == 2) {
+        const __m512i u2 = bx5_codes64(blk + bb,     pool, cursor);
+        const __m512i u3 = bx5_codes64(blk + bb + 8, pool, cursor);
+        *z = bx5_dpbusd(bx5_dpbusd(*z0, u2, _mm512_loadu_si512((const void *)(q + 128))),
+                        u3, _mm512_loadu_si512((const void *)(q + 192)));
+    }
+}
+
+// Same from decoded codes u[0..3].
+BX_ALWAYS_INLINE void bx5_block_dots_u(const __m512i u[4], int halves, const int8_t * q, __m512i * z0, __m512i * z) {
+    *z0 = bx5_dpbusd(bx5_dpbusd(_mm512_setzero_si512(), u[0], _mm512_loadu_si512((const void *)q)),
+                     u[1], _mm512_loadu_si512((const void *)(q + 64)));
+    *z = halves == 2 ? bx5_dpbusd(bx5_dpbusd(*z0, u[2], _mm512_loadu_si512((const void *)(q + 128))),
+                                  u[3], _mm512_loadu_si512((const void *)(q + 192)))
+                     : *z0;
+}
+
+// [a_l + a_{l+8} for l < 8, b_l + b_{l+8} for l < 8]: the contract lanes of two accumulators side by side.
+BX_ALWAYS_INLINE __m512i bx5_fold2(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE));
+}
+
+BX_ALWAYS_INLINE __m512 bx5_pair_f(float lo, float hi) {
+    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
+
+// Float part of one block for a pair of accumulators (lanes 0-7: A, 8-15: B). qsum2 holds the 32-position
+// sums of A's and B's columns, yd2 their y.d, dpt2 y.d * scale (PT); e0v / e1v the fp32 scales of the two
+// halves for A's and B's rows (G128), split the lanes whose block has e0 != e1 (bitwise). Split lanes take
+// two FMAs; lanes that do not split get (L0 + L1, 0) instead of (L0, L1), and FMA(0, D1, acc) = acc
+// exactly (acc is never -0: it starts at +0 and a sum is -0 only when both operands are).
+BX_ALWAYS_INLINE __m512 bx5_block_float(__m512i zA0, __m512i zA, __m512i zB0, __m512i zB, __m512i qsum2,
+                                        __m512 yd2, __m512 dpt2, int g128, __m512 e0v, __m512 e1v,
+                                        __mmask16 split, __m512 acc) {
+    const __m512i lf = _mm512_sub_epi32(bx5_fold2(zA, zB), qsum2);
+    if (!g128) {
+        return bx5_fma16(_mm512_cvtepi32_ps(lf), dpt2, acc);
+    }
+    const __m512 d0 = _mm512_mul_ps(yd2, e0v);
+    if (__builtin_expect(split == 0, 1)) {
+        return bx5_fma16(_mm512_cvtepi32_ps(lf), d0, acc);
+    }
+    const __m512i l0 = _mm512_sub_epi32(bx5_fold2(zA0, zB0), _mm512_maskz_mov_epi32(0x0F0F, qsum2));
+    const __m512i la = _mm512_mask_mov_epi32(lf, split, l0);
+    const __m512i lb = _mm512_maskz_sub_epi32(split, lf, l0);
+    const __m512  d1 = _mm512_mul_ps(yd2, e1v);
+    acc = bx5_fma16(_mm512_cvtepi32_ps(la), d0, acc);
+    return bx5_fma16(_mm512_cvtepi32_ps(lb), d1, acc);
+}
+
+// Staged column data in pair form: for GEMV (rows paired) both halves are the same column.
+typedef struct {
+    __m512i qsum2[BX_CHUNK_B];
+    __m512  yd2[BX_CHUNK_B];
+    __m512  dpt2[BX_CHUNK_B];
+} bx5_pair_chunk;
+
+BX_ALWAYS_INLINE void bx5_stage_pair(const bx_col_chunk * a, const bx_col_chunk * b, int nbk, bx5_pair_chunk * pc) {
+    for (int j = 0; j < nbk; ++j) {
+        pc->qsum2[j] = _mm512_inserti64x4(_mm512_castsi256_si512(a->qsum[j]), b->qsum[j], 1);
+        pc->yd2[j]   = bx5_pair_f(a->yd[j], b->yd[j]);
+        pc->dpt2[j]  = bx5_pair_f(a->dpt[j], b->dpt[j]);
+    }
+}
+
+BX_ALWAYS_INLINE void bx5_store_pair(__m512 acc, float * da, float * db) {
+    *da = bx_reduce8(_mm512_castps512_ps256(acc));
+    if (db) *db = bx_reduce8(_mm512_extractf32x8_ps(acc, 1));
+}
+
+// fp32 scales of G128 block b for a pair of rows: e0v = [e0(A) x8, e0(B) x8], e1v likewise, and the lanes
+// whose row has e0 != e1 (bitwise; fp16 -> fp32 is injective, so the fp32 bits compare the same).
+BX_ALWAYS_INLINE __mmask16 bx5_pair_scales(const uint8_t * rowA, const uint8_t * rowB, int64_t b, int halves,
+                                           __m512 * e0v, __m512 * e1v) {
+    const size_t o0 = (size_t)(2*b) * BITCOS_BLOCK_BYTES_G128 + 16;
+    const size_t o1 = halves == 2 ? o0 + BITCOS_BLOCK_BYTES_G128 : o0;
+    // 32-bit loads ending at each scale (bitmap bytes 14-15, then d: never past the block) go straight to
+    // vector registers: GPR -> vector transfers compete with the decode's mask writes
+    const __m128i a0 = _mm_loadu_si32(rowA + o0 - 2), b0 = _mm_loadu_si32(rowB + o0 - 2);
+    const __m128i a1 = _mm_loadu_si32(rowA + o1 - 2), b1 = _mm_loadu_si32(rowB + o1 - 2);
+    const __m128i h  = _mm_unpacklo_epi64(_mm_unpacklo_epi32(a0, b0), _mm_unpacklo_epi32(a1, b1));
+    const __m512  f  = _mm512_castps256_ps512(_mm256_cvtph_ps(h));     // odd lanes: e0(A), e0(B), e1(A), e1(B)
+    *e0v = _mm512_permutexvar_ps(_mm512_setr_epi32(1,1,1,1,1,1,1,1, 3,3,3,3,3,3,3,3), f);
+    *e1v = _mm512_permutexvar_ps(_mm512_setr_epi32(5,5,5,5,5,5,5,5, 7,7,7,7,7,7,7,7), f);
+    return _mm512_cmpneq_epi32_mask(_mm512_castps_si512(*e0v), _mm512_castps_si512(*e1v));
+}
+
+// GEMV over one chunk for rows A and B (B may be A again, with its own cursor copy, for an odd last row).
+BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * rowA, const uint8_t * rowB,
+                                      uint64_t * curA, uint64_t * curB, int64_t b0, const int nbk, int64_t nb,
+                                      const bx_col_chunk * cc, const bx5_pair_chunk * pc, const int g128,
+                                      __m512 acc) {
     const size_t bb = g128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
-    int r = 0;
-#if BX5_GEMV_ROWS > 1
-    __m512i      isum_buf[BX_RT];    // exact sums of each row pair, float part deferred (see below)
-    bx_row_chunk dh_buf[BX_RT];
-    // several rows per pass: their decode chains (cursor -> window -> pdep -> mask -> dot) interleave
-    for (; r + BX5_GEMV_ROWS <= nrt; r += BX5_GEMV_ROWS) {
-        const uint8_t * row[BX5_GEMV_ROWS];
-        uint64_t        cur[BX5_GEMV_ROWS];
-        bx_row_chunk    rc[BX5_GEMV_ROWS];
-        __m512i         x[BX5_GEMV_ROWS][BX_CHUNK_G];
-#pragma GCC unroll 8
-        for (int i = 0; i < BX5_GEMV_ROWS; ++i) {
-            row[i] = w->blocks + (size_t)(r0 + r + i) * w->row_bytes + (size_t)g0 * bb;
-            cur[i] = cursor[r + i];
-        }
-#pragma GCC unroll 16
-        for (int g = 0; g < BX_CHUNK_G; ++g) {
-#pragma GCC unroll 8
-            for (int i = 0; i < BX5_GEMV_ROWS; ++i) {
-                const uint8_t * blk = row[i] + (size_t)g * bb;
-                if (g < ng) {
-                    bx5_codes t;
-                    bx5_decode_group(blk, w->pool, &cur[i], &t);
-                    rc[i].dh[BX_SLOT(g)] = bx_group_scale_bits(blk, g128);
-                    x[i][BX_SLOT(g)]     = bx5_dot_group(&t, q + 128*g);
-                } else {
-                    rc[i].dh[BX_SLOT(g)] = 0;
-                    x[i][BX_SLOT(g)]     = _mm512_setzero_si512();
-                }
-            }
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < BX5_GEMV_ROWS; ++i) {
-            cursor[r + i] = cur[i];
-            isum_buf[r + i] = _mm512_sub_epi32(bx5_tree16(x[i]), qsum);
-            dh_buf[r + i]   = rc[i];
-        }
+    const uint8_t * pool = w->pool;
+    uint64_t ca = *curA, cb = *curB;      // locals: the pointers may alias as far as the compiler knows
+    for (int j = 0; j < nbk; ++j) {
+        const int64_t b = b0 + j;
+        const int halves = 2*b + 1 < nb ? 2 : 1;
+        __m512i zA0, zA, zB0, zB;
+        bx5_block_dots(rowA + (size_t)(2*b) * bb, bb, halves, pool, &ca, cc->qs[j], &zA0, &zA);
+        bx5_block_dots(rowB + (size_t)(2*b) * bb, bb, halves, pool, &cb, cc->qs[j], &zB0, &zB);
+        __m512 e0v = _mm512_setzero_ps(), e1v = _mm512_setzero_ps();
+        __mmask16 split = 0;
+        if (g128) split = bx5_pair_scales(rowA, rowB, b, halves, &e0v, &e1v);
+        acc = bx5_block_float(zA0, zA, zB0, zB, pc->qsum2[j], pc->yd2[j], pc->dpt2[j], g128, e0v, e1v, split, acc);
     }
-    // float parts after all decodes of the tile: independent chains, no latency tail between decodes
-    // (2.18 vs 2.23 ticks per 32 weights)
-    for (int i = 0; i < r; ++i) {
-        __m256 de = _mm256_setzero_ps(), dodd = _mm256_setzero_ps();
-        if (g128) bx_chunk_scales(&dh_buf[i], &de, &dodd);
-        acc[i][0] = bx5_float_phase(isum_buf[i], de, dodd, yd, ng, g128, acc[i][0]);
-    }
-#endif
-    for (; r < nrt; ++r) {
-        const uint8_t * row = w->blocks + (size_t)(r0 + r) * w->row_bytes + (size_t)g0 * bb;
-        uint64_t cur = cursor[r];
-        bx_row_chunk rc;
-        __m512i x[BX_CHUNK_G];
-#pragma GCC unroll 16
-        for (int g = 0; g < BX_CHUNK_G; ++g) {
-            const uint8_t * blk = row + (size_t)g * bb;
-            if (g < ng) {
-                bx5_codes t;
-                bx5_decode_group(blk, w->pool, &cur, &t);
-                rc.dh[BX_SLOT(g)] = bx_group_scale_bits(blk, g128);
-                x[BX_SLOT(g)]     = bx5_dot_group(&t, q + 128*g);
-            } else {
-                rc.dh[BX_SLOT(g)] = 0;
-                x[BX_SLOT(g)]     = _mm512_setzero_si512();
-            }
-        }
-        cursor[r] = cur;
-        __m256 de = _mm256_setzero_ps(), dodd = _mm256_setzero_ps();
-        if (g128) bx_chunk_scales(&rc, &de, &dodd);
-        acc[r][0] = bx5_float_phase(_mm512_sub_epi32(bx5_tree16(x), qsum), de, dodd, yd, ng, g128, acc[r][0]);
-    }
+    *curA = ca;
+    *curB = cb;
+    return acc;
 }
 
 void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                       const bitcos_q8_K * const * y, int64_t nc, float * const * dst) {
     const int64_t nb   = w->k / BITCOS_QK;
+    const int64_t nby  = (nb + 1) / 2;
     const int     g128 = w->variant == BITCOS_VARIANT_G128;
     const size_t  bb   = g128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
-    _Alignas(64) uint8_t   qbuf[BX_CT][BX_CHUNK_K];
-    _Alignas(64) float     ydbuf[BX_CT][8];
-    _Alignas(64) __m512i   qsum[BX_CT];
-    _Alignas(64) bx5_codes tbuf[BX_CHUNK_G];
-    uint64_t cursor[BX_RT];
-    float    acc[BX_RT][BX_CT];
+    _Alignas(64) bx_col_chunk   cc[BX_CT];
+    _Alignas(64) bx5_pair_chunk pc[BX_CT / 2];
+    _Alignas(64) __m512         acc[BX_RT][BX_CT / 2];   // GEMV: acc[r/2][0] holds rows r, r+1
+    uint64_t cursor[BX_RT + 1];
     for (int64_t r0 = 0; r0 < nr; r0 += BX_RT) {
         const int nrt = (int)(nr - r0 < BX_RT ? nr - r0 : BX_RT);
         for (int64_t c0 = 0; c0 < nc; c0 += BX_CT) {
             const int nct = (int)(nc - c0 < BX_CT ? nc - c0 : BX_CT);
+            const int ncp = (nct + 1) / 2;                  // column pairs (an odd last column pairs with itself)
             for (int r = 0; r < nrt; ++r) {
                 cursor[r] = w->sign_pos[r0 + r];
-                for (int c = 0; c < nct; ++c) acc[r][c] = 0.0f;
+                for (int p = 0; p < BX_CT / 2; ++p) acc[r][p] = _mm512_setzero_ps();
             }
-            for (int64_t g0 = 0; g0 < nb; g0 += BX_CHUNK_G) {
-                const int ng = (int)(nb - g0 < BX_CHUNK_G ? nb - g0 : BX_CHUNK_G);
-                bx_stage_columns(y, c0, nct, g0, ng, 0, qbuf, ydbuf);
-                for (int c = 0; c < nct; ++c) qsum[c] = bx5_column_sums(qbuf[c]);
+            cursor[nrt] = cursor[nrt - 1];                  // the copy an odd last row pairs with
+            for (int64_t b0 = 0; b0 < nby; b0 += BX_CHUNK_B) {
+                const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
+                for (int c = 0; c < nct; ++c) bx_stage_column(y[c0 + c], b0, nbk, nb, w->scale, &cc[c]);
                 if (nct == 1) {
-                    // GEMV: decode straight into the dot products, no staging of the codes. Full chunks get
-                    // their own instantiation (ng constant: no per-group test in the unrolled loop).
-                    if (ng == BX_CHUNK_G) {
-                        if (g128) bx5_gemv_rows(w, r0, nrt, g0, BX_CHUNK_G, qbuf[0], qsum[0], ydbuf[0], 1, cursor, acc);
-                        else      bx5_gemv_rows(w, r0, nrt, g0, BX_CHUNK_G, qbuf[0], qsum[0], ydbuf[0], 0, cursor, acc);
-                    } else {
-                        if (g128) bx5_gemv_rows(w, r0, nrt, g0, ng, qbuf[0], qsum[0], ydbuf[0], 1, cursor, acc);
-                        else      bx5_gemv_rows(w, r0, nrt, g0, ng, qbuf[0], qsum[0], ydbuf[0], 0, cursor, acc);
+                    // GEMV: two rows per pass, their decode chains interleave; one zmm holds both accumulators.
+                    // Full chunks and G128/PT get their own instantiations (constant trip count and variant).
+                    bx5_stage_pair(&cc[0], &cc[0], nbk, &pc[0]);
+                    for (int r = 0; r < nrt; r += 2) {
+                        const int rb = r + 1 < nrt ? r + 1 : r;
+                        const uint8_t * rowA = w->blocks + (size_t)(r0 + r) * w->row_bytes;
+                        const uint8_t * rowB = w->blocks + (size_t)(r0 + rb) * w->row_bytes;
+                        uint64_t * curB = r + 1 < nrt ? &cursor[r + 1] : &cursor[nrt];
+                        __m512 a = acc[r / 2][0];
+                        if (nbk == BX_CHUNK_B) {
+                            if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[0], &pc[0], 1, a);
+                            else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[0], &pc[0], 0, a);
+                        } else {
+                            if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[0], &pc[0], 1, a);
+                            else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[0], &pc[0], 0, a);
+                        }
+                        acc[r / 2][0] = a;
                     }
                     continue;
                 }
+                for (int p = 0; p < ncp; ++p) {
+                    const int cb = 2*p + 1 < nct ? 2*p + 1 : 2*p;
+                    bx5_stage_pair(&cc[2*p], &cc[cb], nbk, &pc[p]);
+                }
                 for (int r = 0; r < nrt; ++r) {
-                    const uint8_t * row = w->blocks + (size_t)(r0 + r) * w->row_bytes + (size_t)g0 * bb;
-                    bx_row_chunk rc;
-                    for (int g = 0; g < BX_CHUNK_G; ++g) {
-                        const int s = BX_SLOT(g);
-                        if (g < ng) {
-                            const uint8_t * blk = row + (size_t)g * bb;
-                            bx5_decode_group(blk, w->pool, &cursor[r], &tbuf[g]);
-                            rc.dh[s] = bx_group_scale_bits(blk, g128);
-                        } else {
-                            rc.dh[s] = 0;
+                    // each block of the row is decoded once, then serves every column pair of the tile
+                    const uint8_t * row = w->blocks + (size_t)(r0 + r) * w->row_bytes;
+                    for (int j = 0; j < nbk; ++j) {
+                        const int64_t b = b0 + j;
+                        const int halves = 2*b + 1 < nb ? 2 : 1;
+                        const uint8_t * blk = row + (size_t)(2*b) * bb;
+                        __m512i u[4];
+                        u[0] = bx5_codes64(blk,     w->pool, &cursor[r]);
+                        u[1] = bx5_codes64(blk + 8, w->pool, &cursor[r]);
+                        u[2] = u[3] = _mm512_setzero_si512();
+                        if (halves == 2) {
+                            u[2] = bx5_codes64(blk + bb,     w->pool, &cursor[r]);
+                            u[3] = bx5_codes64(blk + bb + 8, w->pool, &cursor[r]);
                         }
-                    }
-                    __m256 de = _mm256_setzero_ps(), dodd = _mm256_setzero_ps();
-                    if (g128) bx_chunk_scales(&rc, &de, &dodd);
-                    for (int c = 0; c < nct; ++c) {
-                        __m512i x[BX_CHUNK_G];
-                        for (int g = 0; g < BX_CHUNK_G; ++g) {
-                            x[BX_SLOT(g)] = g < ng ? bx5_dot_group(&tbuf[g], qbuf[c] + 128*g) : _mm512_setzero_si512();
+                        __m512 e0v = _mm512_setzero_ps(), e1v = _mm512_setzero_ps();
+                        __mmask16 split = 0;
+                        if (g128) split = bx5_pair_scales(row, row, b, halves, &e0v, &e1v);
+                        for (int p = 0; p < ncp; ++p) {
+                            const int cb = 2*p + 1 < nct ? 2*p + 1 : 2*p;
+                            __m512i zA0, zA, zB0, zB;
+                            bx5_block_dots_u(u, halves, cc[2*p].qs[j], &zA0, &zA);
+                            bx5_block_dots_u(u, halves, cc[cb].qs[j], &zB0, &zB);
+                            acc[r][p] = bx5_block_float(zA0, zA, zB0, zB, pc[p].qsum2[j], pc[p].yd2[j], pc[p].dpt2[j],
+                                                        g128, e0v, e1v, split, acc[r][p]);
                         }
-                        acc[r][c] = bx5_float_phase(_mm512_sub_epi32(bx5_tree16(x), qsum[c]), de, dodd, ydbuf[c],
-                                                    ng, g128, acc[r][c]);
                     }
                 }
             }
-            for (int r = 0; r < nrt; ++r) {
-                for (int c = 0; c < nct; ++c) {
-                    dst[c0 + c][r0 + r] = g128 ? acc[r][c] : acc[r][c] * w->scale;
+            if (nct == 1) {
+                for (int r = 0; r < nrt; r += 2) {
+                    bx5_store_pair(acc[r / 2][0], &dst[c0][r0 + r], r + 1 < nrt ? &dst[c0][r0 + r + 1] : NULL);
+                }
+            } else {
+                for (int r = 0; r < nrt; ++r) {
+                    for (int p = 0; p < ncp; ++p) {
+                        bx5_store_pair(acc[r][p], &dst[c0 + 2*p][r0 + r], 2*p + 1 < nct ? &dst[c0 + 2*p + 1][r0 + r] : NULL);
+                    }
                 }
             }
         }

@@ -6,7 +6,7 @@ calls (Python never sits inside the timed region); the table shows the median ov
 rdtsc counts reference cycles at the constant TSC frequency, which equals core cycles only when the core
 runs at its nominal clock (see docs/KERNELS.md).
 
-    ggml-bitcos bench kernels [--rows 16] [--k 2048] [--nc 1,4,16] [--z 0,0.4,0.95] [--variant g128]
+    ggml-bitcos bench kernels [--rows 16] [--k 2048] [--nc 1,4,16] [--z 0,0.4,0.95] [--variant g128] [--no-fma]
     python -m ggml_bitcos.kbench ...
 """
 
@@ -44,8 +44,11 @@ def _ints(text: str) -> list[int]:
 
 
 def measure(impls: list[str], variant: int, rows: int, k: int, ncs: list[int], zs: list[float], reps: int,
-            seed: int = 0) -> list[KernelTiming]:
-    """Times every (z, nc, impl) on the same random matrix and activations per (z, nc)."""
+            seed: int = 0, fma: bool = True) -> list[KernelTiming]:
+    """Times every (z, nc, impl) on the same random matrix and activations per (z, nc).
+
+    G128 block scales are random, so nearly every Q8_K block has two different half scales (the contract's
+    two-FMA case); a G128 tensor converted from TQ2_0 has equal halves and runs slightly faster."""
     rng = np.random.default_rng(seed)
     vname = "g128" if variant == K.VARIANT_G128 else "pt"
     out: list[KernelTiming] = []
@@ -56,16 +59,34 @@ def measure(impls: list[str], variant: int, rows: int, k: int, ncs: list[int], z
         for nc in ncs:
             y = K.random_q8k(rng, nc, k)
             units = rows * k * nc / 32.0
-            reference = K.mm("generic", w, y)
+            reference = K.mm("generic", w, y, fma)
             for impl in impls:
-                if impl != "generic" and not np.array_equal(K.mm(impl, w, y).view(np.uint32),
+                if impl != "generic" and not np.array_equal(K.mm(impl, w, y, fma).view(np.uint32),
                                                             reference.view(np.uint32)):
                     raise RuntimeError(f"{impl} differs from generic (z={z}, nc={nc}): not timing a wrong kernel")
                 # fewer repeats for the slow scalar kernel keep the whole table under a few seconds
                 n = max(5, reps // 10) if impl == "generic" else reps
-                ticks = K.time_mm(impl, w, y, n).astype(np.float64)
+                ticks = K.time_mm(impl, w, y, n, fma).astype(np.float64)
                 out.append(KernelTiming(impl, vname, rows, k, nc, z, float(np.median(ticks) / units),
                                         float(ticks.min() / units)))
+    return out
+
+
+def best_impl(fma: bool = True) -> str:
+    """The fastest implementation this CPU can run from the harness library."""
+    return next(i for i in ("avx512", "avx2", "generic") if K.available(i, fma))
+
+
+def gamma_l1(rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400) -> dict[str, float]:
+    """Kernel cost gamma for the roofline (ggml_bitcos.bench): TSC ticks per 32 weights, L1-resident
+    (rows x k, default 16 x 2048), one column (GEMV), single thread, zero density z, best implementation,
+    minimum over `reps` calls. Keys "bitcos_pt" and "bitcos_g128". Raises KernelLibraryNotFound when the
+    harness library is not built."""
+    impl = best_impl()
+    out: dict[str, float] = {}
+    for name, variant in (("bitcos_pt", K.VARIANT_PT), ("bitcos_g128", K.VARIANT_G128)):
+        (t,) = measure([impl], variant, rows, k, [1], [z], reps)
+        out[name] = t.cycles_per_32_min
     return out
 
 
@@ -97,11 +118,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="statistic over the repeats shown in the table (min is robust to other processes "
                         "sharing the core; default median)")
     p.add_argument("--json", action="store_true", help="print JSON records (median and min) instead of the table")
+    p.add_argument("--no-fma", action="store_true",
+                   help="time the BITCOS_FMA=0 build (multiply, then add) instead of the fused one")
 
 
 def run(args: argparse.Namespace) -> int:
+    fma = not args.no_fma
     try:
-        K.load_library()
+        K.load_library(fma)
     except K.KernelLibraryNotFound as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -113,17 +137,17 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"error: unknown kernel(s) {unknown}; choose from {list(K.IMPLS)}", file=sys.stderr)
         return 2
-    impls = [i for i in wanted if K.available(i)]
+    impls = [i for i in wanted if K.available(i, fma)]
     skipped = [i for i in wanted if i not in impls]
     variant = K.VARIANT_G128 if args.variant == "g128" else K.VARIANT_PT
-    timings = measure(impls, variant, args.rows, args.k, args.nc, args.z, args.reps)
+    timings = measure(impls, variant, args.rows, args.k, args.nc, args.z, args.reps, fma=fma)
     if args.json:
         print(json.dumps([asdict(t) for t in timings], indent=1))
         return 0
     print(f"BITCOS kernels, {args.variant.upper()}, {args.rows} rows x {args.k} weights, "
           f"TSC ticks per 32 weights per column ({args.stat} of {args.reps} calls; generic "
-          f"{max(5, args.reps // 10)})")
-    print(f"library: {K.library_path()}  cpu: {platform.processor() or platform.machine()}")
+          f"{max(5, args.reps // 10)}), BITCOS_FMA={int(fma)}")
+    print(f"library: {K.library_path(fma)}  cpu: {platform.processor() or platform.machine()}")
     if skipped:
         print(f"not available on this CPU/library: {', '.join(skipped)}")
     print(format_table(timings, impls, args.stat))

@@ -1,8 +1,11 @@
 """ctypes binding to the standalone kernel harness ``libbitcos_kernels.so`` (root CMakeLists.txt).
 
-The library holds the generic, AVX2 and AVX-512 BITCOS kernels of ``csrc/`` side by side. It is found, in
-this order, at ``$BITCOS_KERNELS_LIB``, in the installed package (``ggml_bitcos/lib/``, put there by
-``pip install .``), or in a checkout's ``build/kernels/`` after
+The library holds the generic, AVX2 and AVX-512 BITCOS kernels of ``csrc/`` side by side. It comes in two
+builds, one per form of the contract's FMA: ``libbitcos_kernels.so`` (``BITCOS_FMA=1``, fused, as GCC builds
+llama.cpp's TQ2_0 kernel for x86 with FMA) and ``libbitcos_kernels_nofma.so`` (``BITCOS_FMA=0``); every
+function here takes ``fma=True`` / ``fma=False`` to choose. A library is found, in this order, at
+``$BITCOS_KERNELS_LIB`` (FMA build) / ``$BITCOS_KERNELS_NOFMA_LIB``, in the installed package
+(``ggml_bitcos/lib/``, put there by ``pip install .``), or in a checkout's ``build/kernels/`` after
 
     cmake -S . -B build/kernels -DCMAKE_BUILD_TYPE=Release && cmake --build build/kernels
 
@@ -37,40 +40,48 @@ _IMPL_IDS: Final = {name: i for i, name in enumerate(IMPLS)}
 Q8K_DTYPE: Final = np.dtype([("d", "<f4"), ("qs", "i1", (QK_K,)), ("bsums", "<i2", (16,))])
 assert Q8K_DTYPE.itemsize == 292
 
-_LIB_NAME: Final = "libbitcos_kernels.so"
+_LIB_NAMES: Final = {True: "libbitcos_kernels.so", False: "libbitcos_kernels_nofma.so"}
+_LIB_ENV: Final = {True: "BITCOS_KERNELS_LIB", False: "BITCOS_KERNELS_NOFMA_LIB"}
 
 
 class KernelLibraryNotFound(RuntimeError):
-    """libbitcos_kernels.so is neither installed nor built in the checkout."""
+    """The harness library is neither installed nor built in the checkout."""
 
 
-def library_candidates() -> list[Path]:
-    """Places searched for the harness library, in order."""
+def library_candidates(fma: bool = True) -> list[Path]:
+    """Places searched for the harness library of the given FMA form, in order."""
     here = Path(__file__).resolve().parent
+    name = _LIB_NAMES[fma]
     cands: list[Path] = []
-    env = os.environ.get("BITCOS_KERNELS_LIB")
+    env = os.environ.get(_LIB_ENV[fma])
     if env:
         cands.append(Path(env))
     # the package directory; an editable install (pip install -e .) adds the site-packages copy holding lib/
     # as a second entry of the package __path__
     pkg_dirs = [here] + [Path(p) for p in getattr(sys.modules.get(__package__ or ""), "__path__", [])]
     for d in dict.fromkeys(pkg_dirs):
-        cands.append(d / "lib" / _LIB_NAME)
-    cands.append(here.parent / "build" / "kernels" / _LIB_NAME)
+        cands.append(d / "lib" / name)
+    cands.append(here.parent / "build" / "kernels" / name)
     return cands
 
 
-@functools.lru_cache(maxsize=1)
-def load_library() -> ctypes.CDLL:
-    """Loads the harness library (cached); raises KernelLibraryNotFound with the build command if absent."""
-    for path in library_candidates():
+@functools.lru_cache(maxsize=2)
+def load_library(fma: bool = True) -> ctypes.CDLL:
+    """Loads the harness library of the given FMA form (cached); raises KernelLibraryNotFound with the build
+    command if absent."""
+    fma = bool(fma)
+    stale: list[str] = []
+    for path in library_candidates(fma):
         if path.is_file():
             lib = ctypes.CDLL(str(path))
-            break
+            if hasattr(lib, "bitcos_h_fma"):
+                break
+            stale.append(str(path))        # a build from before the two FMA forms (contract v1): skip it
     else:
-        searched = ", ".join(str(p) for p in library_candidates())
+        searched = ", ".join(str(p) for p in library_candidates(fma))
         raise KernelLibraryNotFound(
-            f"{_LIB_NAME} not found (searched {searched}); build it with "
+            f"{_LIB_NAMES[fma]} not found (searched {searched}"
+            + (f"; outdated builds skipped: {', '.join(stale)}" if stale else "") + "); build it with "
             "`cmake -S . -B build/kernels -DCMAKE_BUILD_TYPE=Release && cmake --build build/kernels` "
             "in the repository, or `pip install .`")
     vp, i64, i32, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
@@ -83,19 +94,23 @@ def load_library() -> ctypes.CDLL:
     lib.bitcos_h_time.restype = i32
     lib.bitcos_h_q8k_size.argtypes = []
     lib.bitcos_h_q8k_size.restype = sz
+    lib.bitcos_h_fma.argtypes = []
+    lib.bitcos_h_fma.restype = i32
     if lib.bitcos_h_q8k_size() != Q8K_DTYPE.itemsize:
         raise RuntimeError("block_q8_K size mismatch between the library and Q8K_DTYPE")
+    if bool(lib.bitcos_h_fma()) != fma:
+        raise RuntimeError(f"{path} was built with BITCOS_FMA={lib.bitcos_h_fma()}, expected {int(fma)}")
     return lib
 
 
-def library_path() -> Path | None:
-    """Path of the library that load_library() would use, or None."""
-    return next((p for p in library_candidates() if p.is_file()), None)
+def library_path(fma: bool = True) -> Path | None:
+    """Path of the library that load_library(fma) would use, or None."""
+    return next((p for p in library_candidates(fma) if p.is_file()), None)
 
 
-def available(impl: str) -> bool:
+def available(impl: str, fma: bool = True) -> bool:
     """True when `impl` is compiled into the library and this CPU can run it."""
-    return bool(load_library().bitcos_h_available(_IMPL_IDS[impl]))
+    return bool(load_library(fma).bitcos_h_available(_IMPL_IDS[impl]))
 
 
 @dataclass(frozen=True)
@@ -192,9 +207,9 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def mm(impl: str, w: BitcosRows, y: np.ndarray) -> np.ndarray:
-    """dst (nc, nr) float32 from kernel `impl` (raises if unavailable)."""
-    lib = load_library()
+def mm(impl: str, w: BitcosRows, y: np.ndarray, fma: bool = True) -> np.ndarray:
+    """dst (nc, nr) float32 from kernel `impl` of the given FMA form (raises if unavailable)."""
+    lib = load_library(fma)
     y = _q8k_array(y, w.k)
     nc = y.shape[0]
     dst = np.full((nc, w.nr), np.nan, dtype=np.float32)
@@ -205,9 +220,9 @@ def mm(impl: str, w: BitcosRows, y: np.ndarray) -> np.ndarray:
     return dst
 
 
-def time_mm(impl: str, w: BitcosRows, y: np.ndarray, reps: int) -> np.ndarray:
+def time_mm(impl: str, w: BitcosRows, y: np.ndarray, reps: int, fma: bool = True) -> np.ndarray:
     """TSC ticks of `reps` back-to-back kernel calls (timed in C after one warm-up call)."""
-    lib = load_library()
+    lib = load_library(fma)
     y = _q8k_array(y, w.k)
     nc = y.shape[0]
     dst = np.empty((nc, w.nr), dtype=np.float32)
@@ -219,31 +234,94 @@ def time_mm(impl: str, w: BitcosRows, y: np.ndarray, reps: int) -> np.ndarray:
     return ticks
 
 
-def reference_mm(codes: np.ndarray, variant: int, y: np.ndarray, *, block_scales: np.ndarray | None = None,
-                 scale: float = 1.0) -> np.ndarray:
-    """Independent numpy evaluation of the kernel contract from the plain codes: dst (nc, nr) float32.
+def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Correctly rounded float32 fused multiply-add a * b + c, elementwise (numpy has none).
 
-    Integer sums in int64 (exact), then every fp32 operation of bitcos-kernels.h in its order, vectorised
-    over rows and columns (each numpy float32 op is one IEEE operation per element, never fused).
+    The float64 product of two float32 is exact; TwoSum gives the float64 sum s and its exact error e; the
+    sum is then rounded to odd (when e != 0 and s has an even significand, step s one ulp towards e), and
+    rounding a round-to-odd float64 (53 >= 24 + 2 bits) to float32 is the correctly rounded result. A plain
+    float64 a*b + c rounded to float32 would round twice and be wrong in rare halfway cases.
+    """
+    a64 = np.asarray(a, dtype=np.float32).astype(np.float64)
+    b64 = np.asarray(b, dtype=np.float32).astype(np.float64)
+    c64 = np.asarray(c, dtype=np.float32).astype(np.float64)
+    p = a64 * b64
+    s = p + c64
+    bv = s - p
+    e = (p - (s - bv)) + (c64 - bv)
+    bits = np.ascontiguousarray(s).view(np.int64)
+    fix = (e != 0) & ((bits & 1) == 0)
+    toward_larger_magnitude = (e > 0) == (s > 0)
+    bits = np.where(fix, np.where(toward_larger_magnitude, bits + 1, bits - 1), bits)
+    return bits.view(np.float64).astype(np.float32)
+
+
+def _contract_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, fma: bool) -> np.ndarray:
+    """The contract's FMA(a, b, c): fused, or a float32 product then a float32 sum."""
+    if fma:
+        return fma_f32(a, b, c)
+    return (np.asarray(a, dtype=np.float32) * np.asarray(b, dtype=np.float32)) + np.asarray(c, dtype=np.float32)
+
+
+def reference_lanes(codes: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Exact lane sums L[c, r, b, h, l] of the contract (bitcos-kernels.h) in int64.
+
+    codes int (nr, k), q int (nc, k) (the activations of the matrix's k positions). Positions are padded
+    with t = 0, q = 0 to whole Q8_K blocks; half h of block b is positions 256b + 128h .. +127.
+    """
+    codes = np.asarray(codes, dtype=np.int64)
+    nr, k = codes.shape
+    nc = q.shape[0]
+    nby = -(-k // QK_K)
+    tp = np.zeros((nr, nby * QK_K), dtype=np.int64)
+    tp[:, :k] = codes + 1
+    tp[:, k:] = 0                       # absent positions: t = 0 and q = 0, so (t + 1) * q = 0 either way
+    qp = np.zeros((nc, nby * QK_K), dtype=np.int64)
+    qp[:, :k] = q
+    # position j of half h: 32-chunk x = (j % 128) // 32, lane l = (j % 32) // 4, byte y = j % 4
+    t6 = tp.reshape(nr, nby, 2, 4, 8, 4)
+    q6 = qp.reshape(nc, nby, 2, 4, 8, 4)
+    lanes = np.einsum("rbhxly,cbhxly->crbhl", t6, q6)                 # sum (t + 1) * q by lane
+    chunk = q6.sum(axis=(4, 5))                                         # (nc, nby, 2, 4): 32-position sums
+    for h in range(2):
+        lanes[:, :, :, h, 4*h:4*h + 4] -= chunk[:, None, :, h, :]
+    return lanes
+
+
+def reference_mm(codes: np.ndarray, variant: int, y: np.ndarray, *, block_scales: np.ndarray | None = None,
+                 scale: float = 1.0, fma: bool = True) -> np.ndarray:
+    """Independent numpy evaluation of the kernel contract v2 from the plain codes: dst (nc, nr) float32.
+
+    Integer lane sums in int64 (exact), then every fp32 operation of bitcos-kernels.h in its order,
+    vectorised over rows, columns and lanes (each numpy float32 op is one IEEE operation per element, never
+    fused; the fused form uses fma_f32).
     """
     codes = np.asarray(codes, dtype=np.int64)
     nr, k = codes.shape
     nb = k // QK
+    nby = -(-k // QK_K)
     y = _q8k_array(y, k)
     nc = y.shape[0]
-    q = y["qs"].reshape(nc, -1)[:, :k].astype(np.int64)                          # (nc, k)
-    isum = np.einsum("rgj,cgj->crg", codes.reshape(nr, nb, QK), q.reshape(nc, nb, QK))  # (nc, nr, nb)
-    yd = y["d"].astype(np.float32)                                                 # (nc, nby)
-    acc = np.zeros((nc, nr), dtype=np.float32)
+    q = y["qs"].reshape(nc, -1)[:, :k].astype(np.int64)
+    lanes = reference_lanes(codes, q)                                    # (nc, nr, nby, 2, 8)
+    yd = y["d"].astype(np.float32)                                       # (nc, nby)
+    acc = np.zeros((nc, nr, 8), dtype=np.float32)
     if variant == VARIANT_G128:
-        d = np.asarray(block_scales, dtype=np.float16).astype(np.float32).reshape(nr, nb)
-        for b in range((nb + 1) // 2):
-            part = isum[:, :, 2*b].astype(np.float32) * d[None, :, 2*b]
-            if 2*b + 1 < nb:
-                part = part + isum[:, :, 2*b + 1].astype(np.float32) * d[None, :, 2*b + 1]
-            acc = acc + yd[:, b, None] * part
-        return acc
-    for b in range((nb + 1) // 2):
-        pair = isum[:, :, 2*b] + (isum[:, :, 2*b + 1] if 2*b + 1 < nb else 0)
-        acc = acc + yd[:, b, None] * pair.astype(np.float32)
-    return acc * np.float32(scale)
+        e = np.ascontiguousarray(np.asarray(block_scales, dtype="<f2").reshape(nr, nb))
+    for b in range(nby):
+        both = (lanes[:, :, b, 0] + lanes[:, :, b, 1]).astype(np.float32)        # exact: |L| < 2^24
+        if variant == VARIANT_PT:
+            d = (yd[:, b] * np.float32(scale)).astype(np.float32)
+            acc = _contract_fma(both, d[:, None, None], acc, fma)
+            continue
+        e0 = e[:, 2*b]
+        e1 = e[:, 2*b + 1] if 2*b + 1 < nb else e0
+        same = e0.view(np.uint16) == e1.view(np.uint16)                          # (nr,)
+        d0 = (yd[:, b, None] * e0.astype(np.float32)[None, :]).astype(np.float32)   # (nc, nr)
+        d1 = (yd[:, b, None] * e1.astype(np.float32)[None, :]).astype(np.float32)
+        joint = _contract_fma(both, d0[..., None], acc, fma)
+        split = _contract_fma(lanes[:, :, b, 0].astype(np.float32), d0[..., None], acc, fma)
+        split = _contract_fma(lanes[:, :, b, 1].astype(np.float32), d1[..., None], split, fma)
+        acc = np.where(same[None, :, None], joint, split)
+    a = acc
+    return ((a[..., 0] + a[..., 4]) + (a[..., 2] + a[..., 6])) + ((a[..., 1] + a[..., 5]) + (a[..., 3] + a[..., 7]))

@@ -1,7 +1,9 @@
 """BITCOS CPU kernels (csrc/): AVX2 and AVX-512 bit-identical to the generic C kernel, and the generic kernel
-bit-identical to an independent numpy evaluation of the contract in csrc/bitcos-kernels.h.
+bit-identical to an independent numpy evaluation of the arithmetic contract v2 in csrc/bitcos-kernels.h,
+for both forms of the contract's FMA (libbitcos_kernels.so: BITCOS_FMA=1, libbitcos_kernels_nofma.so:
+BITCOS_FMA=0).
 
-Needs libbitcos_kernels.so; when neither installed nor built, the fixture builds it with cmake into
+Needs the harness libraries; when neither installed nor built, the fixture builds them with cmake into
 build/kernels (as docs/KERNELS.md describes) or skips. A SIMD path is skipped when /proc/cpuinfo lacks its
 extensions. The AVX2 path tested here is the x86-64-v3 object (compiled with AVX-512 off).
 """
@@ -24,6 +26,8 @@ KS = (128, 384, 2048, 4096 + 128)
 NRS = (1, 2, 3, 5, 17)
 NCS = (1, 2, 5, 16)
 VARIANTS = (K.VARIANT_G128, K.VARIANT_PT)
+FMAS = (True, False)
+FMA_IDS = ("fma", "nofma")
 
 # Extensions each harness object was compiled for (CMakeLists.txt); a CPU missing one skips the path.
 CPU_FLAGS_NEEDED = {
@@ -44,10 +48,12 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-@pytest.fixture(scope="session")
-def lib() -> object:
+def build_and_load() -> object:
+    """Both harness libraries (FMA and no-FMA), built into build/kernels with cmake when neither installed
+    nor built; skips the calling test when that is impossible. Returns the FMA library."""
     try:
-        return K.load_library()
+        K.load_library(False)
+        return K.load_library(True)
     except K.KernelLibraryNotFound:
         pass
     if shutil.which("cmake") is None:
@@ -57,7 +63,13 @@ def lib() -> object:
                    capture_output=True)
     subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
     K.load_library.cache_clear()
-    return K.load_library()
+    K.load_library(False)
+    return K.load_library(True)
+
+
+@pytest.fixture(scope="session")
+def lib() -> object:
+    return build_and_load()
 
 
 def simd_impls() -> list[str]:
@@ -65,12 +77,12 @@ def simd_impls() -> list[str]:
     return [impl for impl, need in CPU_FLAGS_NEEDED.items() if need <= flags]
 
 
-def require(impl: str) -> None:
+def require(impl: str, fma: bool = True) -> None:
     need = CPU_FLAGS_NEEDED.get(impl, set())
     missing = need - cpu_flags()
     if missing:
         pytest.skip(f"CPU lacks {sorted(missing)} for {impl}")
-    if not K.available(impl):
+    if not K.available(impl, fma):
         pytest.skip(f"{impl} not compiled into the harness library")
 
 
@@ -78,13 +90,26 @@ def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
+def random_block_scales(rng: np.random.Generator, nr: int, k: int) -> np.ndarray:
+    """fp16 G128 scales where about half of the Q8_K blocks have two equal half scales (as every block of a
+    tensor converted from TQ2_0: one FMA per lane in the contract) and the others two different ones (two
+    FMAs), so both cases and their mixture inside one row pair / column pair are exercised."""
+    ds = rng.uniform(0.0, 2.0, size=(nr, k // K.QK)).astype(np.float16)
+    odd = ds[:, 1::2]
+    same = rng.random(odd.shape) < 0.5
+    ds[:, 1::2] = np.where(same, ds[:, 0::2][:, :odd.shape[1]], odd)
+    return ds
+
+
 def make_case(seed: int, variant: int, z: float, k: int, nr: int, nc: int):
     rng = np.random.default_rng(seed)
     codes = K.random_codes(rng, nr, k, z)
-    block_scales = rng.uniform(0.0, 2.0, size=(nr, k // K.QK)).astype(np.float16)
+    block_scales = random_block_scales(rng, nr, k)
     scale = float(rng.uniform(0.05, 3.0))
     w = K.encode_rows(codes, variant, block_scales=block_scales, scale=scale)
     y = K.random_q8k(rng, nc, k)
+    # ggml's Q8_K scale carries the sign of the block's largest |x|: negative scales occur
+    y["d"] *= np.where(rng.random(y["d"].shape) < 0.3, -1.0, 1.0).astype(np.float32)
     return codes, block_scales, scale, w, y
 
 
@@ -92,30 +117,32 @@ def case_seed(variant: int, z: float, k: int, nr: int, nc: int) -> int:
     return (variant * 1_000_003 + int(z * 1000) * 10_007 + k * 101 + nr * 17 + nc) & 0x7FFFFFFF
 
 
+@pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("z", ZERO_DENSITIES)
 @pytest.mark.parametrize("variant", VARIANTS, ids=("g128", "pt"))
-def test_generic_matches_numpy_reference(lib, variant: int, z: float, k: int) -> None:
+def test_generic_matches_numpy_reference(lib, variant: int, z: float, k: int, fma: bool) -> None:
     for nr in NRS:
         for nc in NCS:
             codes, ds, scale, w, y = make_case(case_seed(variant, z, k, nr, nc), variant, z, k, nr, nc)
-            ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=scale)
-            out = K.mm("generic", w, y)
+            ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=scale, fma=fma)
+            out = K.mm("generic", w, y, fma)
             assert out.shape == (nc, nr)
             np.testing.assert_array_equal(bits(out), bits(ref), err_msg=f"nr={nr} nc={nc}")
 
 
+@pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
 @pytest.mark.parametrize("impl", ("avx2", "avx512"))
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("z", ZERO_DENSITIES)
 @pytest.mark.parametrize("variant", VARIANTS, ids=("g128", "pt"))
-def test_simd_bit_identical_to_generic(lib, impl: str, variant: int, z: float, k: int) -> None:
-    require(impl)
+def test_simd_bit_identical_to_generic(lib, impl: str, variant: int, z: float, k: int, fma: bool) -> None:
+    require(impl, fma)
     for nr in NRS:
         for nc in NCS:
             _, _, _, w, y = make_case(case_seed(variant, z, k, nr, nc) ^ 0x5A5A, variant, z, k, nr, nc)
-            want = K.mm("generic", w, y)
-            got = K.mm(impl, w, y)
+            want = K.mm("generic", w, y, fma)
+            got = K.mm(impl, w, y, fma)
             np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{impl} nr={nr} nc={nc}")
 
 
@@ -123,43 +150,46 @@ def test_simd_bit_identical_to_generic(lib, impl: str, variant: int, z: float, k
 TILE_SHAPES = [(33, 9, 2048 * 2 + 384), (32, 8, 2048), (64, 17, 2048 + 128), (40, 3, 6144), (7, 1, 2048 * 3)]
 
 
+@pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
 @pytest.mark.parametrize("impl", ("generic", "avx2", "avx512"))
 @pytest.mark.parametrize("shape", TILE_SHAPES, ids=lambda s: f"nr{s[0]}-nc{s[1]}-k{s[2]}")
 @pytest.mark.parametrize("variant", VARIANTS, ids=("g128", "pt"))
-def test_tile_edges_against_reference(lib, impl: str, variant: int, shape: tuple[int, int, int]) -> None:
+def test_tile_edges_against_reference(lib, impl: str, variant: int, shape: tuple[int, int, int], fma: bool) -> None:
     if impl != "generic":
-        require(impl)
+        require(impl, fma)
     nr, nc, k = shape
     for z in (0.0, 0.4, 1.0):
         codes, ds, scale, w, y = make_case(case_seed(variant, z, k, nr, nc) + 7, variant, z, k, nr, nc)
-        ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=scale)
-        np.testing.assert_array_equal(bits(K.mm(impl, w, y)), bits(ref), err_msg=f"z={z}")
+        ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=scale, fma=fma)
+        np.testing.assert_array_equal(bits(K.mm(impl, w, y, fma)), bits(ref), err_msg=f"z={z}")
 
 
+@pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
 @pytest.mark.parametrize("impl", ("generic", "avx2", "avx512"))
-def test_rows_starting_mid_tensor(lib, impl: str) -> None:
+def test_rows_starting_mid_tensor(lib, impl: str, fma: bool) -> None:
     """A run of rows whose first sign is not at pool bit 0 (how ggml threads split a matrix)."""
     if impl != "generic":
-        require(impl)
+        require(impl, fma)
     rng = np.random.default_rng(11)
     nr, k, nc = 23, 2048 + 384, 3
     codes = K.random_codes(rng, nr, k, 0.37)
-    ds = rng.uniform(0.0, 2.0, size=(nr, k // K.QK)).astype(np.float16)
+    ds = random_block_scales(rng, nr, k)
     w = K.encode_rows(codes, K.VARIANT_G128, block_scales=ds)
     y = K.random_q8k(rng, nc, k)
-    ref = K.reference_mm(codes, K.VARIANT_G128, y, block_scales=ds)
+    ref = K.reference_mm(codes, K.VARIANT_G128, y, block_scales=ds, fma=fma)
     for lo, hi in ((5, 23), (1, 2), (9, 20)):
         # same pool, blocks from row lo on: pointer arithmetic exactly as a ggml thread would do it
         part = K.BitcosRows(w.variant, k, w.blocks[lo:hi], w.pool, w.sign_pos[lo:hi])
-        np.testing.assert_array_equal(bits(K.mm(impl, part, y)), bits(ref[:, lo:hi]))
+        np.testing.assert_array_equal(bits(K.mm(impl, part, y, fma)), bits(ref[:, lo:hi]))
 
 
+@pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
 @pytest.mark.parametrize("impl", ("generic", "avx2", "avx512"))
-def test_extreme_values(lib, impl: str) -> None:
+def test_extreme_values(lib, impl: str, fma: bool) -> None:
     """int8 -128 / 127 activations against all -1 / +1 codes (q + 128 and -q overflow traps), large and
-    subnormal fp16 block scales."""
+    subnormal fp16 block scales, negative Q8_K scales."""
     if impl != "generic":
-        require(impl)
+        require(impl, fma)
     k, nr = 2048 + 128, 4
     codes = np.empty((nr, k), dtype=np.int8)
     codes[0] = -1
@@ -174,10 +204,11 @@ def test_extreme_values(lib, impl: str) -> None:
     y["qs"][1] = 127
     y["qs"][2] = np.where(np.arange(256) % 2 == 0, -128, 127).astype(np.int8)
     y["d"] = np.float32(1.5e-3)
+    y["d"][:, 1::2] = np.float32(-2.5e-3)
     for variant in VARIANTS:
         w = K.encode_rows(codes, variant, block_scales=ds, scale=0.75)
-        ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=0.75)
-        np.testing.assert_array_equal(bits(K.mm(impl, w, y)), bits(ref))
+        ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=0.75, fma=fma)
+        np.testing.assert_array_equal(bits(K.mm(impl, w, y, fma)), bits(ref))
 
 
 def test_reference_detects_a_single_flipped_sign(lib) -> None:
@@ -219,7 +250,8 @@ def test_quantize_q8k_round_trip() -> None:
     np.testing.assert_array_equal(y["bsums"], y["qs"].reshape(3, 3, 16, 16).sum(axis=3))
 
 
-def test_quantized_activations_through_all_paths(lib) -> None:
+@pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
+def test_quantized_activations_through_all_paths(lib, fma: bool) -> None:
     """Realistic activations (ggml's Q8_K quantizer) instead of random int8."""
     rng = np.random.default_rng(8)
     nr, k, nc = 12, 4096, 4
@@ -227,10 +259,55 @@ def test_quantized_activations_through_all_paths(lib) -> None:
     ds = rng.uniform(0.01, 0.1, size=(nr, k // K.QK)).astype(np.float16)
     w = K.encode_rows(codes, K.VARIANT_G128, block_scales=ds)
     y = K.quantize_q8k(rng.normal(size=(nc, k)).astype(np.float32))
-    ref = K.reference_mm(codes, K.VARIANT_G128, y, block_scales=ds)
+    ref = K.reference_mm(codes, K.VARIANT_G128, y, block_scales=ds, fma=fma)
     for impl in ["generic"] + simd_impls():
-        if K.available(impl):
-            np.testing.assert_array_equal(bits(K.mm(impl, w, y)), bits(ref), err_msg=impl)
+        if K.available(impl, fma):
+            np.testing.assert_array_equal(bits(K.mm(impl, w, y, fma)), bits(ref), err_msg=impl)
+
+
+def test_fma_forms_differ_and_reference_follows_each(lib) -> None:
+    """The two builds really implement different arithmetic (so testing both is meaningful), and each
+    matches the reference of its own form only."""
+    codes, ds, scale, w, y = make_case(99, K.VARIANT_PT, 0.3, 4096, 32, 4)
+    fused = K.mm("generic", w, y, True)
+    plain = K.mm("generic", w, y, False)
+    assert np.count_nonzero(bits(fused) != bits(plain)) > 10
+    np.testing.assert_array_equal(bits(fused), bits(K.reference_mm(codes, K.VARIANT_PT, y, scale=scale, fma=True)))
+    np.testing.assert_array_equal(bits(plain), bits(K.reference_mm(codes, K.VARIANT_PT, y, scale=scale, fma=False)))
+
+
+def test_numpy_fma_is_correctly_rounded() -> None:
+    """kernels.fma_f32 against the C library's fmaf, on random values and on cases built so that a
+    float64 a*b + c rounded to float32 would round twice (exact result just off a float32 halfway point)."""
+    import ctypes
+    import ctypes.util
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    libm.fmaf.restype = ctypes.c_float
+    libm.fmaf.argtypes = [ctypes.c_float] * 3
+    rng = np.random.default_rng(4)
+    n = 4000
+    a = rng.integers(-70000, 70000, n).astype(np.float32)
+    b = (rng.uniform(-1, 1, n) * np.exp2(rng.integers(-30, 5, n))).astype(np.float32)
+    c = (rng.uniform(-1, 1, n) * np.exp2(rng.integers(-20, 20, n))).astype(np.float32)
+    # halfway cases: 2^32 + 1 = 641 * 6700417, so a = 641 * 2^-10 and b = 6700417 * 2^-46 (both exact
+    # float32) give a * b = 2^-24 * (1 + 2^-32); with c = 1 the exact sum is 1 + 2^-24 + 2^-56, just above the
+    # float32 halfway point 1 + 2^-24. float64 drops the 2^-56 (one rounding, to the halfway point), float32
+    # then rounds to even (1.0): wrong; the true fma gives 1 + 2^-23. Scaled by 2^s and with both signs.
+    scales = np.exp2(np.arange(-20, 21, 4)).astype(np.float32)
+    sign = np.repeat(np.array([1, -1], np.float32), scales.size)
+    sc = np.tile(scales, 2)
+    ha = sign * np.float32(641 * 2.0 ** -10) * sc
+    hb = np.full(sc.size, np.float32(6700417 * 2.0 ** -46))
+    hc = sign * sc
+    naive = (ha.astype(np.float64) * hb + hc).astype(np.float32)
+    assert np.all(naive == hc)                         # the double rounding these cases are built to catch
+    a = np.concatenate([a, ha])
+    b = np.concatenate([b, hb])
+    c = np.concatenate([c, hc])
+    got = K.fma_f32(a, b, c)
+    want = np.array([libm.fmaf(x, y_, z) for x, y_, z in zip(a.tolist(), b.tolist(), c.tolist())], np.float32)
+    np.testing.assert_array_equal(bits(got), bits(want))
 
 
 @pytest.mark.parametrize("impl", ("generic", "avx2", "avx512"))

@@ -1,0 +1,186 @@
+"""BITCOS kernels are bit-identical to llama.cpp's TQ2_0 dot product (arithmetic contract v2,
+csrc/bitcos-kernels.h).
+
+The reference is the real thing: ``vec_dot`` of GGML_TYPE_TQ2_0 from the ``libggml-cpu.so`` of the installed
+(patched) llama-cpp-python, called through ctypes on TQ2_0 rows made by ``codec.tq2_0_encode`` and Q8_K
+activations. The same ternary codes and scales go through the BITCOS kernels of the harness library (generic,
+AVX2, AVX-512) as a PT matrix (scale = fp32 of the TQ2_0 fp16 d, one d for the whole matrix) and as a G128
+matrix (both halves of every 256-block get that block's TQ2_0 d). Skipped when llama_cpp is not installed.
+
+Which form of the contract's FMA matches depends on how ggml was compiled: GCC contracts TQ2_0's
+``_mm256_add_ps(_mm256_mul_ps(..))`` into vfmadd when the target has FMA (the project's GGML_NATIVE build on
+an FMA machine); clang does not. The test picks the form from the CPU flags and the library's compiler note.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggml_bitcos import codec
+from ggml_bitcos import kernels as K
+from test_kernels import build_and_load
+
+GGML_TYPE_TQ2_0 = 35
+IMPLS = ("generic", "avx2", "avx512")
+
+
+class GgmlTypeTraitsCpu(ctypes.Structure):
+    """struct ggml_type_traits_cpu (ggml-cpu.h)."""
+
+    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
+                ("nrows", ctypes.c_int64)]
+
+
+# void ggml_vec_dot_t(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc)
+VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p,
+                           ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def ggml_cpu_library() -> Path | None:
+    """<llama_cpp package>/lib/libggml-cpu.so, found without importing llama_cpp."""
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        path = Path(loc) / "lib" / "libggml-cpu.so"
+        if path.is_file():
+            return path
+    return None
+
+
+def cpu_has_fma() -> bool:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(line.startswith("flags") and " fma " in f" {line.split(':', 1)[1]} " for line in text.splitlines())
+
+
+def expected_fma(lib_path: Path) -> bool:
+    """The FMA form of TQ2_0 in this ggml build: fused when GCC compiled it for a target with FMA."""
+    built_by_clang = b"clang version" in lib_path.read_bytes()
+    return cpu_has_fma() and not built_by_clang
+
+
+@pytest.fixture(scope="module")
+def tq2_vec_dot():
+    path = ggml_cpu_library()
+    if path is None:
+        pytest.skip("llama_cpp (patched llama-cpp-python) is not installed: no libggml-cpu.so to compare with")
+    build_and_load()                                   # the harness libraries (both FMA forms)
+    lib = ctypes.CDLL(str(path))
+    lib.ggml_cpu_init.argtypes = []
+    lib.ggml_cpu_init.restype = None
+    lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(GgmlTypeTraitsCpu)
+    lib.ggml_cpu_init()
+    traits = lib.ggml_get_type_traits_cpu(GGML_TYPE_TQ2_0).contents
+    assert traits.vec_dot, "TQ2_0 has no vec_dot in this ggml"
+    return VEC_DOT(traits.vec_dot), expected_fma(path), lib   # keep lib referenced
+
+
+def tq2_dots(vec_dot, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """TQ2_0 rows (R, nblk*66) . one Q8_K column (nblk,): float32 (R,), one vec_dot call per row."""
+    y = np.ascontiguousarray(y, dtype=K.Q8K_DTYPE)
+    out = np.empty(rows.shape[0], dtype=np.float32)
+    k = rows.shape[1] // codec.TQ2_0_BLOCK_BYTES * K.QK_K
+    s = ctypes.c_float()
+    for i in range(rows.shape[0]):
+        row = np.ascontiguousarray(rows[i])
+        vec_dot(k, ctypes.byref(s), 0, row.ctypes.data, 0, y.ctypes.data, 0, 1)
+        out[i] = s.value
+    return out
+
+
+def random_q8k_column(rng: np.random.Generator, k: int, magnitude: str) -> np.ndarray:
+    """Q8_K activations for one column; 'large' uses extreme int8 values and scales up to 1e4 (both signs),
+    so the products and sums reach large exponents where rounding differences would show."""
+    y = K.random_q8k(rng, 1, k)[0]
+    if magnitude == "large":
+        q = rng.choice(np.array([-128, -127, 127, 126, -1, 0, 1], dtype=np.int8), size=y["qs"].shape)
+        y["qs"] = np.where(rng.random(y["qs"].shape) < 0.5, q, y["qs"])
+        y["d"] = (rng.uniform(0.5, 1.0, y["d"].shape) * np.exp2(rng.integers(0, 14, y["d"].shape))).astype(np.float32)
+    y["d"] *= np.where(rng.random(y["d"].shape) < 0.3, -1.0, 1.0).astype(np.float32)
+    y["bsums"] = y["qs"].reshape(-1, 16, 16).sum(axis=2, dtype=np.int16)   # TQ2_0 reads the bsums
+    return y
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+KS = (256, 512, 768, 1280, 2048, 2304)
+
+
+@pytest.mark.parametrize("magnitude", ("normal", "large"))
+@pytest.mark.parametrize("k", KS)
+def test_g128_bit_identical_to_tq2_0(tq2_vec_dot, k: int, magnitude: str) -> None:
+    vec_dot, fma, _ = tq2_vec_dot
+    rng = np.random.default_rng(k * 7 + (magnitude == "large"))
+    nr = 48
+    z = rng.uniform(0.0, 1.0, nr)
+    codes = np.concatenate([K.random_codes(rng, 1, k, float(zi)) for zi in z])
+    d = rng.uniform(0.0, 3.0, size=(nr, k // K.QK_K)).astype(np.float16)
+    if magnitude == "large":
+        d = (d.astype(np.float32) * 1e4).astype(np.float16)
+    tq2 = codec.tq2_0_encode(codes, d)
+    w = K.encode_rows(codes, K.VARIANT_G128, block_scales=np.repeat(d, 2, axis=1))
+    for _ in range(3):
+        y = random_q8k_column(rng, k, magnitude)
+        want = tq2_dots(vec_dot, tq2, y)
+        for impl in IMPLS:
+            if not K.available(impl, fma):
+                continue
+            got = K.mm(impl, w, y[None, :], fma)[0]
+            np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{impl} (BITCOS_FMA={int(fma)})")
+
+
+@pytest.mark.parametrize("magnitude", ("normal", "large"))
+@pytest.mark.parametrize("k", KS)
+def test_pt_bit_identical_to_tq2_0(tq2_vec_dot, k: int, magnitude: str) -> None:
+    vec_dot, fma, _ = tq2_vec_dot
+    rng = np.random.default_rng(k * 11 + (magnitude == "large"))
+    nr = 48
+    codes = np.concatenate([K.random_codes(rng, 1, k, float(zi)) for zi in rng.uniform(0.0, 1.0, nr)])
+    d16 = np.float16(rng.uniform(0.01, 2.0) * (1e3 if magnitude == "large" else 1.0))
+    d = np.full((nr, k // K.QK_K), d16, dtype=np.float16)        # one scale per matrix: PT
+    tq2 = codec.tq2_0_encode(codes, d)
+    w = K.encode_rows(codes, K.VARIANT_PT, scale=float(np.float32(d16)))
+    for _ in range(3):
+        y = random_q8k_column(rng, k, magnitude)
+        want = tq2_dots(vec_dot, tq2, y)
+        for impl in IMPLS:
+            if not K.available(impl, fma):
+                continue
+            got = K.mm(impl, w, y[None, :], fma)[0]
+            np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{impl} (BITCOS_FMA={int(fma)})")
+
+
+def test_other_fma_form_is_not_tq2_0(tq2_vec_dot) -> None:
+    """The comparison can fail: the other FMA form differs from TQ2_0 somewhere, and so does one flipped code."""
+    vec_dot, fma, _ = tq2_vec_dot
+    rng = np.random.default_rng(5)
+    k, nr = 2048, 64
+    codes = K.random_codes(rng, nr, k, 0.3)
+    d = rng.uniform(0.5, 2.0, size=(nr, k // K.QK_K)).astype(np.float16)
+    y = random_q8k_column(rng, k, "normal")
+    want = tq2_dots(vec_dot, codec.tq2_0_encode(codes, d), y)
+    w = K.encode_rows(codes, K.VARIANT_G128, block_scales=np.repeat(d, 2, axis=1))
+    other = K.mm("generic", w, y[None, :], not fma)[0]
+    assert np.count_nonzero(bits(other) != bits(want)) > 0
+    flipped = codes.copy()
+    j = int(np.flatnonzero(flipped[0])[0])
+    flipped[0, j] = -flipped[0, j]
+    y["qs"].reshape(-1)[j] = 100
+    y["bsums"] = y["qs"].reshape(-1, 16, 16).sum(axis=2, dtype=np.int16)
+    want = tq2_dots(vec_dot, codec.tq2_0_encode(codes, d), y)
+    w2 = K.encode_rows(flipped, K.VARIANT_G128, block_scales=np.repeat(d, 2, axis=1))
+    assert K.mm("generic", w2, y[None, :], fma)[0][0] != want[0]

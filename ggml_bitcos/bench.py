@@ -192,7 +192,7 @@ def bench_roofline(threads: list[int], zs: list[float], rows: int, k: int, reps:
         n_w = r["rows"] * r["k"]
         nt = r["threads"]
         t_mem = r["bytes"] / (beta[nt] * 1e3)                            # µs at the measured bandwidth
-        g = gam.get(r["type"], gam.get("bitcos_pt_avx512", float("nan")) if r["type"].startswith("bitcos") else float("nan"))
+        g = gam.get(r["type"], float("nan"))
         t_ins = (n_w / 32) * g / (ghz * 1e3) / nt                         # µs if instruction-bound
         bound = "memory" if t_mem >= t_ins else "instructions"
         rows_out.append({**r, "t_mem_us": t_mem, "t_ins_us": t_ins, "predicted_us": max(t_mem, t_ins),

@@ -91,6 +91,24 @@ def run_completion(model: Path, prompt: str, n_tokens: int = 64, threads: int = 
     return r.stdout
 
 
+def run_cli(model: Path, prompt: str, n_tokens: int = 64, threads: int = 2, timeout: float = 300) -> str:
+    """One single-turn greedy chat reply through llama-cli (-st); returns the reply text only."""
+    cmd = [str(tool_path("llama-cli")), "-m", str(model), "-p", prompt, "-n", str(n_tokens), "--temp", "0",
+           "--top-k", "1", "--seed", "0", "-t", str(threads), "-st", "--no-warmup", "-c", "512"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-cli failed ({r.returncode}) on {model}:\n{r.stderr[-3000:]}")
+    # the reply follows the echoed "> prompt" line and ends before the "[ Prompt: … t/s ]" timing line
+    out = r.stdout
+    start = out.find(f"> {prompt}")
+    if start < 0:
+        raise RuntimeError(f"llama-cli output has no echoed prompt:\n{out[-2000:]}")
+    reply = out[start + len(prompt) + 2:]
+    end = reply.find("\n[ Prompt:")
+    return (reply[:end] if end >= 0 else reply).strip()
+
+
 def run_bench(models: list[Path], n_prompt: int = 512, n_gen: int = 128, threads: list[int] | None = None,
               repetitions: int = 3, timeout: float = 3600) -> list[dict]:
     """llama-bench in JSON mode over several models in one run."""

@@ -69,6 +69,14 @@ def test_llama_completion_moe_identical_text(model_pairs):
     assert llama_run.run_completion(src, PROMPT, N_TOKENS) == llama_run.run_completion(out, PROMPT, N_TOKENS)
 
 
+@pytest.mark.parametrize("name", ["dense-pt", "moe-g128"])
+def test_llama_cli_identical_reply(model_pairs, name):
+    src, out = model_pairs[name]
+    a = llama_run.run_cli(src, PROMPT, 32)
+    b = llama_run.run_cli(out, PROMPT, 32)
+    assert a == b and len(a) > 0
+
+
 def test_llama_bench_runs(model_pairs):
     src, out = model_pairs["dense-pt"]
     rows = llama_run.run_bench([src, out], n_prompt=64, n_gen=16, threads=[2], repetitions=1)

@@ -290,7 +290,15 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
                 value, vtype, sub = field_value(fld)
             except ValueError as e:
                 raise ConvertError(f"{src}: {e}") from None
+            if key == "general.file_type" and result.converted:
+                continue  # replaced below: the file is now mostly BITCOS
             writer.add_kv(key, value, vtype, sub)
+        if result.converted:
+            # LLAMA_FTYPE_MOSTLY_BITCOS_G128 / _PT (= the ggml type ids, patches/0005), by the majority of
+            # converted weights, so llama.cpp names the model as BITCOS rather than as its source type
+            n_pt = sum(1 for r in result.converted if r.variant == codec.VARIANT_PT)
+            file_type = int(VARIANT_TYPES[codec.VARIANT_PT if 2 * n_pt >= len(result.converted) else codec.VARIANT_G128])
+            writer.add_kv("general.file_type", file_type, GGUFValueType.UINT32)
         conv_types = {r.src_type for r in result.converted}
         writer.add_kv("bitcos.format_version", codec.VERSION, GGUFValueType.UINT32)
         writer.add_kv("bitcos.converted_from", _merged_converted_from(reader, conv_types), GGUFValueType.STRING)

@@ -68,12 +68,15 @@ def check_converted(src_path, out_path, expect_variant: int | None = None) -> di
     if expect_variant is not None:
         assert set(variants.values()) == {expect_variant}
     for key, f in src.fields.items():
-        if key.startswith("GGUF."):
+        if key.startswith("GGUF.") or (key == "general.file_type" and variants):
             continue
         g = out.get_field(key)
         assert g is not None and g.types == f.types, key
         assert all(bytes(a) == bytes(b) for a, b in zip(f.parts, g.parts)), key
     assert out.get_field("bitcos.format_version").contents() == 1
+    if variants:  # LLAMA_FTYPE_MOSTLY_BITCOS_G128/PT = 160/161 by the majority of converted weights
+        n_pt = sum(1 for v in variants.values() if v == codec.VARIANT_PT)
+        assert out.get_field("general.file_type").contents() == (161 if 2 * n_pt >= len(variants) else 160)
     return variants
 
 

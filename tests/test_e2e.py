@@ -57,6 +57,14 @@ def test_python_bindings_identical_greedy_and_logits(model_pairs, name):
     assert len(set(a.tokens)) > 3
 
 
+def test_no_mmap_load_identical(model_pairs):
+    """Weights read into buffers (no mmap) link and validate their companions the same way."""
+    _, out = model_pairs["moe-g128"]
+    a = llama_run.greedy_generate(out, PROMPT, 16, n_threads=2)
+    b = llama_run.greedy_generate(out, PROMPT, 16, n_threads=2, use_mmap=False)
+    assert a.tokens == b.tokens and np.array_equal(a.logits, b.logits)
+
+
 def test_llama_completion_identical_text(model_pairs):
     src, out = model_pairs["dense-g128"]
     a = llama_run.run_completion(src, PROMPT, N_TOKENS)

@@ -89,23 +89,6 @@ static int bitcos_h_setup(bitcos_h_call * call, int variant, int64_t k, const ui
     return 0;
 }
 
-// One kernel call. Returns 0, -1 when impl is not available here, -2 on bad arguments.
-int bitcos_h_mm(int impl, int variant, int64_t k, const uint8_t * blocks, size_t row_bytes,
-                const uint8_t * pool, const uint64_t * sign_pos, float scale, int64_t nr,
-                const bitcos_q8_K * y, int64_t nc, float * dst) {
-    const bitcos_mm_fn fn = bitcos_h_fn(impl);
-    if (fn == NULL) {
-        return -1;
-    }
-    static _Thread_local bitcos_h_call call;
-    const int rc = bitcos_h_setup(&call, variant, k, blocks, row_bytes, pool, sign_pos, scale, y, nc, dst, nr);
-    if (rc != 0) {
-        return rc;
-    }
-    fn(&call.rows, nr, call.ycols, nc, call.dcols);
-    return 0;
-}
-
 static inline uint64_t bitcos_h_tsc(void) {
 #if defined(__x86_64__) || defined(__i386__)
     uint32_t lo, hi;
@@ -137,6 +120,14 @@ int bitcos_h_time(int impl, int variant, int64_t k, const uint8_t * blocks, size
         ticks[i] = bitcos_h_tsc() - t0;
     }
     return 0;
+}
+
+// One kernel call (bitcos_h_time with no timed repetition). Returns 0, -1 when impl is not available
+// here, -2 on bad arguments.
+int bitcos_h_mm(int impl, int variant, int64_t k, const uint8_t * blocks, size_t row_bytes,
+                const uint8_t * pool, const uint64_t * sign_pos, float scale, int64_t nr,
+                const bitcos_q8_K * y, int64_t nc, float * dst) {
+    return bitcos_h_time(impl, variant, k, blocks, row_bytes, pool, sign_pos, scale, nr, y, nc, dst, 0, NULL);
 }
 
 // The contract's FMA form this library was built with (BITCOS_FMA, the same for every object in it).

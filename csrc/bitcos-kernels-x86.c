@@ -21,7 +21,8 @@
 // reduction in the contract's order. AVX-512 keeps two 8-lane accumulators in one zmm: two rows against
 // one column (GEMV) or one row against two columns (several columns), so the fold, conversion and FMA
 // serve two accumulators per instruction; every lane is still exactly the contract's operation.
-// GEMV (one column) decodes straight into the dot products, two rows interleaved (AVX-512). With several
+// GEMV (one column) decodes straight into the dot products, two rows interleaved (AVX-512: rows r and r + nrh,
+// so that the bitmap and sign reads stay four sequential streams; KERNELS.md §5, memory). With several
 // columns each row's codes are decoded once and reused for every column of the tile: AVX-512 block by
 // block in registers (all column pairs before the next block), AVX2 a chunk at a time into a code buffer.
 #include "bitcos-kernels.h"
@@ -53,6 +54,14 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * con
 #define BX_CHUNK_B 8                     // Q8_K blocks per chunk (2048 weights): staging granularity
 #define BX_CT      8                     // activation columns per tile
 #define BX_RT      32                    // rows per tile (amortises the staging of the columns)
+// GEMV memory order (docs/KERNELS.md §5): a row (AVX2) or a row pair (AVX-512) walks up to BX_GEMV_SPAN
+// chunks before the next, so the bitmap and the sign pool are read as a few sequential streams through the
+// row tile; the bitmap is also prefetched BX_PF_BITS bytes ahead of each row's position (0: no prefetch).
+#define BX_GEMV_SPAN 8                   // chunks (16384 weights) of a column staged at once; <= BX_CT
+_Static_assert(BX_GEMV_SPAN <= BX_CT, "the GEMV stages a span's chunks in the column tile's buffers");
+#ifndef BX_PF_BITS
+#define BX_PF_BITS 512
+#endif
 
 BX_ALWAYS_INLINE uint64_t bx_load_u64(const uint8_t * p) {
     uint64_t v;
@@ -253,30 +262,50 @@ void bitcos_mm_avx2(const bitcos_rows * w, int64_t nr,
                 cursor[r] = w->sign_pos[r0 + r];
                 for (int c = 0; c < nct; ++c) acc[r][c] = _mm256_setzero_ps();
             }
-            for (int64_t b0 = 0; b0 < nby; b0 += BX_CHUNK_B) {
+            if (nct == 1) {
+                // GEMV: decode straight into the dot products, one row at a time over a span of up to
+                // BX_GEMV_SPAN chunks (the column staged in cc[0 ..]), so the bitmap and the sign pool are
+                // each read as one sequential stream through the tile (KERNELS.md §5, memory).
+                for (int64_t s0 = 0; s0 < nby; s0 += BX_GEMV_SPAN * BX_CHUNK_B) {
+                    const int64_t s1 = nby - s0 < BX_GEMV_SPAN * BX_CHUNK_B ? nby : s0 + BX_GEMV_SPAN * BX_CHUNK_B;
+                    for (int64_t b0 = s0; b0 < s1; b0 += BX_CHUNK_B) {
+                        const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
+                        bx_stage_column(y[c0], b0, nbk, nb, w->scale, &cc[(b0 - s0) / BX_CHUNK_B]);
+                    }
+                    for (int r = 0; r < nrt; ++r) {
+                        const uint8_t * row = w->blocks + (size_t)(r0 + r) * w->row_bytes;
+                        uint64_t cur = cursor[r];
+                        __m256 a = acc[r][0];
+                        for (int64_t b0 = s0; b0 < s1; b0 += BX_CHUNK_B) {
+                            const bx_col_chunk * ch = &cc[(b0 - s0) / BX_CHUNK_B];
+                            const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
+                            for (int j = 0; j < nbk; ++j) {
+                                const int64_t b = b0 + j;
+                                const int halves = 2*b + 1 < nb ? 2 : 1;
+                                __m256i u[4];
+#if BX_PF_BITS
+                                _mm_prefetch((const char *)(row + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
+#endif
+                                bx2_decode_half(row + (size_t)(2*b) * bb, w->pool, &cur, u);
+                                const __m256i s0v = bx2_dot_half(u, ch->qs[j]);
+                                __m256i sv = s0v;
+                                if (halves == 2) {
+                                    bx2_decode_half(row + (size_t)(2*b + 1) * bb, w->pool, &cur, u);
+                                    sv = _mm256_add_epi16(s0v, bx2_dot_half(u, ch->qs[j] + 128));
+                                }
+                                a = bx2_block_float(s0v, sv, ch->qsum[j], row, b, halves, ch->yd[j], ch->dpt[j], g128, a);
+                            }
+                        }
+                        acc[r][0] = a;
+                        cursor[r] = cur;
+                    }
+                }
+            }
+            for (int64_t b0 = 0; nct > 1 && b0 < nby; b0 += BX_CHUNK_B) {   // several columns
                 const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
                 for (int c = 0; c < nct; ++c) bx_stage_column(y[c0 + c], b0, nbk, nb, w->scale, &cc[c]);
                 for (int r = 0; r < nrt; ++r) {
                     const uint8_t * row = w->blocks + (size_t)(r0 + r) * w->row_bytes;
-                    if (nct == 1) {
-                        // GEMV: decode straight into the dot products
-                        __m256 a = acc[r][0];
-                        for (int j = 0; j < nbk; ++j) {
-                            const int64_t b = b0 + j;
-                            const int halves = 2*b + 1 < nb ? 2 : 1;
-                            __m256i u[4];
-                            bx2_decode_half(row + (size_t)(2*b) * bb, w->pool, &cursor[r], u);
-                            const __m256i s0 = bx2_dot_half(u, cc[0].qs[j]);
-                            __m256i s = s0;
-                            if (halves == 2) {
-                                bx2_decode_half(row + (size_t)(2*b + 1) * bb, w->pool, &cursor[r], u);
-                                s = _mm256_add_epi16(s0, bx2_dot_half(u, cc[0].qs[j] + 128));
-                            }
-                            a = bx2_block_float(s0, s, cc[0].qsum[j], row, b, halves, cc[0].yd[j], cc[0].dpt[j], g128, a);
-                        }
-                        acc[r][0] = a;
-                        continue;
-                    }
                     for (int j = 0; j < nbk; ++j) {
                         const int64_t b = b0 + j;
                         bx2_decode_half(row + (size_t)(2*b) * bb, w->pool, &cursor[r], ubuf[j]);
@@ -448,6 +477,10 @@ BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * row
         const int64_t b = b0 + j;
         const int halves = 2*b + 1 < nb ? 2 : 1;
         __m512i zA0, zA, zB0, zB;
+#if BX_PF_BITS
+        _mm_prefetch((const char *)(rowA + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rowB + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
+#endif
         bx5_block_dots(rowA + (size_t)(2*b) * bb, bb, halves, pool, &ca, cc->qs[j], &zA0, &zA);
         bx5_block_dots(rowB + (size_t)(2*b) * bb, bb, halves, pool, &cb, cc->qs[j], &zB0, &zB);
         __m512 e0v = _mm512_setzero_ps(), e1v = _mm512_setzero_ps();
@@ -467,8 +500,8 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
     const int     g128 = w->variant == BITCOS_VARIANT_G128;
     const size_t  bb   = g128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
     _Alignas(64) bx_col_chunk   cc[BX_CT];
-    _Alignas(64) bx5_pair_chunk pc[BX_CT / 2];
-    _Alignas(64) __m512         acc[BX_RT][BX_CT / 2];   // GEMV: acc[r/2][0] holds rows r, r+1
+    _Alignas(64) bx5_pair_chunk pc[BX_CT];
+    _Alignas(64) __m512         acc[BX_RT][BX_CT / 2];   // GEMV: acc[r][0] holds rows r, r + nrh
     uint64_t cursor[BX_RT + 1];
     for (int64_t r0 = 0; r0 < nr; r0 += BX_RT) {
         const int nrt = (int)(nr - r0 < BX_RT ? nr - r0 : BX_RT);
@@ -479,31 +512,48 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                 cursor[r] = w->sign_pos[r0 + r];
                 for (int p = 0; p < BX_CT / 2; ++p) acc[r][p] = _mm512_setzero_ps();
             }
-            cursor[nrt] = cursor[nrt - 1];                  // the copy an odd last row pairs with
-            for (int64_t b0 = 0; b0 < nby; b0 += BX_CHUNK_B) {
-                const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
-                for (int c = 0; c < nct; ++c) bx_stage_column(y[c0 + c], b0, nbk, nb, w->scale, &cc[c]);
-                if (nct == 1) {
-                    // GEMV: two rows per pass, their decode chains interleave; one zmm holds both accumulators.
-                    // Full chunks and G128/PT get their own instantiations (constant trip count and variant).
-                    bx5_stage_pair(&cc[0], &cc[0], nbk, &pc[0]);
-                    for (int r = 0; r < nrt; r += 2) {
-                        const int rb = r + 1 < nrt ? r + 1 : r;
+            const int nrh = (nrt + 1) / 2;                  // GEMV pairs rows r and r + nrh
+            cursor[nrt] = cursor[nrh - 1];                  // the copy an odd tile's row nrh - 1 pairs with
+            if (nct == 1) {
+                // GEMV: two rows per pass, their decode chains interleave; one zmm holds both accumulators.
+                // The pair is rows r and r + nrh, and it walks a whole span (up to BX_GEMV_SPAN chunks,
+                // staged in cc/pc[0 ..]) before the next pair: the bitmap and the pool are then read as
+                // four sequential streams through the tile (with k <= 16384 one span is the whole row, and
+                // row r ends where row r + 1 starts, in both), which the hardware prefetchers follow;
+                // the previous chunk-outer order, with 32 rows' streams
+                // interleaved, ran DRAM-resident weights at 4.7 instead of 2.0-2.2 ticks (KERNELS.md §5).
+                for (int64_t s0 = 0; s0 < nby; s0 += BX_GEMV_SPAN * BX_CHUNK_B) {
+                    int nch = 0;
+                    for (int64_t b0 = s0; b0 < nby && nch < BX_GEMV_SPAN; b0 += BX_CHUNK_B, ++nch) {
+                        const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
+                        bx_stage_column(y[c0], b0, nbk, nb, w->scale, &cc[nch]);
+                        bx5_stage_pair(&cc[nch], &cc[nch], nbk, &pc[nch]);
+                    }
+                    for (int r = 0; r < nrh; ++r) {
+                        const int rb = r + nrh < nrt ? r + nrh : r;
                         const uint8_t * rowA = w->blocks + (size_t)(r0 + r) * w->row_bytes;
                         const uint8_t * rowB = w->blocks + (size_t)(r0 + rb) * w->row_bytes;
-                        uint64_t * curB = r + 1 < nrt ? &cursor[r + 1] : &cursor[nrt];
-                        __m512 a = acc[r / 2][0];
-                        if (nbk == BX_CHUNK_B) {
-                            if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[0], &pc[0], 1, a);
-                            else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[0], &pc[0], 0, a);
-                        } else {
-                            if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[0], &pc[0], 1, a);
-                            else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[0], &pc[0], 0, a);
+                        uint64_t * curB = r + nrh < nrt ? &cursor[rb] : &cursor[nrt];
+                        __m512 a = acc[r][0];
+                        for (int q = 0; q < nch; ++q) {
+                            // full chunks and G128/PT get their own instantiations (constant trip count, variant)
+                            const int64_t b0 = s0 + (int64_t)q * BX_CHUNK_B;
+                            const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
+                            if (nbk == BX_CHUNK_B) {
+                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, a);
+                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, a);
+                            } else {
+                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, a);
+                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, a);
+                            }
                         }
-                        acc[r / 2][0] = a;
+                        acc[r][0] = a;
                     }
-                    continue;
                 }
+            }
+            for (int64_t b0 = 0; nct > 1 && b0 < nby; b0 += BX_CHUNK_B) {   // several columns
+                const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
+                for (int c = 0; c < nct; ++c) bx_stage_column(y[c0 + c], b0, nbk, nb, w->scale, &cc[c]);
                 for (int p = 0; p < ncp; ++p) {
                     const int cb = 2*p + 1 < nct ? 2*p + 1 : 2*p;
                     bx5_stage_pair(&cc[2*p], &cc[cb], nbk, &pc[p]);
@@ -538,8 +588,8 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                 }
             }
             if (nct == 1) {
-                for (int r = 0; r < nrt; r += 2) {
-                    bx5_store_pair(acc[r / 2][0], &dst[c0][r0 + r], r + 1 < nrt ? &dst[c0][r0 + r + 1] : NULL);
+                for (int r = 0; r < nrh; ++r) {
+                    bx5_store_pair(acc[r][0], &dst[c0][r0 + r], r + nrh < nrt ? &dst[c0][r0 + r + nrh] : NULL);
                 }
             } else {
                 for (int r = 0; r < nrt; ++r) {

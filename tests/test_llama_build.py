@@ -11,7 +11,6 @@ error naming the tensor. End-to-end tests on real models live elsewhere (the lea
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import subprocess
 import sys
@@ -21,24 +20,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ggml_bitcos import llama_tools
+
 llama = pytest.mark.llama  # tests that need the patched build installed
 
 BITCOS_G128 = 160
 BITCOS_PT = 161
-TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-perplexity")
-
-
-def _llama_cpp_dir() -> Path | None:
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+TOOLS = llama_tools.TOOLS
 
 
 @pytest.fixture(scope="session")
 def llama_pkg() -> Path:
     """The installed llama_cpp package directory, when it is the patched build."""
-    pkg = _llama_cpp_dir()
+    pkg = llama_tools.llama_cpp_dir()
     if pkg is None:
         pytest.skip("llama_cpp is not installed (run `ggml-bitcos build-llama`)")
     init = (pkg / "__init__.py").read_text()

@@ -61,7 +61,7 @@ def _codes(rows: int, k: int, z: float, seed: int) -> np.ndarray:
 def write_gemv_gguf(path: Path, rows: int, k: int, z: float, types: list[str], seed: int = 0) -> None:
     """One GGUF holding the same ternary matrix (zero density z) in each requested type."""
     from gguf import GGMLQuantizationType as T
-    from gguf import quants
+    from gguf import GGUFValueType, quants
 
     import gguf_tools
 
@@ -90,7 +90,7 @@ def write_gemv_gguf(path: Path, rows: int, k: int, z: float, types: list[str], s
             raise ValueError(f"unknown type {t}")
     del codes
     with gguf_tools.GGUFStreamWriter(path, arch="bitcos-bench", overwrite=True) as w:
-        w.add_kv("general.architecture", "bitcos-bench", __import__("gguf").GGUFValueType.STRING)
+        w.add_kv("general.architecture", "bitcos-bench", GGUFValueType.STRING)
         for name, gt, ne, _ in datas:
             w.add_tensor_info(name, gt, ne)
         w.begin()

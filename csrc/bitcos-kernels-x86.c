@@ -7,7 +7,8 @@
 // the only fused operation allowed is the contract's explicit FMA (BITCOS_FMA), which is written as an
 // intrinsic here; GCC would otherwise fuse the BITCOS_FMA=0 form's multiply and add.
 //
-// Integer part (exact). Per 64 weights of a row: P = presence word, S = 64 sign bits at the row's cursor,
+// Integer part (exact). Per 64 weights of a row: P = presence word, S = 64 sign bits at the row's cursor
+// (the AVX-512 GEMV reads S with one byte-granular load when the row tile is not dense, KERNELS.md §3),
 // N = pdep(S, P) (negative lanes), cursor += |P|; the codes are used as u = t + 1 in {0, 1, 2}, the
 // unsigned operand of a byte dot product against the raw signed activations q (exact for q = -128 too):
 //   AVX-512: u from two masked byte moves (blend by P: 1 -> 2, zero by N); vpdpbusd over 64-byte chunks
@@ -107,6 +108,19 @@ BX_ALWAYS_INLINE uint64_t bx_negatives(uint64_t p, const uint8_t * pool, uint64_
     const uint64_t pos = *cursor;
     *cursor = pos + (uint64_t)__builtin_popcountll(p);
     return bx_pdep(bx_sign_window(pool, pos), p);
+}
+
+// Same with a cheaper window for rows that are not dense: one unaligned load at byte pos / 8, shifted by
+// pos % 8, holds at least 57 valid bits, enough for any word with popcount <= 57; denser words take the
+// two-qword window (a branch, so a row whose words often exceed 57 present weights should not use this).
+// Reads at most up to byte (pos >> 3) + 7 of the pool on the fast path.
+BX_ALWAYS_INLINE uint64_t bx_negatives_fast(uint64_t p, const uint8_t * pool, uint64_t * cursor) {
+    const uint64_t pos = *cursor;
+    const uint64_t n   = (uint64_t)__builtin_popcountll(p);
+    *cursor = pos + n;
+    uint64_t s = bx_load_u64(pool + (pos >> 3)) >> (pos & 7);
+    if (__builtin_expect(n > 57, 0)) s = bx_sign_window(pool, pos);
+    return bx_pdep(s, p);
 }
 
 // fp16 -> fp32, exact either way.
@@ -360,27 +374,31 @@ BX_ALWAYS_INLINE __m512 bx5_fma16(__m512 a, __m512 b, __m512 c) {
 // 64-bit GPR -> mask writes bound the GEMV on Zen 5 (2.21 vs 2.31 ticks per 32 weights, G128 with equal
 // halves; the multi-column path is within 3 % either way). Inline asm, because GCC merges _load_mask64
 // with the GPR load of the same word.
-BX_ALWAYS_INLINE __m512i bx5_codes64(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor) {
+BX_ALWAYS_INLINE __m512i bx5_codes64w(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor, const int fastwin) {
     const uint64_t p = bx_load_u64(bits);
-    const uint64_t n = bx_negatives(p, pool, cursor);
+    const uint64_t n = fastwin ? bx_negatives_fast(p, pool, cursor) : bx_negatives(p, pool, cursor);
     __mmask64 pm;
     __asm__("kmovq %1, %0" : "=k"(pm) : "m"(*(const uint64_t *)bits));
     return _mm512_mask_mov_epi8(_mm512_mask_blend_epi8(pm, _mm512_set1_epi8(1), _mm512_set1_epi8(2)),
                                 _cvtu64_mask64(n), _mm512_setzero_si512());
 }
 
+BX_ALWAYS_INLINE __m512i bx5_codes64(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor) {
+    return bx5_codes64w(bits, pool, cursor, 0);
+}
+
 // Dword lanes of one block's dot products: z0 over half 0, z over the block (z = z0 with one half).
 // Decodes the row's codes on the way (GEMV form).
 BX_ALWAYS_INLINE void bx5_block_dots(const uint8_t * blk, size_t bb, int halves, const uint8_t * pool,
-                                     uint64_t * cursor, const int8_t * q, __m512i * z0, __m512i * z) {
-    const __m512i u0 = bx5_codes64(blk,     pool, cursor);
-    const __m512i u1 = bx5_codes64(blk + 8, pool, cursor);
+                                     uint64_t * cursor, const int8_t * q, const int fastwin, __m512i * z0, __m512i * z) {
+    const __m512i u0 = bx5_codes64w(blk,     pool, cursor, fastwin);
+    const __m512i u1 = bx5_codes64w(blk + 8, pool, cursor, fastwin);
     *z0 = bx5_dpbusd(bx5_dpbusd(_mm512_setzero_si512(), u0, _mm512_loadu_si512((const void *)q)),
                      u1, _mm512_loadu_si512((const void *)(q + 64)));
     *z = *z0;
     if (halves == 2) {
-        const __m512i u2 = bx5_codes64(blk + bb,     pool, cursor);
-        const __m512i u3 = bx5_codes64(blk + bb + 8, pool, cursor);
+        const __m512i u2 = bx5_codes64w(blk + bb,     pool, cursor, fastwin);
+        const __m512i u3 = bx5_codes64w(blk + bb + 8, pool, cursor, fastwin);
         *z = bx5_dpbusd(bx5_dpbusd(*z0, u2, _mm512_loadu_si512((const void *)(q + 128))),
                         u3, _mm512_loadu_si512((const void *)(q + 192)));
     }
@@ -469,20 +487,20 @@ BX_ALWAYS_INLINE __mmask16 bx5_pair_scales(const uint8_t * rowA, const uint8_t *
 BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * rowA, const uint8_t * rowB,
                                       uint64_t * curA, uint64_t * curB, int64_t b0, const int nbk, int64_t nb,
                                       const bx_col_chunk * cc, const bx5_pair_chunk * pc, const int g128,
-                                      __m512 acc) {
+                                      const int full2, const int fastwin, __m512 acc) {
     const size_t bb = g128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
     const uint8_t * pool = w->pool;
     uint64_t ca = *curA, cb = *curB;      // locals: the pointers may alias as far as the compiler knows
     for (int j = 0; j < nbk; ++j) {
         const int64_t b = b0 + j;
-        const int halves = 2*b + 1 < nb ? 2 : 1;
+        const int halves = full2 || 2*b + 1 < nb ? 2 : 1;
         __m512i zA0, zA, zB0, zB;
 #if BX_PF_BITS
         _mm_prefetch((const char *)(rowA + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
         _mm_prefetch((const char *)(rowB + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
 #endif
-        bx5_block_dots(rowA + (size_t)(2*b) * bb, bb, halves, pool, &ca, cc->qs[j], &zA0, &zA);
-        bx5_block_dots(rowB + (size_t)(2*b) * bb, bb, halves, pool, &cb, cc->qs[j], &zB0, &zB);
+        bx5_block_dots(rowA + (size_t)(2*b) * bb, bb, halves, pool, &ca, cc->qs[j], fastwin, &zA0, &zA);
+        bx5_block_dots(rowB + (size_t)(2*b) * bb, bb, halves, pool, &cb, cc->qs[j], fastwin, &zB0, &zB);
         __m512 e0v = _mm512_setzero_ps(), e1v = _mm512_setzero_ps();
         __mmask16 split = 0;
         if (g128) split = bx5_pair_scales(rowA, rowB, b, halves, &e0v, &e1v);
@@ -515,6 +533,12 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
             const int nrh = (nrt + 1) / 2;                  // GEMV pairs rows r and r + nrh
             cursor[nrt] = cursor[nrh - 1];                  // the copy an odd tile's row nrh - 1 pairs with
             if (nct == 1) {
+                // The byte-granular sign window (bx_negatives_fast) pays off unless many 64-weight words have
+                // more than 57 present weights; the tile's mean density, from its rows' sign counts, decides
+                // (more than 85 % of the weights present: the two-qword window, KERNELS.md §3; a one-row tile:
+                // too, as its count is unknown).
+                const int fastwin = nrt > 1 &&
+                    20 * (w->sign_pos[r0 + nrt - 1] - w->sign_pos[r0]) <= 17 * (uint64_t)(nrt - 1) * (uint64_t)w->k;
                 // GEMV: two rows per pass, their decode chains interleave; one zmm holds both accumulators.
                 // The pair is rows r and r + nrh, and it walks a whole span (up to BX_GEMV_SPAN chunks,
                 // staged in cc/pc[0 ..]) before the next pair: the bitmap and the pool are then read as
@@ -539,12 +563,20 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                             // full chunks and G128/PT get their own instantiations (constant trip count, variant)
                             const int64_t b0 = s0 + (int64_t)q * BX_CHUNK_B;
                             const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
-                            if (nbk == BX_CHUNK_B) {
-                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, a);
-                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, a);
+                            if (nbk == BX_CHUNK_B && 2*(b0 + BX_CHUNK_B) <= nb) {   // every block has two halves
+                                if (fastwin) {
+                                    if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, 1, a);
+                                    else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, 1, a);
+                                } else {
+                                    if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, 0, a);
+                                    else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, 0, a);
+                                }
+                            } else if (fastwin) {
+                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, 1, a);
+                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, 1, a);
                             } else {
-                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, a);
-                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, a);
+                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, 0, a);
+                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, 0, a);
                             }
                         }
                         acc[r][0] = a;

@@ -120,6 +120,19 @@ def bits(a: np.ndarray) -> np.ndarray:
 KS = (256, 512, 768, 1280, 2048, 2304)
 
 
+def assert_kernels_match_tq2_0(vec_dot, fma: bool, tq2: np.ndarray, w, rng: np.random.Generator, k: int,
+                               magnitude: str) -> None:
+    """Every available BITCOS kernel gives TQ2_0's vec_dot bit for bit, on three activation columns."""
+    for _ in range(3):
+        y = random_q8k_column(rng, k, magnitude)
+        want = tq2_dots(vec_dot, tq2, y)
+        for impl in IMPLS:
+            if not K.available(impl, fma):
+                continue
+            got = K.mm(impl, w, y[None, :], fma)[0]
+            np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{impl} (BITCOS_FMA={int(fma)})")
+
+
 @pytest.mark.parametrize("magnitude", ("normal", "large"))
 @pytest.mark.parametrize("k", KS)
 def test_g128_bit_identical_to_tq2_0(tq2_vec_dot, k: int, magnitude: str) -> None:
@@ -133,14 +146,7 @@ def test_g128_bit_identical_to_tq2_0(tq2_vec_dot, k: int, magnitude: str) -> Non
         d = (d.astype(np.float32) * 1e4).astype(np.float16)
     tq2 = codec.tq2_0_encode(codes, d)
     w = K.encode_rows(codes, K.VARIANT_G128, block_scales=np.repeat(d, 2, axis=1))
-    for _ in range(3):
-        y = random_q8k_column(rng, k, magnitude)
-        want = tq2_dots(vec_dot, tq2, y)
-        for impl in IMPLS:
-            if not K.available(impl, fma):
-                continue
-            got = K.mm(impl, w, y[None, :], fma)[0]
-            np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{impl} (BITCOS_FMA={int(fma)})")
+    assert_kernels_match_tq2_0(vec_dot, fma, tq2, w, rng, k, magnitude)
 
 
 @pytest.mark.parametrize("magnitude", ("normal", "large"))
@@ -154,14 +160,7 @@ def test_pt_bit_identical_to_tq2_0(tq2_vec_dot, k: int, magnitude: str) -> None:
     d = np.full((nr, k // K.QK_K), d16, dtype=np.float16)        # one scale per matrix: PT
     tq2 = codec.tq2_0_encode(codes, d)
     w = K.encode_rows(codes, K.VARIANT_PT, scale=float(np.float32(d16)))
-    for _ in range(3):
-        y = random_q8k_column(rng, k, magnitude)
-        want = tq2_dots(vec_dot, tq2, y)
-        for impl in IMPLS:
-            if not K.available(impl, fma):
-                continue
-            got = K.mm(impl, w, y[None, :], fma)[0]
-            np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{impl} (BITCOS_FMA={int(fma)})")
+    assert_kernels_match_tq2_0(vec_dot, fma, tq2, w, rng, k, magnitude)
 
 
 def test_other_fma_form_is_not_tq2_0(tq2_vec_dot) -> None:

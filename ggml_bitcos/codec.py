@@ -138,7 +138,9 @@ def encode(codes: np.ndarray, variant: int, *, block_scales: np.ndarray | None =
            matrix_scales: np.ndarray | None = None, n_mats: int = 1) -> Encoded:
     """Encode ternary codes (int8 (R, K), values -1/0/+1) into a BITCOS weight + companion.
 
-    G128: ``block_scales`` fp16-castable (R, K/128), >= 0; a block with no non-zero weight gets d = 0.
+    G128: ``block_scales`` fp16-castable (R, K/128), >= 0, stored as given (-0.0 as +0.0) even for a block
+    with no non-zero weight: its d does not change decoded values, but the kernels' TQ2_0-exact arithmetic
+    (csrc/bitcos-kernels.h) uses it, so a converter passes the source's block scale (FORMAT.md §3).
     PT: ``matrix_scales`` (n_mats,) float32, >= 0; rows are split evenly into ``n_mats`` matrices.
     """
     codes = np.ascontiguousarray(codes, dtype=np.int8)
@@ -169,8 +171,7 @@ def encode(codes: np.ndarray, variant: int, *, block_scales: np.ndarray | None =
         d = np.asarray(block_scales).astype(np.float16)
         if not np.all(np.isfinite(d)) or np.any(d < 0):
             raise ValueError("G128 block scales must be finite and >= 0")
-        empty = np.count_nonzero(present.reshape(n_rows, nb, QK), axis=2) == 0
-        d = np.where(empty, np.float16(0), d).astype("<f2")   # also maps -0.0 to +0.0
+        d = (d + np.float16(0)).astype("<f2")   # -0.0 -> +0.0
         blocks = np.empty((n_rows, nb, BLOCK_BYTES[variant]), dtype=np.uint8)
         blocks[:, :, :16] = bitmap.reshape(n_rows, nb, 16)
         blocks[:, :, 16:] = d.view(np.uint8).reshape(n_rows, nb, 2)
@@ -343,8 +344,15 @@ def tq2_0_decode(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
     fields = (qs >> shifts) & np.uint8(3)                       # (rows, nblk, 2, 4, 32)
     codes = fields.view(np.int8) - np.int8(1)
-    d = np.ascontiguousarray(blk[:, :, 64:66]).view("<f2").reshape(rows, nblk)
+    d = tq_block_scales(raw, TQ2_0_BLOCK_BYTES)
     return codes.reshape(rows, nblk * QK_K), d
+
+
+def tq_block_scales(raw: np.ndarray, block_bytes: int) -> np.ndarray:
+    """The fp16 d of every block of TQ1_0/TQ2_0 rows (R, nblk*block_bytes) -> (R, nblk); d is the last 2 bytes."""
+    raw, nblk = _tq_check(raw, block_bytes)
+    blk = raw.reshape(raw.shape[0], nblk, block_bytes)
+    return np.ascontiguousarray(blk[:, :, block_bytes - 2:]).view("<f2").reshape(raw.shape[0], nblk)
 
 
 def tq2_0_encode(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -384,7 +392,7 @@ def tq1_0_decode(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     b = _trits_of(blk[:, :, 32:48], 5).reshape(rows, nblk, 80)
     c = _trits_of(blk[:, :, 48:52], 4).reshape(rows, nblk, 16)
     codes = np.concatenate([a, b, c], axis=2) - np.int8(1)
-    d = np.ascontiguousarray(blk[:, :, 52:54]).view("<f2").reshape(rows, nblk)
+    d = tq_block_scales(raw, TQ1_0_BLOCK_BYTES)
     return codes.reshape(rows, nblk * QK_K), d
 
 

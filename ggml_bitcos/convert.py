@@ -111,6 +111,7 @@ class Analysis:
     codes: np.ndarray | None = None
     block_mag: np.ndarray | None = None
     pt: np.ndarray | None = None
+    tq_scales: np.ndarray | None = None   # TQ sources: |d| of the source 256-block, per 128 (G128 scales)
 
 
 def is_candidate(name: str, t: ReaderTensor) -> bool:
@@ -136,6 +137,10 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
 
     codes = np.empty((n_rows, k), dtype=np.int8) if want_codes else None
     block_mag = np.empty((n_rows, k // codec.QK), dtype=np.float32)
+    # G128 from TQ1_0/TQ2_0 keeps the source's d for both 128-halves of each 256-block, empty halves
+    # included, so the kernels' lane arithmetic equals TQ2_0's bit for bit (csrc/bitcos-kernels.h)
+    tq_scales = np.empty((n_rows, k // codec.QK), dtype=np.float16) if is_tq and want_codes else None
+    tq_block_bytes = codec.TQ2_0_BLOCK_BYTES if t.tensor_type == GGMLQuantizationType.TQ2_0 else codec.TQ1_0_BLOCK_BYTES
     n_zeros = 0
     for s, e in iter_row_chunks(n_rows, k):
         ch = codec.analyze_rows(source_float_rows(t, s, e))
@@ -145,6 +150,9 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
             return Analysis(res)
         if codes is not None:
             codes[s:e] = ch.codes
+        if tq_scales is not None:
+            d = np.abs(codec.tq_block_scales(tensor_row_bytes(t)[s:e], tq_block_bytes))
+            tq_scales[s:e] = np.repeat(d, 2, axis=1)
         n_zeros += int(ch.codes.size - np.count_nonzero(ch.codes))
         block_mag[s:e] = ch.block_mag
     res.n_zeros = n_zeros
@@ -165,7 +173,7 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
     else:
         res.converted = True
         res.variant = codec.VARIANT_PT if pt is not None else codec.VARIANT_G128
-    return Analysis(res, codes, block_mag, pt)
+    return Analysis(res, codes, block_mag, pt, tq_scales)
 
 
 def encode_analysis(a: Analysis) -> codec.Encoded:
@@ -173,7 +181,8 @@ def encode_analysis(a: Analysis) -> codec.Encoded:
     assert r.converted and a.codes is not None and a.block_mag is not None
     if r.variant == codec.VARIANT_PT:
         return codec.encode(a.codes, codec.VARIANT_PT, matrix_scales=a.pt, n_mats=codec.n_mats_of(r.ne))
-    return codec.encode(a.codes, codec.VARIANT_G128, block_scales=a.block_mag.astype(np.float16),
+    scales = a.tq_scales if a.tq_scales is not None else a.block_mag.astype(np.float16)
+    return codec.encode(a.codes, codec.VARIANT_G128, block_scales=scales,
                         n_mats=codec.n_mats_of(r.ne))
 
 

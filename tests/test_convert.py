@@ -212,3 +212,28 @@ def test_cli_convert(model_factory, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "converted 14 tensors" in err and "verified bit-exact" in err
     assert main(["convert", str(src), "-o", str(out), "--no-verify", "--force", "-q"]) == 0
+
+
+def test_tq_source_keeps_block_scale_of_empty_halves(tmp_path):
+    """A G128 tensor from TQ2_0 keeps the source 256-block's d in both 128-halves, empty ones too (FORMAT §3):
+    the kernels' TQ2_0-exact arithmetic uses d even where all codes are zero."""
+    rng = np.random.default_rng(5)
+    rows, k = 4, 512
+    codes = rng.integers(-1, 2, (rows, k)).astype(np.int8)
+    codes[0, 128:256] = 0          # an empty second half
+    codes[1, 0:256] = 0            # a whole empty 256-block
+    d = rng.uniform(0.01, 1.0, (rows, k // 256)).astype(np.float16)   # per-block scales: G128, not PT
+    src = tmp_path / "tq2.gguf"
+    with GGUFStreamWriter(src, "llama") as w:
+        w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
+        w.add_tensor_info("blk.0.ffn_up.weight", T.TQ2_0, (k, rows))
+        w.begin()
+        w.write_tensor("blk.0.ffn_up.weight", codec.tq2_0_encode(codes, d))
+    out = tmp_path / "out.gguf"
+    res = convert(src, out, progress=False)
+    assert [r.variant for r in res.converted] == [codec.VARIANT_G128]
+    t = next(t for t in open_gguf(out).tensors if t.name == "blk.0.ffn_up.weight")
+    blocks = tensor_bytes(t).reshape(rows, k // 128, 18)
+    stored = np.ascontiguousarray(blocks[:, :, 16:18]).view("<f2").reshape(rows, k // 128)
+    assert np.array_equal(stored, np.repeat(d, 2, axis=1))
+    check_converted(src, out, codec.VARIANT_G128)

@@ -114,12 +114,14 @@ BX_ALWAYS_INLINE uint64_t bx_negatives(uint64_t p, const uint8_t * pool, uint64_
 // pos % 8, holds at least 57 valid bits, enough for any word with popcount <= 57; denser words take the
 // two-qword window (a branch, so a row whose words often exceed 57 present weights should not use this).
 // Reads at most up to byte (pos >> 3) + 7 of the pool on the fast path.
-BX_ALWAYS_INLINE uint64_t bx_negatives_fast(uint64_t p, const uint8_t * pool, uint64_t * cursor) {
+// checked = 0: the caller has verified that every word it passes has at most 57 present weights (the AVX-512
+// GEMV checks a PT row pair's chunk with vector popcounts up front), so the per-word test goes away.
+BX_ALWAYS_INLINE uint64_t bx_negatives_fast(uint64_t p, const uint8_t * pool, uint64_t * cursor, const int checked) {
     const uint64_t pos = *cursor;
     const uint64_t n   = (uint64_t)__builtin_popcountll(p);
     *cursor = pos + n;
     uint64_t s = bx_load_u64(pool + (pos >> 3)) >> (pos & 7);
-    if (__builtin_expect(n > 57, 0)) s = bx_sign_window(pool, pos);
+    if (checked && __builtin_expect(n > 57, 0)) s = bx_sign_window(pool, pos);
     return bx_pdep(s, p);
 }
 
@@ -369,6 +371,13 @@ BX_ALWAYS_INLINE __m512 bx5_fma16(__m512 a, __m512 b, __m512 c) {
 #endif
 }
 
+// Sign windows of the AVX-512 decode (KERNELS.md §3): BX_WIN_QWORDS two aligned qwords (any word),
+// BX_WIN_BYTE one byte-granular load with the dense-word fallback, BX_WIN_BYTE_UNCHECKED the same load with
+// no per-word test (only for words known to hold at most 57 present weights).
+#define BX_WIN_QWORDS          0
+#define BX_WIN_BYTE            1
+#define BX_WIN_BYTE_UNCHECKED  2
+
 // u = t + 1 of 64 weights: two masked byte moves (blend by P: 1 -> 2, then zero the negative lanes N).
 // The P mask is loaded from memory (kmovq k, m64) instead of moved from the GPR that popcount reads:
 // 64-bit GPR -> mask writes bound the GEMV on Zen 5 (2.21 vs 2.31 ticks per 32 weights, G128 with equal
@@ -376,7 +385,8 @@ BX_ALWAYS_INLINE __m512 bx5_fma16(__m512 a, __m512 b, __m512 c) {
 // with the GPR load of the same word.
 BX_ALWAYS_INLINE __m512i bx5_codes64w(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor, const int fastwin) {
     const uint64_t p = bx_load_u64(bits);
-    const uint64_t n = fastwin ? bx_negatives_fast(p, pool, cursor) : bx_negatives(p, pool, cursor);
+    const uint64_t n = fastwin == BX_WIN_QWORDS ? bx_negatives(p, pool, cursor)
+                     : bx_negatives_fast(p, pool, cursor, fastwin == BX_WIN_BYTE);
     __mmask64 pm;
     __asm__("kmovq %1, %0" : "=k"(pm) : "m"(*(const uint64_t *)bits));
     return _mm512_mask_mov_epi8(_mm512_mask_blend_epi8(pm, _mm512_set1_epi8(1), _mm512_set1_epi8(2)),
@@ -511,6 +521,24 @@ BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * row
     return acc;
 }
 
+// 1 when no 64-weight word of the full PT chunk starting at Q8_K block b0 of the row holds more than 57 present
+// weights, so the chunk can take the unchecked byte window: one vector popcount per 8 words (the chunk's 256
+// bitmap bytes are contiguous in a PT row) instead of a compare and branch per word (1.81 -> 1.70 ticks per
+// 32 weights, 256 x 2048 at z = 0.4). Without VPOPCNTDQ: 0 (the checked window).
+BX_ALWAYS_INLINE int bx5_pt_chunk_sparse(const uint8_t * row, int64_t b0) {
+#if defined(__AVX512VPOPCNTDQ__)
+    const uint8_t * p = row + (size_t)(2*b0) * BITCOS_BLOCK_BYTES_PT;
+    __m512i m = _mm512_popcnt_epi64(_mm512_loadu_si512((const void *)p));
+    for (int i = 1; i < BX_CHUNK_B * 2 * BITCOS_BLOCK_BYTES_PT / 64; ++i) {
+        m = _mm512_max_epu64(m, _mm512_popcnt_epi64(_mm512_loadu_si512((const void *)(p + 64*i))));
+    }
+    return _mm512_cmpgt_epu64_mask(m, _mm512_set1_epi64(57)) == 0;
+#else
+    (void)row; (void)b0;
+    return 0;
+#endif
+}
+
 void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                       const bitcos_q8_K * const * y, int64_t nc, float * const * dst) {
     const int64_t nb   = w->k / BITCOS_QK;
@@ -564,19 +592,24 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                             const int64_t b0 = s0 + (int64_t)q * BX_CHUNK_B;
                             const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
                             if (nbk == BX_CHUNK_B && 2*(b0 + BX_CHUNK_B) <= nb) {   // every block has two halves
-                                if (fastwin) {
-                                    if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, 1, a);
-                                    else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, 1, a);
+                                if (!g128) {
+                                    // a PT chunk is checked up front: the unchecked byte window, else two qwords
+                                    if (bx5_pt_chunk_sparse(rowA, b0) && bx5_pt_chunk_sparse(rowB, b0)) {
+                                        a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE_UNCHECKED, a);
+                                    } else {
+                                        a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_QWORDS, a);
+                                    }
+                                } else if (fastwin) {
+                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, BX_WIN_BYTE, a);
                                 } else {
-                                    if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, 0, a);
-                                    else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, 0, a);
+                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, BX_WIN_QWORDS, a);
                                 }
                             } else if (fastwin) {
-                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, 1, a);
-                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, 1, a);
+                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, BX_WIN_BYTE, a);
+                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, BX_WIN_BYTE, a);
                             } else {
-                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, 0, a);
-                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, 0, a);
+                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, BX_WIN_QWORDS, a);
+                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, BX_WIN_QWORDS, a);
                             }
                         }
                         acc[r][0] = a;

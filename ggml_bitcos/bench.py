@@ -227,8 +227,9 @@ def roofline_table(rf: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ e2e
-def bench_e2e(workdir: Path, preset: str, z: float, threads: list[int], reps: int, n_prompt: int,
-              n_gen: int, log=print) -> list[dict[str, Any]]:
+def e2e_models(workdir: Path, preset: str, z: float, log=print) -> dict[str, Path]:
+    """The benchmark model as TQ1_0 and TQ2_0 (make-model, deterministic) and the TQ2_0 file converted to
+    BITCOS; made once per workdir."""
     workdir.mkdir(parents=True, exist_ok=True)
     models = {}
     for t in ("tq1_0", "tq2_0"):
@@ -241,8 +242,63 @@ def bench_e2e(workdir: Path, preset: str, z: float, threads: list[int], reps: in
     if not b.exists():
         _cli(["convert", str(models["tq2_0"]), "-o", str(b)], log)
     models["bitcos"] = b
+    return models
+
+
+def bench_e2e(workdir: Path, preset: str, z: float, threads: list[int], reps: int, n_prompt: int,
+              n_gen: int, log=print) -> list[dict[str, Any]]:
+    models = e2e_models(workdir, preset, z, log)
     return llama_run.run_bench([models["tq1_0"], models["tq2_0"], models["bitcos"]], n_prompt=n_prompt,
                                n_gen=n_gen, threads=threads, repetitions=reps)
+
+
+def decode_breakdown(models: dict[str, Path], threads: list[int], reps: int) -> list[dict[str, Any]]:
+    """Per model and thread count: the time of one token's ternary weight matmuls and of its other matmuls
+    (output projection), each graph walking all its weights once per run (`llama-bitcos-bench decode`),
+    plus the read bandwidth with that many threads."""
+    out = []
+    for t in threads:
+        beta = _run_tool(["bandwidth", "1024", str(t), "5"])[0]["gb_per_s"]
+        for label, path in (("TQ1_0", models["tq1_0"]), ("TQ2_0", models["tq2_0"]), ("BITCOS", models["bitcos"])):
+            rec: dict[str, Any] = {"model": label, "threads": t, "beta_gb_s": beta}
+            for r in _run_tool(["decode", str(path), str(t), str(reps)]):
+                rec[r["decode_class"] + "_us"] = r["median_us"]
+                rec[r["decode_class"] + "_bytes"] = r["bytes"]
+            out.append(rec)
+    return out
+
+
+def breakdown_table(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]]) -> str:
+    """tg time per token split into ternary matmuls, other matmuls and the rest (tg minus both), and the
+    Amdahl ceiling of BITCOS's tg speed-up over TQ2_0: the ratio if BITCOS's ternary matmuls took only
+    their bytes / beta (DRAM-bound) and everything else stayed as measured."""
+    tg = {}
+    for r in rows:
+        if r["n_prompt"] == 0:
+            name = Path(r["model_filename"]).name
+            label = "BITCOS" if "bitcos" in name else ("TQ2_0" if "tq2_0" in name else "TQ1_0")
+            tg[(label, r["n_threads"])] = 1e3 / r["avg_ts"]
+    out = ["| model | threads | tg ms/token | ternary matmuls ms | ternary MB | ternary GB/s | other matmuls ms |"
+           " rest ms |", "|---|---|---|---|---|---|---|---|"]
+    for b in breakdown:
+        total = tg.get((b["model"], b["threads"]))
+        if total is None or "ternary_us" not in b:
+            continue
+        tern, other = b["ternary_us"] / 1e3, b.get("other_us", 0.0) / 1e3
+        b["tg_ms"], b["rest_ms"] = total, total - tern - other
+        out.append(f"| {b['model']} | {b['threads']} | {total:.1f} | {tern:.1f} | {b['ternary_bytes'] / 1e6:.0f} | "
+                   f"{b['ternary_bytes'] / (tern * 1e6):.1f} | {other:.1f} | {b['rest_ms']:.1f} |")
+    notes = []
+    for t in sorted({b["threads"] for b in breakdown}):
+        q = {b["model"]: b for b in breakdown if b["threads"] == t and "tg_ms" in b}
+        if "TQ2_0" in q and "BITCOS" in q:
+            bc = q["BITCOS"]
+            floor_ms = bc["ternary_bytes"] / (bc["beta_gb_s"] * 1e6)
+            ceiling = q["TQ2_0"]["tg_ms"] / (bc["tg_ms"] - bc["ternary_us"] / 1e3 + floor_ms)
+            kernel_ratio = q["TQ2_0"]["ternary_us"] / bc["ternary_us"]
+            notes.append(f"{t} thread(s): BITCOS ternary matmuls {kernel_ratio:.3f}x TQ2_0's; tg ceiling "
+                         f"{ceiling:.3f}x TQ2_0 if they ran at {bc['beta_gb_s']:.1f} GB/s ({floor_ms:.1f} ms)")
+    return "\n".join(out + [""] + notes)
 
 
 def _cli(args: list[str], log) -> None:
@@ -339,6 +395,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--workdir", type=Path, default=Path("bench-models"))
     e.add_argument("--json", type=Path)
     e.add_argument("--plot", type=Path)
+    e.add_argument("--breakdown-reps", type=int, default=9,
+                   help="runs of the per-token matmul graphs (llama-bitcos-bench decode) per model")
+    e.add_argument("--no-breakdown", action="store_true", help="skip the decode time breakdown")
     e.set_defaults(func=_run_e2e)
 
     try:
@@ -395,8 +454,14 @@ def _run_e2e(args: argparse.Namespace) -> int:
     title = (f"llama-bench, {args.preset} z={args.zero_density} — {machine_line(args.threads)}")
     print(f"# {title}")
     print(e2e_table(rows))
+    breakdown = []
+    if not args.no_breakdown:
+        breakdown = decode_breakdown(e2e_models(args.workdir, args.preset, args.zero_density), args.threads,
+                                     args.breakdown_reps)
+        print("\n# where a generated token's time goes (llama-bitcos-bench decode; rest = tg - matmuls)")
+        print(breakdown_table(rows, breakdown))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps({"llama_bench": rows, "decode_breakdown": breakdown}, indent=1))
     if args.plot:
         e2e_plot(rows, args.plot, title)
         print(f"# plot: {args.plot}")

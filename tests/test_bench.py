@@ -28,3 +28,24 @@ def test_bench_gemv_small(tmp_path, patched_llama):
     pt1 = next(x for x in res if x["type"] == "bitcos_pt" and x["z"] == 1.0)
     assert 256 * 512 / 8 < pt1["bytes"] < 256 * 512 / 8 * 1.2
     assert plot.stat().st_size > 0
+
+
+def test_bench_e2e_tiny_with_decode_breakdown(tmp_path, patched_llama):
+    """`bench e2e` on the tiny preset: llama-bench rows for the three models, and the per-token matmul
+    breakdown from llama-bitcos-bench decode (ternary weights of the BITCOS file read fewer bytes)."""
+    out = tmp_path / "e2e.json"
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "e2e", "--preset", "tiny", "--threads", "1",
+                        "--reps", "1", "-p", "16", "-n", "8", "--breakdown-reps", "3",
+                        "--workdir", str(tmp_path / "w"), "--json", str(out)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "where a generated token's time goes" in r.stdout and "tg ceiling" in r.stdout
+    data = json.loads(out.read_text())
+    assert len(data["llama_bench"]) == 6
+    bd = {b["model"]: b for b in data["decode_breakdown"]}
+    assert set(bd) == {"TQ1_0", "TQ2_0", "BITCOS"}
+    for b in bd.values():
+        assert b["ternary_us"] > 0 and b["other_us"] > 0 and b["beta_gb_s"] > 0
+    # the tiny preset's projections are ternary; BITCOS stores them in fewer bytes than TQ2_0
+    assert bd["BITCOS"]["ternary_bytes"] < bd["TQ2_0"]["ternary_bytes"]
+    assert bd["BITCOS"]["other_bytes"] == bd["TQ2_0"]["other_bytes"]

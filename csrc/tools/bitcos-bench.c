@@ -3,8 +3,16 @@
 // and reads this program's JSON lines). Also measures per-thread read bandwidth (beta) for the roofline.
 //
 //   llama-bitcos-bench gemv FILE.gguf THREADS REPS [NCOLS]
+//   llama-bitcos-bench decode FILE.gguf THREADS REPS
 //   llama-bitcos-bench bandwidth MIB THREADS REPS
 //   llama-bitcos-bench gamma TYPE K ROWS ITERS        (ggml's own types: tq2_0, tq1_0, q4_0, ...)
+//
+// decode: the weight matmuls of one generated token, as two ggml graphs over a model file: every ternary
+// weight (TQ1_0, TQ2_0, BITCOS) against one activation column, and every other 2-D weight except
+// token_embd (read by GET_ROWS, not a matmul) — e.g. the output projection. Each graph walks all its
+// weights once per run, so for a model larger than the last-level cache they stream from DRAM as in
+// llama.cpp's decode; `ggml-bitcos bench e2e` subtracts both from llama-bench's tg time per token to
+// show what the rest of the model costs (the Amdahl bound of the ternary format's speed-up).
 //
 // gamma: CPU cycles (rdtsc) per 32 weights of one type's vec_dot on L1-resident data, one thread —
 // the roofline's instruction cost. BITCOS's gamma comes from the kernel harness (ggml-bitcos bench kernels).
@@ -107,6 +115,85 @@ static int bench_gemv(const char * fname, int n_threads, int reps, int64_t ncols
         fflush(stdout);
         free(t);
         free(work);
+        ggml_free(ctx);
+    }
+    gguf_free(g);
+    ggml_free(wctx);
+    ggml_threadpool_free(tp);
+    return 0;
+}
+
+static int is_ternary_type(enum ggml_type t) {
+    const char * n = ggml_type_name(t);
+    return n && (strcmp(n, "tq1_0") == 0 || strcmp(n, "tq2_0") == 0 || strncmp(n, "bitcos", 6) == 0);
+}
+
+static int bench_decode(const char * fname, int n_threads, int reps) {
+    struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    struct ggml_threadpool * tp = ggml_threadpool_new(&tpp);
+    struct ggml_context * wctx = NULL;
+    struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &wctx };
+    struct gguf_context * g = gguf_init_from_file(fname, gp);
+    if (!g) {
+        fprintf(stderr, "%s: cannot read GGUF\n", fname);
+        return 1;
+    }
+    const int64_t n = gguf_get_n_tensors(g);
+    for (int cls = 0; cls < 2; ++cls) {          // 0: ternary weights, 1: every other matmul weight
+        size_t mem = ggml_graph_overhead_custom(8192, false) + 1024 * 1024;
+        for (int64_t i = 0; i < n; ++i) {
+            const struct ggml_tensor * w = ggml_get_tensor(wctx, gguf_get_tensor_name(g, i));
+            mem += 2 * ggml_tensor_overhead() + (size_t) (w->ne[0] + w->ne[1]) * sizeof(float);
+        }
+        struct ggml_init_params ip = { mem, NULL, false };
+        struct ggml_context * ctx = ggml_init(ip);
+        struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, 8192, false);
+        size_t bytes = 0;
+        int count = 0;
+        uint32_t s = 12345;
+        for (int64_t i = 0; i < n; ++i) {
+            const char * name = gguf_get_tensor_name(g, i);
+            struct ggml_tensor * w = ggml_get_tensor(wctx, name);
+            if (ends_with(name, ".bitcos") || ggml_n_dims(w) != 2 || strcmp(name, "token_embd.weight") == 0 ||
+                is_ternary_type(w->type) != (cls == 0)) {
+                continue;
+            }
+            char cname[GGML_MAX_NAME + 8];
+            snprintf(cname, sizeof(cname), "%s.bitcos", name);
+            struct ggml_tensor * comp = ggml_get_tensor(wctx, cname);
+            bytes += ggml_nbytes(w);
+            if (comp) {
+                w->src[0] = comp;
+                bytes += ggml_nbytes(comp);
+            }
+            struct ggml_tensor * x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, w->ne[0]);
+            float * xd = (float *) x->data;
+            for (int64_t j = 0; j < w->ne[0]; ++j) {
+                s = s * 1664525u + 1013904223u;
+                xd[j] = ((s >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
+            }
+            ggml_build_forward_expand(gf, ggml_mul_mat(ctx, w, x));
+            count++;
+        }
+        if (count > 0) {
+            struct ggml_cplan plan = ggml_graph_plan(gf, n_threads, tp);
+            uint8_t * work = plan.work_size ? malloc(plan.work_size) : NULL;
+            plan.work_data = work;
+            ggml_graph_compute(gf, &plan);  // warm-up
+            double * t = malloc(sizeof(double) * reps);
+            for (int r = 0; r < reps; ++r) {
+                const double t0 = now_us();
+                ggml_graph_compute(gf, &plan);
+                t[r] = now_us() - t0;
+            }
+            qsort(t, reps, sizeof(double), cmp_double);
+            printf("{\"decode_class\": \"%s\", \"tensors\": %d, \"threads\": %d, \"reps\": %d, \"bytes\": %zu,"
+                   " \"median_us\": %.3f, \"min_us\": %.3f}\n",
+                   cls == 0 ? "ternary" : "other", count, n_threads, reps, bytes, t[reps / 2], t[0]);
+            fflush(stdout);
+            free(t);
+            free(work);
+        }
         ggml_free(ctx);
     }
     gguf_free(g);
@@ -231,10 +318,14 @@ int main(int argc, char ** argv) {
     if (argc >= 5 && strcmp(argv[1], "gemv") == 0) {
         return bench_gemv(argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? atoll(argv[5]) : 1);
     }
+    if (argc >= 5 && strcmp(argv[1], "decode") == 0) {
+        return bench_decode(argv[2], atoi(argv[3]), atoi(argv[4]));
+    }
     if (argc >= 5 && strcmp(argv[1], "bandwidth") == 0) {
         return bench_bandwidth((size_t) atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
     }
-    fprintf(stderr, "usage: %s gemv FILE.gguf THREADS REPS [NCOLS]\n       %s bandwidth MIB THREADS REPS\n"
-                    "       %s gamma TYPE K ROWS ITERS\n", argv[0], argv[0], argv[0]);
+    fprintf(stderr, "usage: %s gemv FILE.gguf THREADS REPS [NCOLS]\n       %s decode FILE.gguf THREADS REPS\n"
+                    "       %s bandwidth MIB THREADS REPS\n       %s gamma TYPE K ROWS ITERS\n",
+            argv[0], argv[0], argv[0], argv[0]);
     return 2;
 }

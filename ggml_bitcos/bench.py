@@ -115,11 +115,11 @@ def bench_gemv(rows: int, k: int, zs: list[float], threads: list[int], reps: int
     log(f"# wrote {len(files)} GGUFs in {time.perf_counter() - t0:.1f} s")
     results = []
     for nt in threads:
-        for z, p in files:
-            for rec in _run_tool(["gemv", str(p), str(nt), str(reps)]):
-                rec["z"] = z
-                rec["type"] = rec["tensor"].split(".", 1)[1]
-                results.append(rec)
+        # one tool call for every file: its repetitions interleave all types and zero densities
+        for rec in _run_tool(["gemv", ",".join(str(p) for _, p in files), str(nt), str(reps)]):
+            rec["z"] = files[rec["file"]][0]
+            rec["type"] = rec["tensor"].split(".", 1)[1]
+            results.append(rec)
     return results
 
 
@@ -246,25 +246,57 @@ def e2e_models(workdir: Path, preset: str, z: float, log=print) -> dict[str, Pat
 
 
 def bench_e2e(workdir: Path, preset: str, z: float, threads: list[int], reps: int, n_prompt: int,
-              n_gen: int, log=print) -> list[dict[str, Any]]:
+              n_gen: int, rounds: int = 1, log=print) -> list[dict[str, Any]]:
+    """llama-bench over the three models, `rounds` times: each round runs every model and thread count once
+    (with `reps` repetitions), so a slow phase of a shared machine hits all of them; the result per test is
+    the median over rounds (`avg_ts`), with the rounds' spread as `stddev_ts` and their values in
+    `rounds_ts`."""
     models = e2e_models(workdir, preset, z, log)
-    return llama_run.run_bench([models["tq1_0"], models["tq2_0"], models["bitcos"]], n_prompt=n_prompt,
-                               n_gen=n_gen, threads=threads, repetitions=reps)
+    runs = []
+    for i in range(rounds):
+        if rounds > 1:
+            log(f"# llama-bench round {i + 1}/{rounds}")
+        runs.append(llama_run.run_bench([models["tq1_0"], models["tq2_0"], models["bitcos"]], n_prompt=n_prompt,
+                                        n_gen=n_gen, threads=threads, repetitions=reps))
+    return merge_rounds(runs)
 
 
-def decode_breakdown(models: dict[str, Path], threads: list[int], reps: int) -> list[dict[str, Any]]:
+def merge_rounds(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One llama-bench record per (model, test, threads): the first round's record with avg_ts = the median
+    over rounds and stddev_ts = their standard deviation (llama-bench's own when there is one round)."""
+    if len(runs) == 1:
+        return runs[0]
+    def key(r):
+        return (r["model_filename"], r["n_prompt"], r["n_gen"], r["n_threads"])
+    vals: dict[Any, list[float]] = {}
+    for run in runs:
+        for r in run:
+            vals.setdefault(key(r), []).append(r["avg_ts"])
+    out = []
+    for r in runs[0]:
+        v = vals[key(r)]
+        out.append({**r, "avg_ts": float(np.median(v)), "stddev_ts": float(np.std(v)), "rounds_ts": v})
+    return out
+
+
+def decode_breakdown(models: dict[str, Path], threads: list[int], reps: int, rounds: int = 1) -> list[dict[str, Any]]:
     """Per model and thread count: the time of one token's ternary weight matmuls and of its other matmuls
     (output projection), each graph walking all its weights once per run (`llama-bitcos-bench decode`),
-    plus the read bandwidth with that many threads."""
+    plus the read bandwidth with that many threads. With several rounds the models alternate and each
+    time is the median of the rounds' medians."""
     out = []
     for t in threads:
-        beta = _run_tool(["bandwidth", "1024", str(t), "5"])[0]["gb_per_s"]
-        for label, path in (("TQ1_0", models["tq1_0"]), ("TQ2_0", models["tq2_0"]), ("BITCOS", models["bitcos"])):
-            rec: dict[str, Any] = {"model": label, "threads": t, "beta_gb_s": beta}
-            for r in _run_tool(["decode", str(path), str(t), str(reps)]):
-                rec[r["decode_class"] + "_us"] = r["median_us"]
-                rec[r["decode_class"] + "_bytes"] = r["bytes"]
-            out.append(rec)
+        beta = float(np.median([_run_tool(["bandwidth", "1024", str(t), "5"])[0]["gb_per_s"] for _ in range(rounds)]))
+        recs = {label: {"model": label, "threads": t, "beta_gb_s": beta} for label in ("TQ1_0", "TQ2_0", "BITCOS")}
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(rounds):
+            for label, path in (("TQ1_0", models["tq1_0"]), ("TQ2_0", models["tq2_0"]), ("BITCOS", models["bitcos"])):
+                for r in _run_tool(["decode", str(path), str(t), str(reps)]):
+                    times.setdefault((label, r["decode_class"]), []).append(r["median_us"])
+                    recs[label][r["decode_class"] + "_bytes"] = r["bytes"]
+        for (label, cls), v in times.items():
+            recs[label][cls + "_us"] = float(np.median(v))
+        out.extend(recs.values())
     return out
 
 
@@ -389,7 +421,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--preset", default="bitnet-2b")
     e.add_argument("--zero-density", type=float, default=0.42)
     e.add_argument("--threads", type=_ints, default=sorted({1, ncpu}))
-    e.add_argument("--reps", type=int, default=3)
+    e.add_argument("--reps", type=int, default=1, help="llama-bench repetitions per round (default 1)")
+    e.add_argument("--rounds", type=int, default=3,
+                   help="rounds over all models; results are medians over rounds (default 3)")
     e.add_argument("-p", "--n-prompt", type=int, default=512)
     e.add_argument("-n", "--n-gen", type=int, default=128)
     e.add_argument("--workdir", type=Path, default=Path("bench-models"))
@@ -450,14 +484,14 @@ def _run_roofline(args: argparse.Namespace) -> int:
 
 def _run_e2e(args: argparse.Namespace) -> int:
     rows = bench_e2e(args.workdir, args.preset, args.zero_density, args.threads, args.reps, args.n_prompt,
-                     args.n_gen)
+                     args.n_gen, rounds=args.rounds)
     title = (f"llama-bench, {args.preset} z={args.zero_density} — {machine_line(args.threads)}")
     print(f"# {title}")
     print(e2e_table(rows))
     breakdown = []
     if not args.no_breakdown:
         breakdown = decode_breakdown(e2e_models(args.workdir, args.preset, args.zero_density), args.threads,
-                                     args.breakdown_reps)
+                                     args.breakdown_reps, rounds=args.rounds)
         print("\n# where a generated token's time goes (llama-bitcos-bench decode; rest = tg - matmuls)")
         print(breakdown_table(rows, breakdown))
     if args.json:

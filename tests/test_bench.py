@@ -35,7 +35,7 @@ def test_bench_e2e_tiny_with_decode_breakdown(tmp_path, patched_llama):
     breakdown from llama-bitcos-bench decode (ternary weights of the BITCOS file read fewer bytes)."""
     out = tmp_path / "e2e.json"
     r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "e2e", "--preset", "tiny", "--threads", "1",
-                        "--reps", "1", "-p", "16", "-n", "8", "--breakdown-reps", "3",
+                        "--reps", "1", "--rounds", "2", "-p", "16", "-n", "8", "--breakdown-reps", "3",
                         "--workdir", str(tmp_path / "w"), "--json", str(out)],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]

@@ -2,7 +2,7 @@
 // of BITCOS against TQ2_0 / TQ1_0 / Q4_0 measured in one run (`ggml-bitcos bench gemv` writes the GGUF
 // and reads this program's JSON lines). Also measures per-thread read bandwidth (beta) for the roofline.
 //
-//   llama-bitcos-bench gemv FILE.gguf THREADS REPS [NCOLS]
+//   llama-bitcos-bench gemv FILE.gguf[,FILE2.gguf...] THREADS REPS [NCOLS]
 //   llama-bitcos-bench decode FILE.gguf THREADS REPS
 //   llama-bitcos-bench bandwidth MIB THREADS REPS
 //   llama-bitcos-bench gamma TYPE K ROWS ITERS        (ggml's own types: tq2_0, tq1_0, q4_0, ...)
@@ -48,77 +48,123 @@ static int ends_with(const char * s, const char * suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static int bench_gemv(const char * fname, int n_threads, int reps, int64_t ncols) {
+// One timed MUL_MAT per weight of a GGUF. All graphs are built first and the repetitions interleave the
+// weights (rep 1 of every weight, then rep 2, ...), so a slow phase of a shared machine hits every type
+// alike instead of biasing the ratios between types that would otherwise run minutes apart.
+typedef struct {
+    const char *          name;
+    int                   file;     // index in the FILES list
+    struct ggml_tensor *  w;
+    struct ggml_context * ctx;
+    struct ggml_cgraph *  gf;
+    struct ggml_tensor *  y;
+    struct ggml_cplan     plan;
+    uint8_t *             work;
+    size_t                bytes;
+    double *              t;
+} gemv_case;
+
+static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncols) {
     // one persistent threadpool, as llama.cpp uses: no thread start-up inside the timed region
     struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
     struct ggml_threadpool * tp = ggml_threadpool_new(&tpp);
-    struct ggml_context * wctx = NULL;
-    struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &wctx };
-    struct gguf_context * g = gguf_init_from_file(fname, gp);
-    if (!g) {
-        fprintf(stderr, "%s: cannot read GGUF\n", fname);
-        return 1;
+    // FILES: one GGUF or several separated by commas, all timed in the same interleaved loop
+    enum { MAX_FILES = 64 };
+    struct ggml_context * wctxs[MAX_FILES];
+    struct gguf_context * gs[MAX_FILES];
+    int nf = 0;
+    int64_t n_all = 0;
+    char * list = strdup(fnames);
+    for (char * save = NULL, * f = strtok_r(list, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+        if (nf == MAX_FILES) {
+            fprintf(stderr, "gemv: more than %d files\n", MAX_FILES);
+            return 1;
+        }
+        struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &wctxs[nf] };
+        gs[nf] = gguf_init_from_file(f, gp);
+        if (!gs[nf]) {
+            fprintf(stderr, "%s: cannot read GGUF\n", f);
+            return 1;
+        }
+        n_all += gguf_get_n_tensors(gs[nf]);
+        nf++;
     }
-    const int64_t n = gguf_get_n_tensors(g);
-    for (int64_t i = 0; i < n; ++i) {
-        const char * name = gguf_get_tensor_name(g, i);
-        if (ends_with(name, ".bitcos")) {
-            continue;
+    free(list);
+    gemv_case * cs = calloc((size_t) n_all, sizeof(gemv_case));
+    int nc = 0;
+    for (int fi = 0; fi < nf; ++fi) {
+        struct gguf_context * g = gs[fi];
+        struct ggml_context * wctx = wctxs[fi];
+        const int64_t n = gguf_get_n_tensors(g);
+        for (int64_t i = 0; i < n; ++i) {
+            const char * name = gguf_get_tensor_name(g, i);
+            if (ends_with(name, ".bitcos")) {
+                continue;
+            }
+            struct ggml_tensor * w = ggml_get_tensor(wctx, name);
+            if (ggml_n_dims(w) != 2) {
+                continue;
+            }
+            gemv_case * c = &cs[nc++];
+            c->name = name;
+            c->file = fi;
+            c->w = w;
+            c->bytes = ggml_nbytes(w);
+            char cname[GGML_MAX_NAME + 8];
+            snprintf(cname, sizeof(cname), "%s.bitcos", name);
+            struct ggml_tensor * comp = ggml_get_tensor(wctx, cname);
+            if (comp) {
+                w->src[0] = comp;
+                c->bytes += ggml_nbytes(comp);
+            }
+            const int64_t k = w->ne[0], rows = w->ne[1];
+            struct ggml_init_params ip = { /*.mem_size =*/ ggml_tensor_overhead() * 8 + ggml_graph_overhead() +
+                                           (size_t) (k + rows) * ncols * sizeof(float) + 1024 * 1024,
+                                           /*.mem_buffer =*/ NULL, /*.no_alloc =*/ false };
+            c->ctx = ggml_init(ip);
+            struct ggml_tensor * x = ggml_new_tensor_2d(c->ctx, GGML_TYPE_F32, k, ncols);
+            float * xd = (float *) x->data;
+            uint32_t s = 12345;
+            for (int64_t j = 0; j < k * ncols; ++j) {
+                s = s * 1664525u + 1013904223u;
+                xd[j] = ((s >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
+            }
+            c->y = ggml_mul_mat(c->ctx, w, x);
+            c->gf = ggml_new_graph(c->ctx);
+            ggml_build_forward_expand(c->gf, c->y);
+            c->plan = ggml_graph_plan(c->gf, n_threads, tp);
+            c->work = c->plan.work_size ? malloc(c->plan.work_size) : NULL;
+            c->plan.work_data = c->work;
+            c->t = malloc(sizeof(double) * reps);
+            ggml_graph_compute(c->gf, &c->plan);  // warm-up (page faults)
         }
-        struct ggml_tensor * w = ggml_get_tensor(wctx, name);
-        if (ggml_n_dims(w) != 2) {
-            continue;
-        }
-        size_t bytes = ggml_nbytes(w);
-        char cname[GGML_MAX_NAME + 8];
-        snprintf(cname, sizeof(cname), "%s.bitcos", name);
-        struct ggml_tensor * comp = ggml_get_tensor(wctx, cname);
-        if (comp) {
-            w->src[0] = comp;
-            bytes += ggml_nbytes(comp);
-        }
-        const int64_t k = w->ne[0], rows = w->ne[1];
-
-        struct ggml_init_params ip = { /*.mem_size =*/ ggml_tensor_overhead() * 8 + ggml_graph_overhead() +
-                                       (size_t) (k + rows) * ncols * sizeof(float) + 1024 * 1024,
-                                       /*.mem_buffer =*/ NULL, /*.no_alloc =*/ false };
-        struct ggml_context * ctx = ggml_init(ip);
-        struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, ncols);
-        float * xd = (float *) x->data;
-        uint32_t s = 12345;
-        for (int64_t j = 0; j < k * ncols; ++j) {
-            s = s * 1664525u + 1013904223u;
-            xd[j] = ((s >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
-        }
-        struct ggml_tensor * y = ggml_mul_mat(ctx, w, x);
-        struct ggml_cgraph * gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, y);
-
-        struct ggml_cplan plan = ggml_graph_plan(gf, n_threads, tp);
-        uint8_t * work = plan.work_size ? malloc(plan.work_size) : NULL;
-        plan.work_data = work;
-
-        ggml_graph_compute(gf, &plan);  // warm-up (page faults, caches)
-        double * t = malloc(sizeof(double) * reps);
-        for (int r = 0; r < reps; ++r) {
+    }
+    for (int r = 0; r < reps; ++r) {
+        for (int i = 0; i < nc; ++i) {
             const double t0 = now_us();
-            ggml_graph_compute(gf, &plan);
-            t[r] = now_us() - t0;
+            ggml_graph_compute(cs[i].gf, &cs[i].plan);
+            cs[i].t[r] = now_us() - t0;
         }
-        qsort(t, reps, sizeof(double), cmp_double);
-        const double med = t[reps / 2];
-        printf("{\"tensor\": \"%s\", \"type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64
+    }
+    for (int i = 0; i < nc; ++i) {
+        gemv_case * c = &cs[i];
+        qsort(c->t, reps, sizeof(double), cmp_double);
+        const int64_t rows = c->w->ne[1];
+        printf("{\"file\": %d, \"tensor\": \"%s\", \"type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64
                ", \"ncols\": %" PRId64 ", \"threads\": %d, \"reps\": %d, \"bytes\": %zu, \"median_us\": %.3f,"
                " \"min_us\": %.3f, \"checksum\": %.6g}\n",
-               name, ggml_type_name(w->type), k, rows, ncols, n_threads, reps, bytes, med, t[0],
-               (double) ((float *) y->data)[0] + ((float *) y->data)[rows - 1]);
-        fflush(stdout);
-        free(t);
-        free(work);
-        ggml_free(ctx);
+               c->file, c->name, ggml_type_name(c->w->type), c->w->ne[0], rows, ncols, n_threads, reps, c->bytes,
+               c->t[reps / 2], c->t[0], (double) ((float *) c->y->data)[0] + ((float *) c->y->data)[rows - 1]);
+        free(c->t);
+        free(c->work);
+        ggml_free(c->ctx);
     }
-    gguf_free(g);
-    ggml_free(wctx);
+    fflush(stdout);
+    free(cs);
+    for (int fi = 0; fi < nf; ++fi) {
+        gguf_free(gs[fi]);
+        ggml_free(wctxs[fi]);
+    }
     ggml_threadpool_free(tp);
     return 0;
 }
@@ -324,7 +370,7 @@ int main(int argc, char ** argv) {
     if (argc >= 5 && strcmp(argv[1], "bandwidth") == 0) {
         return bench_bandwidth((size_t) atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
     }
-    fprintf(stderr, "usage: %s gemv FILE.gguf THREADS REPS [NCOLS]\n       %s decode FILE.gguf THREADS REPS\n"
+    fprintf(stderr, "usage: %s gemv FILE.gguf[,FILE.gguf...] THREADS REPS [NCOLS]\n       %s decode FILE.gguf THREADS REPS\n"
                     "       %s bandwidth MIB THREADS REPS\n       %s gamma TYPE K ROWS ITERS\n",
             argv[0], argv[0], argv[0], argv[0]);
     return 2;

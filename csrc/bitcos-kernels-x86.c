@@ -592,13 +592,13 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                             const int64_t b0 = s0 + (int64_t)q * BX_CHUNK_B;
                             const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
                             if (nbk == BX_CHUNK_B && 2*(b0 + BX_CHUNK_B) <= nb) {   // every block has two halves
-                                if (!g128) {
-                                    // a PT chunk is checked up front: the unchecked byte window, else two qwords
-                                    if (bx5_pt_chunk_sparse(rowA, b0) && bx5_pt_chunk_sparse(rowB, b0)) {
-                                        a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE_UNCHECKED, a);
-                                    } else {
-                                        a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_QWORDS, a);
-                                    }
+                                if (!g128 && bx5_pt_chunk_sparse(rowA, b0) && bx5_pt_chunk_sparse(rowB, b0)) {
+                                    // no word of this PT chunk has more than 57 present weights: no per-word test
+                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE_UNCHECKED, a);
+                                } else if (!g128 && fastwin) {
+                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE, a);
+                                } else if (!g128) {
+                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_QWORDS, a);
                                 } else if (fastwin) {
                                     a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, BX_WIN_BYTE, a);
                                 } else {

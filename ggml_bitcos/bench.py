@@ -100,8 +100,10 @@ def write_gemv_gguf(path: Path, rows: int, k: int, z: float, types: list[str], s
 
 # ----------------------------------------------------------------------------------------------- gemv
 def bench_gemv(rows: int, k: int, zs: list[float], threads: list[int], reps: int, workdir: Path,
-               bitcos_types: list[str], refs: list[str], log=print) -> list[dict[str, Any]]:
-    """Time every type on the same shape; references once (their speed does not depend on z)."""
+               bitcos_types: list[str], refs: list[str], log=print, order: str = "interleaved") -> list[dict[str, Any]]:
+    """Time every type on the same shape; references once (their speed does not depend on z). `order`:
+    "interleaved" (each repetition walks every weight: noise hits all types alike; the working set is all
+    weights together) or "grouped" (each weight's repetitions back to back: a small weight stays in L1/L2)."""
     workdir.mkdir(parents=True, exist_ok=True)
     files: list[tuple[float | None, Path]] = []
     t0 = time.perf_counter()
@@ -116,7 +118,7 @@ def bench_gemv(rows: int, k: int, zs: list[float], threads: list[int], reps: int
     results = []
     for nt in threads:
         # one tool call for every file: its repetitions interleave all types and zero densities
-        for rec in _run_tool(["gemv", ",".join(str(p) for _, p in files), str(nt), str(reps)]):
+        for rec in _run_tool(["gemv", ",".join(str(p) for _, p in files), str(nt), str(reps), "1", order]):
             rec["z"] = files[rec["file"]][0]
             rec["type"] = rec["tensor"].split(".", 1)[1]
             results.append(rec)
@@ -401,6 +403,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--z", type=_floats, default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.95])
     g.add_argument("--threads", type=_ints, default=sorted({1, ncpu}))
     g.add_argument("--reps", type=int, default=9)
+    g.add_argument("--order", choices=("interleaved", "grouped"), default="interleaved",
+                   help="interleaved: every repetition walks all weights (robust ratios on a shared machine; "
+                        "the working set is all weights); grouped: each weight's repetitions back to back "
+                        "(a small weight stays in L1/L2: the cache-resident figure)")
     g.add_argument("--bitcos-types", default="bitcos_pt,bitcos_g128")
     g.add_argument("--workdir", type=Path, default=None, help="where the test GGUFs go (default: a temp dir)")
     g.add_argument("--json", type=Path, help="write all measurements as JSON")
@@ -453,11 +459,11 @@ def _run_gemv(args: argparse.Namespace) -> int:
     wd, td = _workdir(args.workdir)
     try:
         res = bench_gemv(args.rows, args.k, args.z, args.threads, args.reps, wd,
-                         args.bitcos_types.split(","), list(REF_TYPES))
+                         args.bitcos_types.split(","), list(REF_TYPES), order=args.order)
     finally:
         if td:
             td.cleanup()
-    title = f"ggml-bitcos bench gemv — {machine_line(args.threads)}"
+    title = f"ggml-bitcos bench gemv ({args.order}) — {machine_line(args.threads)}"
     print(f"# {title}")
     print(gemv_table(res))
     if args.json:

@@ -2,7 +2,7 @@
 // of BITCOS against TQ2_0 / TQ1_0 / Q4_0 measured in one run (`ggml-bitcos bench gemv` writes the GGUF
 // and reads this program's JSON lines). Also measures per-thread read bandwidth (beta) for the roofline.
 //
-//   llama-bitcos-bench gemv FILE.gguf[,FILE2.gguf...] THREADS REPS [NCOLS]
+//   llama-bitcos-bench gemv FILE.gguf[,FILE2.gguf...] THREADS REPS [NCOLS [grouped]]
 //   llama-bitcos-bench decode FILE.gguf THREADS REPS
 //   llama-bitcos-bench bandwidth MIB THREADS REPS
 //   llama-bitcos-bench gamma TYPE K ROWS ITERS        (ggml's own types: tq2_0, tq1_0, q4_0, ...)
@@ -50,7 +50,9 @@ static int ends_with(const char * s, const char * suffix) {
 
 // One timed MUL_MAT per weight of a GGUF. All graphs are built first and the repetitions interleave the
 // weights (rep 1 of every weight, then rep 2, ...), so a slow phase of a shared machine hits every type
-// alike instead of biasing the ratios between types that would otherwise run minutes apart.
+// alike instead of biasing the ratios between types that would otherwise run minutes apart. "grouped"
+// runs each weight's repetitions back to back instead, so that a small weight stays in L1/L2 (the
+// interleaved loop makes all weights together the working set).
 typedef struct {
     const char *          name;
     int                   file;     // index in the FILES list
@@ -64,7 +66,7 @@ typedef struct {
     double *              t;
 } gemv_case;
 
-static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncols) {
+static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncols, int grouped) {
     // one persistent threadpool, as llama.cpp uses: no thread start-up inside the timed region
     struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
     struct ggml_threadpool * tp = ggml_threadpool_new(&tpp);
@@ -139,11 +141,22 @@ static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncol
             ggml_graph_compute(c->gf, &c->plan);  // warm-up (page faults)
         }
     }
-    for (int r = 0; r < reps; ++r) {
+    if (grouped) {
+        // each weight's repetitions back to back: a small weight stays in L1/L2 (cache-resident figures)
         for (int i = 0; i < nc; ++i) {
-            const double t0 = now_us();
-            ggml_graph_compute(cs[i].gf, &cs[i].plan);
-            cs[i].t[r] = now_us() - t0;
+            for (int r = 0; r < reps; ++r) {
+                const double t0 = now_us();
+                ggml_graph_compute(cs[i].gf, &cs[i].plan);
+                cs[i].t[r] = now_us() - t0;
+            }
+        }
+    } else {
+        for (int r = 0; r < reps; ++r) {
+            for (int i = 0; i < nc; ++i) {
+                const double t0 = now_us();
+                ggml_graph_compute(cs[i].gf, &cs[i].plan);
+                cs[i].t[r] = now_us() - t0;
+            }
         }
     }
     for (int i = 0; i < nc; ++i) {
@@ -362,7 +375,8 @@ int main(int argc, char ** argv) {
         return bench_gamma(argv[2], atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     }
     if (argc >= 5 && strcmp(argv[1], "gemv") == 0) {
-        return bench_gemv(argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? atoll(argv[5]) : 1);
+        return bench_gemv(argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? atoll(argv[5]) : 1,
+                          argc > 6 && strcmp(argv[6], "grouped") == 0);
     }
     if (argc >= 5 && strcmp(argv[1], "decode") == 0) {
         return bench_decode(argv[2], atoi(argv[3]), atoi(argv[4]));
@@ -370,7 +384,7 @@ int main(int argc, char ** argv) {
     if (argc >= 5 && strcmp(argv[1], "bandwidth") == 0) {
         return bench_bandwidth((size_t) atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
     }
-    fprintf(stderr, "usage: %s gemv FILE.gguf[,FILE.gguf...] THREADS REPS [NCOLS]\n       %s decode FILE.gguf THREADS REPS\n"
+    fprintf(stderr, "usage: %s gemv FILE.gguf[,FILE.gguf...] THREADS REPS [NCOLS [grouped]]\n       %s decode FILE.gguf THREADS REPS\n"
                     "       %s bandwidth MIB THREADS REPS\n       %s gamma TYPE K ROWS ITERS\n",
             argv[0], argv[0], argv[0], argv[0]);
     return 2;

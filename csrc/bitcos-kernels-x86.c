@@ -383,10 +383,10 @@ BX_ALWAYS_INLINE __m512 bx5_fma16(__m512 a, __m512 b, __m512 c) {
 // 64-bit GPR -> mask writes bound the GEMV on Zen 5 (2.21 vs 2.31 ticks per 32 weights, G128 with equal
 // halves; the multi-column path is within 3 % either way). Inline asm, because GCC merges _load_mask64
 // with the GPR load of the same word.
-BX_ALWAYS_INLINE __m512i bx5_codes64w(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor, const int fastwin) {
+BX_ALWAYS_INLINE __m512i bx5_codes64w(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor, const int win) {
     const uint64_t p = bx_load_u64(bits);
-    const uint64_t n = fastwin == BX_WIN_QWORDS ? bx_negatives(p, pool, cursor)
-                     : bx_negatives_fast(p, pool, cursor, fastwin == BX_WIN_BYTE);
+    const uint64_t n = win == BX_WIN_QWORDS ? bx_negatives(p, pool, cursor)
+                     : bx_negatives_fast(p, pool, cursor, win == BX_WIN_BYTE);
     __mmask64 pm;
     __asm__("kmovq %1, %0" : "=k"(pm) : "m"(*(const uint64_t *)bits));
     return _mm512_mask_mov_epi8(_mm512_mask_blend_epi8(pm, _mm512_set1_epi8(1), _mm512_set1_epi8(2)),
@@ -400,15 +400,15 @@ BX_ALWAYS_INLINE __m512i bx5_codes64(const uint8_t * bits, const uint8_t * pool,
 // Dword lanes of one block's dot products: z0 over half 0, z over the block (z = z0 with one half).
 // Decodes the row's codes on the way (GEMV form).
 BX_ALWAYS_INLINE void bx5_block_dots(const uint8_t * blk, size_t bb, int halves, const uint8_t * pool,
-                                     uint64_t * cursor, const int8_t * q, const int fastwin, __m512i * z0, __m512i * z) {
-    const __m512i u0 = bx5_codes64w(blk,     pool, cursor, fastwin);
-    const __m512i u1 = bx5_codes64w(blk + 8, pool, cursor, fastwin);
+                                     uint64_t * cursor, const int8_t * q, const int win, __m512i * z0, __m512i * z) {
+    const __m512i u0 = bx5_codes64w(blk,     pool, cursor, win);
+    const __m512i u1 = bx5_codes64w(blk + 8, pool, cursor, win);
     *z0 = bx5_dpbusd(bx5_dpbusd(_mm512_setzero_si512(), u0, _mm512_loadu_si512((const void *)q)),
                      u1, _mm512_loadu_si512((const void *)(q + 64)));
     *z = *z0;
     if (halves == 2) {
-        const __m512i u2 = bx5_codes64w(blk + bb,     pool, cursor, fastwin);
-        const __m512i u3 = bx5_codes64w(blk + bb + 8, pool, cursor, fastwin);
+        const __m512i u2 = bx5_codes64w(blk + bb,     pool, cursor, win);
+        const __m512i u3 = bx5_codes64w(blk + bb + 8, pool, cursor, win);
         *z = bx5_dpbusd(bx5_dpbusd(*z0, u2, _mm512_loadu_si512((const void *)(q + 128))),
                         u3, _mm512_loadu_si512((const void *)(q + 192)));
     }
@@ -497,7 +497,7 @@ BX_ALWAYS_INLINE __mmask16 bx5_pair_scales(const uint8_t * rowA, const uint8_t *
 BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * rowA, const uint8_t * rowB,
                                       uint64_t * curA, uint64_t * curB, int64_t b0, const int nbk, int64_t nb,
                                       const bx_col_chunk * cc, const bx5_pair_chunk * pc, const int g128,
-                                      const int full2, const int fastwin, __m512 acc) {
+                                      const int full2, const int win, __m512 acc) {
     const size_t bb = g128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
     const uint8_t * pool = w->pool;
     uint64_t ca = *curA, cb = *curB;      // locals: the pointers may alias as far as the compiler knows
@@ -509,8 +509,8 @@ BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * row
         _mm_prefetch((const char *)(rowA + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
         _mm_prefetch((const char *)(rowB + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
 #endif
-        bx5_block_dots(rowA + (size_t)(2*b) * bb, bb, halves, pool, &ca, cc->qs[j], fastwin, &zA0, &zA);
-        bx5_block_dots(rowB + (size_t)(2*b) * bb, bb, halves, pool, &cb, cc->qs[j], fastwin, &zB0, &zB);
+        bx5_block_dots(rowA + (size_t)(2*b) * bb, bb, halves, pool, &ca, cc->qs[j], win, &zA0, &zA);
+        bx5_block_dots(rowB + (size_t)(2*b) * bb, bb, halves, pool, &cb, cc->qs[j], win, &zB0, &zB);
         __m512 e0v = _mm512_setzero_ps(), e1v = _mm512_setzero_ps();
         __mmask16 split = 0;
         if (g128) split = bx5_pair_scales(rowA, rowB, b, halves, &e0v, &e1v);
@@ -523,8 +523,8 @@ BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * row
 
 // 1 when no 64-weight word of the full PT chunk starting at Q8_K block b0 of the row holds more than 57 present
 // weights, so the chunk can take the unchecked byte window: one vector popcount per 8 words (the chunk's 256
-// bitmap bytes are contiguous in a PT row) instead of a compare and branch per word (1.81 -> 1.70 ticks per
-// 32 weights, 256 x 2048 at z = 0.4). Without VPOPCNTDQ: 0 (the checked window).
+// bitmap bytes are contiguous in a PT row) instead of a compare and branch per word (1.81 -> 1.745 ticks per
+// 32 weights, 256 x 2048 at z = 0.4; KERNELS.md §3). Without VPOPCNTDQ: 0 (the checked window).
 BX_ALWAYS_INLINE int bx5_pt_chunk_sparse(const uint8_t * row, int64_t b0) {
 #if defined(__AVX512VPOPCNTDQ__)
     const uint8_t * p = row + (size_t)(2*b0) * BITCOS_BLOCK_BYTES_PT;

@@ -60,6 +60,13 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * con
 // row tile; the bitmap is also prefetched BX_PF_BITS bytes ahead of each row's position (0: no prefetch).
 #define BX_GEMV_SPAN 8                   // chunks (16384 weights) of a column staged at once; <= BX_CT
 _Static_assert(BX_GEMV_SPAN <= BX_CT, "the GEMV stages a span's chunks in the column tile's buffers");
+// Rows of at most this many block bytes (PT: k <= 4096) pair adjacent rows in the GEMV (see bitcos_mm_avx512)
+#ifndef BX_ADJ_ROW_BYTES
+#define BX_ADJ_ROW_BYTES 512
+#endif
+#ifndef BX_PF_SIGNS
+#define BX_PF_SIGNS 0
+#endif
 #ifndef BX_PF_BITS
 #define BX_PF_BITS 512
 #endif
@@ -509,6 +516,10 @@ BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * row
         _mm_prefetch((const char *)(rowA + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
         _mm_prefetch((const char *)(rowB + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
 #endif
+#if BX_PF_SIGNS
+        _mm_prefetch((const char *)(pool + (ca >> 3) + BX_PF_SIGNS), _MM_HINT_T0);
+        _mm_prefetch((const char *)(pool + (cb >> 3) + BX_PF_SIGNS), _MM_HINT_T0);
+#endif
         bx5_block_dots(rowA + (size_t)(2*b) * bb, bb, halves, pool, &ca, cc->qs[j], win, &zA0, &zA);
         bx5_block_dots(rowB + (size_t)(2*b) * bb, bb, halves, pool, &cb, cc->qs[j], win, &zB0, &zB);
         __m512 e0v = _mm512_setzero_ps(), e1v = _mm512_setzero_ps();
@@ -558,8 +569,15 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                 cursor[r] = w->sign_pos[r0 + r];
                 for (int p = 0; p < BX_CT / 2; ++p) acc[r][p] = _mm512_setzero_ps();
             }
-            const int nrh = (nrt + 1) / 2;                  // GEMV pairs rows r and r + nrh
-            cursor[nrt] = cursor[nrh - 1];                  // the copy an odd tile's row nrh - 1 pairs with
+            // GEMV row pairs (KERNELS.md §5, memory): long rows pair r with r + nrh, so the bitmap and the pool
+            // are read as four long sequential streams through the tile; short rows (at most BX_ADJ_ROW_BYTES
+            // bytes of blocks) pair 2p with 2p + 1, which are adjacent in both the bitmap and
+            // the pool: two streams that run through the whole matrix instead of two that restart per tile.
+            const int nrh = (nrt + 1) / 2;                  // pairs; an odd tile's last row pairs with a copy
+            const int adj = w->row_bytes <= BX_ADJ_ROW_BYTES;
+#define BX_PAIR_A(p) (adj ? 2*(p) : (p))
+#define BX_PAIR_B(p) (adj ? 2*(p) + 1 : (p) + nrh)
+            cursor[nrt] = cursor[BX_PAIR_A(nrh - 1)];       // the copy the odd last row pairs with
             if (nct == 1) {
                 // The byte-granular sign window (bx_negatives_fast) pays off unless many 64-weight words have
                 // more than 57 present weights; the tile's mean density, from its rows' sign counts, decides
@@ -582,10 +600,11 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                         bx5_stage_pair(&cc[nch], &cc[nch], nbk, &pc[nch]);
                     }
                     for (int r = 0; r < nrh; ++r) {
-                        const int rb = r + nrh < nrt ? r + nrh : r;
-                        const uint8_t * rowA = w->blocks + (size_t)(r0 + r) * w->row_bytes;
+                        const int ra = BX_PAIR_A(r), rb = BX_PAIR_B(r) < nrt ? BX_PAIR_B(r) : ra;
+                        const uint8_t * rowA = w->blocks + (size_t)(r0 + ra) * w->row_bytes;
                         const uint8_t * rowB = w->blocks + (size_t)(r0 + rb) * w->row_bytes;
-                        uint64_t * curB = r + nrh < nrt ? &cursor[rb] : &cursor[nrt];
+                        uint64_t * curA = &cursor[ra];
+                        uint64_t * curB = BX_PAIR_B(r) < nrt ? &cursor[rb] : &cursor[nrt];
                         __m512 a = acc[r][0];
                         for (int q = 0; q < nch; ++q) {
                             // full chunks and G128/PT get their own instantiations (constant trip count, variant)
@@ -594,22 +613,22 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                             if (nbk == BX_CHUNK_B && 2*(b0 + BX_CHUNK_B) <= nb) {   // every block has two halves
                                 if (!g128 && bx5_pt_chunk_sparse(rowA, b0) && bx5_pt_chunk_sparse(rowB, b0)) {
                                     // no word of this PT chunk has more than 57 present weights: no per-word test
-                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE_UNCHECKED, a);
+                                    a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE_UNCHECKED, a);
                                 } else if (!g128 && fastwin) {
-                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE, a);
+                                    a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE, a);
                                 } else if (!g128) {
-                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_QWORDS, a);
+                                    a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_QWORDS, a);
                                 } else if (fastwin) {
-                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, BX_WIN_BYTE, a);
+                                    a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, BX_WIN_BYTE, a);
                                 } else {
-                                    a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, BX_WIN_QWORDS, a);
+                                    a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, BX_WIN_QWORDS, a);
                                 }
                             } else if (fastwin) {
-                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, BX_WIN_BYTE, a);
-                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, BX_WIN_BYTE, a);
+                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, BX_WIN_BYTE, a);
+                                else      a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, BX_WIN_BYTE, a);
                             } else {
-                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, BX_WIN_QWORDS, a);
-                                else      a = bx5_gemv_pair(w, rowA, rowB, &cursor[r], curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, BX_WIN_QWORDS, a);
+                                if (g128) a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, BX_WIN_QWORDS, a);
+                                else      a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, BX_WIN_QWORDS, a);
                             }
                         }
                         acc[r][0] = a;
@@ -654,7 +673,8 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
             }
             if (nct == 1) {
                 for (int r = 0; r < nrh; ++r) {
-                    bx5_store_pair(acc[r][0], &dst[c0][r0 + r], r + nrh < nrt ? &dst[c0][r0 + r + nrh] : NULL);
+                    bx5_store_pair(acc[r][0], &dst[c0][r0 + BX_PAIR_A(r)],
+                                   BX_PAIR_B(r) < nrt ? &dst[c0][r0 + BX_PAIR_B(r)] : NULL);
                 }
             } else {
                 for (int r = 0; r < nrt; ++r) {
@@ -666,6 +686,9 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
         }
     }
 }
+
+#undef BX_PAIR_A
+#undef BX_PAIR_B
 
 #endif // AVX-512
 #endif // x86-64 && AVX2

@@ -1,10 +1,14 @@
 """`ggml-bitcos bench …`: the paper's measurements reproduced on the machine at hand.
 
 * ``gemv``     — Fig. 11: GEMV time over zero density, BITCOS vs TQ2_0 / TQ1_0 (Q4_0 as a familiar
-                 reference), through ggml's real CPU MUL_MAT (llama-bitcos-bench), ratios from one run.
+                 reference), through ggml's real CPU MUL_MAT (llama-bitcos-bench), ratios from one run whose
+                 repetitions interleave all types (``--order grouped``: back to back, cache-resident).
 * ``roofline`` — Table II / Fig. 10: measured per-thread read bandwidth beta and instruction cost gamma
                  (cycles per 32 weights, L1-resident), the predicted bound for each z, next to measured.
-* ``e2e``      — Fig. 12: llama-bench tg128 / pp512 for one model in TQ1_0, TQ2_0 and BITCOS.
+* ``e2e``      — Fig. 12: llama-bench tg128 / pp512 for one model in TQ1_0, TQ2_0 and BITCOS, in rounds over
+                 all models (medians over rounds), and where a generated token's time goes: its ternary
+                 matmuls, its other matmuls (llama-bitcos-bench decode) and the rest, with the Amdahl ceiling
+                 of the tg ratio.
 * ``kernels``  — the BITCOS kernel microbenchmark (ggml_bitcos.kbench).
 
 Every ratio printed is measured in the same invocation; nothing here asserts a timing.

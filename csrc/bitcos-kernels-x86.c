@@ -23,7 +23,8 @@
 // one column (GEMV) or one row against two columns (several columns), so the fold, conversion and FMA
 // serve two accumulators per instruction; every lane is still exactly the contract's operation.
 // GEMV (one column) decodes straight into the dot products, two rows interleaved (AVX-512: rows r and r + nrh,
-// so that the bitmap and sign reads stay four sequential streams; KERNELS.md §5, memory). With several
+// so that the bitmap and sign reads stay four sequential streams, or adjacent rows when rows are short;
+// KERNELS.md §5, memory). With several
 // columns each row's codes are decoded once and reused for every column of the tile: AVX-512 block by
 // block in registers (all column pairs before the next block), AVX2 a chunk at a time into a code buffer.
 #include "bitcos-kernels.h"

@@ -233,6 +233,16 @@ def roofline_table(rf: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ e2e
+# e2e model labels (tables) -> keys of e2e_models()
+E2E_LABELS = {"TQ1_0": "tq1_0", "TQ2_0": "tq2_0", "BITCOS": "bitcos"}
+
+
+def e2e_label(model_filename: str) -> str:
+    """Table label of an e2e model file (names as e2e_models() writes them)."""
+    name = Path(model_filename).name
+    return "BITCOS" if "bitcos" in name else ("TQ2_0" if "tq2_0" in name else "TQ1_0")
+
+
 def e2e_models(workdir: Path, preset: str, z: float, log=print) -> dict[str, Path]:
     """The benchmark model as TQ1_0 and TQ2_0 (make-model, deterministic) and the TQ2_0 file converted to
     BITCOS; made once per workdir."""
@@ -285,18 +295,21 @@ def merge_rounds(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-def decode_breakdown(models: dict[str, Path], threads: list[int], reps: int, rounds: int = 1) -> list[dict[str, Any]]:
+def decode_breakdown(models: dict[str, Path], threads: list[int], reps: int,
+                     rounds: int = 1) -> list[dict[str, Any]]:
     """Per model and thread count: the time of one token's ternary weight matmuls and of its other matmuls
     (output projection), each graph walking all its weights once per run (`llama-bitcos-bench decode`),
     plus the read bandwidth with that many threads. With several rounds the models alternate and each
     time is the median of the rounds' medians."""
     out = []
     for t in threads:
-        beta = float(np.median([_run_tool(["bandwidth", "1024", str(t), "5"])[0]["gb_per_s"] for _ in range(rounds)]))
-        recs = {label: {"model": label, "threads": t, "beta_gb_s": beta} for label in ("TQ1_0", "TQ2_0", "BITCOS")}
+        betas = [_run_tool(["bandwidth", "1024", str(t), "5"])[0]["gb_per_s"] for _ in range(rounds)]
+        beta = float(np.median(betas))
+        recs = {label: {"model": label, "threads": t, "beta_gb_s": beta} for label in E2E_LABELS}
         times: dict[tuple[str, str], list[float]] = {}
         for _ in range(rounds):
-            for label, path in (("TQ1_0", models["tq1_0"]), ("TQ2_0", models["tq2_0"]), ("BITCOS", models["bitcos"])):
+            for label, key in E2E_LABELS.items():
+                path = models[key]
                 for r in _run_tool(["decode", str(path), str(t), str(reps)]):
                     times.setdefault((label, r["decode_class"]), []).append(r["median_us"])
                     recs[label][r["decode_class"] + "_bytes"] = r["bytes"]
@@ -313,9 +326,7 @@ def breakdown_table(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]])
     tg = {}
     for r in rows:
         if r["n_prompt"] == 0:
-            name = Path(r["model_filename"]).name
-            label = "BITCOS" if "bitcos" in name else ("TQ2_0" if "tq2_0" in name else "TQ1_0")
-            tg[(label, r["n_threads"])] = 1e3 / r["avg_ts"]
+            tg[(e2e_label(r["model_filename"]), r["n_threads"])] = 1e3 / r["avg_ts"]
     out = ["| model | threads | tg ms/token | ternary matmuls ms | ternary MB | ternary GB/s | other matmuls ms |"
            " rest ms |", "|---|---|---|---|---|---|---|---|"]
     for b in breakdown:
@@ -352,8 +363,7 @@ def e2e_table(rows: list[dict[str, Any]]) -> str:
 
     base = {}
     for r in rows:
-        name = Path(r["model_filename"]).name
-        r["_label"] = "BITCOS" if "bitcos" in name else ("TQ2_0" if "tq2_0" in name else "TQ1_0")
+        r["_label"] = e2e_label(r["model_filename"])
         base[(r["_label"], kind(r), r["n_threads"])] = r["avg_ts"]
     out = ["| model | test | threads | t/s | vs TQ2_0 | vs TQ1_0 | size MiB |", "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -384,8 +384,10 @@ int main(int argc, char ** argv) {
     if (argc >= 5 && strcmp(argv[1], "bandwidth") == 0) {
         return bench_bandwidth((size_t) atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
     }
-    fprintf(stderr, "usage: %s gemv FILE.gguf[,FILE.gguf...] THREADS REPS [NCOLS [grouped]]\n       %s decode FILE.gguf THREADS REPS\n"
-                    "       %s bandwidth MIB THREADS REPS\n       %s gamma TYPE K ROWS ITERS\n",
+    fprintf(stderr, "usage: %s gemv FILE.gguf[,FILE.gguf...] THREADS REPS [NCOLS [grouped]]\n"
+                    "       %s decode FILE.gguf THREADS REPS\n"
+                    "       %s bandwidth MIB THREADS REPS\n"
+                    "       %s gamma TYPE K ROWS ITERS\n",
             argv[0], argv[0], argv[0], argv[0]);
     return 2;
 }

@@ -199,14 +199,15 @@ static int bench_decode(const char * fname, int n_threads, int reps) {
     }
     const int64_t n = gguf_get_n_tensors(g);
     for (int cls = 0; cls < 2; ++cls) {          // 0: ternary weights, 1: every other matmul weight
-        size_t mem = ggml_graph_overhead_custom(8192, false) + 1024 * 1024;
+        const size_t graph_size = 2 * (size_t) n + 64;   // one MUL_MAT and one input per weight at most
+        size_t mem = ggml_graph_overhead_custom(graph_size, false) + 1024 * 1024;
         for (int64_t i = 0; i < n; ++i) {
             const struct ggml_tensor * w = ggml_get_tensor(wctx, gguf_get_tensor_name(g, i));
             mem += 2 * ggml_tensor_overhead() + (size_t) (w->ne[0] + w->ne[1]) * sizeof(float);
         }
         struct ggml_init_params ip = { mem, NULL, false };
         struct ggml_context * ctx = ggml_init(ip);
-        struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, 8192, false);
+        struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, graph_size, false);
         size_t bytes = 0;
         int count = 0;
         uint32_t s = 12345;

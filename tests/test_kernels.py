@@ -189,23 +189,27 @@ def test_rows_starting_mid_tensor(lib, impl: str, fma: bool) -> None:
 def test_dense_words_inside_sparse_rows(lib, impl: str, variant: int, fma: bool) -> None:
     """The AVX-512 GEMV reads signs with a byte-granular window that holds only 57 bits; a PT chunk takes
     it without a per-word test when a vector popcount finds no word with more than 57 present weights
-    (KERNELS.md §3). Sparse rows (z = 0.5) with single words of exactly 57, 58 and 64 present weights at
-    different chunks and rows must decode exactly on every path, in the one-column and the tiled form."""
+    (KERNELS.md §3). Sparse rows (z = 0.5) with single words of exactly 57, 58, 63 and 64 present weights at
+    different chunks and rows must decode exactly on every path, in the one-column and the tiled form, with
+    long and with short rows."""
     if impl != "generic":
         require(impl, fma)
     rng = np.random.default_rng(57)
-    nr, k = 7, 2048 * 3
-    codes = K.random_codes(rng, nr, k, 0.5)
-    for row, word, present in ((0, 5, 64), (3, 40, 58), (4, 40, 57), (6, 95, 58), (1, 64, 64), (5, 33, 63)):
-        seg = rng.choice(np.array([-1, 1], dtype=np.int8), size=64)
-        seg[rng.permutation(64)[: 64 - present]] = 0
-        codes[row, 64 * word: 64 * word + 64] = seg
-    ds = random_block_scales(rng, nr, k)
-    w = K.encode_rows(codes, variant, block_scales=ds, scale=0.75)
-    for nc in (1, 3):
-        y = K.random_q8k(rng, nc, k)
-        ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=0.75, fma=fma)
-        np.testing.assert_array_equal(bits(K.mm(impl, w, y, fma)), bits(ref), err_msg=f"nc={nc}")
+    # k = 6144: long rows (the GEMV pairs r with r + nrh); k = 4096: short rows (adjacent pairs, §5)
+    for nr, k in ((7, 2048 * 3), (9, 4096)):
+        codes = K.random_codes(rng, nr, k, 0.5)
+        words = k // 64
+        for row, word, present in ((0, 5, 64), (3, 40, 58), (4, 40, 57), (6, 95, 58), (1, 64, 64), (5, 33, 63)):
+            seg = rng.choice(np.array([-1, 1], dtype=np.int8), size=64)
+            seg[rng.permutation(64)[: 64 - present]] = 0
+            w0 = 64 * (word % words)
+            codes[row, w0: w0 + 64] = seg
+        ds = random_block_scales(rng, nr, k)
+        w = K.encode_rows(codes, variant, block_scales=ds, scale=0.75)
+        for nc in (1, 3):
+            y = K.random_q8k(rng, nc, k)
+            ref = K.reference_mm(codes, variant, y, block_scales=ds, scale=0.75, fma=fma)
+            np.testing.assert_array_equal(bits(K.mm(impl, w, y, fma)), bits(ref), err_msg=f"k={k} nc={nc}")
 
 
 @pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)

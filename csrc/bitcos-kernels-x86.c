@@ -65,9 +65,6 @@ _Static_assert(BX_GEMV_SPAN <= BX_CT, "the GEMV stages a span's chunks in the co
 #ifndef BX_ADJ_ROW_BYTES
 #define BX_ADJ_ROW_BYTES 512
 #endif
-#ifndef BX_PF_SIGNS
-#define BX_PF_SIGNS 0
-#endif
 #ifndef BX_PF_BITS
 #define BX_PF_BITS 512
 #endif
@@ -516,10 +513,6 @@ BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * row
 #if BX_PF_BITS
         _mm_prefetch((const char *)(rowA + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
         _mm_prefetch((const char *)(rowB + (size_t)(2*b) * bb + BX_PF_BITS), _MM_HINT_T0);
-#endif
-#if BX_PF_SIGNS
-        _mm_prefetch((const char *)(pool + (ca >> 3) + BX_PF_SIGNS), _MM_HINT_T0);
-        _mm_prefetch((const char *)(pool + (cb >> 3) + BX_PF_SIGNS), _MM_HINT_T0);
 #endif
         bx5_block_dots(rowA + (size_t)(2*b) * bb, bb, halves, pool, &ca, cc->qs[j], win, &zA0, &zA);
         bx5_block_dots(rowB + (size_t)(2*b) * bb, bb, halves, pool, &cb, cc->qs[j], win, &zB0, &zB);

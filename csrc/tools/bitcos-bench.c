@@ -48,6 +48,31 @@ static int ends_with(const char * s, const char * suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+// The LCG all modes draw their data from; uniform values in [-1, 1) continue the sequence in *s.
+static uint32_t lcg_next(uint32_t * s) {
+    *s = *s * 1664525u + 1013904223u;
+    return *s;
+}
+
+static void fill_uniform(float * x, int64_t n, uint32_t * s) {
+    for (int64_t j = 0; j < n; ++j) {
+        x[j] = ((lcg_next(s) >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
+    }
+}
+
+// Links a BITCOS weight to its companion "<name>.bitcos" through src[0], as the patched loader does;
+// returns the bytes the matmul reads (weight plus companion, if any).
+static size_t link_companion(struct ggml_context * wctx, const char * name, struct ggml_tensor * w) {
+    char cname[GGML_MAX_NAME + 8];
+    snprintf(cname, sizeof(cname), "%s.bitcos", name);
+    struct ggml_tensor * comp = ggml_get_tensor(wctx, cname);
+    if (comp) {
+        w->src[0] = comp;
+        return ggml_nbytes(w) + ggml_nbytes(comp);
+    }
+    return ggml_nbytes(w);
+}
+
 // One timed MUL_MAT per weight of a GGUF. All graphs are built first and the repetitions interleave the
 // weights (rep 1 of every weight, then rep 2, ...), so a slow phase of a shared machine hits every type
 // alike instead of biasing the ratios between types that would otherwise run minutes apart. "grouped"
@@ -111,26 +136,15 @@ static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncol
             c->name = name;
             c->file = fi;
             c->w = w;
-            c->bytes = ggml_nbytes(w);
-            char cname[GGML_MAX_NAME + 8];
-            snprintf(cname, sizeof(cname), "%s.bitcos", name);
-            struct ggml_tensor * comp = ggml_get_tensor(wctx, cname);
-            if (comp) {
-                w->src[0] = comp;
-                c->bytes += ggml_nbytes(comp);
-            }
+            c->bytes = link_companion(wctx, name, w);
             const int64_t k = w->ne[0], rows = w->ne[1];
             struct ggml_init_params ip = { /*.mem_size =*/ ggml_tensor_overhead() * 8 + ggml_graph_overhead() +
                                            (size_t) (k + rows) * ncols * sizeof(float) + 1024 * 1024,
                                            /*.mem_buffer =*/ NULL, /*.no_alloc =*/ false };
             c->ctx = ggml_init(ip);
             struct ggml_tensor * x = ggml_new_tensor_2d(c->ctx, GGML_TYPE_F32, k, ncols);
-            float * xd = (float *) x->data;
             uint32_t s = 12345;
-            for (int64_t j = 0; j < k * ncols; ++j) {
-                s = s * 1664525u + 1013904223u;
-                xd[j] = ((s >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
-            }
+            fill_uniform((float *) x->data, k * ncols, &s);
             c->y = ggml_mul_mat(c->ctx, w, x);
             c->gf = ggml_new_graph(c->ctx);
             ggml_build_forward_expand(c->gf, c->y);
@@ -218,20 +232,9 @@ static int bench_decode(const char * fname, int n_threads, int reps) {
                 is_ternary_type(w->type) != (cls == 0)) {
                 continue;
             }
-            char cname[GGML_MAX_NAME + 8];
-            snprintf(cname, sizeof(cname), "%s.bitcos", name);
-            struct ggml_tensor * comp = ggml_get_tensor(wctx, cname);
-            bytes += ggml_nbytes(w);
-            if (comp) {
-                w->src[0] = comp;
-                bytes += ggml_nbytes(comp);
-            }
+            bytes += link_companion(wctx, name, w);
             struct ggml_tensor * x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, w->ne[0]);
-            float * xd = (float *) x->data;
-            for (int64_t j = 0; j < w->ne[0]; ++j) {
-                s = s * 1664525u + 1013904223u;
-                xd[j] = ((s >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
-            }
+            fill_uniform((float *) x->data, w->ne[0], &s);
             ggml_build_forward_expand(gf, ggml_mul_mat(ctx, w, x));
             count++;
         }
@@ -335,14 +338,10 @@ static int bench_gamma(const char * type_name, int64_t k, int64_t rows, int iter
     float * xf = malloc(sizeof(float) * k);
     uint32_t s = 777;
     for (int64_t i = 0; i < k * rows; ++i) {
-        s = s * 1664525u + 1013904223u;
-        const uint32_t r = (s >> 8) % 100;
+        const uint32_t r = (lcg_next(&s) >> 8) % 100;
         wf[i] = r < 40 ? 0.0f : (r < 70 ? 0.5f : -0.5f);  // ternary, z = 0.4
     }
-    for (int64_t i = 0; i < k; ++i) {
-        s = s * 1664525u + 1013904223u;
-        xf[i] = ((s >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
-    }
+    fill_uniform(xf, k, &s);
     const size_t wrow = ggml_row_size(type, k);
     uint8_t * w = malloc(wrow * rows);
     ggml_quantize_chunk(type, wf, w, 0, rows, k, NULL);

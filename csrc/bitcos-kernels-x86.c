@@ -526,20 +526,25 @@ BX_ALWAYS_INLINE __m512 bx5_gemv_pair(const bitcos_rows * w, const uint8_t * row
     return acc;
 }
 
-// 1 when no 64-weight word of the full PT chunk starting at Q8_K block b0 of the row holds more than 57 present
-// weights, so the chunk can take the unchecked byte window: one vector popcount per 8 words (the chunk's 256
-// bitmap bytes are contiguous in a PT row) instead of a compare and branch per word (1.81 -> 1.745 ticks per
-// 32 weights, 256 x 2048 at z = 0.4; KERNELS.md §3). Without VPOPCNTDQ: 0 (the checked window).
-BX_ALWAYS_INLINE int bx5_pt_chunk_sparse(const uint8_t * row, int64_t b0) {
+// 1 when no 64-weight word of the PT chunk of nbk Q8_K blocks starting at block b0 of the row holds more than 57
+// present weights, so the chunk can take the unchecked byte window: one vector popcount per 8 words (the chunk's
+// 32 * nbk bitmap bytes are contiguous in a PT row) instead of a compare and branch per word (1.81 -> 1.745
+// ticks per 32 weights, 256 x 2048 at z = 0.4; KERNELS.md §3). Without VPOPCNTDQ: 0 (the checked window).
+BX_ALWAYS_INLINE int bx5_pt_chunk_sparse(const uint8_t * row, int64_t b0, const int nbk) {
 #if defined(__AVX512VPOPCNTDQ__)
     const uint8_t * p = row + (size_t)(2*b0) * BITCOS_BLOCK_BYTES_PT;
-    __m512i m = _mm512_popcnt_epi64(_mm512_loadu_si512((const void *)p));
-    for (int i = 1; i < BX_CHUNK_B * 2 * BITCOS_BLOCK_BYTES_PT / 64; ++i) {
-        m = _mm512_max_epu64(m, _mm512_popcnt_epi64(_mm512_loadu_si512((const void *)(p + 64*i))));
+    const int bytes = nbk * 2 * BITCOS_BLOCK_BYTES_PT;                 // 32 per Q8_K block
+    __m512i m = _mm512_setzero_si512();
+    int i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+        m = _mm512_max_epu64(m, _mm512_popcnt_epi64(_mm512_loadu_si512((const void *)(p + i))));
+    }
+    if (i < bytes) {                                                    // an odd block count: its last 32 bytes
+        m = _mm512_max_epu64(m, _mm512_popcnt_epi64(_mm512_maskz_loadu_epi64(0x0F, (const void *)(p + i))));
     }
     return _mm512_cmpgt_epu64_mask(m, _mm512_set1_epi64(57)) == 0;
 #else
-    (void)row; (void)b0;
+    (void)row; (void)b0; (void)nbk;
     return 0;
 #endif
 }
@@ -605,7 +610,7 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                             const int64_t b0 = s0 + (int64_t)q * BX_CHUNK_B;
                             const int nbk = (int)(nby - b0 < BX_CHUNK_B ? nby - b0 : BX_CHUNK_B);
                             if (nbk == BX_CHUNK_B && 2*(b0 + BX_CHUNK_B) <= nb) {   // every block has two halves
-                                if (!g128 && bx5_pt_chunk_sparse(rowA, b0) && bx5_pt_chunk_sparse(rowB, b0)) {
+                                if (!g128 && bx5_pt_chunk_sparse(rowA, b0, BX_CHUNK_B) && bx5_pt_chunk_sparse(rowB, b0, BX_CHUNK_B)) {
                                     // no word of this PT chunk has more than 57 present weights: no per-word test
                                     a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE_UNCHECKED, a);
                                 } else if (!g128 && fastwin) {
@@ -617,6 +622,11 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                                 } else {
                                     a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, BX_CHUNK_B, nb, &cc[q], &pc[q], 1, 1, BX_WIN_QWORDS, a);
                                 }
+                            } else if (!g128 && 2*(b0 + nbk) <= nb &&
+                                       bx5_pt_chunk_sparse(rowA, b0, nbk) && bx5_pt_chunk_sparse(rowB, b0, nbk)) {
+                                // the shorter last chunk of a row whose length is a multiple of 256 (k = 2560: a
+                                // fifth of every row): the same test and window
+                                a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, nbk, nb, &cc[q], &pc[q], 0, 1, BX_WIN_BYTE_UNCHECKED, a);
                             } else if (fastwin) {
                                 if (g128) a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, nbk, nb, &cc[q], &pc[q], 1, 0, BX_WIN_BYTE, a);
                                 else      a = bx5_gemv_pair(w, rowA, rowB, curA, curB, b0, nbk, nb, &cc[q], &pc[q], 0, 0, BX_WIN_BYTE, a);

@@ -191,15 +191,17 @@ def test_dense_words_inside_sparse_rows(lib, impl: str, variant: int, fma: bool)
     it without a per-word test when a vector popcount finds no word with more than 57 present weights
     (KERNELS.md §3). Sparse rows (z = 0.5) with single words of exactly 57, 58, 63 and 64 present weights at
     different chunks and rows must decode exactly on every path, in the one-column and the tiled form, with
-    long and with short rows."""
+    long and with short rows, and in a row's shorter last chunk (k = 2560, 6912)."""
     if impl != "generic":
         require(impl, fma)
     rng = np.random.default_rng(57)
-    # k = 6144: long rows (the GEMV pairs r with r + nrh); k = 4096: short rows (adjacent pairs, §5)
-    for nr, k in ((7, 2048 * 3), (9, 4096)):
+    # k = 6144: long rows (the GEMV pairs r with r + nrh); k = 4096, 2560: short rows (adjacent pairs, §5);
+    # k = 2560 / 6912 end in a chunk of 2 / 3 Q8_K blocks (words -8 .. -1 / -12 .. -1)
+    for nr, k in ((7, 2048 * 3), (9, 4096), (7, 2560), (7, 6912)):
         codes = K.random_codes(rng, nr, k, 0.5)
         words = k // 64
-        for row, word, present in ((0, 5, 64), (3, 40, 58), (4, 40, 57), (6, 95, 58), (1, 64, 64), (5, 33, 63)):
+        for row, word, present in ((0, 5, 64), (3, 40, 58), (4, 40, 57), (6, 95, 58), (1, 64, 64), (5, 33, 63),
+                                   (2, -2, 58), (0, -1, 64), (6, -3, 57)):
             seg = rng.choice(np.array([-1, 1], dtype=np.int8), size=64)
             seg[rng.permutation(64)[: 64 - present]] = 0
             w0 = 64 * (word % words)

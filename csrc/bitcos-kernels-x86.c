@@ -399,7 +399,7 @@ BX_ALWAYS_INLINE __m512i bx5_codes64w(const uint8_t * bits, const uint8_t * pool
 }
 
 BX_ALWAYS_INLINE __m512i bx5_codes64(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor) {
-    return bx5_codes64w(bits, pool, cursor, 0);
+    return bx5_codes64w(bits, pool, cursor, BX_WIN_QWORDS);
 }
 
 // Dword lanes of one block's dot products: z0 over half 0, z over the block (z = z0 with one half).
@@ -585,10 +585,10 @@ void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                 const int fastwin = nrt > 1 &&
                     20 * (w->sign_pos[r0 + nrt - 1] - w->sign_pos[r0]) <= 17 * (uint64_t)(nrt - 1) * (uint64_t)w->k;
                 // GEMV: two rows per pass, their decode chains interleave; one zmm holds both accumulators.
-                // The pair is rows r and r + nrh, and it walks a whole span (up to BX_GEMV_SPAN chunks,
-                // staged in cc/pc[0 ..]) before the next pair: the bitmap and the pool are then read as
-                // four sequential streams through the tile (with k <= 16384 one span is the whole row, and
-                // row r ends where row r + 1 starts, in both), which the hardware prefetchers follow;
+                // The pair (BX_PAIR_A/B above) walks a whole span (up to BX_GEMV_SPAN chunks, staged in
+                // cc/pc[0 ..]) before the next pair: the bitmap and the pool are then read as a few
+                // sequential streams (with k <= 16384 one span is the whole row, and row r ends where row
+                // r + 1 starts, in both), which the hardware prefetchers follow;
                 // the previous chunk-outer order, with 32 rows' streams
                 // interleaved, ran DRAM-resident weights at 4.7 instead of 2.0-2.2 ticks (KERNELS.md §5).
                 for (int64_t s0 = 0; s0 < nby; s0 += BX_GEMV_SPAN * BX_CHUNK_B) {

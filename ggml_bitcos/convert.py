@@ -11,6 +11,9 @@ Three passes over the source, each streaming tensor by tensor through a read-onl
 3. verify (unless ``--no-verify``): reopen the output, decode every converted tensor with the full
    invariant checks and compare its fp32 bit patterns with the source's (−0.0 mapped to +0.0, §5);
    copied tensors are compared byte for byte. A failed verification deletes the output.
+
+Each pass shows a tqdm progress bar on stderr when ``progress`` is on and stderr is a terminal
+(``disable=None`` is tqdm's "off unless a TTY": no bar lines in logs or captured output).
 """
 
 from __future__ import annotations
@@ -30,17 +33,18 @@ from gguf import GGUFValueType
 from gguf.constants import GGMLQuantizationType
 from gguf.gguf_reader import ReaderTensor
 
-from gguf_tools import (BITCOS_G128, BITCOS_PT, CheckedGGUFReader, GGUFError, GGUFStreamWriter, field_value,
-                        open_gguf, tensor_bytes, tensor_ggml_shape, tensor_row_bytes, type_name)
+from tqdm import tqdm
 
-from . import codec
-from .progress import Progress
+from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, bitcos_type, field_value, open_gguf,
+                        tensor_bytes, tensor_ggml_shape, tensor_row_bytes, type_name)
+
+from . import codec, ternary, tq
+from .format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, COMPANION_TYPE, KEY_CONVERTED_FROM, KEY_FORMAT_VERSION,
+                     MAX_WEIGHT_NAME, QK, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES, VERSION, Variant)
 
 FLOAT_SOURCES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 TQ_SOURCES = (GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0)
 SOURCE_TYPES = FLOAT_SOURCES + TQ_SOURCES
-BITCOS_TYPES = {BITCOS_G128: codec.VARIANT_G128, BITCOS_PT: codec.VARIANT_PT}
-VARIANT_TYPES = {codec.VARIANT_G128: BITCOS_G128, codec.VARIANT_PT: BITCOS_PT}
 CHUNK_WEIGHTS = 1 << 23              # rows are processed in chunks of about this many weights
 DEFAULT_CACHE_BYTES = 1 << 30        # encoded tensors kept between pass 1 and 2 up to this total
 
@@ -55,6 +59,12 @@ def default_output(src: Path) -> Path:
 
 # --- reading source tensors as fp32 ----------------------------------------------------------------
 
+def bf16_to_float(raw: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns -> float32 (exact: a bf16 is the top half of an fp32)."""
+    u = np.asarray(raw).view("<u2")
+    return (u.astype(np.uint32) << 16).view(np.float32)
+
+
 def chunk_rows(k: int) -> int:
     return max(1, CHUNK_WEIGHTS // max(k, 1))
 
@@ -68,11 +78,11 @@ def source_float_rows(t: ReaderTensor, start: int, stop: int) -> np.ndarray:
     if tt == GGMLQuantizationType.F16:
         return raw.view("<f2").astype(np.float32)
     if tt == GGMLQuantizationType.BF16:
-        return codec.bf16_to_float(raw)
+        return bf16_to_float(raw)
     if tt == GGMLQuantizationType.TQ2_0:
-        return codec.tq_to_float(*codec.tq2_0_decode(raw))
+        return tq.tq_to_float(*tq.tq2_0_decode(raw))
     if tt == GGMLQuantizationType.TQ1_0:
-        return codec.tq_to_float(*codec.tq1_0_decode(raw))
+        return tq.tq_to_float(*tq.tq1_0_decode(raw))
     raise ValueError(f"cannot decode {type_name(tt)}")
 
 
@@ -90,7 +100,7 @@ class TensorResult:
     src_type: str
     ne: tuple[int, ...]
     converted: bool = False
-    variant: int | None = None
+    variant: Variant | None = None
     reason: str = ""                  # why a candidate was not converted
     ternary_looking: bool = False     # a --strict error when not converted
     measured: bool = False            # exactly ternary per 128-block: n_zeros is the measured count
@@ -118,7 +128,7 @@ def is_candidate(name: str, t: ReaderTensor) -> bool:
     """A tensor convert looks at: a 2-D/3-D weight of a ternary-capable type, not a lookup table."""
     ne = tensor_ggml_shape(t)
     return (len(ne) in (2, 3) and t.tensor_type in SOURCE_TYPES and "token_embd" not in name
-            and not name.endswith(codec.COMPANION_SUFFIX))
+            and not name.endswith(COMPANION_SUFFIX))
 
 
 def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> Analysis:
@@ -129,21 +139,21 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
     res = TensorResult(t.name, type_name(t.tensor_type), ne, n_weights=k * n_rows, src_bytes=int(t.n_bytes))
     is_tq = t.tensor_type in TQ_SOURCES
 
-    if k % codec.QK:
-        looks = all(codec.is_row_ternary(source_float_rows(t, s, e)) for s, e in iter_row_chunks(n_rows, k))
+    if k % QK:
+        looks = all(ternary.is_row_ternary(source_float_rows(t, s, e)) for s, e in iter_row_chunks(n_rows, k))
         res.ternary_looking = looks
-        res.reason = f"row length {k} is not a multiple of {codec.QK}" if looks else "not ternary"
+        res.reason = f"row length {k} is not a multiple of {QK}" if looks else "not ternary"
         return Analysis(res)
 
     codes = np.empty((n_rows, k), dtype=np.int8) if want_codes else None
-    block_mag = np.empty((n_rows, k // codec.QK), dtype=np.float32)
+    block_mag = np.empty((n_rows, k // QK), dtype=np.float32)
     # G128 from TQ1_0/TQ2_0 keeps the source's d for both 128-halves of each 256-block, empty halves
     # included, so the kernels' lane arithmetic equals TQ2_0's bit for bit (csrc/bitcos-kernels.h)
-    tq_scales = np.empty((n_rows, k // codec.QK), dtype=np.float16) if is_tq and want_codes else None
-    tq_block_bytes = codec.TQ2_0_BLOCK_BYTES if t.tensor_type == GGMLQuantizationType.TQ2_0 else codec.TQ1_0_BLOCK_BYTES
+    tq_scales = np.empty((n_rows, k // QK), dtype=np.float16) if is_tq and want_codes else None
+    tq_block_bytes = TQ2_0_BLOCK_BYTES if t.tensor_type == GGMLQuantizationType.TQ2_0 else TQ1_0_BLOCK_BYTES
     n_zeros = 0
     for s, e in iter_row_chunks(n_rows, k):
-        ch = codec.analyze_rows(source_float_rows(t, s, e))
+        ch = ternary.analyze_rows(source_float_rows(t, s, e))
         if not ch.blocks_uniform:
             res.ternary_looking = is_tq
             res.reason = "not ternary" if not is_tq else "non-finite scale"
@@ -151,7 +161,7 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
         if codes is not None:
             codes[s:e] = ch.codes
         if tq_scales is not None:
-            d = np.abs(codec.tq_block_scales(tensor_row_bytes(t)[s:e], tq_block_bytes))
+            d = np.abs(tq.tq_block_scales(tensor_row_bytes(t)[s:e], tq_block_bytes))
             tq_scales[s:e] = np.repeat(d, 2, axis=1)
         n_zeros += int(ch.codes.size - np.count_nonzero(ch.codes))
         block_mag[s:e] = ch.block_mag
@@ -159,11 +169,11 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
     res.ternary_looking = True
     res.measured = True
     n_mats = codec.n_mats_of(ne)
-    pt = codec.pt_scales(block_mag, n_mats) if scale in ("auto", "tensor") else None
-    g128_ok = codec.g128_representable(block_mag) if scale in ("auto", "g128") else False
+    pt = ternary.pt_scales(block_mag, n_mats) if scale in ("auto", "tensor") else None
+    g128_ok = ternary.g128_representable(block_mag) if scale in ("auto", "g128") else False
 
     if not codec.weight_name_ok(t.name):
-        res.reason = f"name longer than {codec.MAX_WEIGHT_NAME} bytes (no room for the companion name)"
+        res.reason = f"name longer than {MAX_WEIGHT_NAME} bytes (no room for the companion name)"
     elif scale == "tensor" and pt is None:
         res.reason = "--scale tensor: non-zero magnitudes differ within a matrix"
     elif scale == "g128" and not g128_ok:
@@ -172,17 +182,18 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
         res.reason = "magnitudes differ within a matrix and are not all fp16-representable"
     else:
         res.converted = True
-        res.variant = codec.VARIANT_PT if pt is not None else codec.VARIANT_G128
+        res.variant = Variant.PT if pt is not None else Variant.G128
     return Analysis(res, codes, block_mag, pt, tq_scales)
 
 
 def encode_analysis(a: Analysis) -> codec.Encoded:
+    """The BITCOS encoding of a tensor ``analyze_tensor`` found convertible, in its chosen variant."""
     r = a.result
     assert r.converted and a.codes is not None and a.block_mag is not None
-    if r.variant == codec.VARIANT_PT:
-        return codec.encode(a.codes, codec.VARIANT_PT, matrix_scales=a.pt, n_mats=codec.n_mats_of(r.ne))
+    if r.variant == Variant.PT:
+        return codec.encode(a.codes, Variant.PT, matrix_scales=a.pt, n_mats=codec.n_mats_of(r.ne))
     scales = a.tq_scales if a.tq_scales is not None else a.block_mag.astype(np.float16)
-    return codec.encode(a.codes, codec.VARIANT_G128, block_scales=scales,
+    return codec.encode(a.codes, Variant.G128, block_scales=scales,
                         n_mats=codec.n_mats_of(r.ne))
 
 
@@ -221,20 +232,20 @@ def check_paths(src: Path, out: Path, force: bool) -> None:
 
 def check_bitcos_file(reader: CheckedGGUFReader, path: Path) -> None:
     """FORMAT.md §1/§6: refuse a newer format version and unpaired weights/companions."""
-    ver = reader.get_field("bitcos.format_version")
-    if ver is not None and int(ver.contents()) > codec.VERSION:
-        raise ConvertError(f"{path}: bitcos.format_version {int(ver.contents())} is newer than this tool "
-                           f"supports ({codec.VERSION})")
+    ver = reader.get_field(KEY_FORMAT_VERSION)
+    if ver is not None and int(ver.contents()) > VERSION:
+        raise ConvertError(f"{path}: {KEY_FORMAT_VERSION} {int(ver.contents())} is newer than this tool "
+                           f"supports ({VERSION})")
     types = {t.name: t.tensor_type for t in reader.tensors}
     for name, tt in types.items():
-        if tt in BITCOS_TYPES and name + codec.COMPANION_SUFFIX not in types:
+        if tt in BITCOS_TYPE_IDS and name + COMPANION_SUFFIX not in types:
             raise ConvertError(f"{path}: tensor '{name}': BITCOS weight without its companion tensor")
-        if name.endswith(codec.COMPANION_SUFFIX) and types.get(name[:-len(codec.COMPANION_SUFFIX)]) not in BITCOS_TYPES:
+        if name.endswith(COMPANION_SUFFIX) and types.get(name[:-len(COMPANION_SUFFIX)]) not in BITCOS_TYPE_IDS:
             raise ConvertError(f"{path}: tensor '{name}': companion without a BITCOS weight")
 
 
 def _merged_converted_from(reader: CheckedGGUFReader, new_types: set[str]) -> str:
-    old = reader.get_field("bitcos.converted_from")
+    old = reader.get_field(KEY_CONVERTED_FROM)
     types = set(new_types)
     if old is not None and old.types == [GGUFValueType.STRING]:
         types |= {x for x in old.contents().split(",") if x}
@@ -258,8 +269,9 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
 
     # pass 1: analyze (+ encode, cached within budget)
     candidates = [t for t in reader.tensors if is_candidate(t.name, t)
-                  and t.name + codec.COMPANION_SUFFIX not in existing]
-    bar = Progress(sum(int(t.n_bytes) for t in candidates), "analyze", enabled=progress)
+                  and t.name + COMPANION_SUFFIX not in existing]
+    bar = tqdm(total=sum(int(t.n_bytes) for t in candidates), desc="analyze", unit="B", unit_scale=True,
+               disable=None if progress else True)
     plan: dict[str, tuple[TensorResult, codec.Encoded | None]] = {}
     cached = 0
     for t in candidates:
@@ -276,7 +288,8 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
                 cached += enc.nbytes
         del a
         plan[t.name] = (r, enc)
-        bar.update(int(t.n_bytes), note=t.name)
+        bar.set_postfix_str(t.name, refresh=False)
+        bar.update(int(t.n_bytes))
         if strict and not r.converted and r.ternary_looking:
             bar.close()
             raise ConvertError(f"{src}: tensor '{t.name}': ternary but not convertible: {r.reason} (--strict)")
@@ -303,24 +316,24 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
                 continue  # replaced below: the file is now mostly BITCOS
             writer.add_kv(key, value, vtype, sub)
         if result.converted:
-            # LLAMA_FTYPE_MOSTLY_BITCOS_G128 / _PT (= the ggml type ids, patches/0005), by the majority of
+            # LLAMA_FTYPE_MOSTLY_BITCOS_G128 / _PT (= the ggml type ids; the file-types patch), by the majority of
             # converted weights, so llama.cpp names the model as BITCOS rather than as its source type
-            n_pt = sum(1 for r in result.converted if r.variant == codec.VARIANT_PT)
-            file_type = int(VARIANT_TYPES[codec.VARIANT_PT if 2 * n_pt >= len(result.converted) else codec.VARIANT_G128])
+            n_pt = sum(1 for r in result.converted if r.variant == Variant.PT)
+            file_type = (Variant.PT if 2 * n_pt >= len(result.converted) else Variant.G128).type_id
             writer.add_kv("general.file_type", file_type, GGUFValueType.UINT32)
         conv_types = {r.src_type for r in result.converted}
-        writer.add_kv("bitcos.format_version", codec.VERSION, GGUFValueType.UINT32)
-        writer.add_kv("bitcos.converted_from", _merged_converted_from(reader, conv_types), GGUFValueType.STRING)
+        writer.add_kv(KEY_FORMAT_VERSION, VERSION, GGUFValueType.UINT32)
+        writer.add_kv(KEY_CONVERTED_FROM, _merged_converted_from(reader, conv_types), GGUFValueType.STRING)
         for t in reader.tensors:
             r, enc = plan.get(t.name, (None, None))
             if r is not None and r.converted:
-                writer.add_tensor_info(t.name, VARIANT_TYPES[r.variant], r.ne)
-                writer.add_tensor_info(t.name + codec.COMPANION_SUFFIX, GGMLQuantizationType.I8,
-                                       (r.companion_bytes,))
+                writer.add_tensor_info(t.name, bitcos_type(r.variant), r.ne)
+                writer.add_tensor_info(t.name + COMPANION_SUFFIX, COMPANION_TYPE, (r.companion_bytes,))
             else:
                 writer.add_tensor_info(t.name, t.tensor_type, tensor_ggml_shape(t))
         writer.begin()
-        bar = Progress(sum(int(t.n_bytes) for t in reader.tensors), "write  ", enabled=progress)
+        bar = tqdm(total=sum(int(t.n_bytes) for t in reader.tensors), desc="write", unit="B", unit_scale=True,
+                   disable=None if progress else True)
         for t in reader.tensors:
             r, enc = plan.get(t.name, (None, None))
             if r is not None and r.converted:
@@ -329,11 +342,12 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
                     if enc.companion.nbytes != r.companion_bytes:
                         raise ConvertError(f"{src}: tensor '{t.name}': re-encoding changed the companion size")
                 writer.write_tensor(t.name, enc.blocks)
-                writer.write_tensor(t.name + codec.COMPANION_SUFFIX, enc.companion.view(np.int8))
+                writer.write_tensor(t.name + COMPANION_SUFFIX, enc.companion.view(np.int8))
                 plan[t.name] = (r, None)   # release the cached encoding
             else:
                 writer.write_tensor(t.name, tensor_bytes(t))
-            bar.update(int(t.n_bytes), note=t.name)
+            bar.set_postfix_str(t.name, refresh=False)
+            bar.update(int(t.n_bytes))
         bar.close()
         tmp_path = writer.flush()
         result.seconds["write"] = time.perf_counter() - t1
@@ -380,22 +394,22 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
     except GGUFError as e:
         raise ConvertError(f"{label}: verification failed: output does not parse: {e.problem}") from None
     out_tensors = {t.name: t for t in out_reader.tensors}
-    conv = {r.name: r for r in result.converted}
-    bar = Progress(sum(int(t.n_bytes) for t in src_reader.tensors), "verify ", enabled=progress)
+    conv = {r.name for r in result.converted}
+    bar = tqdm(total=sum(int(t.n_bytes) for t in src_reader.tensors), desc="verify", unit="B", unit_scale=True,
+               disable=None if progress else True)
     for t in src_reader.tensors:
         o = out_tensors.get(t.name)
         if o is None:
             raise ConvertError(f"{label}: tensor '{t.name}': verification failed: missing from the output")
         if t.name in conv:
-            r = conv[t.name]
-            comp = out_tensors.get(t.name + codec.COMPANION_SUFFIX)
-            if comp is None or o.tensor_type not in BITCOS_TYPES:
+            comp = out_tensors.get(t.name + COMPANION_SUFFIX)
+            if comp is None or o.tensor_type not in BITCOS_TYPE_IDS:
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: not written as BITCOS")
             ne = tensor_ggml_shape(o)
             n_rows, k = math.prod(ne[1:]), ne[0]
             try:
-                dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), BITCOS_TYPES[o.tensor_type], k, n_rows,
-                                   codec.n_mats_of(ne))
+                dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), Variant.from_type_id(o.tensor_type), k,
+                                   n_rows, codec.n_mats_of(ne))
             except codec.FormatError as e:
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: {e}") from None
             for s, e in iter_row_chunks(n_rows, k):
@@ -413,7 +427,8 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
         else:
             if o.tensor_type != t.tensor_type or not np.array_equal(tensor_bytes(o), tensor_bytes(t)):
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: copied tensor differs")
-        bar.update(int(t.n_bytes), note=t.name)
+        bar.set_postfix_str(t.name, refresh=False)
+        bar.update(int(t.n_bytes))
     bar.close()
     del out_reader
 
@@ -424,7 +439,7 @@ def summarize(result: ConvertResult) -> list[str]:
     n_z = sum(r.n_zeros for r in conv)
     out_b = sum(r.out_bytes for r in conv)
     src_b = sum(r.src_bytes for r in conv)
-    by_var = {name: sum(1 for r in conv if r.variant == v) for v, name in codec.VARIANT_NAMES.items()}
+    by_var = {v.name: sum(1 for r in conv if r.variant == v) for v in Variant}
     lines = [f"converted {len(conv)} tensors ({by_var['PT']} PT, {by_var['G128']} G128) of "
              f"{len(result.tensors)}; copied {len(result.tensors) - len(conv)} unchanged"]
     if n_w:

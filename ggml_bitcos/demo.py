@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ggml_bitcos import llama_run
+from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX
 
 DEMO_SHAPE = ["--preset", "tiny", "--n-embd", "1024", "--n-ff", "2816", "--n-layer", "8", "--n-head", "16",
               "--n-head-kv", "8", "--embd-type", "q8_0"]
@@ -34,17 +35,19 @@ def _cli(args: list[str]) -> None:
 
 def ternary_weights(path: Path) -> tuple[int, int]:
     """(number of ternary weights, bytes they occupy incl. scales and companions) of a GGUF."""
+    from gguf import GGMLQuantizationType
+
     from gguf_tools import open_gguf
 
+    ternary_types = BITCOS_TYPE_IDS | {GGMLQuantizationType.TQ2_0, GGMLQuantizationType.TQ1_0}
     n = nbytes = 0
     r = open_gguf(path)
     names = {t.name for t in r.tensors}
     for t in r.tensors:
-        tname = t.tensor_type.name
-        if tname in ("TQ2_0", "TQ1_0", "BITCOS_G128", "BITCOS_PT"):
+        if t.tensor_type in ternary_types:
             n += int(t.n_elements)
             nbytes += int(t.n_bytes)
-        elif t.name.endswith(".bitcos") and t.name[:-7] in names:
+        elif t.name.endswith(COMPANION_SUFFIX) and t.name[:-len(COMPANION_SUFFIX)] in names:
             nbytes += int(t.n_bytes)
     return n, nbytes
 

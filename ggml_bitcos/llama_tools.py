@@ -1,7 +1,7 @@
 """Console-script wrappers for the tools of the patched llama-cpp-python build (llama_cpp/bin).
 
 `llama-cli`, `llama-completion`, `llama-server`, `llama-bench` and `llama-perplexity` are installed into the llama_cpp package
-by `ggml-bitcos build-llama` (patches/0004). These wrappers find them without importing llama_cpp (which
+by `ggml-bitcos build-llama` (the tool-install patch). These wrappers find them without importing llama_cpp (which
 would load libllama into this process first) and replace the Python process with the tool.
 """
 

@@ -29,11 +29,13 @@ from typing import Callable
 import numpy as np
 from gguf import GGUFValueType
 from gguf.constants import GGMLQuantizationType, LlamaFileType
+from tqdm import tqdm
 
 from gguf_tools import GGUFStreamWriter, field_value, open_gguf
 
-from . import codec
-from .progress import Progress
+from . import codec, tq
+from .format import QK, QK_K
+from .ternary import random_codes
 
 SOURCE_TYPES = {"tq2_0": GGMLQuantizationType.TQ2_0, "tq1_0": GGMLQuantizationType.TQ1_0,
                 "f16": GGMLQuantizationType.F16}
@@ -84,18 +86,6 @@ def _rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
-def ternary_codes(rng: np.random.Generator, shape: tuple[int, ...], z: float) -> np.ndarray:
-    """int8 codes: 0 with probability z (resolution 2^-15), else ±1 with equal probability."""
-    n = math.prod(shape)
-    u = np.frombuffer(rng.bytes(2 * n), dtype="<u2").reshape(shape)
-    threshold = np.uint16(min(round(z * 32768), 32768)) if z < 1 else None
-    if threshold is None:
-        return np.zeros(shape, dtype=np.int8)
-    present = (u >> np.uint16(1)) >= threshold
-    sign = (u & np.uint16(1)).astype(np.int8)             # 1 -> negative
-    return (present.view(np.int8) * (np.int8(1) - np.int8(2) * sign)).astype(np.int8, copy=False)
-
-
 def _base_scale(k: int, z: float) -> float:
     return 1.0 / math.sqrt(k * max(1.0 - z, 1.0 / k))
 
@@ -106,10 +96,10 @@ def ternary_tensor(rng: np.random.Generator, ne: tuple[int, ...], z: float, scal
     k = ne[0]
     n_mats = codec.n_mats_of(ne)
     rows = math.prod(ne[1:])
-    codes = ternary_codes(rng, (rows, k), z)
+    codes = random_codes(rng, (rows, k), z)
     base = _base_scale(k, z)
-    use_tq = src_type in ("tq2_0", "tq1_0") and k % codec.QK_K == 0
-    group = codec.QK_K if use_tq else codec.QK                # scale group for g128 mode
+    use_tq = src_type in ("tq2_0", "tq1_0") and k % QK_K == 0
+    group = QK_K if use_tq else QK                # scale group for g128 mode
     if k % group:
         group = k                                             # odd row length: one scale per row
     if scale_mode == "tensor":
@@ -120,7 +110,7 @@ def ternary_tensor(rng: np.random.Generator, ne: tuple[int, ...], z: float, scal
     else:
         raise ValueError(f"unknown scale mode {scale_mode}")
     if use_tq:
-        enc = codec.tq2_0_encode if src_type == "tq2_0" else codec.tq1_0_encode
+        enc = tq.tq2_0_encode if src_type == "tq2_0" else tq.tq1_0_encode
         return SOURCE_TYPES[src_type], enc(codes, d)
     # F16 holding ternary values: fp16(d) * t is exact in fp16
     x = (codes.reshape(rows, k // group, group).astype(np.float16) * d[:, :, None]).reshape(rows, k)
@@ -162,7 +152,7 @@ def plan_tensors(shape: ModelShape, n_vocab: int, z: float, scale_mode: str, src
 
     def ternary(name: str, ne: tuple[int, ...]) -> None:
         k = ne[0]
-        t = SOURCE_TYPES[src_type] if (src_type != "f16" and k % codec.QK_K == 0) else GGMLQuantizationType.F16
+        t = SOURCE_TYPES[src_type] if (src_type != "f16" and k % QK_K == 0) else GGMLQuantizationType.F16
         plans.append(TensorPlan(name, t, ne,
                                 lambda: ternary_tensor(_rng(seed, name), ne, z, scale_mode, src_type)[1],
                                 ternary=True))
@@ -247,11 +237,12 @@ def make_model(out: Path, shape: ModelShape, *, z: float = 0.4, scale_mode: str 
         for p in plans:
             w.add_tensor_info(p.name, p.ggml_type, p.ne)
         w.begin()
-        bar = Progress(len(plans), f"make-model {out.name}", enabled=progress)
-        for p in plans:
-            w.write_tensor(p.name, p.make())
-            bar.update(1)
-        bar.close()
+        # disable=None: no bar when stderr is not a terminal
+        with tqdm(total=len(plans), desc=f"make-model {out.name}", unit="tensor",
+                  disable=None if progress else True) as bar:
+            for p in plans:
+                w.write_tensor(p.name, p.make())
+                bar.update(1)
         w.finish()
     except BaseException:
         w.abort()

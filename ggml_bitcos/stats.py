@@ -22,12 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from gguf_tools import open_gguf, tensor_bytes, tensor_ggml_shape, type_name
 
 from . import codec
-from .convert import BITCOS_TYPES, analyze_tensor, check_bitcos_file, is_candidate
-from .progress import Progress
+from .convert import analyze_tensor, check_bitcos_file, is_candidate
+from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, Variant, bits_per_weight
 
 # (symbols only, with scales) bits per weight of the fixed-rate baselines
 BASELINES: dict[str, tuple[float, float]] = {
@@ -75,14 +76,15 @@ def collect(path: Path, *, progress: bool = True) -> ModelStats:
     check_bitcos_file(reader, path)
     by_name = {t.name: t for t in reader.tensors}
     stats: list[TensorStat] = []
-    todo = [t for t in reader.tensors if t.tensor_type in BITCOS_TYPES or
-            (is_candidate(t.name, t) and t.name + codec.COMPANION_SUFFIX not in by_name)]
-    bar = Progress(sum(int(t.n_bytes) for t in todo), "stats", enabled=progress)
+    todo = [t for t in reader.tensors if t.tensor_type in BITCOS_TYPE_IDS or
+            (is_candidate(t.name, t) and t.name + COMPANION_SUFFIX not in by_name)]
+    bar = tqdm(total=sum(int(t.n_bytes) for t in todo), desc="stats", unit="B", unit_scale=True,
+               disable=None if progress else True)   # None: off when stderr is not a terminal
     for t in todo:
         ne = tensor_ggml_shape(t)
         n_rows, k = math.prod(ne[1:]), ne[0]
-        if t.tensor_type in BITCOS_TYPES:
-            comp = by_name.get(t.name + codec.COMPANION_SUFFIX)
+        if t.tensor_type in BITCOS_TYPE_IDS:
+            comp = by_name.get(t.name + COMPANION_SUFFIX)
             if comp is None:
                 raise codec.FormatError(f"{path}: tensor '{t.name}': BITCOS weight without its companion")
             hdr = codec.parse_header(tensor_bytes(comp))
@@ -95,7 +97,8 @@ def collect(path: Path, *, progress: bool = True) -> ModelStats:
             if r.measured:
                 stats.append(TensorStat(t.name, r.src_type, list(ne), r.n_weights, r.n_zeros, r.zero_density,
                                         codec.n_mats_of(ne)))
-        bar.update(int(t.n_bytes), note=t.name)
+        bar.set_postfix_str(t.name, refresh=False)
+        bar.update(int(t.n_bytes))
     bar.close()
     return summarize_stats(str(path), stats)
 
@@ -105,8 +108,8 @@ def summarize_stats(path: str, stats: list[TensorStat]) -> ModelStats:
     nz = sum(s.n_zeros for s in stats)
     z = nz / n if n else 0.0
     mats = sum(s.n_mats for s in stats)
-    g128 = 2.125 - z
-    pt = 2.0 - z + (32 * mats / n if n else 0.0)
+    g128 = bits_per_weight(Variant.G128, z)
+    pt = bits_per_weight(Variant.PT, z) + (32 * mats / n if n else 0.0)
     baselines = {k: {"symbols": a, "with_scale": b} for k, (a, b) in BASELINES.items()}
     red_g = {k: b / g128 for k, (_a, b) in BASELINES.items()}
     red_p = {k: b / pt for k, (_a, b) in BASELINES.items()}
@@ -119,7 +122,8 @@ def summarize_stats(path: str, stats: list[TensorStat]) -> ModelStats:
         m.bitcos_weights = nb
         m.file_bits_per_weight = sum(s.file_bits_per_weight * s.n_weights for s in bit) / nb  # type: ignore[operator]
         kinds = {s.type for s in bit}
-        m.file_bits_formula = {"G128 (2.125 - z)": 2.125 - zb, "PT (2 - z)": 2.0 - zb, "z": zb,
+        m.file_bits_formula = {"G128 (2.125 - z)": bits_per_weight(Variant.G128, zb),
+                               "PT (2 - z)": bits_per_weight(Variant.PT, zb), "z": zb,
                                "variants": ",".join(sorted(kinds))}  # type: ignore[dict-item]
     return m
 

@@ -22,7 +22,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType, quants
 
-from ggml_bitcos import codec, upstream
+from ggml_bitcos import tq, upstream
+from ggml_bitcos.format import QK_K
 from gguf_tools import GGUFStreamWriter, field_value, open_gguf
 
 PROJECTION_RE = re.compile(r"^blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down)(_exps)?)\.weight$")
@@ -77,9 +78,9 @@ def ternarize(src: Path, out: Path, ternary_type: str = "tq2_0", *, force: bool 
             codes, s = absmean_ternarize(w)
             zeros += int(np.count_nonzero(codes == 0))
             total += codes.size
-            if k % 256 == 0 and ternary_type in ("tq2_0", "tq1_0"):
-                d = np.full((rows, k // 256), s, dtype=np.float16)
-                enc = codec.tq2_0_encode if ternary_type == "tq2_0" else codec.tq1_0_encode
+            if k % QK_K == 0 and ternary_type in ("tq2_0", "tq1_0"):
+                d = np.full((rows, k // QK_K), s, dtype=np.float16)
+                enc = tq.tq2_0_encode if ternary_type == "tq2_0" else tq.tq1_0_encode
                 plan.append((t.name, T.TQ2_0 if ternary_type == "tq2_0" else T.TQ1_0, ne, enc(codes, d)))
             else:
                 plan.append((t.name, T.F16, ne, (codes.astype(np.float16) * s).reshape(rows, k)))

@@ -23,13 +23,10 @@ from typing import Final
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-BITCOS_QK: Final = 128
+from ggml_bitcos.format import QK, Variant
 
 # name -> (type id, block size in weights, bytes per block); docs/FORMAT.md §2.
-BITCOS_TYPES: Final[dict[str, tuple[int, int, int]]] = {
-    "BITCOS_G128": (160, BITCOS_QK, 18),
-    "BITCOS_PT": (161, BITCOS_QK, 16),
-}
+BITCOS_TYPES: Final[dict[str, tuple[int, int, int]]] = {v.type_name: (v.type_id, QK, v.block_bytes) for v in Variant}
 
 
 def _add_enum_member(enum_cls: type[GGMLQuantizationType], name: str, value: int) -> GGMLQuantizationType:
@@ -68,8 +65,13 @@ def register_bitcos_types() -> None:
 
 register_bitcos_types()
 
-BITCOS_G128: Final = GGMLQuantizationType(160)
-BITCOS_PT: Final = GGMLQuantizationType(161)
+BITCOS_G128: Final = GGMLQuantizationType(Variant.G128.type_id)
+BITCOS_PT: Final = GGMLQuantizationType(Variant.PT.type_id)
+
+
+def bitcos_type(variant: Variant) -> GGMLQuantizationType:
+    """The registered ggml type that stores ``variant``."""
+    return GGMLQuantizationType(Variant(variant).type_id)
 
 
 def is_known_type(type_id: int) -> bool:
@@ -79,5 +81,6 @@ def is_known_type(type_id: int) -> bool:
 
 
 def type_name(type_id: int) -> str:
+    """gguf-py's name of a ggml type id (after registration), or ``type N`` for an unknown id."""
     member = GGMLQuantizationType._value2member_map_.get(int(type_id))
     return member.name if member is not None else f"type {int(type_id)}"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,3 +68,39 @@ def patched_llama() -> None:
         if os.environ.get("BITCOS_REQUIRE_LLAMA") == "1":
             pytest.fail("patched llama.cpp is not installed but BITCOS_REQUIRE_LLAMA=1")
         pytest.skip("patched llama.cpp not installed (run scripts/install.sh)")
+
+
+@pytest.fixture(scope="session")
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.fixture(scope="session")
+def kernel_library() -> ctypes.CDLL:
+    """Both kernel harness libraries (FMA and no-FMA) loaded; built into build/kernels with cmake (as
+    docs/KERNELS.md describes) when neither installed nor built, skipping when that is impossible.
+    Returns the FMA library."""
+    from ggml_bitcos import harness
+
+    try:
+        harness.load_library(False)
+        return harness.load_library(True)
+    except harness.KernelLibraryNotFound:
+        pass
+    if shutil.which("cmake") is None:
+        pytest.skip("libbitcos_kernels.so not built and cmake not available")
+    build = ROOT / "build" / "kernels"
+    subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"], check=True,
+                   capture_output=True)
+    subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
+    harness.load_library.cache_clear()
+    harness.load_library(False)
+    return harness.load_library(True)

@@ -17,13 +17,15 @@ from gguf.constants import GGMLQuantizationType as T
 from ggml_bitcos import codec
 from ggml_bitcos.cli import main
 from ggml_bitcos.convert import ConvertError, convert
+from ggml_bitcos.format import COMPANION_SUFFIX, KEY_FORMAT_VERSION, Variant
+from ggml_bitcos.ternary import random_codes
 from gguf_tools import GGUFError, GGUFStreamWriter, open_gguf
 
 
 def small_model(path: Path, rows: int = 512, k: int = 1024) -> Path:
     """A ~2 MB GGUF: one TQ2_0-free F16 ternary weight, one F32 norm (no tokenizer: fast)."""
     rng = np.random.default_rng(0)
-    x = (rng.integers(-1, 2, (rows, k)) * 0.25).astype(np.float16)
+    x = (random_codes(rng, (rows, k), 1 / 3) * 0.25).astype(np.float16)
     with GGUFStreamWriter(path, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
         w.add_tensor_info("blk.0.attn_q.weight", T.F16, (k, rows))
@@ -129,7 +131,7 @@ def test_output_exists(tmp_path, capsys):
     assert_clean_failure(rc, err, tmp_path, {"m.gguf", "m-bitcos.gguf"}, str(out), "already exists", "--force")
     assert out.read_bytes() == b"precious"
     rc, err = run_cli(["convert", str(f), "--force", "-q"], capsys)
-    assert rc == 0 and open_gguf(out).tensors[0].tensor_type == T(161)
+    assert rc == 0 and open_gguf(out).tensors[0].tensor_type == Variant.PT.type_id
 
 
 def test_disk_full_monkeypatched(tmp_path, capsys, monkeypatch):
@@ -204,7 +206,7 @@ def test_unpaired_bitcos_and_newer_version(tmp_path, capsys):
     bad = tmp_path / "nocomp.gguf"
     with GGUFStreamWriter(bad, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
-        keep = [t for t in r.tensors if not t.name.endswith(".bitcos")]
+        keep = [t for t in r.tensors if not t.name.endswith(COMPANION_SUFFIX)]
         for t in keep:
             w.add_tensor_info(t.name, t.tensor_type, tuple(int(x) for x in t.shape))
         w.begin()
@@ -215,7 +217,7 @@ def test_unpaired_bitcos_and_newer_version(tmp_path, capsys):
     newer = tmp_path / "v2.gguf"
     with GGUFStreamWriter(newer, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
-        w.add_kv("bitcos.format_version", 2, GGUFValueType.UINT32)
+        w.add_kv(KEY_FORMAT_VERSION, 2, GGUFValueType.UINT32)
         w.add_tensor_info("a", T.F32, (4,))
         w.begin()
         w.write_tensor("a", np.zeros(4, np.float32))

@@ -1,5 +1,6 @@
 """The numpy codec against an independent per-bit reference (plain Python, written from FORMAT.md),
-round trips on random codes, TQ1_0/TQ2_0 against gguf-py, and ternary detection."""
+round trips on random codes, TQ1_0/TQ2_0 (ggml_bitcos.tq) against gguf-py, and ternary detection
+(ggml_bitcos.ternary)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,11 @@ import pytest
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from ggml_bitcos import codec
+from ggml_bitcos import codec, ternary, tq
+from ggml_bitcos.format import TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES, Variant, bits_per_weight
+from ggml_bitcos.ternary import random_codes
 
 ZS = [0.0, 0.01, 0.5, 0.99, 1.0]
-
-
-def random_codes(rng: np.random.Generator, rows: int, k: int, z: float) -> np.ndarray:
-    present = rng.random((rows, k)) >= z
-    sign = np.where(rng.random((rows, k)) < 0.5, -1, 1)
-    return (present * sign).astype(np.int8)
 
 
 def random_d(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -32,7 +29,7 @@ def _roundup(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
-def ref_encode(codes: list[list[int]], variant: int, block_d: list[list[float]] | None,
+def ref_encode(codes: list[list[int]], variant: Variant, block_d: list[list[float]] | None,
                mat_scales: list[float] | None, n_mats: int) -> tuple[bytes, bytes, int]:
     rows, k = len(codes), len(codes[0])
     weight = bytearray()
@@ -43,7 +40,7 @@ def ref_encode(codes: list[list[int]], variant: int, block_d: list[list[float]] 
                 if codes[r][128 * b + j] != 0:
                     bits[j // 8] |= 1 << (j % 8)      # weight j: bit j % 8 (LSB first) of byte j / 8
             weight += bits
-            if variant == 0:
+            if variant == Variant.G128:
                 weight += struct.pack("<e", block_d[r][b])      # stored as given, even when empty
     counts = [sum(1 for v in row if v != 0) for row in codes]
     sign_pos, acc = [], 0
@@ -59,7 +56,7 @@ def ref_encode(codes: list[list[int]], variant: int, block_d: list[list[float]] 
     n_groups = -(-rows // (1 << g))
     off = 128
     scales_off = 0
-    if variant == 1:
+    if variant == Variant.PT:
         scales_off = off
         off = _roundup(off + 4 * n_mats, 64)
     base_off = off
@@ -71,7 +68,7 @@ def ref_encode(codes: list[list[int]], variant: int, block_d: list[list[float]] 
     comp = bytearray(pool_off + pool_bytes)
     comp[0:128] = struct.pack("<IHBBQQQQQQQQQ", 0x53435442, 1, variant, g, k, rows, n_mats, n_sign, scales_off,
                               base_off, delta_off, pool_off, pool_bytes) + bytes(48)
-    if variant == 1:
+    if variant == Variant.PT:
         for m, s in enumerate(mat_scales):
             comp[scales_off + 4 * m:scales_off + 4 * m + 4] = struct.pack("<f", s)
     for grp in range(n_groups):
@@ -89,7 +86,7 @@ def ref_encode(codes: list[list[int]], variant: int, block_d: list[list[float]] 
     return bytes(weight), bytes(comp), g
 
 
-@pytest.mark.parametrize("variant", [codec.VARIANT_G128, codec.VARIANT_PT])
+@pytest.mark.parametrize("variant", [Variant.G128, Variant.PT])
 @pytest.mark.parametrize("rows,k,z,n_mats,want_g", [
     (5, 256, 0.4, 1, 6),        # small: whole tensor in one group
     (6, 384, 0.0, 3, 6),        # 3 matrices (PT scales per matrix)
@@ -98,9 +95,9 @@ def ref_encode(codes: list[list[int]], variant: int, block_d: list[list[float]] 
     (2, 65664, 0.0, 1, 0),      # one row alone overflows 16 bits -> g = 0
     (3, 128, 1.0, 1, 6),        # all zero: empty pool, d = 0
 ])
-def test_layout_matches_per_bit_reference(variant: int, rows: int, k: int, z: float, n_mats: int, want_g: int):
+def test_layout_matches_per_bit_reference(variant: Variant, rows: int, k: int, z: float, n_mats: int, want_g: int):
     rng = np.random.default_rng(1234 + rows + k)
-    codes = random_codes(rng, rows, k, z)
+    codes = random_codes(rng, (rows, k), z)
     d = random_d(rng, (rows, k // 128))
     scales = rng.uniform(0.01, 1.0, n_mats).astype(np.float32)
     enc = codec.encode(codes, variant, block_scales=d, matrix_scales=scales, n_mats=n_mats)
@@ -124,7 +121,7 @@ def test_bit_order_by_hand():
     codes[0, 0] = -1
     codes[0, 9] = 1
     codes[0, 127] = -1
-    enc = codec.encode(codes, codec.VARIANT_G128, block_scales=np.array([[0.5]], dtype=np.float16))
+    enc = codec.encode(codes, Variant.G128, block_scales=np.array([[0.5]], dtype=np.float16))
     b = enc.blocks[0]
     assert b[0] == 0b1 and b[1] == 0b10 and b[15] == 0x80 and not np.any(b[2:15])
     assert b[16:18].tobytes() == struct.pack("<e", 0.5)
@@ -134,12 +131,12 @@ def test_bit_order_by_hand():
     assert enc.companion[h.pool_offset] == 0b101
 
 
-@pytest.mark.parametrize("variant", [codec.VARIANT_G128, codec.VARIANT_PT])
+@pytest.mark.parametrize("variant", [Variant.G128, Variant.PT])
 @pytest.mark.parametrize("z", ZS)
 @pytest.mark.parametrize("rows,k", [(1, 128), (3, 384), (37, 2048), (37, 128), (1, 2048), (3, 128)])
-def test_round_trip(variant: int, z: float, rows: int, k: int):
+def test_round_trip(variant: Variant, z: float, rows: int, k: int):
     rng = np.random.default_rng(int(z * 1000) * 7 + rows * 13 + k)
-    codes = random_codes(rng, rows, k, z)
+    codes = random_codes(rng, (rows, k), z)
     n_mats = 1 if rows % 3 else 3 if rows >= 3 else 1
     d = random_d(rng, (rows, k // 128))
     scales = rng.uniform(0.01, 1.0, n_mats).astype(np.float32)
@@ -147,7 +144,7 @@ def test_round_trip(variant: int, z: float, rows: int, k: int):
     dec = codec.decode(enc.blocks, enc.companion, variant, k, rows, n_mats)
     assert np.array_equal(dec.codes, codes)
     x = dec.to_float()
-    if variant == codec.VARIANT_G128:
+    if variant == Variant.G128:
         assert np.array_equal(dec.block_scales, d)                # kept even for empty blocks
         want = codes.astype(np.float32) * np.repeat(d.astype(np.float32), 128, axis=1)
     else:
@@ -159,9 +156,9 @@ def test_round_trip(variant: int, z: float, rows: int, k: int):
                                                        enc.header.row_group_log2)
 
 
-def _encoded(variant: int = codec.VARIANT_G128, rows: int = 9, k: int = 256, z: float = 0.3):
+def _encoded(variant: Variant = Variant.G128, rows: int = 9, k: int = 256, z: float = 0.3):
     rng = np.random.default_rng(99)
-    codes = random_codes(rng, rows, k, z)
+    codes = random_codes(rng, (rows, k), z)
     enc = codec.encode(codes, variant, block_scales=random_d(rng, (rows, k // 128)),
                        matrix_scales=np.array([0.25], dtype=np.float32))
     return enc, rows, k
@@ -182,55 +179,56 @@ def test_decode_rejects_corruption(corrupt, match: str):
     comp = enc.companion.copy()
     corrupt(comp, enc.header)
     with pytest.raises(codec.FormatError, match=match):
-        codec.decode(enc.blocks, comp, codec.VARIANT_G128, k, rows, 1)
+        codec.decode(enc.blocks, comp, Variant.G128, k, rows, 1)
 
 
 def test_decode_rejects_mismatches():
     enc, rows, k = _encoded()
     with pytest.raises(codec.FormatError, match="variant"):
-        codec.decode(enc.blocks[:, :rows * 0 + 32], enc.companion, codec.VARIANT_PT, k, rows, 1)
+        codec.decode(enc.blocks[:, :rows * 0 + 32], enc.companion, Variant.PT, k, rows, 1)
     with pytest.raises(codec.FormatError, match="shape"):
-        codec.decode(enc.blocks, enc.companion, codec.VARIANT_G128, k, rows + 1, 1)
+        codec.decode(enc.blocks, enc.companion, Variant.G128, k, rows + 1, 1)
     with pytest.raises(codec.FormatError, match="bytes"):
-        codec.decode(enc.blocks, enc.companion[:-1], codec.VARIANT_G128, k, rows, 1)
+        codec.decode(enc.blocks, enc.companion[:-1], Variant.G128, k, rows, 1)
     blocks = enc.blocks.copy()
     blocks[0, 0] ^= 1          # a bitmap bit flipped: row index no longer consistent
     with pytest.raises(codec.FormatError):
-        codec.decode(blocks, enc.companion, codec.VARIANT_G128, k, rows, 1)
+        codec.decode(blocks, enc.companion, Variant.G128, k, rows, 1)
 
 
 def test_encode_rejects_bad_input():
     codes = np.zeros((2, 128), dtype=np.int8)
     with pytest.raises(ValueError):
-        codec.encode(np.zeros((2, 100), dtype=np.int8), codec.VARIANT_PT, matrix_scales=np.ones(1, np.float32))
+        codec.encode(np.zeros((2, 100), dtype=np.int8), Variant.PT, matrix_scales=np.ones(1, np.float32))
     with pytest.raises(ValueError):
-        codec.encode(codes + 2, codec.VARIANT_PT, matrix_scales=np.ones(1, np.float32))
+        codec.encode(codes + 2, Variant.PT, matrix_scales=np.ones(1, np.float32))
     with pytest.raises(ValueError):
-        codec.encode(codes, codec.VARIANT_PT, matrix_scales=-np.ones(1, np.float32))
+        codec.encode(codes, Variant.PT, matrix_scales=-np.ones(1, np.float32))
     with pytest.raises(ValueError):
-        codec.encode(codes, codec.VARIANT_G128, block_scales=np.full((2, 1), np.nan, np.float16))
+        codec.encode(codes, Variant.G128, block_scales=np.full((2, 1), np.nan, np.float16))
 
 
 # --- TQ1_0 / TQ2_0 ---------------------------------------------------------------------------------
 
-TQ = [(GGMLQuantizationType.TQ2_0, codec.tq2_0_encode, codec.tq2_0_decode),
-      (GGMLQuantizationType.TQ1_0, codec.tq1_0_encode, codec.tq1_0_decode)]
+TQ = [(GGMLQuantizationType.TQ2_0, tq.tq2_0_encode, tq.tq2_0_decode),
+      (GGMLQuantizationType.TQ1_0, tq.tq1_0_encode, tq.tq1_0_decode)]
 
 
 @pytest.mark.parametrize("qtype,enc,dec", TQ, ids=["TQ2_0", "TQ1_0"])
 @pytest.mark.parametrize("rows,k,z", [(1, 256, 0.0), (3, 768, 0.5), (37, 2048, 0.99), (5, 256, 1.0)])
 def test_tq_writer_reader_vs_gguf_py(qtype, enc, dec, rows: int, k: int, z: float):
     rng = np.random.default_rng(rows * 31 + k)
-    codes = random_codes(rng, rows, k, z)
+    codes = random_codes(rng, (rows, k), z)
     d = random_d(rng, (rows, k // 256))
     d[0, 0] = -d[0, 0]                      # a negative scale must round trip too
     raw = enc(codes, d)
-    assert raw.shape == (rows, k // 256 * (66 if qtype == GGMLQuantizationType.TQ2_0 else 54))
+    block_bytes = TQ2_0_BLOCK_BYTES if qtype == GGMLQuantizationType.TQ2_0 else TQ1_0_BLOCK_BYTES
+    assert raw.shape == (rows, k // 256 * block_bytes)
     got_codes, got_d = dec(raw)
     assert np.array_equal(got_codes, codes) and np.array_equal(got_d.view(np.uint16), d.view(np.uint16))
     # gguf-py's own dequantization of our packing gives the codes back
     ref = dequantize(raw, qtype)
-    assert np.array_equal(ref.view(np.uint32), codec.tq_to_float(got_codes, got_d).view(np.uint32))
+    assert np.array_equal(ref.view(np.uint32), tq.tq_to_float(got_codes, got_d).view(np.uint32))
     want = codes.astype(np.float32) * np.repeat(d.astype(np.float32), 256, axis=1)
     assert np.array_equal(ref.view(np.uint32), want.view(np.uint32))
 
@@ -238,11 +236,11 @@ def test_tq_writer_reader_vs_gguf_py(qtype, enc, dec, rows: int, k: int, z: floa
 @pytest.mark.parametrize("qtype,enc,dec", TQ, ids=["TQ2_0", "TQ1_0"])
 def test_tq_reader_on_gguf_py_quantize(qtype, enc, dec):
     rng = np.random.default_rng(5)
-    codes = random_codes(rng, 7, 512, 0.4)
+    codes = random_codes(rng, (7, 512), 0.4)
     x = codes.astype(np.float32) * np.float32(0.375)
     raw = quantize(x, qtype)
     got_codes, got_d = dec(raw)
-    assert np.array_equal(codec.tq_to_float(got_codes, got_d), dequantize(raw, qtype))
+    assert np.array_equal(tq.tq_to_float(got_codes, got_d), dequantize(raw, qtype))
     assert np.array_equal(got_codes, codes)
 
 
@@ -250,42 +248,42 @@ def test_tq_reader_on_gguf_py_quantize(qtype, enc, dec):
 
 def test_analyze_rows_and_variants():
     rng = np.random.default_rng(3)
-    codes = random_codes(rng, 6, 256, 0.4)
+    codes = random_codes(rng, (6, 256), 0.4)
     s = np.float32(0.1)                          # not an fp16 value
     x = codes.astype(np.float32) * s
-    ch = codec.analyze_rows(x)
+    ch = ternary.analyze_rows(x)
     assert ch.blocks_uniform and np.array_equal(ch.codes, codes)
-    assert codec.pt_scales(ch.block_mag, 2) is not None
-    assert not codec.g128_representable(ch.block_mag)
+    assert ternary.pt_scales(ch.block_mag, 2) is not None
+    assert not ternary.g128_representable(ch.block_mag)
     x16 = codes.astype(np.float32) * np.float32(np.float16(0.1))
-    assert codec.g128_representable(codec.analyze_rows(x16).block_mag)
+    assert ternary.g128_representable(ternary.analyze_rows(x16).block_mag)
     # a second magnitude in one block: not ternary
     y = x.copy()
     y[0, codes[0] != 0][:1] *= 2
     y[0, np.flatnonzero(codes[0])[0]] *= 2
-    assert not codec.analyze_rows(y).blocks_uniform
+    assert not ternary.analyze_rows(y).blocks_uniform
     # NaN / inf are never ternary
     y = x.copy()
     y[1, 3] = np.nan
-    assert not codec.analyze_rows(y).blocks_uniform
+    assert not ternary.analyze_rows(y).blocks_uniform
     y[1, 3] = np.inf
-    assert not codec.analyze_rows(y).blocks_uniform
+    assert not ternary.analyze_rows(y).blocks_uniform
     # -0.0 is a zero code
     y = x.copy()
     y[2, :] = -0.0
-    assert np.all(codec.analyze_rows(y).codes[2] == 0)
+    assert np.all(ternary.analyze_rows(y).codes[2] == 0)
     # per-matrix scales differ between matrices: PT still applies (one scale per matrix)
     z2 = np.concatenate([x[:3], 2 * x[3:]])
-    mags = codec.analyze_rows(z2).block_mag
-    sc = codec.pt_scales(mags, 2)
+    mags = ternary.analyze_rows(z2).block_mag
+    sc = ternary.pt_scales(mags, 2)
     assert sc is not None and sc[1] == 2 * sc[0]
-    assert codec.pt_scales(mags, 1) is None
+    assert ternary.pt_scales(mags, 1) is None
 
 
 def test_size_overhead_bound():
     """FORMAT.md §8: companion overhead <= 0.01 bit per weight for K >= 2048 and >= 2 M weights
     (at exactly 1 M weights, 512 x 2048 at z = 0, it is 0.01025: 18 bits per row + 192 fixed bytes)."""
-    for variant in (codec.VARIANT_G128, codec.VARIANT_PT):
+    for variant in (Variant.G128, Variant.PT):
         for z in (0.0, 0.5, 1.0):
             rows, k = 1024, 2048
             s = int((1 - z) * rows * k)
@@ -293,5 +291,4 @@ def test_size_overhead_bound():
             comp = codec.companion_size(variant, k, rows, 1, s, g)
             overhead = (8 * comp - s) / (rows * k)
             assert overhead <= 0.01, (variant, z, overhead)
-            assert math.isclose(codec.bits_per_weight_formula(variant, z),
-                                (2.125 if variant == 0 else 2.0) - z)
+            assert math.isclose(bits_per_weight(variant, z), (2.125 if variant == Variant.G128 else 2.0) - z)

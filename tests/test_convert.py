@@ -11,8 +11,11 @@ from gguf import GGUFValueType
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-from ggml_bitcos import codec
+from ggml_bitcos import codec, tq
 from ggml_bitcos.convert import ConvertError, convert, default_output
+from ggml_bitcos.format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, COMPANION_TYPE, KEY_CONVERTED_FROM,
+                                KEY_FORMAT_VERSION, QK, Variant)
+from ggml_bitcos.ternary import random_codes
 from gguf_tools import GGUFStreamWriter, open_gguf, tensor_bytes, tensor_ggml_shape
 
 PROJ = ["attn_q", "attn_k", "attn_v", "attn_output"]
@@ -35,24 +38,24 @@ def independent_source_floats(t) -> np.ndarray:
     raise AssertionError(t.tensor_type)
 
 
-def check_converted(src_path, out_path, expect_variant: int | None = None) -> dict[str, int]:
+def check_converted(src_path, out_path, expect_variant: Variant | None = None) -> dict[str, Variant]:
     """Every converted tensor decodes to the source's fp32 bits (up to -0.0); every other tensor and
     every metadata value is copied; companions follow their weights. Returns {name: variant}."""
     src = open_gguf(src_path)
     out = open_gguf(out_path)
     out_list = [t.name for t in out.tensors]
     out_t = {t.name: t for t in out.tensors}
-    variants: dict[str, int] = {}
+    variants: dict[str, Variant] = {}
     for t in src.tensors:
         o = out_t[t.name]
-        if int(o.tensor_type) in (160, 161):
-            variant = int(o.tensor_type) - 160
+        if o.tensor_type in BITCOS_TYPE_IDS:
+            variant = Variant.from_type_id(o.tensor_type)
             variants[t.name] = variant
             assert tensor_ggml_shape(o) == tensor_ggml_shape(t)
-            comp_name = t.name + ".bitcos"
+            comp_name = t.name + COMPANION_SUFFIX
             assert out_list[out_list.index(t.name) + 1] == comp_name       # companion right after
             comp = out_t[comp_name]
-            assert comp.tensor_type == T.I8 and len(tensor_ggml_shape(comp)) == 1
+            assert comp.tensor_type == COMPANION_TYPE and len(tensor_ggml_shape(comp)) == 1
             ne = tensor_ggml_shape(o)
             rows = math.prod(ne[1:])
             dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), variant, ne[0], rows, codec.n_mats_of(ne))
@@ -73,21 +76,22 @@ def check_converted(src_path, out_path, expect_variant: int | None = None) -> di
         g = out.get_field(key)
         assert g is not None and g.types == f.types, key
         assert all(bytes(a) == bytes(b) for a, b in zip(f.parts, g.parts)), key
-    assert out.get_field("bitcos.format_version").contents() == 1
-    if variants:  # LLAMA_FTYPE_MOSTLY_BITCOS_G128/PT = 160/161 by the majority of converted weights
-        n_pt = sum(1 for v in variants.values() if v == codec.VARIANT_PT)
-        assert out.get_field("general.file_type").contents() == (161 if 2 * n_pt >= len(variants) else 160)
+    assert out.get_field(KEY_FORMAT_VERSION).contents() == 1
+    if variants:  # LLAMA_FTYPE_MOSTLY_BITCOS_G128/PT = their type ids, by the majority of converted weights
+        n_pt = sum(1 for v in variants.values() if v == Variant.PT)
+        majority = Variant.PT if 2 * n_pt >= len(variants) else Variant.G128
+        assert out.get_field("general.file_type").contents() == majority.type_id
     return variants
 
 
 CASES = [
     # (source type, scale, moe, expected variant with --scale auto)
-    ("tq2_0", "tensor", 0, codec.VARIANT_PT),
-    ("tq1_0", "g128", 4, codec.VARIANT_G128),
-    ("f16", "g128", 0, codec.VARIANT_G128),
-    pytest.param("f16", "tensor", 4, codec.VARIANT_PT, marks=pytest.mark.slow),
-    pytest.param("tq2_0", "g128", 4, codec.VARIANT_G128, marks=pytest.mark.slow),
-    pytest.param("tq1_0", "tensor", 0, codec.VARIANT_PT, marks=pytest.mark.slow),
+    ("tq2_0", "tensor", 0, Variant.PT),
+    ("tq1_0", "g128", 4, Variant.G128),
+    ("f16", "g128", 0, Variant.G128),
+    pytest.param("f16", "tensor", 4, Variant.PT, marks=pytest.mark.slow),
+    pytest.param("tq2_0", "g128", 4, Variant.G128, marks=pytest.mark.slow),
+    pytest.param("tq1_0", "tensor", 0, Variant.PT, marks=pytest.mark.slow),
 ]
 
 
@@ -104,7 +108,7 @@ def test_convert_generated_model(model_factory, tmp_path, src_type, scale, moe, 
     if moe:
         assert "blk.0.ffn_down_exps.weight" in names and "blk.0.ffn_gate_inp.weight" not in names
     out_r = open_gguf(out)
-    conv_from = out_r.get_field("bitcos.converted_from").contents()
+    conv_from = out_r.get_field(KEY_CONVERTED_FROM).contents()
     assert conv_from == {"tq2_0": "TQ2_0", "tq1_0": "TQ1_0", "f16": "F16"}[src_type]
 
 
@@ -112,7 +116,7 @@ def test_forced_scale_modes(model_factory, tmp_path):
     src = model_factory(src_type="tq2_0", scale="tensor")
     out = tmp_path / "g.gguf"
     convert(src, out, scale="g128", progress=False)
-    check_converted(src, out, codec.VARIANT_G128)
+    check_converted(src, out, Variant.G128)
     # --scale tensor on per-block scales: nothing converts, reported; --strict makes it an error
     src_g = model_factory(src_type="tq2_0", scale="g128")
     res = convert(src_g, tmp_path / "t.gguf", scale="tensor", progress=False)
@@ -154,12 +158,12 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 
 def test_float_sources_bf16_f32_negative_zero_and_non_ternary(tmp_path):
     rng = np.random.default_rng(11)
-    codes = rng.integers(-1, 2, (2, 40, 256)).astype(np.int8)       # 3-D: 2 experts
+    codes = random_codes(rng, (2, 40, 256), 1 / 3)                   # 3-D: 2 experts
     s = np.array([0.0078125, 0.01171875], dtype=np.float32)[:, None, None]   # bf16- and fp16-exact
     x = codes.astype(np.float32) * s
     x[x == 0] = -0.0 * (rng.random(np.count_nonzero(x == 0)) < 0.5)   # mixed -0.0 / +0.0
     x_bf = _bf16(x)
-    odd = rng.integers(-1, 2, (8, 256)).astype(np.float32) * np.float32(0.1)  # PT only (0.1 not fp16)
+    odd = random_codes(rng, (8, 256), 1 / 3).astype(np.float32) * np.float32(0.1)  # PT only (0.1 not fp16)
     dense = rng.standard_normal((16, 256)).astype(np.float32)
     src = tmp_path / "floats.gguf"
     _write_float_model(src, {
@@ -173,10 +177,10 @@ def test_float_sources_bf16_f32_negative_zero_and_non_ternary(tmp_path):
     out = default_output(src)
     assert out.name == "floats-bitcos.gguf" and out.exists()
     variants = check_converted(src, out)
-    assert variants == {"blk.0.ffn_up_exps.weight": codec.VARIANT_PT, "blk.0.attn_q.weight": codec.VARIANT_PT}
+    assert variants == {"blk.0.ffn_up_exps.weight": Variant.PT, "blk.0.attn_q.weight": Variant.PT}
     assert {r.name for r in res.skipped} == {"blk.0.attn_k.weight"}
     r = open_gguf(out)
-    assert r.alignment == 64 and r.get_field("bitcos.converted_from").contents() == "BF16,F32"
+    assert r.alignment == 64 and r.get_field(KEY_CONVERTED_FROM).contents() == "BF16,F32"
     # g128 cannot represent 0.1 exactly: reported, and --strict fails
     res2 = convert(src, tmp_path / "g.gguf", scale="g128", progress=False)
     assert "blk.0.attn_q.weight" in {t.name for t in res2.skipped}
@@ -219,7 +223,7 @@ def test_tq_source_keeps_block_scale_of_empty_halves(tmp_path):
     the kernels' TQ2_0-exact arithmetic uses d even where all codes are zero."""
     rng = np.random.default_rng(5)
     rows, k = 4, 512
-    codes = rng.integers(-1, 2, (rows, k)).astype(np.int8)
+    codes = random_codes(rng, (rows, k), 1 / 3)
     codes[0, 128:256] = 0          # an empty second half
     codes[1, 0:256] = 0            # a whole empty 256-block
     d = rng.uniform(0.01, 1.0, (rows, k // 256)).astype(np.float16)   # per-block scales: G128, not PT
@@ -228,12 +232,12 @@ def test_tq_source_keeps_block_scale_of_empty_halves(tmp_path):
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
         w.add_tensor_info("blk.0.ffn_up.weight", T.TQ2_0, (k, rows))
         w.begin()
-        w.write_tensor("blk.0.ffn_up.weight", codec.tq2_0_encode(codes, d))
+        w.write_tensor("blk.0.ffn_up.weight", tq.tq2_0_encode(codes, d))
     out = tmp_path / "out.gguf"
     res = convert(src, out, progress=False)
-    assert [r.variant for r in res.converted] == [codec.VARIANT_G128]
+    assert [r.variant for r in res.converted] == [Variant.G128]
     t = next(t for t in open_gguf(out).tensors if t.name == "blk.0.ffn_up.weight")
-    blocks = tensor_bytes(t).reshape(rows, k // 128, 18)
-    stored = np.ascontiguousarray(blocks[:, :, 16:18]).view("<f2").reshape(rows, k // 128)
+    blocks = tensor_bytes(t).reshape(rows, k // QK, Variant.G128.block_bytes)
+    stored = np.ascontiguousarray(blocks[:, :, 16:18]).view("<f2").reshape(rows, k // QK)
     assert np.array_equal(stored, np.repeat(d, 2, axis=1))
-    check_converted(src, out, codec.VARIANT_G128)
+    check_converted(src, out, Variant.G128)

@@ -90,7 +90,7 @@ def test_llama_bench_runs(model_pairs):
     rows = llama_run.run_bench([src, out], n_prompt=64, n_gen=16, threads=[2], repetitions=1)
     assert len(rows) == 4
     assert all(r["avg_ts"] > 0 for r in rows)
-    for r in rows:  # llama.cpp names the file type (general.file_type, patches/0005)
+    for r in rows:  # llama.cpp names the file type (general.file_type; the file-types patch)
         expect = "BITCOS_PT" if Path(r["model_filename"]) == out else "TQ2_0"
         assert expect in r["model_type"], r["model_type"]
 

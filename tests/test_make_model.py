@@ -3,6 +3,7 @@ deterministic by seed, TQ packing that gguf-py decodes back to the codes."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-from ggml_bitcos import codec
-from ggml_bitcos.make_model import PRESETS, ternary_codes
+from ggml_bitcos import ternary
+from ggml_bitcos.make_model import PRESETS
+from ggml_bitcos.ternary import random_codes
 from ggml_bitcos.upstream import vocab_gguf
 from gguf_tools import open_gguf, tensor_ggml_shape
 
@@ -19,6 +21,10 @@ LLAMA_KEYS = ["llama.context_length", "llama.embedding_length", "llama.block_cou
               "llama.attention.head_count", "llama.attention.head_count_kv", "llama.rope.dimension_count",
               "llama.attention.layer_norm_rms_epsilon", "llama.vocab_size", "llama.rope.freq_base"]
 PROJ = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"]
+# random_codes(default_rng(1234), (3, 5, 256), 0.42) and the rng's next 8 bytes, as make-model drew them
+# before the generator moved to ggml_bitcos.ternary
+PINNED_CODES_SHA256 = "4f4792b6d57b00e6f5382ba664dd47ba9013c57c207fb766fcd446b3fad5ef5a"
+PINNED_NEXT_BYTES = b"2\xf7\x99Q\xb3\x99\xbcT"
 
 
 def _kv(reader, key):
@@ -114,13 +120,27 @@ def test_deterministic_by_seed(model_factory, tmp_path):
 
 
 @pytest.mark.parametrize("z", [0.0, 0.3, 1.0])
-def test_ternary_codes_density(z):
+def test_random_codes_density(z):
     rng = np.random.default_rng(0)
-    codes = ternary_codes(rng, (256, 1024), z)
+    codes = random_codes(rng, (256, 1024), z)
     assert set(np.unique(codes)) <= {-1, 0, 1}
     assert abs(np.mean(codes == 0) - z) < 0.005
     if z < 1:
         assert abs(np.mean(codes == 1) - np.mean(codes == -1)) < 0.01
+
+
+def test_random_codes_draw_order_is_pinned():
+    """make-model's output for a seed depends on random_codes' exact draws (one uint16 per weight from
+    rng.bytes, presence from the top 15 bits, sign from bit 0): pinned here so a change cannot go unnoticed.
+    The generator draws its bytes even at z = 1, so what is drawn after it stays the same."""
+    rng = np.random.default_rng(1234)
+    codes = random_codes(rng, (3, 5, 256), 0.42)
+    assert codes.shape == (3, 5, 256) and codes.dtype == np.int8
+    assert hashlib.sha256(codes.tobytes()).hexdigest() == PINNED_CODES_SHA256
+    assert rng.bytes(8) == PINNED_NEXT_BYTES
+    rng = np.random.default_rng(1234)
+    assert not np.any(random_codes(rng, (3, 5, 256), 1.0))
+    assert rng.bytes(8) == PINNED_NEXT_BYTES
 
 
 def test_cli_make_model(tmp_path):
@@ -134,9 +154,9 @@ def test_cli_make_model(tmp_path):
     assert _kv(r, "llama.block_count") == 1
     assert t["blk.0.attn_q.weight"].tensor_type == T.F16
     x = np.asarray(t["blk.0.attn_q.weight"].data, dtype=np.float32)
-    ch = codec.analyze_rows(x)
-    assert ch.blocks_uniform and codec.g128_representable(ch.block_mag)
-    assert codec.pt_scales(ch.block_mag, 1) is None          # per-128 scales differ
+    ch = ternary.analyze_rows(x)
+    assert ch.blocks_uniform and ternary.g128_representable(ch.block_mag)
+    assert ternary.pt_scales(ch.block_mag, 1) is None          # per-128 scales differ
     # existing output without --force: error, file untouched
     before = out.read_bytes()
     assert main(["make-model", "-o", str(out), "-q"]) == 1

@@ -9,8 +9,9 @@ import pytest
 from gguf import GGUFValueType
 from gguf.constants import GGMLQuantizationType as T
 
-from ggml_bitcos import codec
 from ggml_bitcos.convert import convert
+from ggml_bitcos.format import Variant, bits_per_weight
+from ggml_bitcos.ternary import random_codes
 from ggml_bitcos.stats import collect, format_text
 from gguf_tools import GGUFStreamWriter, open_gguf
 
@@ -21,8 +22,7 @@ K = N = 2048
 def _one_tensor_model(path, z: float, per_block: bool, seed: int = 0) -> None:
     """A GGUF holding one 2048 x 2048 F16 ternary tensor (fp16 scale per 128 or one per tensor)."""
     rng = np.random.default_rng(seed)
-    present = rng.random((N, K)) >= z
-    codes = (present * np.where(rng.random((N, K)) < 0.5, -1, 1)).astype(np.float16)
+    codes = random_codes(rng, (N, K), z).astype(np.float16)
     if per_block:
         d = rng.uniform(0.01, 0.02, (N, K // 128)).astype(np.float16)
         x = (codes.reshape(N, K // 128, 128) * d[:, :, None]).reshape(N, K)
@@ -40,8 +40,8 @@ def test_size_formula_on_real_files(tmp_path, capsys):
     <= (2 - z) + 0.01 (PT), at K = 2048 (the rest of the file is a few hundred bytes of header)."""
     rows = []
     for z in SIZE_ZS:
-        for per_block, variant, bound in ((True, codec.VARIANT_G128, 2.125 - z + 0.01),
-                                          (False, codec.VARIANT_PT, 2.0 - z + 0.01)):
+        for per_block, variant, bound in ((True, Variant.G128, 2.125 - z + 0.01),
+                                          (False, Variant.PT, 2.0 - z + 0.01)):
             src = tmp_path / f"src-{z}-{variant}.gguf"
             out = tmp_path / f"out-{z}-{variant}.gguf"
             _one_tensor_model(src, z, per_block, seed=int(100 * z))
@@ -53,11 +53,11 @@ def test_size_formula_on_real_files(tmp_path, capsys):
             zm = res.converted[0].zero_density
             assert abs(zm - z) < 0.002
             assert file_bits <= bound, (z, variant, file_bits, bound)
-            formula = codec.bits_per_weight_formula(variant, zm)
+            formula = bits_per_weight(variant, zm)
             assert formula <= file_bits <= formula + 0.01
             m = collect(out, progress=False)
             assert abs(m.file_bits_per_weight - file_bits) < 1e-3        # tensor data vs data section
-            rows.append((z, codec.VARIANT_NAMES[variant], zm, file_bits, formula))
+            rows.append((z, variant.name, zm, file_bits, formula))
     with capsys.disabled():
         print("\n  z     variant  measured z  file bpw  formula (2.125-z | 2-z)")
         for z, v, zm, fb, f in rows:

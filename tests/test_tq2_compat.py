@@ -2,7 +2,7 @@
 csrc/bitcos-kernels.h).
 
 The reference is the real thing: ``vec_dot`` of GGML_TYPE_TQ2_0 from the ``libggml-cpu.so`` of the installed
-(patched) llama-cpp-python, called through ctypes on TQ2_0 rows made by ``codec.tq2_0_encode`` and Q8_K
+(patched) llama-cpp-python, called through ctypes on TQ2_0 rows made by ``tq.tq2_0_encode`` and Q8_K
 activations. The same ternary codes and scales go through the BITCOS kernels of the harness library (generic,
 AVX2, AVX-512) as a PT matrix (scale = fp32 of the TQ2_0 fp16 d, one d for the whole matrix) and as a G128
 matrix (both halves of every 256-block get that block's TQ2_0 d). Skipped when llama_cpp is not installed.
@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf.constants import GGMLQuantizationType
 
-from ggml_bitcos import codec
-from ggml_bitcos import kernels as K
-from test_kernels import build_and_load
-
-GGML_TYPE_TQ2_0 = 35
-IMPLS = ("generic", "avx2", "avx512")
+from ggml_bitcos import harness, tq
+from ggml_bitcos.format import QK_K, TQ2_0_BLOCK_BYTES, Variant
+from ggml_bitcos.q8k import Q8K_DTYPE, random_q8k
+from ggml_bitcos.ternary import random_codes
 
 
 class GgmlTypeTraitsCpu(ctypes.Structure):
@@ -56,42 +55,35 @@ def ggml_cpu_library() -> Path | None:
     return None
 
 
-def cpu_has_fma() -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(line.startswith("flags") and " fma " in f" {line.split(':', 1)[1]} " for line in text.splitlines())
-
-
-def expected_fma(lib_path: Path) -> bool:
+def expected_fma(lib_path: Path, cpu_flags: set[str]) -> bool:
     """The FMA form of TQ2_0 in this ggml build: fused when GCC compiled it for a target with FMA."""
     built_by_clang = b"clang version" in lib_path.read_bytes()
-    return cpu_has_fma() and not built_by_clang
+    return "fma" in cpu_flags and not built_by_clang
 
 
 @pytest.fixture(scope="module")
-def tq2_vec_dot():
+def tq2_vec_dot(kernel_library, cpu_flags: set[str]):
+    """(TQ2_0's vec_dot from the installed ggml, the FMA form it uses, its library); needs the kernel harness
+    libraries (kernel_library) to compare with."""
     path = ggml_cpu_library()
     if path is None:
         pytest.skip("llama_cpp (patched llama-cpp-python) is not installed: no libggml-cpu.so to compare with")
-    build_and_load()                                   # the harness libraries (both FMA forms)
     lib = ctypes.CDLL(str(path))
     lib.ggml_cpu_init.argtypes = []
     lib.ggml_cpu_init.restype = None
     lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
     lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(GgmlTypeTraitsCpu)
     lib.ggml_cpu_init()
-    traits = lib.ggml_get_type_traits_cpu(GGML_TYPE_TQ2_0).contents
+    traits = lib.ggml_get_type_traits_cpu(int(GGMLQuantizationType.TQ2_0)).contents
     assert traits.vec_dot, "TQ2_0 has no vec_dot in this ggml"
-    return VEC_DOT(traits.vec_dot), expected_fma(path), lib   # keep lib referenced
+    return VEC_DOT(traits.vec_dot), expected_fma(path, cpu_flags), lib   # keep lib referenced
 
 
 def tq2_dots(vec_dot, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
     """TQ2_0 rows (R, nblk*66) . one Q8_K column (nblk,): float32 (R,), one vec_dot call per row."""
-    y = np.ascontiguousarray(y, dtype=K.Q8K_DTYPE)
+    y = np.ascontiguousarray(y, dtype=Q8K_DTYPE)
     out = np.empty(rows.shape[0], dtype=np.float32)
-    k = rows.shape[1] // codec.TQ2_0_BLOCK_BYTES * K.QK_K
+    k = rows.shape[1] // TQ2_0_BLOCK_BYTES * QK_K
     s = ctypes.c_float()
     for i in range(rows.shape[0]):
         row = np.ascontiguousarray(rows[i])
@@ -103,7 +95,7 @@ def tq2_dots(vec_dot, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
 def random_q8k_column(rng: np.random.Generator, k: int, magnitude: str) -> np.ndarray:
     """Q8_K activations for one column; 'large' uses extreme int8 values and scales up to 1e4 (both signs),
     so the products and sums reach large exponents where rounding differences would show."""
-    y = K.random_q8k(rng, 1, k)[0]
+    y = random_q8k(rng, 1, k)[0]
     if magnitude == "large":
         q = rng.choice(np.array([-128, -127, 127, 126, -1, 0, 1], dtype=np.int8), size=y["qs"].shape)
         y["qs"] = np.where(rng.random(y["qs"].shape) < 0.5, q, y["qs"])
@@ -126,41 +118,37 @@ def assert_kernels_match_tq2_0(vec_dot, fma: bool, tq2: np.ndarray, w, rng: np.r
     for _ in range(3):
         y = random_q8k_column(rng, k, magnitude)
         want = tq2_dots(vec_dot, tq2, y)
-        for impl in IMPLS:
-            if not K.available(impl, fma):
+        for impl in harness.IMPLS:
+            if not harness.available(impl, fma):
                 continue
-            got = K.mm(impl, w, y[None, :], fma)[0]
+            got = harness.mm(impl, w, y[None, :], fma)[0]
             np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{impl} (BITCOS_FMA={int(fma)})")
 
 
-@pytest.mark.parametrize("magnitude", ("normal", "large"))
-@pytest.mark.parametrize("k", KS)
-def test_g128_bit_identical_to_tq2_0(tq2_vec_dot, k: int, magnitude: str) -> None:
-    vec_dot, fma, _ = tq2_vec_dot
-    rng = np.random.default_rng(k * 7 + (magnitude == "large"))
-    nr = 48
-    z = rng.uniform(0.0, 1.0, nr)
-    codes = np.concatenate([K.random_codes(rng, 1, k, float(zi)) for zi in z])
-    d = rng.uniform(0.0, 3.0, size=(nr, k // K.QK_K)).astype(np.float16)
-    if magnitude == "large":
-        d = (d.astype(np.float32) * 1e4).astype(np.float16)
-    tq2 = codec.tq2_0_encode(codes, d)
-    w = K.encode_rows(codes, K.VARIANT_G128, block_scales=np.repeat(d, 2, axis=1))
-    assert_kernels_match_tq2_0(vec_dot, fma, tq2, w, rng, k, magnitude)
+def mixed_density_codes(rng: np.random.Generator, nr: int, k: int) -> np.ndarray:
+    """nr rows of k ternary codes, each row at its own zero density drawn uniformly from [0, 1)."""
+    return np.concatenate([random_codes(rng, (1, k), float(z)) for z in rng.uniform(0.0, 1.0, nr)])
 
 
+@pytest.mark.parametrize("variant", (Variant.G128, Variant.PT))
 @pytest.mark.parametrize("magnitude", ("normal", "large"))
 @pytest.mark.parametrize("k", KS)
-def test_pt_bit_identical_to_tq2_0(tq2_vec_dot, k: int, magnitude: str) -> None:
+def test_bit_identical_to_tq2_0(tq2_vec_dot, variant: Variant, k: int, magnitude: str) -> None:
+    """G128 with each TQ2_0 block scale in both halves, and PT with one scale for the matrix."""
     vec_dot, fma, _ = tq2_vec_dot
-    rng = np.random.default_rng(k * 11 + (magnitude == "large"))
+    rng = np.random.default_rng(k * (7 if variant == Variant.G128 else 11) + (magnitude == "large"))
     nr = 48
-    codes = np.concatenate([K.random_codes(rng, 1, k, float(zi)) for zi in rng.uniform(0.0, 1.0, nr)])
-    d16 = np.float16(rng.uniform(0.01, 2.0) * (1e3 if magnitude == "large" else 1.0))
-    d = np.full((nr, k // K.QK_K), d16, dtype=np.float16)        # one scale per matrix: PT
-    tq2 = codec.tq2_0_encode(codes, d)
-    w = K.encode_rows(codes, K.VARIANT_PT, scale=float(np.float32(d16)))
-    assert_kernels_match_tq2_0(vec_dot, fma, tq2, w, rng, k, magnitude)
+    codes = mixed_density_codes(rng, nr, k)
+    if variant == Variant.G128:
+        d = rng.uniform(0.0, 3.0, size=(nr, k // QK_K)).astype(np.float16)
+        if magnitude == "large":
+            d = (d.astype(np.float32) * 1e4).astype(np.float16)
+        w = harness.encode_rows(codes, variant, block_scales=np.repeat(d, 2, axis=1))
+    else:
+        d16 = np.float16(rng.uniform(0.01, 2.0) * (1e3 if magnitude == "large" else 1.0))
+        d = np.full((nr, k // QK_K), d16, dtype=np.float16)
+        w = harness.encode_rows(codes, variant, scale=float(np.float32(d16)))
+    assert_kernels_match_tq2_0(vec_dot, fma, tq.tq2_0_encode(codes, d), w, rng, k, magnitude)
 
 
 def test_other_fma_form_is_not_tq2_0(tq2_vec_dot) -> None:
@@ -168,18 +156,18 @@ def test_other_fma_form_is_not_tq2_0(tq2_vec_dot) -> None:
     vec_dot, fma, _ = tq2_vec_dot
     rng = np.random.default_rng(5)
     k, nr = 2048, 64
-    codes = K.random_codes(rng, nr, k, 0.3)
-    d = rng.uniform(0.5, 2.0, size=(nr, k // K.QK_K)).astype(np.float16)
+    codes = random_codes(rng, (nr, k), 0.3)
+    d = rng.uniform(0.5, 2.0, size=(nr, k // QK_K)).astype(np.float16)
     y = random_q8k_column(rng, k, "normal")
-    want = tq2_dots(vec_dot, codec.tq2_0_encode(codes, d), y)
-    w = K.encode_rows(codes, K.VARIANT_G128, block_scales=np.repeat(d, 2, axis=1))
-    other = K.mm("generic", w, y[None, :], not fma)[0]
+    want = tq2_dots(vec_dot, tq.tq2_0_encode(codes, d), y)
+    w = harness.encode_rows(codes, Variant.G128, block_scales=np.repeat(d, 2, axis=1))
+    other = harness.mm("generic", w, y[None, :], not fma)[0]
     assert np.count_nonzero(bits(other) != bits(want)) > 0
     flipped = codes.copy()
     j = int(np.flatnonzero(flipped[0])[0])
     flipped[0, j] = -flipped[0, j]
     y["qs"].reshape(-1)[j] = 100
     y["bsums"] = y["qs"].reshape(-1, 16, 16).sum(axis=2, dtype=np.int16)
-    want = tq2_dots(vec_dot, codec.tq2_0_encode(codes, d), y)
-    w2 = K.encode_rows(flipped, K.VARIANT_G128, block_scales=np.repeat(d, 2, axis=1))
-    assert K.mm("generic", w2, y[None, :], fma)[0][0] != want[0]
+    want = tq2_dots(vec_dot, tq.tq2_0_encode(codes, d), y)
+    w2 = harness.encode_rows(flipped, Variant.G128, block_scales=np.repeat(d, 2, axis=1))
+    assert harness.mm("generic", w2, y[None, :], fma)[0][0] != want[0]

@@ -49,3 +49,105 @@ def test_bench_e2e_tiny_with_decode_breakdown(tmp_path, patched_llama):
     # the tiny preset's projections are ternary; BITCOS stores them in fewer bytes than TQ2_0
     assert bd["BITCOS"]["ternary_bytes"] < bd["TQ2_0"]["ternary_bytes"]
     assert bd["BITCOS"]["other_bytes"] == bd["TQ2_0"]["other_bytes"]
+
+
+# --------------------------------------------------------------------------------------- unit tests
+# Tables, JSON and plots on hand-made records: no llama.cpp needed.
+
+def _gemv_results() -> list[dict]:
+    base = {"threads": 1, "rows": 256, "k": 512, "file": 0}
+    return [{**base, "type": "tq2_0", "z": None, "median_us": 10.0, "bytes": 34_000},
+            {**base, "type": "tq1_0", "z": None, "median_us": 12.0, "bytes": 28_000},
+            {**base, "type": "q4_0", "z": None, "median_us": 15.0, "bytes": 74_000},
+            {**base, "type": "bitcos_pt", "z": 0.5, "median_us": 8.0, "bytes": 25_000},
+            {**base, "type": "bitcos_pt", "z": 0.0, "median_us": 9.0, "bytes": 33_000}]
+
+
+def _llama_bench_rows() -> list[dict]:
+    rows = []
+    for name, tg, pp, size in (("m-z0.42-tq1_0.gguf", 20.0, 200.0, 5 << 20),
+                               ("m-z0.42-tq2_0.gguf", 25.0, 300.0, 6 << 20),
+                               ("m-z0.42-bitcos.gguf", 30.0, 280.0, 4 << 20)):
+        common = {"model_filename": f"/w/{name}", "n_threads": 1, "stddev_ts": 0.5, "model_size": size}
+        rows.append({**common, "n_prompt": 512, "n_gen": 0, "avg_ts": pp})
+        rows.append({**common, "n_prompt": 0, "n_gen": 128, "avg_ts": tg, "rounds_ts": [tg, tg]})
+    return rows
+
+
+def _breakdown() -> list[dict]:
+    out = []
+    for model, tern_us, tern_bytes in (("TQ1_0", 30_000.0, 300e6), ("TQ2_0", 25_000.0, 400e6),
+                                       ("BITCOS", 20_000.0, 250e6)):
+        out.append({"model": model, "threads": 1, "beta_gb_s": 20.0, "ternary_us": tern_us,
+                    "ternary_bytes": tern_bytes, "other_us": 5_000.0, "other_bytes": 100e6})
+    out.append({"model": "BITCOS", "threads": 2, "beta_gb_s": 30.0})   # no tg record, no times: skipped
+    return out
+
+
+def test_tables_and_plots_do_not_mutate_their_inputs(tmp_path):
+    """Tables, the e2e JSON and the plots derive labels, tg times and rest times themselves: the records
+    passed in are left exactly as they were (so one set of records can feed any of them, in any order)."""
+    import copy
+
+    from ggml_bitcos.bench import e2e, gemv, roofline
+
+    gemv_res, rows, breakdown = _gemv_results(), _llama_bench_rows(), _breakdown()
+    rf = {"beta_gb_s": {1: 20.0}, "gamma_cycles_per_32": {"tq2_0": 2.5, "bitcos_pt": 2.0}, "tsc_ghz": 3.0,
+          "rows": [{**r, "t_mem_us": 5.0, "t_ins_us": 7.0, "predicted_us": 7.0, "bound": "instructions",
+                    "gamma": 2.0} for r in gemv_res]}
+    inputs = (gemv_res, rows, breakdown, rf)
+    before = copy.deepcopy(inputs)
+
+    gemv_text = gemv.gemv_table(gemv_res)
+    roof_text = roofline.roofline_table(rf)
+    e2e_text = e2e.e2e_table(rows)
+    split_text = e2e.breakdown_table(rows, breakdown)
+    data = e2e.e2e_json(rows, breakdown)
+    gemv.gemv_plot(gemv_res, tmp_path / "gemv.png", "gemv")
+    e2e.e2e_plot(rows, tmp_path / "e2e.png", "e2e")
+    assert inputs == before
+
+    assert "| bitcos_pt | 0.50 | 8.0 |" in gemv_text and "1.250x" in gemv_text      # 10 µs / 8 µs vs TQ2_0
+    assert "| bitcos_pt | 0.50 | 1 |" in roof_text
+    assert "| BITCOS | tg128 | 1 | 30.00 ± 0.50 | 1.200x |" in e2e_text
+    # BITCOS at 1 thread: tg 1000/30 = 33.3 ms, ternary 20 ms, other 5 ms, rest 8.3 ms
+    assert "| BITCOS | 1 | 33.3 | 20.0 | 250 | 12.5 | 5.0 | 8.3 |" in split_text
+    assert "1 thread(s): BITCOS ternary matmuls 1.250x TQ2_0's; tg ceiling" in split_text
+    assert "| BITCOS | 2 |" not in split_text
+    # the JSON file keeps the keys it always had: labels on the llama-bench rows, the tg split where known
+    assert [r["_label"] for r in data["llama_bench"]] == ["TQ1_0"] * 2 + ["TQ2_0"] * 2 + ["BITCOS"] * 2
+    assert [("tg_ms" in b, "rest_ms" in b) for b in data["decode_breakdown"]] == [(True, True)] * 3 + [(False, False)]
+    assert (tmp_path / "gemv.png").stat().st_size > 0 and (tmp_path / "e2e.png").stat().st_size > 0
+
+
+def test_bench_cli_options():
+    """`bench gemv|roofline|e2e` parse their comma lists and point at their module's handler."""
+    from ggml_bitcos import cli
+    from ggml_bitcos.bench import e2e, gemv, roofline
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["bench", "gemv", "--z", "0,0.5,", "--threads", "1,4", "--order", "grouped"])
+    assert (args.func, args.z, args.threads, args.order) == (gemv.run, [0.0, 0.5], [1, 4], "grouped")
+    args = parser.parse_args(["bench", "roofline", "--z", "0.4"])
+    assert (args.func, args.z, args.reps) == (roofline.run, [0.4], 7)
+    args = parser.parse_args(["bench", "e2e", "--preset", "tiny", "--no-breakdown"])
+    assert (args.func, args.preset, args.no_breakdown, args.rounds) == (e2e.run, "tiny", True, 3)
+
+
+def test_bench_kernels_small():
+    """`bench kernels` on a tiny L1 shape: every implementation the CPU has agrees with the generic one
+    (measure() refuses to time a wrong kernel) and gets a positive time."""
+    import pytest
+
+    from ggml_bitcos import harness
+    try:
+        harness.load_library()
+    except harness.KernelLibraryNotFound as e:
+        pytest.skip(str(e))
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--rows", "4", "--k", "256",
+                        "--nc", "1,2", "--z", "0.4", "--reps", "20", "--json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    timings = json.loads(r.stdout)
+    assert {t["nc"] for t in timings} == {1, 2} and all(t["variant"] == "g128" for t in timings)
+    assert all(t["cycles_per_32_min"] > 0 for t in timings)

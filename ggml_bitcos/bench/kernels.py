@@ -1,30 +1,35 @@
 """`ggml-bitcos bench kernels`: cycles per 32 weights of the generic, AVX2 and AVX-512 BITCOS kernels.
 
 L1-resident microbenchmark (default 16 rows x 2048 weights: ~4-9 KB of weights and signs) on the standalone
-harness library (ggml_bitcos.kernels). Each configuration is timed in C with rdtsc around single kernel
+harness library (ggml_bitcos.harness). Each configuration is timed in C with rdtsc around single kernel
 calls (Python never sits inside the timed region); the table shows the median over the repeats.
 rdtsc counts reference cycles at the constant TSC frequency, which equals core cycles only when the core
 runs at its nominal clock (see docs/KERNELS.md).
 
     ggml-bitcos bench kernels [--rows 16] [--k 2048] [--nc 1,4,16] [--z 0,0.4,0.95] [--variant g128] [--no-fma]
-    python -m ggml_bitcos.kbench ...
+    python -m ggml_bitcos.bench.kernels ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import kernels as K
+from ggml_bitcos import harness
+from ggml_bitcos.bench.common import parse_floats, parse_ints, platform_cpu
+from ggml_bitcos.format import QK, Variant
+from ggml_bitcos.q8k import random_q8k
+from ggml_bitcos.ternary import random_codes
 
 
 @dataclass(frozen=True)
 class KernelTiming:
+    """One configuration's timing: TSC ticks per 32 weight x column products."""
+
     impl: str
     variant: str
     rows: int
@@ -35,38 +40,34 @@ class KernelTiming:
     cycles_per_32_min: float      # best repeat
 
 
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
+def generic_reps(reps: int) -> int:
+    """Timed calls of the slow scalar kernel: fewer than `reps`, so the whole table takes a few seconds."""
+    return max(5, reps // 10)
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def measure(impls: list[str], variant: int, rows: int, k: int, ncs: list[int], zs: list[float], reps: int,
+def measure(impls: list[str], variant: Variant, rows: int, k: int, ncs: list[int], zs: list[float], reps: int,
             seed: int = 0, fma: bool = True) -> list[KernelTiming]:
     """Times every (z, nc, impl) on the same random matrix and activations per (z, nc).
 
     G128 block scales are random, so nearly every Q8_K block has two different half scales (the contract's
     two-FMA case); a G128 tensor converted from TQ2_0 has equal halves and runs slightly faster."""
     rng = np.random.default_rng(seed)
-    vname = "g128" if variant == K.VARIANT_G128 else "pt"
+    vname = Variant(variant).name.lower()
     out: list[KernelTiming] = []
     for z in zs:
-        codes = K.random_codes(rng, rows, k, z)
-        block_scales = rng.uniform(0.0, 2.0, size=(rows, k // K.QK)).astype(np.float16)
-        w = K.encode_rows(codes, variant, block_scales=block_scales, scale=0.5)
+        codes = random_codes(rng, (rows, k), z)
+        block_scales = rng.uniform(0.0, 2.0, size=(rows, k // QK)).astype(np.float16)
+        w = harness.encode_rows(codes, variant, block_scales=block_scales, scale=0.5)
         for nc in ncs:
-            y = K.random_q8k(rng, nc, k)
+            y = random_q8k(rng, nc, k)
             units = rows * k * nc / 32.0
-            reference = K.mm("generic", w, y, fma)
+            reference = harness.mm("generic", w, y, fma)
             for impl in impls:
-                if impl != "generic" and not np.array_equal(K.mm(impl, w, y, fma).view(np.uint32),
+                if impl != "generic" and not np.array_equal(harness.mm(impl, w, y, fma).view(np.uint32),
                                                             reference.view(np.uint32)):
                     raise RuntimeError(f"{impl} differs from generic (z={z}, nc={nc}): not timing a wrong kernel")
-                # fewer repeats for the slow scalar kernel keep the whole table under a few seconds
-                n = max(5, reps // 10) if impl == "generic" else reps
-                ticks = K.time_mm(impl, w, y, n, fma).astype(np.float64)
+                n = generic_reps(reps) if impl == "generic" else reps
+                ticks = harness.time_mm(impl, w, y, n, fma).astype(np.float64)
                 out.append(KernelTiming(impl, vname, rows, k, nc, z, float(np.median(ticks) / units),
                                         float(ticks.min() / units)))
     return out
@@ -74,23 +75,25 @@ def measure(impls: list[str], variant: int, rows: int, k: int, ncs: list[int], z
 
 def best_impl(fma: bool = True) -> str:
     """The fastest implementation this CPU can run from the harness library."""
-    return next(i for i in ("avx512", "avx2", "generic") if K.available(i, fma))
+    return next(i for i in ("avx512", "avx2", "generic") if harness.available(i, fma))
 
 
 def gamma_l1(rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400) -> dict[str, float]:
-    """Kernel cost gamma for the roofline (ggml_bitcos.bench): TSC ticks per 32 weights, L1-resident
+    """Kernel cost gamma for the roofline (ggml_bitcos.bench.roofline): TSC ticks per 32 weights, L1-resident
     (rows x k, default 16 x 2048), one column (GEMV), single thread, zero density z, best implementation,
     minimum over `reps` calls. Keys "bitcos_pt" and "bitcos_g128". Raises KernelLibraryNotFound when the
     harness library is not built."""
     impl = best_impl()
     out: dict[str, float] = {}
-    for name, variant in (("bitcos_pt", K.VARIANT_PT), ("bitcos_g128", K.VARIANT_G128)):
+    for name, variant in (("bitcos_pt", Variant.PT), ("bitcos_g128", Variant.G128)):
         (t,) = measure([impl], variant, rows, k, [1], [z], reps)
         out[name] = t.cycles_per_32_min
     return out
 
 
 def format_table(timings: list[KernelTiming], impls: list[str], stat: str = "median") -> str:
+    """Text table of ticks per 32 weights per (z, nc), one column per implementation, with the speed-ups
+    over the generic kernel when it was timed."""
     head = f"{'z':>5} {'nc':>4} " + " ".join(f"{i:>9}" for i in impls)
     if "generic" in impls and len(impls) > 1:
         head += "   speedup vs generic"
@@ -107,10 +110,12 @@ def format_table(timings: list[KernelTiming], impls: list[str], stat: str = "med
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `bench kernels` (shared by the subcommand and `python -m`)."""
     p.add_argument("--rows", type=int, default=16, help="rows of the weight matrix (default 16)")
     p.add_argument("--k", type=int, default=2048, help="weights per row, a multiple of 128 (default 2048)")
-    p.add_argument("--nc", type=_ints, default=[1, 4, 16], help="activation columns, comma list (default 1,4,16)")
-    p.add_argument("--z", type=_floats, default=[0.0, 0.4, 0.95], help="zero densities (default 0,0.4,0.95)")
+    p.add_argument("--nc", type=parse_ints, default=[1, 4, 16],
+                   help="activation columns, comma list (default 1,4,16)")
+    p.add_argument("--z", type=parse_floats, default=[0.0, 0.4, 0.95], help="zero densities (default 0,0.4,0.95)")
     p.add_argument("--variant", choices=("g128", "pt"), default="g128")
     p.add_argument("--impl", default="all", help="comma list of generic,avx2,avx512 or 'all' (default)")
     p.add_argument("--reps", type=int, default=400, help="timed calls per configuration (default 400)")
@@ -123,48 +128,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`bench kernels`: check the options and the library, time, print the table (or JSON records)."""
     fma = not args.no_fma
     try:
-        K.load_library(fma)
-    except K.KernelLibraryNotFound as e:
+        harness.load_library(fma)
+    except harness.KernelLibraryNotFound as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.k % K.QK != 0 or args.k <= 0 or args.rows <= 0:
+    if args.k % QK != 0 or args.k <= 0 or args.rows <= 0:
         print("error: --k must be a positive multiple of 128 and --rows positive", file=sys.stderr)
         return 2
-    wanted = list(K.IMPLS) if args.impl == "all" else [i.strip() for i in args.impl.split(",")]
-    unknown = [i for i in wanted if i not in K.IMPLS]
+    wanted = list(harness.IMPLS) if args.impl == "all" else [i.strip() for i in args.impl.split(",")]
+    unknown = [i for i in wanted if i not in harness.IMPLS]
     if unknown:
-        print(f"error: unknown kernel(s) {unknown}; choose from {list(K.IMPLS)}", file=sys.stderr)
+        print(f"error: unknown kernel(s) {unknown}; choose from {list(harness.IMPLS)}", file=sys.stderr)
         return 2
-    impls = [i for i in wanted if K.available(i, fma)]
+    impls = [i for i in wanted if harness.available(i, fma)]
     skipped = [i for i in wanted if i not in impls]
-    variant = K.VARIANT_G128 if args.variant == "g128" else K.VARIANT_PT
+    variant = Variant[args.variant.upper()]
     timings = measure(impls, variant, args.rows, args.k, args.nc, args.z, args.reps, fma=fma)
     if args.json:
         print(json.dumps([asdict(t) for t in timings], indent=1))
         return 0
     print(f"BITCOS kernels, {args.variant.upper()}, {args.rows} rows x {args.k} weights, "
           f"TSC ticks per 32 weights per column ({args.stat} of {args.reps} calls; generic "
-          f"{max(5, args.reps // 10)}), BITCOS_FMA={int(fma)}")
-    print(f"library: {K.library_path(fma)}  cpu: {platform.processor() or platform.machine()}")
+          f"{generic_reps(args.reps)}), BITCOS_FMA={int(fma)}")
+    print(f"library: {harness.library_path(fma)}  cpu: {platform_cpu()}")
     if skipped:
         print(f"not available on this CPU/library: {', '.join(skipped)}")
     print(format_table(timings, impls, args.stat))
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Adds the `kernels` subcommand to a `bench` subparsers object; its handler is stored as `func`."""
-    p = subparsers.add_parser("kernels", help="cycles per 32 weights of the generic/AVX2/AVX-512 kernels",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds `bench kernels` to the `bench` subparsers; its handler is stored as `func`."""
+    p = sub.add_parser("kernels", help="cycles per 32 weights of the generic/AVX2/AVX-512 kernels",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ggml_bitcos.kbench", description=__doc__,
+    """`python -m ggml_bitcos.bench.kernels`: the same options and output as `ggml-bitcos bench kernels`."""
+    parser = argparse.ArgumentParser(prog="python -m ggml_bitcos.bench.kernels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

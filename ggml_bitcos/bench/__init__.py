@@ -1,0 +1,44 @@
+"""`ggml-bitcos bench …`: the paper's measurements reproduced on the machine at hand.
+
+* ``gemv``     — Fig. 11: GEMV time over zero density, BITCOS vs TQ2_0 / TQ1_0 (Q4_0 as a familiar
+                 reference), through ggml's real CPU MUL_MAT (llama-bitcos-bench), ratios from one run whose
+                 repetitions interleave all types (``--order grouped``: back to back, cache-resident).
+* ``roofline`` — Table II / Fig. 10: measured per-thread read bandwidth beta and instruction cost gamma
+                 (cycles per 32 weights, L1-resident), the predicted bound for each z, next to measured.
+* ``e2e``      — Fig. 12: llama-bench tg128 / pp512 for one model in TQ1_0, TQ2_0 and BITCOS, in rounds over
+                 all models (medians over rounds), and where a generated token's time goes: its ternary
+                 matmuls, its other matmuls (llama-bitcos-bench decode) and the rest, with the Amdahl ceiling
+                 of the tg ratio.
+* ``kernels``  — the BITCOS kernel microbenchmark (ggml_bitcos.bench.kernels).
+
+Every ratio printed is measured in the same invocation; nothing here asserts a timing.
+"""
+
+# One module per benchmark (gemv, roofline, e2e, kernels; codec: the numpy codec's throughput, run with
+# `python -m ggml_bitcos.bench.codec`) and common.py for what they share. The modules are imported in
+# register() only, so `python -m ggml_bitcos.bench.kernels` runs its module once.
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# `bench` subcommands in the order `--help` lists them, each a module with add_parser(subparsers)
+BENCH_MODULES = ("gemv", "roofline", "e2e")
+# needs the kernel harness binding; left out of the CLI when that cannot be imported
+OPTIONAL_BENCH_MODULES = ("kernels",)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds `bench` with its gemv, roofline, e2e and kernels subcommands (CLI registration, see cli.py)."""
+    p = subparsers.add_parser("bench", help="benchmarks: gemv, roofline, e2e, kernels",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="bench_cmd", required=True)
+    for name in BENCH_MODULES:
+        importlib.import_module(f"{__name__}.{name}").add_parser(sub)
+    for name in OPTIONAL_BENCH_MODULES:
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ImportError:
+            continue
+        module.add_parser(sub)

@@ -1,5 +1,5 @@
 // Standalone harness around the BITCOS kernels (libbitcos_kernels.so): flat C entry points for the Python
-// tests and `ggml-bitcos bench kernels` (ggml_bitcos/kernels.py, ggml_bitcos/kbench.py).
+// tests and `ggml-bitcos bench kernels` (ggml_bitcos/harness.py, ggml_bitcos/bench/kernels.py).
 //
 // CMakeLists.txt builds it twice, with -DBITCOS_FMA=1 (libbitcos_kernels.so) and -DBITCOS_FMA=0
 // (libbitcos_kernels_nofma.so), passing the same value to every object so that all paths of one library
@@ -71,7 +71,7 @@ typedef struct {
 static int bitcos_h_setup(bitcos_h_call * call, int variant, int64_t k, const uint8_t * blocks, size_t row_bytes,
                           const uint8_t * pool, const uint64_t * sign_pos, float scale,
                           const bitcos_q8_K * y, int64_t nc, float * dst, int64_t nr) {
-    if (nc < 1 || nc > BITCOS_H_MAX_COLS || k <= 0 || k % BITCOS_QK != 0 || nr < 0) {
+    if (nc < 1 || nc > BITCOS_H_MAX_COLS || k <= 0 || k % QK_BITCOS != 0 || nr < 0) {
         return -2;
     }
     call->rows.variant   = variant;
@@ -81,7 +81,7 @@ static int bitcos_h_setup(bitcos_h_call * call, int variant, int64_t k, const ui
     call->rows.pool      = pool;
     call->rows.sign_pos  = sign_pos;
     call->rows.scale     = scale;
-    const int64_t nby = (k + 255) / 256;
+    const int64_t nby = (k + 2*QK_BITCOS - 1) / (2*QK_BITCOS);   // Q8_K blocks (two BITCOS blocks each)
     for (int64_t c = 0; c < nc; ++c) {
         call->ycols[c] = y + c * nby;
         call->dcols[c] = dst + c * nr;

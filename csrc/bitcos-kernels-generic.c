@@ -1,9 +1,11 @@
 // Generic (portable C) BITCOS kernel: the reference every SIMD path must match bit for bit.
-// Contract and arithmetic order: bitcos-kernels.h. Format: docs/FORMAT.md.
+// Contract and arithmetic order: bitcos-kernels.h. Format: docs/FORMAT.md, its C layout bitcos-format.h.
 #include "bitcos-kernels.h"
 
 #include <math.h>
 #include <string.h>
+
+_Static_assert(BITCOS_BITMAP_BYTES == 2 * sizeof(uint64_t), "a block's bitmap is two u64 presence words");
 
 // Reads the 64 sign bits starting at pool bit `pos` (little-endian, LSB first). The pool carries >= 64
 // zero bytes of tail (FORMAT.md §4.4), so the 9-byte window below never leaves the tensor.
@@ -27,7 +29,7 @@ static inline uint64_t bitcos_load_u64(const uint8_t * p) {
 // Decodes the 128 codes of one block into t and advances the row's sign cursor.
 static inline void bitcos_decode_block(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor, int8_t * t) {
     for (int h = 0; h < 2; ++h) {
-        const uint64_t present = bitcos_load_u64(bits + 8*h);
+        const uint64_t present = bitcos_load_u64(bits + sizeof(uint64_t) * h);
         uint64_t       signs   = bitcos_sign_window(pool, *cursor);
         for (int j = 0; j < 64; ++j) {
             if ((present >> j) & 1) {
@@ -52,10 +54,10 @@ static inline float bitcos_fma(float a, float b, float c) {
 
 void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
                        const bitcos_q8_K * const * y, int64_t nc, float * const * dst) {
-    const int64_t nb  = w->k / BITCOS_QK;          // 128-groups
+    const int64_t nb  = w->k / QK_BITCOS;          // 128-weight blocks
     const int64_t nby = (nb + 1) / 2;              // Q8_K blocks
-    const size_t  bb  = w->variant == BITCOS_VARIANT_G128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
-    int8_t t[2][BITCOS_QK];
+    const size_t  bb  = bitcos_block_bytes(w->variant);
+    int8_t t[2][QK_BITCOS];
     for (int64_t i = 0; i < nr; ++i) {
         const uint8_t * row = w->blocks + (size_t)i * w->row_bytes;
         for (int64_t c = 0; c < nc; ++c) {
@@ -70,10 +72,10 @@ void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
                     const uint8_t * blk = row + (size_t)(2*b + h) * bb;
                     bitcos_decode_block(blk, w->pool, &cursor, t[h]);
                     if (w->variant == BITCOS_VARIANT_G128) {
-                        memcpy(&e[h], blk + 16, 2);
+                        memcpy(&e[h], blk + offsetof(block_bitcos_g128, d), sizeof e[h]);
                     }
-                    const int8_t * q = yb->qs + 128*h;
-                    for (int j = 0; j < BITCOS_QK; ++j) {
+                    const int8_t * q = yb->qs + QK_BITCOS*h;
+                    for (int j = 0; j < QK_BITCOS; ++j) {
                         L[h][(j % 32) / 4] += ((int32_t)t[h][j] + 1) * (int32_t)q[j];
                         L[h][4*h + j / 32] -= (int32_t)q[j];
                     }

@@ -1,6 +1,6 @@
 // BITCOS matrix kernels: the contract shared by the generic C, AVX2 and AVX-512 implementations.
 //
-// Format: docs/FORMAT.md. This header has no ggml dependency so the same kernels compile into ggml-cpu
+// Format: docs/FORMAT.md, its C layout bitcos-format.h. This header has no ggml dependency so the same kernels compile into ggml-cpu
 // (via patches/) and into the standalone harness libbitcos_kernels (root CMakeLists.txt) used by the
 // Python tests and `ggml-bitcos bench kernels`.
 //
@@ -39,18 +39,14 @@
 // ceil(k/256) blocks; the caller quantizes a zero-padded copy, so the padding contributes nothing.
 #pragma once
 
+#include "bitcos-format.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define BITCOS_QK            128
-#define BITCOS_VARIANT_G128  0
-#define BITCOS_VARIANT_PT    1
-#define BITCOS_BLOCK_BYTES_G128 18
-#define BITCOS_BLOCK_BYTES_PT   16
 
 // Overridable (-DBITCOS_FMA=0/1) so the harness can test both forms in every implementation.
 #ifndef BITCOS_FMA
@@ -61,16 +57,19 @@ extern "C" {
 #endif
 #endif
 
+// Weights per Q8_K activation block (ggml's QK_K): the contract's unit of integer accumulation.
+#define BITCOS_Q8K_BLOCK 256
+
 // Same layout as ggml's block_q8_K (ggml-common.h); checked by a static_assert where both are visible.
 typedef struct {
     float   d;
-    int8_t  qs[256];
-    int16_t bsums[16];
+    int8_t  qs[BITCOS_Q8K_BLOCK];
+    int16_t bsums[BITCOS_Q8K_BLOCK/16];
 } bitcos_q8_K;
 
 // A run of consecutive rows of one BITCOS matrix.
 typedef struct {
-    int              variant;    // BITCOS_VARIANT_G128 or BITCOS_VARIANT_PT
+    int              variant;    // enum bitcos_variant
     int64_t          k;          // weights per row, a multiple of 128
     const uint8_t  * blocks;     // first block of the first row
     size_t           row_bytes;  // bytes from one row's blocks to the next (k/128 * block bytes)

@@ -13,6 +13,8 @@
 #include "bitcos-kernels.h"
 
 #include "ggml-cpu-impl.h"
+#define GGML_COMMON_DECL_C
+#include "ggml-common.h"  // block_q8_K, QK_K: checked against the kernels' bitcos_q8_K below
 
 #include <string.h>
 
@@ -21,9 +23,8 @@ void quantize_row_q8_K(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, in
 
 #define BITCOS_RUN   64   // rows per kernel call (bounds the sign_pos array on the stack)
 #define BITCOS_COLS  64   // columns per kernel call (bounds the pointer arrays on the stack)
-#define QK_K_BITCOS  256  // Q8_K block length
 
-_Static_assert(sizeof(bitcos_q8_K) == 4 + 256 + 2*16, "bitcos_q8_K must match ggml's block_q8_K");
+_Static_assert(sizeof(bitcos_q8_K) == sizeof(block_q8_K) && BITCOS_Q8K_BLOCK == QK_K, "bitcos_q8_K must match ggml's block_q8_K");
 
 static size_t pad64(size_t x) {
     return (x + 63) & ~(size_t)63;
@@ -50,7 +51,7 @@ bool ggml_bitcos_cpu_supports_op(const struct ggml_tensor * op) {
     if (!ggml_bitcos_is_type(src0->type) || src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32) {
         return false;
     }
-    if (src1->nb[0] != sizeof(float) || src0->ne[0] % BITCOS_QK != 0) {
+    if (src1->nb[0] != sizeof(float) || src0->ne[0] % QK_BITCOS != 0) {
         return false;
     }
     int64_t row0, step[3];
@@ -75,11 +76,11 @@ struct bitcos_work {
 static struct bitcos_work bitcos_work_layout(const struct ggml_tensor * node, int n_threads) {
     const struct ggml_tensor * src1 = node->src[1];
     const int64_t k   = src1->ne[0];
-    const int64_t nbq = (k + QK_K_BITCOS - 1) / QK_K_BITCOS;
+    const int64_t nbq = (k + BITCOS_Q8K_BLOCK - 1) / BITCOS_Q8K_BLOCK;
     struct bitcos_work L;
     L.q_row_bytes = (size_t) nbq * sizeof(bitcos_q8_K);
     L.q_bytes     = pad64(L.q_row_bytes * (size_t)(src1->ne[1] * src1->ne[2] * src1->ne[3]));
-    L.pad_bytes   = k % QK_K_BITCOS == 0 ? 0 : pad64((size_t) nbq * QK_K_BITCOS * sizeof(float));
+    L.pad_bytes   = k % BITCOS_Q8K_BLOCK == 0 ? 0 : pad64((size_t) nbq * BITCOS_Q8K_BLOCK * sizeof(float));
     L.ids_offset  = L.q_bytes + L.pad_bytes * (size_t) n_threads;
     L.total       = L.ids_offset;
     if (node->op == GGML_OP_MUL_MAT_ID) {
@@ -100,7 +101,7 @@ size_t ggml_bitcos_cpu_work_size(const struct ggml_tensor * node, int n_threads)
 static void bitcos_quantize_src1(const struct ggml_compute_params * params, const struct ggml_tensor * src1,
                                  uint8_t * wbase, const struct bitcos_work * L) {
     const int64_t k   = src1->ne[0];
-    const int64_t nbq = (k + QK_K_BITCOS - 1) / QK_K_BITCOS;
+    const int64_t nbq = (k + BITCOS_Q8K_BLOCK - 1) / BITCOS_Q8K_BLOCK;
     const int64_t n1 = src1->ne[1], n2 = src1->ne[2], n3 = src1->ne[3];
     float * pad = L->pad_bytes ? (float *)(wbase + L->q_bytes + L->pad_bytes * (size_t) params->ith) : NULL;
     for (int64_t j = params->ith; j < n1*n2*n3; j += params->nth) {
@@ -111,8 +112,8 @@ static void bitcos_quantize_src1(const struct ggml_compute_params * params, cons
             quantize_row_q8_K(x, q, k);
         } else {
             memcpy(pad, x, (size_t) k * sizeof(float));
-            memset(pad + k, 0, (size_t)(nbq*QK_K_BITCOS - k) * sizeof(float));
-            quantize_row_q8_K(pad, q, nbq*QK_K_BITCOS);
+            memset(pad + k, 0, (size_t)(nbq*BITCOS_Q8K_BLOCK - k) * sizeof(float));
+            quantize_row_q8_K(pad, q, nbq*BITCOS_Q8K_BLOCK);
         }
     }
 }
@@ -134,8 +135,8 @@ static void bitcos_weight_init(struct bitcos_weight * bw, const struct ggml_tens
     bw->cdata = (const uint8_t *) comp->data;
     ggml_bitcos_read_header(bw->cdata, &bw->hdr);
     // cheap consistency check; the full validation ran at load time (ggml_bitcos_validate)
-    GGML_ASSERT(bw->hdr.magic == GGML_BITCOS_MAGIC && bw->hdr.n_cols == (uint64_t) w->ne[0] &&
-                bw->hdr.n_mats > 0 && bw->hdr.variant == (w->type == GGML_TYPE_BITCOS_PT ? 1 : 0));
+    GGML_ASSERT(bw->hdr.magic == BITCOS_MAGIC && bw->hdr.n_cols == (uint64_t) w->ne[0] &&
+                bw->hdr.n_mats > 0 && bw->hdr.variant == ggml_bitcos_variant(w->type));
     bw->rows_per_mat = (int64_t)(bw->hdr.n_rows / bw->hdr.n_mats);
 }
 
@@ -144,7 +145,7 @@ static void bitcos_run_rows(const struct bitcos_weight * bw, int64_t i2, int64_t
                             const bitcos_q8_K * const * y, float * const * dst, int64_t nc) {
     const struct ggml_tensor * w = bw->w;
     const bitcos_mm_fn kernel = bitcos_mm_best();  // chosen at compile time (bitcos-kernels-generic.c)
-    const int is_pt = w->type == GGML_TYPE_BITCOS_PT;
+    const int is_pt = ggml_bitcos_variant(w->type) == BITCOS_VARIANT_PT;
     uint64_t sign_pos[BITCOS_RUN];
     float * dcol[BITCOS_COLS];
     int64_t r = r0;
@@ -161,16 +162,13 @@ static void bitcos_run_rows(const struct bitcos_weight * bw, int64_t i2, int64_t
             n++;
         }
         bitcos_rows rows;
-        rows.variant   = is_pt ? BITCOS_VARIANT_PT : BITCOS_VARIANT_G128;
+        rows.variant   = ggml_bitcos_variant(w->type);
         rows.k         = w->ne[0];
         rows.blocks    = (const uint8_t *) w->data + r*w->nb[1] + i2*w->nb[2] + i3*w->nb[3];
         rows.row_bytes = w->nb[1];
         rows.pool      = bw->cdata + bw->hdr.pool_offset;
         rows.sign_pos  = sign_pos;
-        rows.scale     = 0.0f;
-        if (is_pt) {
-            memcpy(&rows.scale, bw->cdata + bw->hdr.scales_offset + 4*(size_t) m, sizeof(float));
-        }
+        rows.scale     = is_pt ? ggml_bitcos_matrix_scale(bw->cdata, &bw->hdr, (uint64_t) m) : 0.0f;
         for (int64_t c0 = 0; c0 < nc; c0 += BITCOS_COLS) {
             const int64_t cn = nc - c0 < BITCOS_COLS ? nc - c0 : BITCOS_COLS;
             for (int64_t c = 0; c < cn; ++c) {

@@ -1,4 +1,4 @@
-// ggml-bitcos CPU backend glue: BITCOS mul_mat / mul_mat_id for ggml-cpu (hooked in by patches/0002).
+// ggml-bitcos CPU backend glue: BITCOS mul_mat / mul_mat_id for ggml-cpu (hooked in by the ggml-cpu dispatch patch).
 // Private to ggml-cpu; compiled into every CPU backend variant.
 #pragma once
 

@@ -1,5 +1,7 @@
-// ggml-bitcos: companion link, load-time validation and encoder of BITCOS tensors (docs/FORMAT.md v1).
-// Compiled into ggml-base (see patches/0001); no dependency on a backend.
+// ggml-bitcos: reader, validator and encoder of BITCOS tensor data (docs/FORMAT.md v1; layout in
+// bitcos-format.h). Compiled into ggml-base by the type-ids patch. Works on bytes only: of ggml it uses the
+// type enum and ggml_type_name, so the validator fuzz test compiles it without the ggml library. The link
+// between ggml tensors (companion, views, loading) is ggml-bitcos-link.c.
 #include "ggml-bitcos.h"
 
 #include <math.h>
@@ -7,7 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#define BITCOS_QK 128
+// ggml.h's enum (type-ids patch) and the format header name the same ids
+_Static_assert(GGML_TYPE_BITCOS_G128 == BITCOS_TYPE_ID_G128, "GGML_TYPE_BITCOS_G128 != BITCOS_TYPE_ID_G128");
+_Static_assert(GGML_TYPE_BITCOS_PT == BITCOS_TYPE_ID_PT, "GGML_TYPE_BITCOS_PT != BITCOS_TYPE_ID_PT");
 
 static uint64_t rd_u64(const uint8_t * p) {
     uint64_t v = 0;
@@ -31,70 +35,68 @@ static void wr_u64(uint8_t * p, uint64_t v) {
     }
 }
 
-static uint64_t pad64(uint64_t x) {
-    return (x + 63) & ~(uint64_t)63;
+static void wr_u16(uint8_t * p, uint16_t v) {
+    p[0] = (uint8_t) v;
+    p[1] = (uint8_t)(v >> 8);
 }
 
-static size_t block_bytes(enum ggml_type type) {
-    return type == GGML_TYPE_BITCOS_G128 ? 18 : 16;
+static void wr_u32(uint8_t * p, uint32_t v) {
+    for (int i = 0; i < 4; ++i) {
+        p[i] = (uint8_t)(v >> (8*i));
+    }
+}
+
+static uint64_t align_section(uint64_t x) {
+    return (x + BITCOS_SECTION_ALIGN - 1) & ~(uint64_t)(BITCOS_SECTION_ALIGN - 1);
+}
+
+
+static bool fail(char * err, size_t err_size, const char * fmt, ...) {
+    if (err && err_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_size, fmt, ap);
+        va_end(ap);
+    }
+    return false;
 }
 
 bool ggml_bitcos_is_type(enum ggml_type type) {
     return type == GGML_TYPE_BITCOS_G128 || type == GGML_TYPE_BITCOS_PT;
 }
 
-struct ggml_tensor * ggml_bitcos_companion(const struct ggml_tensor * w) {
-    const struct ggml_tensor * base = w->view_src ? w->view_src : w;
-    // only a leaf weight carries the link; an op result with a BITCOS type has src[0] = its operand
-    if (base->op != GGML_OP_NONE || !ggml_bitcos_is_type(base->type)) {
-        return NULL;
-    }
-    struct ggml_tensor * c = base->src[0];
-    if (c == NULL || c->type != GGML_TYPE_I8) {
-        return NULL;
-    }
-    return c;
-}
-
-bool ggml_bitcos_row_map(const struct ggml_tensor * w, int64_t * row0, int64_t step[3]) {
-    const struct ggml_tensor * base = w->view_src ? w->view_src : w;
-    const size_t rb = base->nb[1];
-    if (w->ne[0] != base->ne[0] || w->nb[0] != base->nb[0] || rb == 0) {
-        return false;
-    }
-    const size_t offs = w->view_src ? w->view_offs : 0;
-    if (offs % rb != 0 || w->nb[1] % rb != 0 || w->nb[2] % rb != 0 || w->nb[3] % rb != 0) {
-        return false;
-    }
-    *row0   = (int64_t)(offs / rb);
-    step[0] = (int64_t)(w->nb[1] / rb);
-    step[1] = (int64_t)(w->nb[2] / rb);
-    step[2] = (int64_t)(w->nb[3] / rb);
-    return true;
+enum bitcos_variant ggml_bitcos_variant(enum ggml_type type) {
+    return type == GGML_TYPE_BITCOS_PT ? BITCOS_VARIANT_PT : BITCOS_VARIANT_G128;
 }
 
 void ggml_bitcos_read_header(const void * cdata, struct ggml_bitcos_header * h) {
     const uint8_t * p = (const uint8_t *) cdata;
-    h->magic            = rd_u32(p + 0);
-    h->version          = rd_u16(p + 4);
-    h->variant          = p[6];
-    h->row_group_log2   = p[7];
-    h->n_cols           = rd_u64(p + 8);
-    h->n_rows           = rd_u64(p + 16);
-    h->n_mats           = rd_u64(p + 24);
-    h->n_sign_bits      = rd_u64(p + 32);
-    h->scales_offset    = rd_u64(p + 40);
-    h->row_base_offset  = rd_u64(p + 48);
-    h->row_delta_offset = rd_u64(p + 56);
-    h->pool_offset      = rd_u64(p + 64);
-    h->pool_bytes       = rd_u64(p + 72);
+    h->magic            = rd_u32(p + BITCOS_HDR_MAGIC);
+    h->version          = rd_u16(p + BITCOS_HDR_VERSION);
+    h->variant          = p[BITCOS_HDR_VARIANT];
+    h->row_group_log2   = p[BITCOS_HDR_ROW_GROUP_LOG2];
+    h->n_cols           = rd_u64(p + BITCOS_HDR_N_COLS);
+    h->n_rows           = rd_u64(p + BITCOS_HDR_N_ROWS);
+    h->n_mats           = rd_u64(p + BITCOS_HDR_N_MATS);
+    h->n_sign_bits      = rd_u64(p + BITCOS_HDR_N_SIGN_BITS);
+    h->scales_offset    = rd_u64(p + BITCOS_HDR_SCALES_OFFSET);
+    h->row_base_offset  = rd_u64(p + BITCOS_HDR_ROW_BASE_OFFSET);
+    h->row_delta_offset = rd_u64(p + BITCOS_HDR_ROW_DELTA_OFFSET);
+    h->pool_offset      = rd_u64(p + BITCOS_HDR_POOL_OFFSET);
+    h->pool_bytes       = rd_u64(p + BITCOS_HDR_POOL_BYTES);
 }
 
 uint64_t ggml_bitcos_sign_pos(const void * cdata, const struct ggml_bitcos_header * h, uint64_t r) {
     const uint8_t * p = (const uint8_t *) cdata;
-    const uint64_t base  = rd_u64(p + h->row_base_offset + 8*(r >> h->row_group_log2));
-    const uint16_t delta = rd_u16(p + h->row_delta_offset + 2*r);
+    const uint64_t base  = rd_u64(p + h->row_base_offset + sizeof(uint64_t)*(r >> h->row_group_log2));
+    const uint16_t delta = rd_u16(p + h->row_delta_offset + sizeof(uint16_t)*r);
     return base + delta;
+}
+
+float ggml_bitcos_matrix_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t m) {
+    float s;
+    memcpy(&s, (const uint8_t *) cdata + h->scales_offset + sizeof(float)*m, sizeof(float));
+    return s;
 }
 
 // Canonical section layout (FORMAT.md §4.1). Returns false on arithmetic overflow.
@@ -108,37 +110,32 @@ static bool bitcos_layout_of(int variant, uint64_t n_rows, uint64_t n_mats, uint
     if (n_rows >= lim || n_mats >= lim || n_sign_bits >= lim) {
         return false;
     }
-    uint64_t pos = GGML_BITCOS_HEADER_BYTES;
+    uint64_t pos = BITCOS_HEADER_BYTES;
     L->scales_offset = 0;
-    if (variant == 1) {
-        L->scales_offset = pad64(pos);
-        pos = L->scales_offset + 4*n_mats;
+    if (variant == BITCOS_VARIANT_PT) {
+        L->scales_offset = align_section(pos);
+        pos = L->scales_offset + sizeof(float)*n_mats;
     }
-    L->row_base_offset  = pad64(pos);
-    pos = L->row_base_offset + 8*((n_rows + ((uint64_t)1 << g) - 1) >> g);
-    L->row_delta_offset = pad64(pos);
-    pos = L->row_delta_offset + 2*n_rows;
-    L->pool_offset = pad64(pos);
-    L->pool_bytes  = pad64((n_sign_bits + 7)/8) + 64;
+    L->row_base_offset  = align_section(pos);
+    pos = L->row_base_offset + sizeof(uint64_t)*((n_rows + ((uint64_t)1 << g) - 1) >> g);
+    L->row_delta_offset = align_section(pos);
+    pos = L->row_delta_offset + sizeof(uint16_t)*n_rows;
+    L->pool_offset = align_section(pos);
+    L->pool_bytes  = align_section((n_sign_bits + 7)/8) + BITCOS_POOL_TAIL_BYTES;
     L->total       = L->pool_offset + L->pool_bytes;
     return true;
 }
 
-static bool fail(char * err, size_t err_size, const char * fmt, ...) {
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return false;
-}
 
+// Non-zero weights of a block: the popcount of its bitmap (the first bytes of either block struct).
 static int popcount_block(const uint8_t * blk) {
-    uint64_t a, b;
-    memcpy(&a, blk, 8);
-    memcpy(&b, blk + 8, 8);
-    return __builtin_popcountll(a) + __builtin_popcountll(b);
+    int n = 0;
+    for (int i = 0; i < BITCOS_BITMAP_BYTES; i += 8) {
+        uint64_t word;
+        memcpy(&word, blk + i, sizeof(word));
+        n += __builtin_popcountll(word);
+    }
+    return n;
 }
 
 bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
@@ -146,32 +143,33 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
     if (!ggml_bitcos_is_type(w->type)) {
         return fail(err, err_size, "not a BITCOS tensor (type %d)", (int) w->type);
     }
-    const int variant = w->type == GGML_TYPE_BITCOS_PT ? 1 : 0;
+    const int variant = ggml_bitcos_variant(w->type);
     const int64_t k = w->ne[0];
-    if (k <= 0 || k % BITCOS_QK != 0) {
-        return fail(err, err_size, "row length %lld is not a positive multiple of 128", (long long) k);
+    if (k <= 0 || k % QK_BITCOS != 0) {
+        return fail(err, err_size, "row length %lld is not a positive multiple of %d", (long long) k, QK_BITCOS);
     }
     const uint64_t n_rows = (uint64_t)(w->ne[1] * w->ne[2] * w->ne[3]);
     const uint64_t n_mats = (uint64_t)(w->ne[2] * w->ne[3]);
-    if (cdata == NULL || cbytes < GGML_BITCOS_HEADER_BYTES) {
-        return fail(err, err_size, "companion missing or shorter than the 128-byte header (%zu bytes)", cbytes);
+    if (cdata == NULL || cbytes < BITCOS_HEADER_BYTES) {
+        return fail(err, err_size, "companion missing or shorter than the %d-byte header (%zu bytes)",
+                    BITCOS_HEADER_BYTES, cbytes);
     }
     struct ggml_bitcos_header h;
     ggml_bitcos_read_header(cdata, &h);
     const uint8_t * c = (const uint8_t *) cdata;
-    if (h.magic != GGML_BITCOS_MAGIC) {
+    if (h.magic != BITCOS_MAGIC) {
         return fail(err, err_size, "bad companion magic 0x%08x", h.magic);
     }
-    if (h.version != GGML_BITCOS_FORMAT_VERSION) {
+    if (h.version != BITCOS_FORMAT_VERSION) {
         return fail(err, err_size, "unsupported companion version %u (this build reads version %d)",
-                    (unsigned) h.version, GGML_BITCOS_FORMAT_VERSION);
+                    (unsigned) h.version, BITCOS_FORMAT_VERSION);
     }
     if (h.variant != variant) {
         return fail(err, err_size, "companion variant %u does not match the weight type %s",
                     (unsigned) h.variant, ggml_type_name(w->type));
     }
-    if (h.row_group_log2 > 6) {
-        return fail(err, err_size, "row_group_log2 %u > 6", (unsigned) h.row_group_log2);
+    if (h.row_group_log2 > BITCOS_MAX_ROW_GROUP_LOG2) {
+        return fail(err, err_size, "row_group_log2 %u > %d", (unsigned) h.row_group_log2, BITCOS_MAX_ROW_GROUP_LOG2);
     }
     if (h.n_cols != (uint64_t) k || h.n_rows != n_rows || h.n_mats != n_mats) {
         return fail(err, err_size, "companion shape (cols %llu, rows %llu, mats %llu) does not match the weight "
@@ -181,7 +179,7 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
     if (h.n_sign_bits > n_rows * (uint64_t) k) {
         return fail(err, err_size, "n_sign_bits %llu exceeds the number of weights", (unsigned long long) h.n_sign_bits);
     }
-    for (int i = 80; i < GGML_BITCOS_HEADER_BYTES; ++i) {
+    for (int i = BITCOS_HDR_RESERVED; i < BITCOS_HEADER_BYTES; ++i) {
         if (c[i] != 0) {
             return fail(err, err_size, "reserved header byte %d is not zero", i);
         }
@@ -198,29 +196,27 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
         return fail(err, err_size, "companion size %zu != %llu implied by its header", cbytes, (unsigned long long) L.total);
     }
     // per-matrix scales (PT)
-    if (variant == 1) {
+    if (variant == BITCOS_VARIANT_PT) {
         for (uint64_t m = 0; m < n_mats; ++m) {
-            float s;
-            memcpy(&s, c + L.scales_offset + 4*m, 4);
-            if (!isfinite(s)) {
+            if (!isfinite(ggml_bitcos_matrix_scale(c, &h, m))) {
                 return fail(err, err_size, "scale of matrix %llu is not finite", (unsigned long long) m);
             }
         }
     }
     // row index invariants: sign_pos(0) = 0, sign_pos(r+1) = sign_pos(r) + popcount(row r), end = S
-    const size_t   bb       = block_bytes(w->type);
-    const int64_t  nb       = k / BITCOS_QK;
+    const size_t   bb       = bitcos_block_bytes(variant);
+    const int64_t  nb       = k / QK_BITCOS;
     const size_t   row_size = (size_t) nb * bb;
     const uint8_t * wb      = (const uint8_t *) wdata;
     const uint64_t gmask    = ((uint64_t)1 << h.row_group_log2) - 1;
     uint64_t expect = 0;
     for (uint64_t r = 0; r < n_rows; ++r) {
-        const uint16_t delta = rd_u16(c + L.row_delta_offset + 2*r);
+        const uint16_t delta = rd_u16(c + L.row_delta_offset + sizeof(uint16_t)*r);
         if ((r & gmask) == 0 && delta != 0) {
             return fail(err, err_size, "row_delta[%llu] of a group's first row is %u, not 0",
                         (unsigned long long) r, (unsigned) delta);
         }
-        const uint64_t pos = rd_u64(c + L.row_base_offset + 8*(r >> h.row_group_log2)) + delta;
+        const uint64_t pos = rd_u64(c + L.row_base_offset + sizeof(uint64_t)*(r >> h.row_group_log2)) + delta;
         if (pos != expect) {
             return fail(err, err_size, "row index: sign_pos(%llu) = %llu, expected %llu from the bitmap",
                         (unsigned long long) r, (unsigned long long) pos, (unsigned long long) expect);
@@ -245,9 +241,9 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
         }
     }
     // G128 block scales must be finite (a NaN/Inf scale is never produced by a ternary source)
-    if (variant == 0) {
+    if (variant == BITCOS_VARIANT_G128) {
         for (uint64_t b = 0; b < n_rows * (uint64_t) nb; ++b) {
-            const uint16_t d = rd_u16(wb + b * bb + 16);
+            const uint16_t d = rd_u16(wb + b * bb + offsetof(block_bitcos_g128, d));
             if ((d & 0x7c00u) == 0x7c00u) {
                 return fail(err, err_size, "block %llu has a non-finite fp16 scale", (unsigned long long) b);
             }
@@ -259,18 +255,18 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
 size_t ggml_bitcos_encode(enum ggml_type type, int64_t k, int64_t n_rows, int64_t n_mats,
                           const int8_t * codes, const uint16_t * d_fp16, const float * scales,
                           void * wdst, void * cdst, size_t cdst_size) {
-    if (!ggml_bitcos_is_type(type) || k <= 0 || k % BITCOS_QK != 0 || n_rows <= 0 || n_mats <= 0 ||
+    if (!ggml_bitcos_is_type(type) || k <= 0 || k % QK_BITCOS != 0 || n_rows <= 0 || n_mats <= 0 ||
         n_rows % n_mats != 0 || codes == NULL) {
         return 0;
     }
-    const int variant = type == GGML_TYPE_BITCOS_PT ? 1 : 0;
-    if ((variant == 0 && d_fp16 == NULL) || (variant == 1 && scales == NULL)) {
+    const int variant = ggml_bitcos_variant(type);
+    if ((variant == BITCOS_VARIANT_G128 && d_fp16 == NULL) || (variant == BITCOS_VARIANT_PT && scales == NULL)) {
         return 0;
     }
     // pass 1: per-row popcounts -> S and the largest row group whose deltas fit 16 bits
     uint64_t S = 0;
-    int g_best = 6;
-    for (int g = 6; g >= 0; --g) {
+    int g_best = BITCOS_MAX_ROW_GROUP_LOG2;
+    for (int g = BITCOS_MAX_ROW_GROUP_LOG2; g >= 0; --g) {
         const int64_t G = (int64_t)1 << g;
         bool fits = true;
         uint64_t total = 0;
@@ -304,39 +300,38 @@ size_t ggml_bitcos_encode(enum ggml_type type, int64_t k, int64_t n_rows, int64_
     }
     uint8_t * c = (uint8_t *) cdst;
     memset(c, 0, (size_t) L.total);
-    c[0] = 0x42; c[1] = 0x54; c[2] = 0x43; c[3] = 0x53;  // "BTCS" = 0x53435442 little-endian
-    c[4] = GGML_BITCOS_FORMAT_VERSION; c[5] = 0;
-    c[6] = (uint8_t) variant;
-    c[7] = (uint8_t) g_best;
-    wr_u64(c + 8,  (uint64_t) k);
-    wr_u64(c + 16, (uint64_t) n_rows);
-    wr_u64(c + 24, (uint64_t) n_mats);
-    wr_u64(c + 32, S);
-    wr_u64(c + 40, L.scales_offset);
-    wr_u64(c + 48, L.row_base_offset);
-    wr_u64(c + 56, L.row_delta_offset);
-    wr_u64(c + 64, L.pool_offset);
-    wr_u64(c + 72, L.pool_bytes);
-    if (variant == 1) {
-        memcpy(c + L.scales_offset, scales, 4*(size_t) n_mats);
+    wr_u32(c + BITCOS_HDR_MAGIC, BITCOS_MAGIC);
+    wr_u16(c + BITCOS_HDR_VERSION, BITCOS_FORMAT_VERSION);
+    c[BITCOS_HDR_VARIANT]        = (uint8_t) variant;
+    c[BITCOS_HDR_ROW_GROUP_LOG2] = (uint8_t) g_best;
+    wr_u64(c + BITCOS_HDR_N_COLS,           (uint64_t) k);
+    wr_u64(c + BITCOS_HDR_N_ROWS,           (uint64_t) n_rows);
+    wr_u64(c + BITCOS_HDR_N_MATS,           (uint64_t) n_mats);
+    wr_u64(c + BITCOS_HDR_N_SIGN_BITS,      S);
+    wr_u64(c + BITCOS_HDR_SCALES_OFFSET,    L.scales_offset);
+    wr_u64(c + BITCOS_HDR_ROW_BASE_OFFSET,  L.row_base_offset);
+    wr_u64(c + BITCOS_HDR_ROW_DELTA_OFFSET, L.row_delta_offset);
+    wr_u64(c + BITCOS_HDR_POOL_OFFSET,      L.pool_offset);
+    wr_u64(c + BITCOS_HDR_POOL_BYTES,       L.pool_bytes);
+    if (variant == BITCOS_VARIANT_PT) {
+        memcpy(c + L.scales_offset, scales, sizeof(float)*(size_t) n_mats);
     }
-    const size_t  bb  = block_bytes(type);
-    const int64_t nb  = k / BITCOS_QK;
+    const size_t  bb  = bitcos_block_bytes(variant);
+    const int64_t nb  = k / QK_BITCOS;
     uint8_t * wb   = (uint8_t *) wdst;
     uint8_t * pool = c + L.pool_offset;
     uint64_t  pos  = 0;
     for (int64_t r = 0; r < n_rows; ++r) {
+        uint8_t * row_base = c + L.row_base_offset + sizeof(uint64_t)*(size_t)(r >> g_best);
         if ((r & (((int64_t)1 << g_best) - 1)) == 0) {
-            wr_u64(c + L.row_base_offset + 8*(size_t)(r >> g_best), pos);
+            wr_u64(row_base, pos);
         }
-        const uint64_t delta = pos - rd_u64(c + L.row_base_offset + 8*(size_t)(r >> g_best));
-        c[L.row_delta_offset + 2*r]     = (uint8_t) delta;
-        c[L.row_delta_offset + 2*r + 1] = (uint8_t)(delta >> 8);
+        wr_u16(c + L.row_delta_offset + sizeof(uint16_t)*(size_t) r, (uint16_t)(pos - rd_u64(row_base)));
         for (int64_t b = 0; b < nb; ++b) {
             uint8_t * blk = wb + ((size_t) r * nb + b) * bb;
-            memset(blk, 0, 16);
-            for (int j = 0; j < BITCOS_QK; ++j) {
-                const int8_t t = codes[r*k + b*BITCOS_QK + j];
+            memset(blk, 0, BITCOS_BITMAP_BYTES);
+            for (int j = 0; j < QK_BITCOS; ++j) {
+                const int8_t t = codes[r*k + b*QK_BITCOS + j];
                 if (t != 0) {
                     blk[j/8] |= (uint8_t)(1u << (j % 8));
                     if (t < 0) {
@@ -345,10 +340,8 @@ size_t ggml_bitcos_encode(enum ggml_type type, int64_t k, int64_t n_rows, int64_
                     pos++;
                 }
             }
-            if (variant == 0) {
-                const uint16_t d = d_fp16[r*nb + b];
-                blk[16] = (uint8_t) d;
-                blk[17] = (uint8_t)(d >> 8);
+            if (variant == BITCOS_VARIANT_G128) {
+                wr_u16(blk + offsetof(block_bitcos_g128, d), d_fp16[r*nb + b]);
             }
         }
     }

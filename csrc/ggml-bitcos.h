@@ -1,8 +1,9 @@
 // ggml-bitcos: the BITCOS ternary types inside ggml (format: docs/FORMAT.md, version 1).
 //
-// Public header of the patched ggml (copied to ggml/include/ by scripts/build_llama.py). It holds what the
-// llama.cpp loader, the CPU backend and tests need: the companion link, load-time validation and a small
-// encoder (int8 ternary codes + scales -> weight blocks + companion bytes).
+// Public header of the patched ggml (copied to ggml/include/ with bitcos-format.h by the ggml-bitcos build).
+// It holds what the llama.cpp loader, the CPU backend and tests need: the companion link, load-time
+// validation and a small encoder (int8 ternary codes + scales -> weight blocks + companion bytes). The
+// layout itself (block structs, header offsets, constants) is bitcos-format.h.
 //
 // Linking (FORMAT.md §1): a BITCOS weight `w` is a leaf whose src[0] is its companion, an I8 1-D tensor named
 // "<w name>.bitcos". A view or reshape of a weight reaches the companion through view_src->src[0]; its rows
@@ -10,6 +11,7 @@
 #pragma once
 
 #include "ggml.h"
+#include "bitcos-format.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -19,27 +21,41 @@
 extern "C" {
 #endif
 
-#define GGML_BITCOS_COMPANION_SUFFIX ".bitcos"
-#define GGML_BITCOS_FORMAT_VERSION   1
-#define GGML_BITCOS_HEADER_BYTES     128
-#define GGML_BITCOS_MAGIC            0x53435442u  // bytes "BTCS"
-
 // true for GGML_TYPE_BITCOS_G128 and GGML_TYPE_BITCOS_PT
 GGML_API bool ggml_bitcos_is_type(enum ggml_type type);
 
+// The variant of a BITCOS type (BITCOS_VARIANT_PT for GGML_TYPE_BITCOS_PT, else BITCOS_VARIANT_G128).
+GGML_API enum bitcos_variant ggml_bitcos_variant(enum ggml_type type);
+
 // The companion of a BITCOS weight or of a view of one; NULL when it is not linked (or not an I8 tensor).
 GGML_API struct ggml_tensor * ggml_bitcos_companion(const struct ggml_tensor * w);
+
+// Loader helpers (the llama.cpp model loader calls them; no per-architecture code).
+// If `name` is a companion name ("<weight>.bitcos", weight name non-empty), the length of the weight name;
+// else 0.
+GGML_API size_t ggml_bitcos_companion_weight_name_len(const char * name);
+
+// Links weight `w` to its companion `c` (w->src[0] = c) after checking that `w` is a BITCOS tensor and `c`
+// exists (may be NULL: then the error names the missing tensor) and is a 1-D I8 tensor. Returns false and
+// writes a message naming the tensors into err otherwise.
+GGML_API bool ggml_bitcos_link(struct ggml_tensor * w, struct ggml_tensor * c, char * err, size_t err_size);
+
+// Full check of a loaded BITCOS weight (a leaf linked to its companion, both with data in a backend buffer):
+// fetches host copies when a buffer is not host memory, then ggml_bitcos_validate(). Returns false and writes
+// a message (without the tensor name) into err on the first violation. Nothing unvalidated should reach a
+// kernel or be uploaded to a device: call it before the tensor is used.
+GGML_API bool ggml_bitcos_validate_tensor(const struct ggml_tensor * w, char * err, size_t err_size);
 
 // Rows of `w` as rows of its base tensor: row (i1, i2, i3) of `w` is base row
 // row0 + i1*step[0] + i2*step[1] + i3*step[2]. False when `w` is not a whole-row view of its base (then no
 // BITCOS op can use it).
 GGML_API bool ggml_bitcos_row_map(const struct ggml_tensor * w, int64_t * row0, int64_t step[3]);
 
-// Parsed companion header (FORMAT.md §4.1).
+// Parsed companion header (FORMAT.md §4.1; field offsets: enum bitcos_header_offset).
 struct ggml_bitcos_header {
     uint32_t magic;
     uint16_t version;
-    uint8_t  variant;          // 0 = G128, 1 = PT
+    uint8_t  variant;          // enum bitcos_variant
     uint8_t  row_group_log2;
     uint64_t n_cols;
     uint64_t n_rows;
@@ -52,11 +68,14 @@ struct ggml_bitcos_header {
     uint64_t pool_bytes;
 };
 
-// Reads the header fields (little-endian) from the first 128 bytes of companion data.
+// Reads the header fields (little-endian) from the first BITCOS_HEADER_BYTES bytes of companion data.
 GGML_API void ggml_bitcos_read_header(const void * cdata, struct ggml_bitcos_header * h);
 
 // Pool bit of the first sign of row r (no checks: call after ggml_bitcos_validate).
 GGML_API uint64_t ggml_bitcos_sign_pos(const void * cdata, const struct ggml_bitcos_header * h, uint64_t r);
+
+// PT: the scale of matrix m (no checks: call after ggml_bitcos_validate).
+GGML_API float ggml_bitcos_matrix_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t m);
 
 // Full check of a BITCOS weight and its companion after loading (FORMAT.md §4): header fields canonical,
 // row index invariants, pool size and zero tail, finite scales. `w` gives type and shape (a leaf, not a

@@ -1,7 +1,8 @@
 """Build and install the patched llama-cpp-python (`ggml-bitcos build-llama`, scripts/build_llama.py).
 
 Steps: fetch the pinned sdist (ggml_bitcos.upstream), extract it into a staging tree, copy csrc/ into
-vendor/llama.cpp/ggml/src/ggml-bitcos/ (and the public header ggml-bitcos.h into ggml/include/), copy the
+vendor/llama.cpp/ggml/src/ggml-bitcos/ (and the public headers ggml-bitcos.h, bitcos-format.h into
+ggml/include/), copy the
 C tests into .../ggml-bitcos/tests/, apply patches/*.patch in order, then `pip install` that tree so that
 `from llama_cpp import Llama` and llama_cpp/bin/{llama-cli,llama-server,llama-bench,llama-perplexity} use
 the patched library.
@@ -35,9 +36,10 @@ CTEST_DIR = REPO / "tests" / "c"
 
 LLAMA_DIR = "vendor/llama.cpp"
 BITCOS_SRC_DIR = f"{LLAMA_DIR}/ggml/src/ggml-bitcos"
-PUBLIC_HEADER = "ggml-bitcos.h"
+# Public headers of the patched ggml (also copied to ggml/include/): the API and the format's C layout.
+PUBLIC_HEADERS = ("ggml-bitcos.h", "bitcos-format.h")
 
-# Tools the package installs into llama_cpp/bin (see patches/0005).
+# llama.cpp tools the package installs into llama_cpp/bin (the llama-cpp-python tool-install patch).
 TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-perplexity")
 
 BASE_CMAKE_ARGS = [
@@ -56,7 +58,7 @@ class BuildError(RuntimeError):
 
 def csrc_destinations() -> list[str]:
     """Paths (relative to the sdist root) that hold copies of this repository's C sources."""
-    return [BITCOS_SRC_DIR, f"{LLAMA_DIR}/ggml/include/{PUBLIC_HEADER}"]
+    return [BITCOS_SRC_DIR, *(f"{LLAMA_DIR}/ggml/include/{h}" for h in PUBLIC_HEADERS)]
 
 
 def _csrc_files() -> list[Path]:
@@ -87,7 +89,8 @@ def copy_csrc(tree: Path) -> None:
     dest.mkdir(parents=True)
     for p in _csrc_files():
         shutil.copy2(p, dest / p.name)
-    shutil.copy2(CSRC_DIR / PUBLIC_HEADER, tree / LLAMA_DIR / "ggml" / "include" / PUBLIC_HEADER)
+    for header in PUBLIC_HEADERS:
+        shutil.copy2(CSRC_DIR / header, tree / LLAMA_DIR / "ggml" / "include" / header)
     tools = _tool_files()
     if tools:
         (dest / "tools").mkdir()

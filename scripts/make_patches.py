@@ -65,14 +65,14 @@ def init(tree: Path) -> None:
     print(f"dev tree ready: {tree} ({len(list(PATCH_DIR.glob('*.patch')))} patches applied)")
 
 
-def export(tree: Path) -> None:
-    """Write one patch per commit after the pristine one into patches/, replacing the old series."""
+def export(tree: Path, out_dir: Path = PATCH_DIR) -> None:
+    """Write one patch per commit after the pristine one into out_dir (patches/), replacing the old series."""
     root = git(tree, "rev-list", "--max-parents=0", "HEAD", capture=True).split()[0]
     excludes = [f":(exclude){rel}" for rel in build.csrc_destinations()]
     commits = git(tree, "rev-list", "--reverse", f"{root}..HEAD", capture=True).split()
-    for old in PATCH_DIR.glob("*.patch"):
+    for old in out_dir.glob("*.patch"):
         old.unlink()
-    PATCH_DIR.mkdir(exist_ok=True)
+    out_dir.mkdir(exist_ok=True)
     for n, sha in enumerate(commits, start=1):
         subject = git(tree, "log", "-1", "--format=%s", sha, capture=True).strip()
         slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
@@ -80,9 +80,9 @@ def export(tree: Path) -> None:
             slug = slug[:50].rsplit("-", 1)[0]
         text = git(tree, "format-patch", "-1", "--stdout", "--no-signature", "--zero-commit",
                    "--no-stat", "-N", sha, "--", ".", *excludes, capture=True)
-        out = PATCH_DIR / f"{n:04d}-{slug}.patch"
+        out = out_dir / f"{n:04d}-{slug}.patch"
         out.write_text(text)
-        print(f"{out.relative_to(REPO)}: {subject}")
+        print(f"{out}: {subject}")
 
 
 def main() -> None:
@@ -92,11 +92,12 @@ def main() -> None:
     p.add_argument("tree", type=Path)
     p = sub.add_parser("export", help="regenerate patches/ from the dev tree's commits")
     p.add_argument("tree", type=Path)
+    p.add_argument("--out", type=Path, default=PATCH_DIR, help="folder to write the series to (default patches/)")
     args = ap.parse_args()
     if args.cmd == "init":
         init(args.tree.resolve())
     else:
-        export(args.tree.resolve())
+        export(args.tree.resolve(), args.out.resolve())
 
 
 if __name__ == "__main__":

@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 
 from ggml_bitcos import llama_tools
+from ggml_bitcos.format import Variant
 
 llama = pytest.mark.llama  # tests that need the patched build installed
 
-BITCOS_G128 = 160
-BITCOS_PT = 161
+BITCOS_G128 = Variant.G128.type_id
+BITCOS_PT = Variant.PT.type_id
 TOOLS = llama_tools.TOOLS
 
 
@@ -367,6 +368,41 @@ def test_patch_series_applies(patched_tree: Path) -> None:
     assert (patched_tree / "vendor/llama.cpp/ggml/include/ggml-bitcos.h").is_file()
     assert (patched_tree / build.BITCOS_SRC_DIR / "tests" / "test-bitcos-mm.c").is_file()
     assert '__version__ = "0.3.36+bitcos1"' in (patched_tree / "llama_cpp/__init__.py").read_text()
+
+
+def test_patches_regenerate_byte_identically(tmp_path: Path) -> None:
+    """scripts/make_patches.py init + export reproduces patches/ exactly: the series is its own source."""
+    from ggml_bitcos import upstream
+    try:
+        upstream.fetch_sdist()
+    except upstream.UpstreamError as e:
+        pytest.skip(f"sdist not available: {e}")
+    repo = Path(__file__).resolve().parent.parent
+    before = {p.name: p.read_bytes() for p in sorted((repo / "patches").glob("*.patch"))}
+    script = repo / "scripts" / "make_patches.py"
+    out = tmp_path / "patches"
+    subprocess.run([sys.executable, str(script), "init", str(tmp_path / "dev")], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(script), "export", str(tmp_path / "dev"), "--out", str(out)], check=True,
+                   capture_output=True)
+    after = {p.name: p.read_bytes() for p in sorted(out.glob("*.patch"))}
+    assert list(after) == list(before)
+    for name in before:
+        assert after[name] == before[name], f"{name} does not regenerate byte-identically"
+
+
+def test_patch_headers_say_what_and_why() -> None:
+    """Every patch has a subject and a body (what and why); code and docs cite patches by concern, not number."""
+    import re
+    repo = Path(__file__).resolve().parent.parent
+    for patch in sorted((repo / "patches").glob("*.patch")):
+        head = patch.read_text().split("\ndiff --git ", 1)[0]
+        subject, _, body = head.partition("\n\n")
+        assert "Subject: [PATCH]" in subject, patch.name
+        assert len(body.split()) >= 20, f"{patch.name}: header body too short to say what and why"
+    cited = re.compile(r"patch(es/| )0\d{3}")
+    for path in [*repo.glob("csrc/**/*.[ch]"), *repo.glob("ggml_bitcos/**/*.py"), *repo.glob("gguf_tools/*.py"),
+                 *repo.glob("tests/**/*.[ch]"), *repo.glob("tests/*.py"), *repo.glob("docs/*.md"), repo / "README.md"]:
+        assert not cited.search(path.read_text()), f"{path} cites a patch by number"
 
 
 def test_validator_fuzz_under_asan(patched_tree: Path, tmp_path: Path) -> None:

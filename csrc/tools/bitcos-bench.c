@@ -21,6 +21,7 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include "gguf.h"
+#include "../bitcos-format.h"   // BITCOS_COMPANION_SUFFIX (csrc/ is copied next to tools/)
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -63,8 +64,8 @@ static void fill_uniform(float * x, int64_t n, uint32_t * s) {
 // Links a BITCOS weight to its companion "<name>.bitcos" through src[0], as the patched loader does;
 // returns the bytes the matmul reads (weight plus companion, if any).
 static size_t link_companion(struct ggml_context * wctx, const char * name, struct ggml_tensor * w) {
-    char cname[GGML_MAX_NAME + 8];
-    snprintf(cname, sizeof(cname), "%s.bitcos", name);
+    char cname[GGML_MAX_NAME + sizeof(BITCOS_COMPANION_SUFFIX)];
+    snprintf(cname, sizeof(cname), "%s" BITCOS_COMPANION_SUFFIX, name);
     struct ggml_tensor * comp = ggml_get_tensor(wctx, cname);
     if (comp) {
         w->src[0] = comp;
@@ -125,7 +126,7 @@ static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncol
         const int64_t n = gguf_get_n_tensors(g);
         for (int64_t i = 0; i < n; ++i) {
             const char * name = gguf_get_tensor_name(g, i);
-            if (ends_with(name, ".bitcos")) {
+            if (ends_with(name, BITCOS_COMPANION_SUFFIX)) {
                 continue;
             }
             struct ggml_tensor * w = ggml_get_tensor(wctx, name);
@@ -228,7 +229,7 @@ static int bench_decode(const char * fname, int n_threads, int reps) {
         for (int64_t i = 0; i < n; ++i) {
             const char * name = gguf_get_tensor_name(g, i);
             struct ggml_tensor * w = ggml_get_tensor(wctx, name);
-            if (ends_with(name, ".bitcos") || ggml_n_dims(w) != 2 || strcmp(name, "token_embd.weight") == 0 ||
+            if (ends_with(name, BITCOS_COMPANION_SUFFIX) || ggml_n_dims(w) != 2 || strcmp(name, "token_embd.weight") == 0 ||
                 is_ternary_type(w->type) != (cls == 0)) {
                 continue;
             }

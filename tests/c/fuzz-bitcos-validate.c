@@ -29,21 +29,21 @@ int main(void) {
     int accepted = 0, rejected = 0;
     for (int it = 0; it < iters; ++it) {
         const enum ggml_type type = (it & 1) ? GGML_TYPE_BITCOS_PT : GGML_TYPE_BITCOS_G128;
-        const int64_t k = 128 * (int64_t)(1 + rnd() % 5), n = 1 + (int64_t)(rnd() % 40), mats = 1 + (int64_t)(rnd() % 2);
+        const int64_t k = QK_BITCOS * (int64_t)(1 + rnd() % 5), n = 1 + (int64_t)(rnd() % 40), mats = 1 + (int64_t)(rnd() % 2);
         const int64_t rows = n * mats;
         int8_t * codes = malloc((size_t)(rows * k));
-        uint16_t * d = malloc(sizeof(uint16_t) * (size_t)(rows * k / 128));
+        uint16_t * d = malloc(sizeof(uint16_t) * (size_t)(rows * k / QK_BITCOS));
         float scales[2] = { 0.5f, 0.25f };
         const unsigned pz = (unsigned)(rnd() % 101);
         for (int64_t i = 0; i < rows * k; ++i) {
             codes[i] = (rnd() % 100) < pz ? 0 : ((rnd() & 1) ? 1 : -1);
         }
-        for (int64_t i = 0; i < rows * k / 128; ++i) {
+        for (int64_t i = 0; i < rows * k / QK_BITCOS; ++i) {
             d[i] = 0x2c00;  // 1/16
         }
         const size_t cb = ggml_bitcos_encode(type, k, rows, mats, codes, d, scales, NULL, NULL, 0);
-        const size_t bb = type == GGML_TYPE_BITCOS_G128 ? 18 : 16;
-        const size_t wb_size = (size_t)(rows * k / 128) * bb;
+        const size_t bb = bitcos_block_bytes(ggml_bitcos_variant(type));
+        const size_t wb_size = (size_t)(rows * k / QK_BITCOS) * bb;
         uint8_t * wb = malloc(wb_size);
         uint8_t * cd = malloc(cb);
         if (ggml_bitcos_encode(type, k, rows, mats, codes, d, scales, wb, cd, cb) != cb) {
@@ -64,8 +64,8 @@ int main(void) {
         const int n_mut = 1 + (int)(rnd() % 4);
         for (int m = 0; m < n_mut; ++m) {
             switch (rnd() % 5) {
-                case 0: cd[rnd() % 128] ^= (uint8_t)(1u << (rnd() % 8)); break;
-                case 1: cd[128 + rnd() % (cb - 128)] ^= (uint8_t)(1u << (rnd() % 8)); break;
+                case 0: cd[rnd() % BITCOS_HEADER_BYTES] ^= (uint8_t)(1u << (rnd() % 8)); break;
+                case 1: cd[BITCOS_HEADER_BYTES + rnd() % (cb - BITCOS_HEADER_BYTES)] ^= (uint8_t)(1u << (rnd() % 8)); break;
                 case 2: cd[rnd() % cb] = (uint8_t) rnd(); break;
                 case 3: wb[rnd() % wb_size] ^= (uint8_t)(1u << (rnd() % 8)); break;
                 case 4: csize = (size_t)(rnd() % (cb + 1)); break;
@@ -87,8 +87,8 @@ int main(void) {
             const bitcos_q8_K * ys[1] = { y };
             float * outs[1] = { out };
             for (int64_t m = 0; m < mats; ++m) {
-                bitcos_rows br = { type == GGML_TYPE_BITCOS_PT ? BITCOS_VARIANT_PT : BITCOS_VARIANT_G128, k,
-                                   wb + (size_t)(m * n * k / 128) * bb, (size_t)(k / 128) * bb,
+                bitcos_rows br = { ggml_bitcos_variant(type), k,
+                                   wb + (size_t)(m * n * k / QK_BITCOS) * bb, (size_t)(k / QK_BITCOS) * bb,
                                    cexact + h.pool_offset, sp + m * n, 1.0f };
                 outs[0] = out + m * n;
                 bitcos_mm_generic(&br, n, ys, 1, outs);

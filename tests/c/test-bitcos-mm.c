@@ -1,6 +1,6 @@
 // test-bitcos-mm: BITCOS MUL_MAT / MUL_MAT_ID through ggml's CPU backend against two independent references.
 //
-// Built with the patched llama.cpp (patches/0004 installs it as llama_cpp/bin/test-bitcos-mm) and run by
+// Built with the patched llama.cpp (the C-tools patch installs it as llama_cpp/bin/test-bitcos-mm) and run by
 // tests/test_llama_build.py. Random ternary weights (fixed seeds) are encoded with ggml_bitcos_encode(),
 // linked to their companion (src[0]) and multiplied through a ggml graph (ggml_mul_mat / ggml_mul_mat_id,
 // several thread counts). Each result is compared with
@@ -54,18 +54,18 @@ static float weight_scale(const weight_ref * w, int64_t row, int64_t col) {
     if (w->type == GGML_TYPE_BITCOS_PT) {
         return w->dmat[row / w->n];
     }
-    return ggml_fp16_to_fp32(w->d16[row * (w->k / 128) + col / 128]);
+    return ggml_fp16_to_fp32(w->d16[row * (w->k / QK_BITCOS) + col / QK_BITCOS]);
 }
 
 static void weight_make(weight_ref * w, enum ggml_type type, int64_t k, int64_t n, int64_t mats, double zero_density) {
     w->type = type; w->k = k; w->n = n; w->mats = mats; w->rows = n * mats;
     w->codes = malloc((size_t)(w->rows * k));
-    w->d16   = malloc(sizeof(uint16_t) * (size_t)(w->rows * k / 128));
+    w->d16   = malloc(sizeof(uint16_t) * (size_t)(w->rows * k / QK_BITCOS));
     w->dmat  = malloc(sizeof(float) * (size_t) mats);
     for (int64_t i = 0; i < w->rows * k; ++i) {
         w->codes[i] = rng_unit() < zero_density ? 0 : (rng_u64() & 1 ? 1 : -1);
     }
-    for (int64_t b = 0; b < w->rows * k / 128; ++b) {
+    for (int64_t b = 0; b < w->rows * k / QK_BITCOS; ++b) {
         // a few zero scales, like blocks without non-zero weights
         w->d16[b] = ggml_fp32_to_fp16(rng_unit() < 0.05 ? 0.0f : (float)(0.002 + 0.05 * rng_unit()));
     }
@@ -118,15 +118,15 @@ static float mac(float a, float b, float c, bool fused) {
 }
 
 static float contract_dot(const weight_ref * w, int64_t row, const q8k_block * y, bool fused) {
-    const int64_t nb = w->k / 128;
+    const int64_t nb = w->k / QK_BITCOS;
     float acc[8] = {0};
     for (int64_t b = 0; b < (nb + 1) / 2; ++b) {
         const int halves = 2*b + 1 < nb ? 2 : 1;
         int32_t L[2][8] = {{0}};
         for (int h = 0; h < halves; ++h) {
-            for (int j = 0; j < 128; ++j) {
-                const int32_t t = w->codes[row * w->k + (2*b + h) * 128 + j];
-                const int32_t q = y[b].qs[128*h + j];
+            for (int j = 0; j < QK_BITCOS; ++j) {  // half h of Q8_K block b = BITCOS block 2b + h
+                const int32_t t = w->codes[row * w->k + (2*b + h) * QK_BITCOS + j];
+                const int32_t q = y[b].qs[QK_BITCOS*h + j];
                 L[h][(j % 32) / 4] += (t + 1) * q;   // lane of TQ2_0's partition
                 L[h][4*h + j / 32] -= q;             // minus the block's q sum of that lane
             }

@@ -73,8 +73,11 @@ def test_llama_completion_identical_text(model_pairs):
 
 
 def test_llama_completion_moe_identical_text(model_pairs):
+    # one thread: upstream's own TQ2_0 MoE path with 2 threads is not deterministic on a loaded host (the same
+    # TQ2_0 file gave 2 different texts in 8 runs under 2 busy-loop processes; BITCOS gave 8 identical ones)
     src, out = model_pairs["moe-g128"]
-    assert llama_run.run_completion(src, PROMPT, N_TOKENS) == llama_run.run_completion(out, PROMPT, N_TOKENS)
+    assert (llama_run.run_completion(src, PROMPT, N_TOKENS, threads=1)
+            == llama_run.run_completion(out, PROMPT, N_TOKENS, threads=1))
 
 
 @pytest.mark.parametrize("name", ["dense-pt", "moe-g128"])

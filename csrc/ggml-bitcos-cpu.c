@@ -30,18 +30,6 @@ static size_t pad64(size_t x) {
     return (x + 63) & ~(size_t)63;
 }
 
-bool ggml_bitcos_cpu_op_involves(const struct ggml_tensor * op) {
-    if (ggml_bitcos_is_type(op->type)) {
-        return true;
-    }
-    for (int i = 0; i < GGML_MAX_SRC; ++i) {
-        if (op->src[i] && ggml_bitcos_is_type(op->src[i]->type)) {
-            return true;
-        }
-    }
-    return false;
-}
-
 bool ggml_bitcos_cpu_supports_op(const struct ggml_tensor * op) {
     if (op->op != GGML_OP_MUL_MAT && op->op != GGML_OP_MUL_MAT_ID) {
         return false;

@@ -2,7 +2,7 @@
 // Private to ggml-cpu; compiled into every CPU backend variant.
 #pragma once
 
-#include "ggml.h"
+#include "ggml-bitcos.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -12,9 +12,6 @@ extern "C" {
 #endif
 
 struct ggml_compute_params;
-
-// true when `op` reads or writes a BITCOS tensor (then ggml_bitcos_cpu_supports_op decides alone)
-bool ggml_bitcos_cpu_op_involves(const struct ggml_tensor * op);
 
 // BITCOS is supported only as src0 of MUL_MAT / MUL_MAT_ID with an F32 src1, F32 dst and a linked companion
 bool ggml_bitcos_cpu_supports_op(const struct ggml_tensor * op);

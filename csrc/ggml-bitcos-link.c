@@ -9,6 +9,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+bool ggml_bitcos_op_involves(const struct ggml_tensor * op) {
+    if (ggml_bitcos_is_type(op->type)) {
+        return true;
+    }
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        if (op->src[i] && ggml_bitcos_is_type(op->src[i]->type)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 struct ggml_tensor * ggml_bitcos_companion(const struct ggml_tensor * w) {
     const struct ggml_tensor * base = w->view_src ? w->view_src : w;
     // only a leaf weight carries the link; an op result with a BITCOS type has src[0] = its operand

@@ -27,6 +27,10 @@ GGML_API bool ggml_bitcos_is_type(enum ggml_type type);
 // The variant of a BITCOS type (BITCOS_VARIANT_PT for GGML_TYPE_BITCOS_PT, else BITCOS_VARIANT_G128).
 GGML_API enum bitcos_variant ggml_bitcos_variant(enum ggml_type type);
 
+// true when `op` reads or writes a BITCOS tensor; a backend's supports_op then decides with its BITCOS rules
+// alone (a BITCOS weight is only ever src0 of MUL_MAT / MUL_MAT_ID).
+GGML_API bool ggml_bitcos_op_involves(const struct ggml_tensor * op);
+
 // The companion of a BITCOS weight or of a view of one; NULL when it is not linked (or not an I8 tensor).
 GGML_API struct ggml_tensor * ggml_bitcos_companion(const struct ggml_tensor * w);
 

@@ -38,6 +38,10 @@ LLAMA_DIR = "vendor/llama.cpp"
 BITCOS_SRC_DIR = f"{LLAMA_DIR}/ggml/src/ggml-bitcos"
 # Public headers of the patched ggml (also copied to ggml/include/): the API and the format's C layout.
 PUBLIC_HEADERS = ("ggml-bitcos.h", "bitcos-format.h")
+# csrc/vulkan/: the ggml-vulkan glue goes to ggml-bitcos/vulkan/; shaders (*.comp) into ggml-vulkan's shader
+# folder, where its build globs them
+VULKAN_CSRC_DIR = CSRC_DIR / "vulkan"
+VULKAN_SHADER_DIR = f"{LLAMA_DIR}/ggml/src/ggml-vulkan/vulkan-shaders"
 
 # llama.cpp tools the package installs into llama_cpp/bin (the llama-cpp-python tool-install patch).
 TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-perplexity")
@@ -58,11 +62,16 @@ class BuildError(RuntimeError):
 
 def csrc_destinations() -> list[str]:
     """Paths (relative to the sdist root) that hold copies of this repository's C sources."""
-    return [BITCOS_SRC_DIR, *(f"{LLAMA_DIR}/ggml/include/{h}" for h in PUBLIC_HEADERS)]
+    return [BITCOS_SRC_DIR, *(f"{LLAMA_DIR}/ggml/include/{h}" for h in PUBLIC_HEADERS),
+            *(f"{VULKAN_SHADER_DIR}/{p.name}" for p in _vulkan_files() if p.suffix == ".comp")]
 
 
 def _csrc_files() -> list[Path]:
     return sorted(p for p in CSRC_DIR.iterdir() if p.suffix in (".c", ".h"))
+
+
+def _vulkan_files() -> list[Path]:
+    return sorted(p for p in VULKAN_CSRC_DIR.iterdir() if p.is_file()) if VULKAN_CSRC_DIR.is_dir() else []
 
 
 def _tool_files() -> list[Path]:
@@ -70,19 +79,19 @@ def _tool_files() -> list[Path]:
 
 
 def _ctest_files() -> list[Path]:
-    return sorted(CTEST_DIR.glob("*.c")) if CTEST_DIR.is_dir() else []
+    return sorted([*CTEST_DIR.glob("*.c"), *CTEST_DIR.glob("*.h")]) if CTEST_DIR.is_dir() else []
 
 
 def source_hash() -> str:
     """Hash of everything that determines the patched tree: pinned sdist, patches, csrc, C tests."""
     h = hashlib.sha256(upstream.SDIST_SHA256.encode())
-    for p in sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _tool_files() + _ctest_files():
+    for p in sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _vulkan_files() + _tool_files() + _ctest_files():
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
 def copy_csrc(tree: Path) -> None:
-    """Copy csrc/*.{c,h} and tests/c/*.c into the sdist tree (replacing earlier copies)."""
+    """Copy csrc/*.{c,h}, csrc/vulkan/ and tests/c/*.{c,h} into the sdist tree (replacing earlier copies)."""
     dest = tree / BITCOS_SRC_DIR
     if dest.exists():
         shutil.rmtree(dest)
@@ -91,6 +100,10 @@ def copy_csrc(tree: Path) -> None:
         shutil.copy2(p, dest / p.name)
     for header in PUBLIC_HEADERS:
         shutil.copy2(CSRC_DIR / header, tree / LLAMA_DIR / "ggml" / "include" / header)
+    for p in _vulkan_files():
+        target = tree / VULKAN_SHADER_DIR if p.suffix == ".comp" else dest / "vulkan"
+        target.mkdir(exist_ok=True)
+        shutil.copy2(p, target / p.name)
     tools = _tool_files()
     if tools:
         (dest / "tools").mkdir()

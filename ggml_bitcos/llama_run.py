@@ -53,14 +53,19 @@ class Generation:
 
 
 def greedy_generate(model: Path, prompt: str, n_tokens: int = 64, n_threads: int | None = None,
-                    n_ctx: int = 512, use_mmap: bool = True) -> Generation:
-    """Greedy decoding through llama_cpp.Llama, returning the tokens and the logits of every step."""
+                    n_ctx: int = 512, use_mmap: bool = True, n_gpu_layers: int = 0,
+                    verbose: bool = False) -> Generation:
+    """Greedy decoding through llama_cpp.Llama, returning the tokens and the logits of every step.
+
+    n_gpu_layers as in llama.cpp (-1: all); which GPU devices exist is the backend's business (e.g.
+    GGML_VK_VISIBLE_DEVICES for Vulkan), so callers that want a device pick it in the environment. verbose:
+    llama.cpp's load log on stderr (device buffers, offloaded layers)."""
     from llama_cpp import Llama  # imported here: loading the library is the caller's choice
 
     t0 = time.perf_counter()
     llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(),
-                n_threads_batch=n_threads or os.cpu_count(), logits_all=True, verbose=False, seed=0,
-                use_mmap=use_mmap)
+                n_threads_batch=n_threads or os.cpu_count(), logits_all=True, verbose=verbose, seed=0,
+                use_mmap=use_mmap, n_gpu_layers=n_gpu_layers)
     load_s = time.perf_counter() - t0
     prompt_toks = llm.tokenize(prompt.encode(), add_bos=True)
     t1 = time.perf_counter()

@@ -13,6 +13,7 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include "ggml-bitcos.h"
+#include "bitcos-test.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -21,19 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_failures = 0;
-static int g_checks = 0;
-
-#define CHECK(cond, ...) do { g_checks++; if (!(cond)) { g_failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-    fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
-
-// xorshift64*: deterministic across platforms
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rng_u64(void) {
-    g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
-    return g_rng * 2685821657736338717ull;
-}
-static double rng_unit(void) { return (double)(rng_u64() >> 11) / 9007199254740992.0; }
 
 typedef struct {
     float   d;
@@ -343,6 +331,7 @@ static void test_validate_rejects(enum ggml_type type) {
 }
 
 int main(int argc, char ** argv) {
+    rng_seed(0x9e3779b97f4a7c15ull);
     (void) argc; (void) argv;
     const enum ggml_type types[2] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT };
     const int64_t ks[3] = { 128, 384, 2048 };

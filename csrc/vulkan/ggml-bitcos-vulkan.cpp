@@ -1,0 +1,200 @@
+// ggml-bitcos-vulkan: BITCOS MUL_MAT / MUL_MAT_ID in ggml-vulkan (see ggml-bitcos-vulkan.h).
+//
+// Both ops run the mat-vec shader: MUL_MAT in groups of up to mul_mat_vec_max_cols columns (one dispatch
+// per group; decode is one group of one column), MUL_MAT_ID one dispatch per token as ggml-vulkan's own
+// mat-vec-id path does. The push constants and workgroup grid are those of ggml-vulkan's mat-vec, with
+// batch_stride_a in weights, so the shader finds global rows for the companion's row index. The weight and
+// its companion are in the same device buffer (the loader creates the companion in the weight's context)
+// and were validated on the host by the loader before any graph ran.
+#include "ggml-bitcos-vulkan.h"
+
+#include "ggml-bitcos.h"
+
+#include <algorithm>
+
+namespace {
+
+// shader_reduction_mode order: shared memory, hybrid (subgroup + shared memory), subgroup only
+#define BITCOS_VK_SHADERS(PREFIX)                                                                            \
+    {{#PREFIX, PREFIX##_len, PREFIX##_data},                                                                 \
+     {#PREFIX "_subgroup", PREFIX##_subgroup_len, PREFIX##_subgroup_data},                                   \
+     {#PREFIX "_subgroup_no_shmem", PREFIX##_subgroup_no_shmem_len, PREFIX##_subgroup_no_shmem_data}}
+
+const ggml_vk_bitcos_shader mat_vec_shaders[2][2][SHADER_REDUCTION_MODE_COUNT] = {  // [variant][id][reduc]
+    {BITCOS_VK_SHADERS(mul_mat_vec_bitcos_g128_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_f32_f32)},
+    {BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_f32_f32),   BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_f32_f32)},
+};
+
+#undef BITCOS_VK_SHADERS
+
+// The first fused op's operand (bias of ADD / ADD_ID, scale of MUL) and the second's, as ggml-vulkan's
+// mat-vec paths bind them; unused bindings get D.
+struct fused_operands {
+    vk_subbuffer f0, f1;
+    uint32_t     flags = 0;
+};
+
+fused_operands mul_mat_fused(ggml_backend_vk_context * ctx, const ggml_cgraph * cgraph, int node_idx, const vk_subbuffer & d_D) {
+    fused_operands f{d_D, d_D};
+    for (int k = 1; k <= ctx->num_additional_fused_ops; ++k) {       // MUL_MAT + ADD (+ ADD): biases
+        const ggml_tensor * add  = cgraph->nodes[node_idx + k];
+        const ggml_tensor * prev = cgraph->nodes[node_idx + k - 1];
+        const ggml_tensor * bias = add->src[0] == prev ? add->src[1] : add->src[0];
+        (k == 1 ? f.f0 : f.f1) = ggml_vk_tensor_subbuffer(ctx, bias);
+        f.flags |= k == 1 ? MAT_VEC_FUSION_FLAGS_BIAS0 : MAT_VEC_FUSION_FLAGS_BIAS1;
+    }
+    return f;
+}
+
+fused_operands mul_mat_id_fused(ggml_backend_vk_context * ctx, const ggml_cgraph * cgraph, int node_idx, const vk_subbuffer & d_D) {
+    fused_operands f{d_D, d_D};
+    if (ctx->num_additional_fused_ops > 0) {                           // ADD_ID (bias) or MUL (scale)
+        const ggml_tensor * op = cgraph->nodes[node_idx + 1];
+        f.f0 = ggml_vk_tensor_subbuffer(ctx, op->src[1]);
+        f.flags |= op->op == GGML_OP_MUL ? MAT_VEC_FUSION_FLAGS_SCALE0 : MAT_VEC_FUSION_FLAGS_BIAS0;
+    }
+    if (ctx->num_additional_fused_ops > 1) {                           // then MUL (scale)
+        f.f1 = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + 2]->src[1]);
+        f.flags |= MAT_VEC_FUSION_FLAGS_SCALE1;
+    }
+    return f;
+}
+
+// Row-index and pool positions are 32-bit in the shader; buffers must fit one storage binding.
+bool fits_shader(const vk_device & device, const ggml_tensor * t) {
+    return ggml_nbytes(t) <= device->properties.limits.maxStorageBufferRange && ggml_nbytes(t) < UINT32_MAX;
+}
+
+}  // namespace
+
+ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc) {
+    GGML_ASSERT(ggml_bitcos_is_type(type) && reduc < SHADER_REDUCTION_MODE_COUNT);
+    return mat_vec_shaders[ggml_bitcos_variant(type) == BITCOS_VARIANT_PT][id][reduc];
+}
+
+bool ggml_vk_bitcos_supports_op(const vk_device & device, const ggml_tensor * op) {
+    switch (op->op) {
+        case GGML_OP_NONE:        // the weight itself as the scheduler asks about it: storage, no computation
+        case GGML_OP_RESHAPE:
+        case GGML_OP_VIEW:
+        case GGML_OP_PERMUTE:
+        case GGML_OP_TRANSPOSE:
+            return true;
+        case GGML_OP_MUL_MAT:
+        case GGML_OP_MUL_MAT_ID:
+            break;
+        default:
+            return false;
+    }
+    const ggml_tensor * src0 = op->src[0];
+    const ggml_tensor * src1 = op->src[1];
+    const ggml_tensor * comp = ggml_bitcos_companion(src0);
+    if (!ggml_bitcos_is_type(src0->type) || comp == nullptr || src0->view_src != nullptr ||
+        !ggml_is_contiguous(src0) || src0->ne[0] % QK_BITCOS != 0 || ggml_nelements(src0) >= UINT32_MAX ||
+        !fits_shader(device, src0) || !fits_shader(device, comp)) {
+        return false;
+    }
+    if (src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) ||
+        !ggml_is_contiguous(op) || src1->nb[1] % sizeof(float) != 0 || src1->nb[2] % sizeof(float) != 0) {
+        return false;
+    }
+    if (op->op == GGML_OP_MUL_MAT) {
+        // one dispatch covers either one column of every batch or column groups of a single batch
+        const bool batched = src1->ne[2] * src1->ne[3] > 1;
+        return (src1->ne[1] == 1 || !batched) && src1->ne[2] % src0->ne[2] == 0 && src1->ne[3] % src0->ne[3] == 0 &&
+               (uint64_t)(src1->ne[2] * src1->ne[3]) <= device->properties.limits.maxComputeWorkGroupCount[1];
+    }
+    const ggml_tensor * ids = op->src[2];
+    return ids->type == GGML_TYPE_I32 && src1->ne[3] == 1 && src0->ne[3] == 1 &&
+           (uint64_t) ids->ne[0] <= device->properties.limits.maxComputeWorkGroupCount[1];
+}
+
+// Workgroup grid over the output rows as ggml-vulkan's mat-vec paths lay it out (x: rows, spilling into z).
+static std::array<uint32_t, 3> row_grid(ggml_backend_vk_context * ctx, uint32_t rows, uint32_t groups_y) {
+    uint32_t groups_x = rows, groups_z = 1;
+    if (rows > ctx->device->properties.limits.maxComputeWorkGroupCount[0]) {
+        groups_z = 64;
+        groups_x = CEIL_DIV(groups_x, groups_z);
+    }
+    return { groups_x, groups_y, groups_z };
+}
+
+void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, const ggml_cgraph * cgraph,
+                            int node_idx, const ggml_vk_bitcos_pipeline_fn & pipeline) {
+    const ggml_tensor * dst  = cgraph->nodes[node_idx];
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+
+    const uint32_t k = (uint32_t) src0->ne[0], rows = (uint32_t) src0->ne[1];
+    const uint32_t ne11 = (uint32_t) src1->ne[1], ne12 = (uint32_t) src1->ne[2], ne13 = (uint32_t) src1->ne[3];
+    const uint32_t col_stride = (uint32_t)(src1->nb[1] / sizeof(float));
+
+    const vk_subbuffer d_X = ggml_vk_tensor_subbuffer(ctx, src0);
+    const vk_subbuffer d_Y = ggml_vk_tensor_subbuffer(ctx, src1);
+    const vk_subbuffer d_C = ggml_vk_tensor_subbuffer(ctx, ggml_bitcos_companion(src0));
+    const vk_subbuffer d_D = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + ctx->num_additional_fused_ops]);
+    const fused_operands f = mul_mat_fused(ctx, cgraph, node_idx, d_D);
+
+    if (ne11 == 1) {
+        // one column per batch: batch_stride_a = weights per matrix, matrices broadcast by r2 / r3
+        vk_pipeline dmmv = pipeline(1);
+        ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
+        const vk_mat_vec_push_constants pc = {
+            k, col_stride, col_stride, rows,
+            k * rows, (uint32_t)(src1->nb[2] / sizeof(float)), (uint32_t)(dst->nb[2] / sizeof(float)),
+            f.flags, 0,
+            (uint32_t) src0->ne[2], ne12, ne12 / (uint32_t) src0->ne[2], ne13 / (uint32_t) src0->ne[3],
+        };
+        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, ne12 * ne13));
+        return;
+    }
+    // a single batch of ne11 columns in groups of up to mul_mat_vec_max_cols: the shader's batch index is the
+    // group's first column (base_work_group_y), batch strides are column strides, the matrix stays matrix 0
+    const uint32_t groups = CEIL_DIV(ne11, mul_mat_vec_max_cols);
+    for (uint32_t g = 0; g < groups; ++g) {
+        const uint32_t c0 = g * mul_mat_vec_max_cols;
+        vk_pipeline dmmv = pipeline(std::min(mul_mat_vec_max_cols, ne11 - c0));
+        ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
+    }
+    for (uint32_t g = 0; g < groups; ++g) {
+        const uint32_t c0 = g * mul_mat_vec_max_cols;
+        vk_pipeline dmmv = pipeline(std::min(mul_mat_vec_max_cols, ne11 - c0));
+        const vk_mat_vec_push_constants pc = {
+            k, col_stride, col_stride, rows,
+            0, col_stride, (uint32_t)(dst->nb[1] / sizeof(float)),
+            f.flags, c0,
+            1, 1, 1, 1,
+        };
+        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, 1));
+    }
+}
+
+void ggml_vk_bitcos_mul_mat_id(ggml_backend_vk_context * ctx, vk_context & subctx, const ggml_cgraph * cgraph,
+                               int node_idx, const ggml_vk_bitcos_pipeline_fn & pipeline) {
+    const ggml_tensor * dst  = cgraph->nodes[node_idx];
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+    const ggml_tensor * ids  = dst->src[2];
+
+    const uint32_t k = (uint32_t) src0->ne[0], rows = (uint32_t) src0->ne[1];
+    const uint32_t n_used = (uint32_t) ids->ne[0], n_tokens = (uint32_t) ids->ne[1];
+
+    const vk_subbuffer d_X   = ggml_vk_tensor_subbuffer(ctx, src0);
+    const vk_subbuffer d_Y   = ggml_vk_tensor_subbuffer(ctx, src1);
+    const vk_subbuffer d_ids = ggml_vk_tensor_subbuffer(ctx, ids);
+    const vk_subbuffer d_C   = ggml_vk_tensor_subbuffer(ctx, ggml_bitcos_companion(src0));
+    const vk_subbuffer d_D   = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + ctx->num_additional_fused_ops]);
+    const fused_operands f = mul_mat_id_fused(ctx, cgraph, node_idx, d_D);
+
+    vk_pipeline dmmv = pipeline(0);
+    ggml_pipeline_request_descriptor_sets(ctx, dmmv, n_tokens);
+    for (uint32_t t = 0; t < n_tokens; ++t) {
+        const vk_mat_vec_id_push_constants pc = {
+            k, (uint32_t)(src1->nb[1] / sizeof(float)), (uint32_t)(src1->nb[1] / sizeof(float)), rows,
+            k * rows, (uint32_t)(src1->nb[2] / sizeof(float)), (uint32_t)(dst->nb[2] / sizeof(float)),
+            f.flags,
+            n_used, (uint32_t) src1->ne[1], t, (uint32_t)(ids->nb[1] / sizeof(int32_t)),
+        };
+        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_ids, d_C }, pc, row_grid(ctx, rows, n_used));
+    }
+}

@@ -1,0 +1,37 @@
+// ggml-bitcos-vulkan: BITCOS MUL_MAT / MUL_MAT_ID in ggml-vulkan (hooked in by the ggml-vulkan patch).
+//
+// Private to ggml-vulkan: compiled into its target next to ggml-vulkan.cpp and built on its internal header
+// ggml-vulkan-common.h. Decode runs the mat-vec shader mul_mat_vec_bitcos.comp, which mirrors TQ2_0's
+// arithmetic, so a model converted from TQ2_0 gives TQ2_0's results on the same device.
+#pragma once
+
+#include "ggml-vulkan-common.h"
+
+#include <cstdint>
+#include <functional>
+
+// SPIR-V of the mat-vec shader for a BITCOS type (id: the MUL_MAT_ID form) in reduction mode `reduc`
+// (shader_reduction_mode: shared memory, hybrid, subgroup).
+struct ggml_vk_bitcos_shader {
+    const char * name;
+    uint64_t     len;
+    const void * data;
+};
+ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc);
+
+// Descriptor bindings of the BITCOS mat-vec pipelines: the other mat-vec shaders' plus the companion.
+static constexpr uint32_t ggml_vk_bitcos_extra_bindings = 1;
+
+// Whether this device runs `op` that touches a BITCOS tensor: MUL_MAT / MUL_MAT_ID with the weight as src0
+// (and the no-op ops the scheduler asks about: the weight itself, views); every other op is refused.
+bool ggml_vk_bitcos_supports_op(const vk_device & device, const ggml_tensor * op);
+
+// The mat-vec pipeline the backend chooses for a weight of type t, rows m, row length k and `cols` columns
+// (MUL_MAT), or for MUL_MAT_ID (cols 0): ggml-vulkan's own selection, so BITCOS takes the workgroup size
+// TQ2_0 would take on this device.
+using ggml_vk_bitcos_pipeline_fn = std::function<vk_pipeline(uint32_t cols)>;
+
+void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, const ggml_cgraph * cgraph,
+                            int node_idx, const ggml_vk_bitcos_pipeline_fn & pipeline);
+void ggml_vk_bitcos_mul_mat_id(ggml_backend_vk_context * ctx, vk_context & subctx, const ggml_cgraph * cgraph,
+                               int node_idx, const ggml_vk_bitcos_pipeline_fn & pipeline);

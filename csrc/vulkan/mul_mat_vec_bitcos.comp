@@ -1,0 +1,204 @@
+#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types_int32 : require
+
+// BITCOS mat-vec (MUL_MAT with 1..8 columns, MUL_MAT_ID) for ggml-vulkan: docs/FORMAT.md, csrc/vulkan/README.
+//
+// Why this shape: a BITCOS model converted from TQ2_0 must generate the same tokens as its source on the same
+// backend, and a 1-ulp difference in a matmul output flips a token within a few dozen steps. So this shader
+// mirrors mul_mat_vec_tq2_0.comp's arithmetic exactly: the same threads (16 per 256-weight superblock, each
+// thread the weights 128*v_im + 2*v_in + 16*m + l, m < 8, l < 2), the same per-thread fma chain over
+// q = t + 1 in {0, 1, 2} and the same activation sum, one fma by the block scale per superblock, and the
+// base's reduce_result(). Only the decode differs: q comes from the presence bitmap and the sign pool.
+//
+// A thread finds the sign of its weight at bit sign_pos(row) + (non-zero weights of the row before it): it
+// keeps the count of every superblock before its current one (each thread popcounts the bitmaps of the
+// superblocks its workgroup walks in parallel) and adds the popcounts inside its own block.
+//
+// Bindings: 0 weight blocks (as u16: G128 blocks are 18 bytes), 1 B, 2 D, 3/4 fused operands, 5 ids (ID
+// only), BITCOS_COMPANION_BINDING the companion (as u32). Defines from the generator (bitcos-vulkan-shaders-
+// gen.inc, taken from bitcos-format.h): BITCOS_G128 or BITCOS_PT, BITCOS_BLOCK_U16 (block size in u16),
+// BITCOS_SCALE_U16 (G128: where d is), BITCOS_HDR_* (header field offsets).
+
+// get_offsets() then returns, as a_offset, the first weight of the matrix (batch_stride_a = K * rows): the
+// companion's row index needs global rows, not byte offsets
+#define QUANT_K 1
+
+#include "mul_mat_vec_base.glsl"
+
+layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
+
+layout (binding = BITCOS_COMPANION_BINDING) readonly buffer C {uint data_c[];};
+
+FLOAT_TYPE temp[NUM_COLS][NUM_ROWS];
+
+// companion bytes; u64 header fields are read as their low word (the host refuses tensors whose companion
+// or sign count does not fit 32 bits)
+uint comp_u32(const uint byte_offset) {
+    return data_c[byte_offset >> 2];
+}
+
+uint comp_u16(const uint byte_offset) {
+    return (data_c[byte_offset >> 2] >> (8 * (byte_offset & 2))) & 0xffffu;
+}
+
+uint comp_u8(const uint byte_offset) {
+    return (data_c[byte_offset >> 2] >> (8 * (byte_offset & 3))) & 0xffu;
+}
+
+// bitmap word w (0..3) of block blk (u16 index of the block's first u16)
+uint bitmap_word(const uint blk, const uint w) {
+    return uint(data_a[blk + 2*w]) | (uint(data_a[blk + 2*w + 1]) << 16);
+}
+
+uint block_popcount(const uint blk) {
+    return bitCount(bitmap_word(blk, 0)) + bitCount(bitmap_word(blk, 1)) + bitCount(bitmap_word(blk, 2)) + bitCount(bitmap_word(blk, 3));
+}
+
+// non-zero weights of superblock s (256 weights = blocks 2s, 2s + 1; the second only inside the row)
+uint superblock_popcount(const uint row_blk, const uint s, const uint nblk) {
+    uint c = block_popcount(row_blk + 2*s*BITCOS_BLOCK_U16);
+    if (2*s + 1 < nblk) {
+        c += block_popcount(row_blk + (2*s + 1)*BITCOS_BLOCK_U16);
+    }
+    return c;
+}
+
+void compute_outputs(const uint32_t first_row, const uint32_t num_rows) {
+    uint a_offset, b_offset, d_offset;
+    get_offsets(a_offset, b_offset, d_offset);
+
+    const uint K    = p.ncols;
+    const uint nblk = K / 128;                  // BITCOS blocks per row
+    const uint nsb  = (nblk + 1) / 2;           // 256-weight superblocks per row (the last may be half)
+    const uint row0 = a_offset / K + first_row; // global row of this workgroup's first row
+
+    // mul_mat_vec_tq2_0.comp's partition: 16 threads per superblock
+    const uint it_size = gl_WorkGroupSize.x/16;
+    const uint tid = gl_LocalInvocationID.x;
+    const uint itid = tid%16;
+    const uint ix = tid/16;
+    const uint v_im = itid/8;
+    const uint v_in = itid - 8*v_im;
+    const uint l0 = 2*v_in;
+    const uint y_offset = 128*v_im + l0;
+
+    // companion header (FORMAT.md §4.1)
+    const uint g          = comp_u8(BITCOS_HDR_ROW_GROUP_LOG2);
+    const uint row_base   = comp_u32(BITCOS_HDR_ROW_BASE_OFFSET);
+    const uint row_delta  = comp_u32(BITCOS_HDR_ROW_DELTA_OFFSET);
+    const uint pool_word0 = comp_u32(BITCOS_HDR_POOL_OFFSET) >> 2;
+#if defined(BITCOS_PT)
+    const uint scales     = comp_u32(BITCOS_HDR_SCALES_OFFSET);
+    const uint rows_per_mat = comp_u32(BITCOS_HDR_N_ROWS) / comp_u32(BITCOS_HDR_N_MATS);
+#endif
+
+    [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            temp[j][n] = FLOAT_TYPE(0);
+        }
+    }
+
+    uint sign0[NUM_ROWS];    // pool bit of the first sign of the current step's first superblock, per row
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        const uint r = row0 + n;
+        sign0[n] = n < num_rows ? comp_u32(row_base + 8*(r >> g)) + comp_u16(row_delta + 2*r) : 0;
+    }
+
+    for (uint i0 = 0; i0 < nsb; i0 += it_size) {
+        const uint i = i0 + ix;
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            if (n >= num_rows) {
+                continue;
+            }
+            const uint row_blk = (row0 + n) * nblk * BITCOS_BLOCK_U16;
+            // signs before superblock i, and the step's total for the next step
+            uint before = sign0[n];
+            uint step_total = 0;
+            uint own = 0;                       // non-zero weights of superblock i
+            for (uint s = i0; s < i0 + it_size && s < nsb; ++s) {
+                const uint c = superblock_popcount(row_blk, s, nblk);
+                before += s < i ? c : 0;
+                own = s == i ? c : own;
+                step_total += c;
+            }
+            sign0[n] += step_total;
+
+            // TQ2_0 skips superblocks past the row; a half superblock (K % 256 == 128) has no v_im = 1 half
+            if (i >= nsb || 2*i + v_im >= nblk) {
+                continue;
+            }
+            const uint blk = row_blk + (2*i + v_im)*BITCOS_BLOCK_U16;
+            if (v_im == 1) {
+                before += block_popcount(row_blk + 2*i*BITCOS_BLOCK_U16);
+            }
+
+            // q = t + 1 of the thread's 16 weights, in the order TQ2_0 reads them: q[m][l] is weight 16m + l0 + l
+            // of the block, i.e. bit l0 + l + 16*(m & 1) of bitmap word m / 2
+            FLOAT_TYPE q[8][2];
+            uint count = before;
+            [[unroll]] for (uint w = 0; w < 4; ++w) {
+                const uint word = bitmap_word(blk, w);
+                [[unroll]] for (uint h = 0; h < 2; ++h) {
+                    [[unroll]] for (uint l = 0; l < 2; ++l) {
+                        const uint bit = 16*h + l0 + l;
+                        const uint pos = count + bitCount(word & ((1u << bit) - 1u));
+                        const uint neg = (data_c[pool_word0 + (pos >> 5)] >> (pos & 31u)) & 1u;
+                        q[2*w + h][l] = FLOAT_TYPE(((word >> bit) & 1u) == 0u ? 1u : 2u - 2u*neg);
+                    }
+                }
+                count += bitCount(word);
+            }
+
+            // An empty superblock contributes exactly 0, as in TQ2_0, whose quantizer stores d = 0 there: with
+            // any other d the fma chains' rounding residual (sumq - sumb != 0 when every q = 1) would leak in.
+#if defined(BITCOS_G128)
+            const FLOAT_TYPE d = own == 0 ? FLOAT_TYPE(0) : FLOAT_TYPE(unpackHalf2x16(uint(data_a[blk + BITCOS_SCALE_U16])).x);
+#else
+            const FLOAT_TYPE d = own == 0 ? FLOAT_TYPE(0) : FLOAT_TYPE(uintBitsToFloat(data_c[(scales >> 2) + (row0 + n) / rows_per_mat]));
+#endif
+            const uint y_idx = i * 256 + y_offset;
+
+            [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
+                vec2 b0 =   vec2(data_b_v2[(j*p.batch_stride_b + b_offset + y_idx) / 2 +  0]);
+                vec2 b16 =  vec2(data_b_v2[(j*p.batch_stride_b + b_offset + y_idx) / 2 +  8]);
+                vec2 b32 =  vec2(data_b_v2[(j*p.batch_stride_b + b_offset + y_idx) / 2 + 16]);
+                vec2 b48 =  vec2(data_b_v2[(j*p.batch_stride_b + b_offset + y_idx) / 2 + 24]);
+                vec2 b64 =  vec2(data_b_v2[(j*p.batch_stride_b + b_offset + y_idx) / 2 + 32]);
+                vec2 b80 =  vec2(data_b_v2[(j*p.batch_stride_b + b_offset + y_idx) / 2 + 40]);
+                vec2 b96 =  vec2(data_b_v2[(j*p.batch_stride_b + b_offset + y_idx) / 2 + 48]);
+                vec2 b112 = vec2(data_b_v2[(j*p.batch_stride_b + b_offset + y_idx) / 2 + 56]);
+
+                FLOAT_TYPE sumq = FLOAT_TYPE(0.0);
+                FLOAT_TYPE sumb = FLOAT_TYPE(0.0);
+                [[unroll]] for (int l = 0; l < 2; ++l) {
+                    sumq = fma(FLOAT_TYPE(b0[l]),   q[0][l],
+                           fma(FLOAT_TYPE(b16[l]),  q[1][l],
+                           fma(FLOAT_TYPE(b32[l]),  q[2][l],
+                           fma(FLOAT_TYPE(b48[l]),  q[3][l],
+                           fma(FLOAT_TYPE(b64[l]),  q[4][l],
+                           fma(FLOAT_TYPE(b80[l]),  q[5][l],
+                           fma(FLOAT_TYPE(b96[l]),  q[6][l],
+                           fma(FLOAT_TYPE(b112[l]), q[7][l], sumq))))))));
+                    sumb += FLOAT_TYPE(b0[l]) + FLOAT_TYPE(b16[l]) + FLOAT_TYPE(b32[l]) + FLOAT_TYPE(b48[l])
+                          + FLOAT_TYPE(b64[l]) + FLOAT_TYPE(b80[l]) + FLOAT_TYPE(b96[l]) + FLOAT_TYPE(b112[l]);
+                }
+                temp[j][n] = fma(d, sumq - sumb, temp[j][n]);
+            }
+        }
+    }
+
+    reduce_result(temp, d_offset, first_row, num_rows, tid);
+}
+
+void main() {
+    const uint first_row = NUM_ROWS * (gl_WorkGroupID.x + gl_NumWorkGroups.x * gl_WorkGroupID.z);
+
+    if (first_row + NUM_ROWS <= p.stride_d) {
+        compute_outputs(first_row, NUM_ROWS);
+    } else {
+        if (first_row >= p.stride_d) {
+            return;
+        }
+        compute_outputs(first_row, p.stride_d - first_row);
+    }
+}

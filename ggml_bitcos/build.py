@@ -200,7 +200,7 @@ def cmake_args_for(user_args: str | None) -> str:
 
 
 def build(cmake_args: str | None = None, work: Path | None = None, jobs: int | None = None,
-          log: Path | None = None, verbose: bool = False) -> Path:
+          log: Path | None = None, verbose: bool = False, target: Path | None = None) -> Path:
     """Build and pip-install the patched llama-cpp-python. cmake_args defaults to $CMAKE_ARGS.
 
     Returns the patched source tree. Raises BuildError with the log tail on failure.
@@ -217,6 +217,8 @@ def build(cmake_args: str | None = None, work: Path | None = None, jobs: int | N
     build_dir = cache / "build"
     cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "-v",
            f"--config-settings=build-dir={build_dir}", str(tree)]
+    if target is not None:   # a folder instead of this environment (e.g. a portable build for another machine)
+        cmd += ["--no-deps", "--upgrade", "--target", str(target)]
     log = log or cache / "build-llama.log"
     print(f"building patched llama-cpp-python {upstream.SDIST_VERSION} (llama.cpp {upstream.LLAMA_CPP_COMMIT})",
           flush=True)
@@ -249,6 +251,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs")
     p.add_argument("-v", "--verbose", action="store_true", help="stream the build output")
     p.add_argument("--prepare-only", action="store_true", help="only stage the patched source tree")
+    p.add_argument("--target", type=Path, default=None,
+                   help="install the built llama_cpp package into this folder instead of this environment")
     p.set_defaults(func=_cli)
 
 
@@ -257,7 +261,7 @@ def _cli(args: argparse.Namespace) -> int:
         if args.prepare_only:
             print(prepare_tree(args.work_dir))
         else:
-            build(args.cmake_args, work=args.work_dir, jobs=args.jobs, verbose=args.verbose)
+            build(args.cmake_args, work=args.work_dir, jobs=args.jobs, verbose=args.verbose, target=args.target)
     except (BuildError, upstream.UpstreamError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -116,12 +116,13 @@ def run_cli(model: Path, prompt: str, n_tokens: int = 64, threads: int = 2, time
 
 
 def run_bench(models: list[Path], n_prompt: int = 512, n_gen: int = 128, threads: list[int] | None = None,
-              repetitions: int = 3, timeout: float = 3600) -> list[dict]:
-    """llama-bench in JSON mode over several models in one run."""
+              repetitions: int = 3, timeout: float = 3600, extra: list[str] | None = None) -> list[dict]:
+    """llama-bench in JSON mode over several models in one run; `extra`: more llama-bench options
+    (e.g. ["-ngl", "99"])."""
     cmd = [str(tool_path("llama-bench"))]
     for m in models:
         cmd += ["-m", str(m)]
-    cmd += ["-p", str(n_prompt), "-n", str(n_gen), "-r", str(repetitions), "-o", "json"]
+    cmd += ["-p", str(n_prompt), "-n", str(n_gen), "-r", str(repetitions), "-o", "json", *(extra or [])]
     if threads:
         cmd += ["-t", ",".join(str(t) for t in threads)]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
@@ -135,10 +136,10 @@ _PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 
 
 def run_perplexity(model: Path, text_file: Path, ctx: int = 128, threads: int = 2,
-                   timeout: float = 1800) -> tuple[float, float]:
-    """llama-perplexity on a text file; returns (ppl, stderr of ppl)."""
+                   timeout: float = 1800, extra: list[str] | None = None) -> tuple[float, float]:
+    """llama-perplexity on a text file; returns (ppl, stderr of ppl). `extra`: more options (e.g. -ngl 99)."""
     cmd = [str(tool_path("llama-perplexity")), "-m", str(model), "-f", str(text_file), "-c", str(ctx),
-           "-b", str(ctx), "-t", str(threads)]
+           "-b", str(ctx), "-t", str(threads), *(extra or [])]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     m = _PPL_RE.search(r.stdout)

@@ -174,3 +174,30 @@ def test_device_memory_bitcos_vs_tq2_0(vk_models, tmp_path: Path) -> None:
     a, b = _device_model_bytes(log_src), _device_model_bytes(log_out)
     print(json.dumps({"device_MiB_tq2_0": a, "device_MiB_bitcos": b, "ratio": b / a}))
     assert b < a
+
+
+def test_bench_gpu_smoke(vulkan_build: Path, tmp_path: Path) -> None:
+    """`ggml-bitcos bench gpu` runs end to end on the device (tiny shapes; the numbers mean nothing here)."""
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "gpu", "--shapes", "256x1024", "--z", "0.4",
+                        "--reps", "2", "--copy-mib", "8", "--no-e2e", "--json", str(tmp_path / "gpu.json")],
+                       env=_vulkan_env(), capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| tq2_0 | - |" in r.stdout and "| bitcos_pt | 0.40 |" in r.stdout, r.stdout
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    sums = {rec["type"]: rec["checksum"] for rec in data["matvec"]}
+    assert data["copy"]["gb_per_s"] > 0 and len(sums) == 2
+
+
+def test_tools_offloaded(vk_models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-perplexity and llama-server with -ngl 99 on BITCOS weights: the same perplexity as the TQ2_0
+    source offloaded (to the rounding of the batched path) and a working chat completion."""
+    monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", os.environ.get("GGML_VK_VISIBLE_DEVICES", "0"))
+    src, out = vk_models["dense-pt"]
+    text = Path(__file__).parent / "data" / "ppl.txt"
+    ppl_src, _ = llama_run.run_perplexity(src, text, ctx=128, extra=["-ngl", "99"])
+    ppl_out, _ = llama_run.run_perplexity(out, text, ctx=128, extra=["-ngl", "99"])
+    assert abs(ppl_out - ppl_src) <= 1e-2 * ppl_src, (ppl_src, ppl_out)
+    with llama_run.LlamaServer(out, extra=["--chat-template", "chatml", "-ngl", "99"]) as srv:
+        reply = srv.chat("Hello", max_tokens=8)
+    assert reply["choices"][0]["message"]["content"] is not None

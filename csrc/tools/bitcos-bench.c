@@ -6,6 +6,13 @@
 //   llama-bitcos-bench decode FILE.gguf THREADS REPS
 //   llama-bitcos-bench bandwidth MIB THREADS REPS
 //   llama-bitcos-bench gamma TYPE K ROWS ITERS        (ggml's own types: tq2_0, tq1_0, q4_0, ...)
+//   llama-bitcos-bench gemv-device FILE.gguf[,FILE2.gguf...] DEVICE REPS [NCOLS]
+//   llama-bitcos-bench copy-device MIB DEVICE REPS
+//
+// gemv-device: the same MUL_MATs on a backend device (e.g. Vulkan0: `ggml-bitcos bench gpu`), each weight
+// (with its companion) uploaded once; one timed graph holds INNER independent MUL_MATs of the weight, so a
+// submission's fixed cost is spread over them, and repetitions interleave the weights as gemv does.
+// copy-device: device copy bandwidth (a 1-D F32 CPY of MIB MiB; read + write bytes per second).
 //
 // decode: the weight matmuls of one generated token, as two ggml graphs over a model file: every ternary
 // weight (TQ1_0, TQ2_0, BITCOS) against one activation column, and every other 2-D weight except
@@ -19,6 +26,8 @@
 //
 // BITCOS weights are linked to their companion (<name>.bitcos) through src[0], as the patched loader does.
 #include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "gguf.h"
 #include "../bitcos-format.h"   // BITCOS_COMPANION_SUFFIX (csrc/ is copied next to tools/)
@@ -371,6 +380,172 @@ static int bench_gamma(const char * type_name, int64_t k, int64_t rows, int iter
     return 0;
 }
 
+// ------------------------------------------------------------------------------------------- device runs
+#define DEVICE_INNER 16   // MUL_MATs per timed graph (same weight, independent outputs)
+
+static ggml_backend_t device_init(const char * name) {
+    ggml_backend_load_all();
+    ggml_backend_dev_t dev = ggml_backend_dev_by_name(name);
+    if (dev == NULL) {
+        fprintf(stderr, "no backend device named %s; devices:", name);
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            fprintf(stderr, " %s", ggml_backend_dev_name(ggml_backend_dev_get(i)));
+        }
+        fprintf(stderr, "\n");
+        return NULL;
+    }
+    return ggml_backend_dev_init(dev, NULL);
+}
+
+typedef struct {
+    const char *          name;
+    int                   file;
+    const struct ggml_tensor * src;   // the weight as read from the file (host data)
+    struct ggml_context * ctx;
+    struct ggml_cgraph *  gf;
+    ggml_backend_buffer_t buf;
+    size_t                bytes;
+    double *              t;
+    float                 checksum;
+} device_case;
+
+static int bench_gemv_device(const char * fnames, const char * device, int reps, int64_t ncols) {
+    ggml_backend_t backend = device_init(device);
+    if (backend == NULL) {
+        return 1;
+    }
+    enum { MAX_FILES = 64 };
+    struct ggml_context * wctxs[MAX_FILES];
+    struct gguf_context * gs[MAX_FILES];
+    int nf = 0;
+    int64_t n_all = 0;
+    char * list = strdup(fnames);
+    for (char * save = NULL, * f = strtok_r(list, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+        struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &wctxs[nf] };
+        if (nf == MAX_FILES || !(gs[nf] = gguf_init_from_file(f, gp))) {
+            fprintf(stderr, "%s: cannot read GGUF (or more than %d files)\n", f, MAX_FILES);
+            return 1;
+        }
+        n_all += gguf_get_n_tensors(gs[nf]);
+        nf++;
+    }
+    free(list);
+    device_case * cs = calloc((size_t) n_all, sizeof(device_case));
+    int nc = 0;
+    for (int fi = 0; fi < nf; ++fi) {
+        for (int64_t i = 0; i < gguf_get_n_tensors(gs[fi]); ++i) {
+            const char * name = gguf_get_tensor_name(gs[fi], i);
+            const struct ggml_tensor * src = ggml_get_tensor(wctxs[fi], name);
+            if (ends_with(name, BITCOS_COMPANION_SUFFIX) || ggml_n_dims(src) != 2) {
+                continue;
+            }
+            device_case * c = &cs[nc++];
+            c->name = name;
+            c->file = fi;
+            c->src = src;
+            struct ggml_init_params ip = { ggml_tensor_overhead() * (4 + 2 * DEVICE_INNER) + ggml_graph_overhead(), NULL, true };
+            c->ctx = ggml_init(ip);
+            struct ggml_tensor * w = ggml_dup_tensor(c->ctx, src);
+            ggml_set_name(w, name);
+            char cname[GGML_MAX_NAME + sizeof(BITCOS_COMPANION_SUFFIX)];
+            snprintf(cname, sizeof(cname), "%s" BITCOS_COMPANION_SUFFIX, name);
+            const struct ggml_tensor * csrc = ggml_get_tensor(wctxs[fi], cname);
+            struct ggml_tensor * comp = csrc ? ggml_dup_tensor(c->ctx, csrc) : NULL;
+            if (comp) {
+                w->src[0] = comp;   // the link the patched loader makes
+            }
+            struct ggml_tensor * x = ggml_new_tensor_2d(c->ctx, GGML_TYPE_F32, src->ne[0], ncols);
+            c->gf = ggml_new_graph(c->ctx);
+            for (int j = 0; j < DEVICE_INNER; ++j) {
+                ggml_build_forward_expand(c->gf, ggml_mul_mat(c->ctx, w, x));
+            }
+            c->buf = ggml_backend_alloc_ctx_tensors(c->ctx, backend);
+            if (c->buf == NULL || !ggml_backend_supports_op(backend, ggml_graph_node(c->gf, 0))) {
+                fprintf(stderr, "%s: %s cannot run MUL_MAT of %s\n", name, device, ggml_type_name(src->type));
+                return 1;
+            }
+            ggml_backend_tensor_set(w, src->data, 0, ggml_nbytes(src));
+            if (comp) {
+                ggml_backend_tensor_set(comp, csrc->data, 0, ggml_nbytes(csrc));
+            }
+            const size_t nx = (size_t)(src->ne[0] * ncols);
+            float * xs = malloc(nx * sizeof(float));
+            uint32_t s = 12345;
+            fill_uniform(xs, (int64_t) nx, &s);
+            ggml_backend_tensor_set(x, xs, 0, nx * sizeof(float));
+            free(xs);
+            c->bytes = ggml_nbytes(src) + (csrc ? ggml_nbytes(csrc) : 0);
+            c->t = malloc(sizeof(double) * reps);
+            ggml_backend_graph_compute(backend, c->gf);   // warm-up: pipelines compiled, data resident
+        }
+    }
+    for (int r = 0; r < reps; ++r) {
+        for (int i = 0; i < nc; ++i) {
+            const double t0 = now_us();
+            ggml_backend_graph_compute(backend, cs[i].gf);   // synchronous
+            cs[i].t[r] = (now_us() - t0) / DEVICE_INNER;
+        }
+    }
+    for (int i = 0; i < nc; ++i) {
+        device_case * c = &cs[i];
+        struct ggml_tensor * y = ggml_graph_node(c->gf, 0);
+        float y0;
+        ggml_backend_tensor_get(y, &y0, 0, sizeof(float));
+        qsort(c->t, reps, sizeof(double), cmp_double);
+        printf("{\"file\": %d, \"tensor\": \"%s\", \"type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64
+               ", \"ncols\": %" PRId64 ", \"device\": \"%s\", \"reps\": %d, \"bytes\": %zu, \"median_us\": %.3f,"
+               " \"min_us\": %.3f, \"checksum\": %.6g}\n",
+               c->file, c->name, ggml_type_name(c->src->type), c->src->ne[0], c->src->ne[1], ncols, device, reps,
+               c->bytes, c->t[reps / 2], c->t[0], (double) y0);
+        free(c->t);
+        ggml_backend_buffer_free(c->buf);
+        ggml_free(c->ctx);
+    }
+    fflush(stdout);
+    free(cs);
+    for (int fi = 0; fi < nf; ++fi) {
+        gguf_free(gs[fi]);
+        ggml_free(wctxs[fi]);
+    }
+    ggml_backend_free(backend);
+    return 0;
+}
+
+static int bench_copy_device(size_t mib, const char * device, int reps) {
+    ggml_backend_t backend = device_init(device);
+    if (backend == NULL) {
+        return 1;
+    }
+    const int64_t n = (int64_t)(mib * 1024 * 1024 / sizeof(float));
+    struct ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), NULL, true };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * a = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+    struct ggml_tensor * b = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, a, b));
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    if (buf == NULL) {
+        fprintf(stderr, "%s: cannot allocate 2 x %zu MiB\n", device, mib);
+        return 1;
+    }
+    ggml_backend_buffer_clear(buf, 0);
+    ggml_backend_graph_compute(backend, gf);
+    double * t = malloc(sizeof(double) * reps);
+    for (int r = 0; r < reps; ++r) {
+        const double t0 = now_us();
+        ggml_backend_graph_compute(backend, gf);
+        t[r] = now_us() - t0;
+    }
+    qsort(t, reps, sizeof(double), cmp_double);
+    printf("{\"copy_mib\": %zu, \"device\": \"%s\", \"median_us\": %.3f, \"gb_per_s\": %.3f}\n", mib, device,
+           t[reps / 2], 2.0 * (double) n * sizeof(float) / (t[reps / 2] * 1e3));
+    free(t);
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    ggml_backend_free(backend);
+    return 0;
+}
+
 int main(int argc, char ** argv) {
     if (argc >= 6 && strcmp(argv[1], "gamma") == 0) {
         return bench_gamma(argv[2], atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
@@ -382,13 +557,21 @@ int main(int argc, char ** argv) {
     if (argc >= 5 && strcmp(argv[1], "decode") == 0) {
         return bench_decode(argv[2], atoi(argv[3]), atoi(argv[4]));
     }
+    if (argc >= 5 && strcmp(argv[1], "gemv-device") == 0) {
+        return bench_gemv_device(argv[2], argv[3], atoi(argv[4]), argc > 5 ? atoll(argv[5]) : 1);
+    }
+    if (argc >= 5 && strcmp(argv[1], "copy-device") == 0) {
+        return bench_copy_device((size_t) atoll(argv[2]), argv[3], atoi(argv[4]));
+    }
     if (argc >= 5 && strcmp(argv[1], "bandwidth") == 0) {
         return bench_bandwidth((size_t) atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
     }
     fprintf(stderr, "usage: %s gemv FILE.gguf[,FILE.gguf...] THREADS REPS [NCOLS [grouped]]\n"
                     "       %s decode FILE.gguf THREADS REPS\n"
                     "       %s bandwidth MIB THREADS REPS\n"
-                    "       %s gamma TYPE K ROWS ITERS\n",
-            argv[0], argv[0], argv[0], argv[0]);
+                    "       %s gamma TYPE K ROWS ITERS\n"
+                    "       %s gemv-device FILE.gguf[,FILE.gguf...] DEVICE REPS [NCOLS]\n"
+                    "       %s copy-device MIB DEVICE REPS\n",
+            argv[0], argv[0], argv[0], argv[0], argv[0], argv[0]);
     return 2;
 }

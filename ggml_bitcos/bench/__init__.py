@@ -9,12 +9,14 @@
                  all models (medians over rounds), and where a generated token's time goes: its ternary
                  matmuls, its other matmuls (llama-bitcos-bench decode) and the rest, with the Amdahl ceiling
                  of the tg ratio.
+* ``gpu``      — on a GPU backend device (ggml-vulkan): mat-vec BITCOS vs TQ2_0 with the device's copy
+                 bandwidth, llama-bench -ngl 99, device memory of the weights.
 * ``kernels``  — the BITCOS kernel microbenchmark (ggml_bitcos.bench.kernels).
 
 Every ratio printed is measured in the same invocation; nothing here asserts a timing.
 """
 
-# One module per benchmark (gemv, roofline, e2e, kernels; codec: the numpy codec's throughput, run with
+# One module per benchmark (gemv, roofline, e2e, gpu, kernels; codec: the numpy codec's throughput, run with
 # `python -m ggml_bitcos.bench.codec`) and common.py for what they share. The modules are imported in
 # register() only, so `python -m ggml_bitcos.bench.kernels` runs its module once.
 
@@ -24,14 +26,14 @@ import argparse
 import importlib
 
 # `bench` subcommands in the order `--help` lists them, each a module with add_parser(subparsers)
-BENCH_MODULES = ("gemv", "roofline", "e2e")
+BENCH_MODULES = ("gemv", "roofline", "e2e", "gpu")
 # needs the kernel harness binding; left out of the CLI when that cannot be imported
 OPTIONAL_BENCH_MODULES = ("kernels",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Adds `bench` with its gemv, roofline, e2e and kernels subcommands (CLI registration, see cli.py)."""
-    p = subparsers.add_parser("bench", help="benchmarks: gemv, roofline, e2e, kernels",
+    """Adds `bench` with its gemv, roofline, e2e, gpu and kernels subcommands (CLI registration, see cli.py)."""
+    p = subparsers.add_parser("bench", help="benchmarks: gemv, roofline, e2e, gpu, kernels",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="bench_cmd", required=True)
     for name in BENCH_MODULES:

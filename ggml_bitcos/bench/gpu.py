@@ -1,0 +1,119 @@
+"""`ggml-bitcos bench gpu`: BITCOS vs TQ2_0 on a GPU backend device (ggml-vulkan), ratios from one run.
+
+* mat-vec: ggml MUL_MAT with one column on the device (llama-bitcos-bench gemv-device) for each shape, TQ2_0
+  once and BITCOS (PT) at each zero density, repetitions interleaved across all weights; time per MUL_MAT,
+  effective GB/s (weight + companion bytes / time) and the ratio to TQ2_0;
+* the device's copy bandwidth (llama-bitcos-bench copy-device), the roof those GB/s are compared with;
+* end to end: llama-bench -ngl 99 tg / pp on a generated model (default the BitNet-b1.58-2B shape) in TQ1_0,
+  TQ2_0 and BITCOS, and the device memory of their ternary weights (no layout conversion at upload: the
+  file's tensor bytes, companions included).
+
+The device is chosen as llama.cpp documents it (`--device Vulkan0`; GGML_VK_VISIBLE_DEVICES picks which
+Vulkan devices exist). Nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from ggml_bitcos.bench.common import bench_workdir, parse_floats, run_tool, write_json
+from ggml_bitcos.bench.gemv import write_gemv_gguf
+
+DEFAULT_SHAPES = "32768x16384,4096x14336"   # DRAM-resident and L2-resident on an H200-class GPU
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """"ROWSxK,ROWSxK" -> [(rows, k), ...] (argparse `type`)."""
+    return [(int(r), int(k)) for r, k in (item.lower().split("x") for item in text.split(",") if item.strip())]
+
+
+def bench_matvec(device: str, shapes: list[tuple[int, int]], zs: list[float], reps: int,
+                 workdir: Path) -> list[dict[str, Any]]:
+    """One gemv-device run over every shape's files: TQ2_0 (z = 0.4, its speed does not depend on z) and
+    BITCOS PT per z. Records carry "z" (None for TQ2_0) and "shape"."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    files: list[tuple[tuple[int, int], float | None, Path]] = []
+    for rows, k in shapes:
+        p = workdir / f"gpu-ref-{rows}x{k}.gguf"
+        write_gemv_gguf(p, rows, k, 0.4, ["tq2_0"])
+        files.append(((rows, k), None, p))
+        for z in zs:
+            p = workdir / f"gpu-bitcos-{rows}x{k}-z{z:.2f}.gguf"
+            write_gemv_gguf(p, rows, k, z, ["bitcos_pt"], seed=1)
+            files.append(((rows, k), z, p))
+    records = run_tool(["gemv-device", ",".join(str(p) for _, _, p in files), device, str(reps), "1"])
+    return [{**rec, "shape": files[rec["file"]][0], "z": files[rec["file"]][1]} for rec in records]
+
+
+def matvec_table(records: list[dict[str, Any]], copy_gb_s: float) -> str:
+    """Markdown: per shape, TQ2_0 then BITCOS by z: µs, GB/s, fraction of the copy bandwidth, ratio to TQ2_0."""
+    lines = [f"device copy bandwidth: {copy_gb_s:.1f} GB/s (read + write)"]
+    for shape in sorted({tuple(r["shape"]) for r in records}, reverse=True):
+        rs = [r for r in records if tuple(r["shape"]) == shape]
+        ref = next(r for r in rs if r["z"] is None)
+        lines += [f"\n## {shape[0]} x {shape[1]} (rows x K), one column",
+                  "| type | z | median µs | GB/s | of copy | vs TQ2_0 |", "|---|---|---|---|---|---|"]
+        for r in [ref] + sorted((r for r in rs if r["z"] is not None), key=lambda r: r["z"]):
+            gb_s = r["bytes"] / r["median_us"] / 1e3
+            z = "-" if r["z"] is None else f"{r['z']:.2f}"
+            lines.append(f"| {r['type']} | {z} | {r['median_us']:.1f} | {gb_s:.1f} | {gb_s / copy_gb_s:.2f} "
+                         f"| {ref['median_us'] / r['median_us']:.3f}x |")
+    return "\n".join(lines)
+
+
+def weight_bytes(model: Path) -> int:
+    """Bytes of a model's ternary weights and BITCOS companions: what -ngl 99 puts on the device for them."""
+    import gguf_tools
+
+    ternary = {"TQ1_0", "TQ2_0", "BITCOS_G128", "BITCOS_PT", "I8"}   # I8: the companions
+    reader = gguf_tools.open_gguf(model)
+    return sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type.name in ternary)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds `bench gpu` to the `bench` subparsers."""
+    g = sub.add_parser("gpu", help="BITCOS vs TQ2_0 on a GPU device: mat-vec, copy bandwidth, llama-bench -ngl 99",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("--device", default="Vulkan0", help="ggml backend device (default Vulkan0)")
+    g.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES),
+                   help=f"ROWSxK list (default {DEFAULT_SHAPES})")
+    g.add_argument("--z", type=parse_floats, default=[0.3, 0.4, 0.5], help="BITCOS zero densities")
+    g.add_argument("--reps", type=int, default=20, help="timed graphs per weight (16 MUL_MATs each)")
+    g.add_argument("--copy-mib", type=int, default=1024, help="size of the copy-bandwidth buffer")
+    g.add_argument("--e2e-preset", default="bitnet-2b", help="make-model preset for llama-bench")
+    g.add_argument("--zero-density", type=float, default=0.42, help="z of the llama-bench model")
+    g.add_argument("--no-e2e", action="store_true", help="skip llama-bench")
+    g.add_argument("--workdir", type=Path, default=None, help="where the generated GGUFs go (default: temp)")
+    g.add_argument("--json", type=Path, help="write all measurements as JSON")
+    g.set_defaults(func=run)
+    return g
+
+
+def run(args: argparse.Namespace) -> int:
+    """`bench gpu`: mat-vec table, copy bandwidth, llama-bench -ngl 99 and device weight bytes."""
+    from ggml_bitcos import llama_run
+    from ggml_bitcos.bench.e2e import e2e_models, e2e_table
+
+    out: dict[str, Any] = {"device": args.device, "vk_visible": os.environ.get("GGML_VK_VISIBLE_DEVICES")}
+    with bench_workdir(args.workdir) as wd:
+        copy = run_tool(["copy-device", str(args.copy_mib), args.device, "5"])[0]
+        records = bench_matvec(args.device, args.shapes, args.z, args.reps, wd)
+        print(f"# ggml-bitcos bench gpu on {args.device}")
+        print(matvec_table(records, copy["gb_per_s"]))
+        out.update(copy=copy, matvec=records)
+        if not args.no_e2e:
+            models = e2e_models(wd, args.e2e_preset, args.zero_density)
+            rows = llama_run.run_bench([models[t] for t in ("tq1_0", "tq2_0", "bitcos")], repetitions=3,
+                                       extra=["-ngl", "99"])
+            print(f"\n# llama-bench -ngl 99, {args.e2e_preset} z={args.zero_density}")
+            print(e2e_table(rows))
+            mem = {t: weight_bytes(models[t]) for t in ("tq1_0", "tq2_0", "bitcos")}
+            print("\n# device memory of the ternary weights (MiB): "
+                  + ", ".join(f"{t.upper()} {b / 2**20:.1f} ({b / mem['tq2_0']:.3f}x TQ2_0)" for t, b in mem.items()))
+            out.update(llama_bench=rows, weight_bytes=mem)
+    if args.json:
+        write_json(args.json, out)
+    return 0

@@ -83,6 +83,50 @@ static size_t link_companion(struct ggml_context * wctx, const char * name, stru
     return ggml_nbytes(w);
 }
 
+// FILES: one GGUF or several separated by commas, loaded with their data (weights + companions).
+enum { MAX_FILES = 64 };
+typedef struct {
+    int                   n;
+    int64_t               n_tensors;   // over all files
+    struct ggml_context * ctx[MAX_FILES];
+    struct gguf_context * gguf[MAX_FILES];
+} gguf_files;
+
+static int gguf_files_open(const char * fnames, gguf_files * fs) {
+    fs->n = 0;
+    fs->n_tensors = 0;
+    char * list = strdup(fnames);
+    for (char * save = NULL, * f = strtok_r(list, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+        struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &fs->ctx[fs->n] };
+        if (fs->n == MAX_FILES || !(fs->gguf[fs->n] = gguf_init_from_file(f, gp))) {
+            fprintf(stderr, "%s: cannot read GGUF (or more than %d files)\n", f, MAX_FILES);
+            free(list);
+            return 0;
+        }
+        fs->n_tensors += gguf_get_n_tensors(fs->gguf[fs->n]);
+        fs->n++;
+    }
+    free(list);
+    return 1;
+}
+
+static void gguf_files_close(gguf_files * fs) {
+    for (int fi = 0; fi < fs->n; ++fi) {
+        gguf_free(fs->gguf[fi]);
+        ggml_free(fs->ctx[fi]);
+    }
+}
+
+// One JSON line per timed weight; `where` is the run's "threads": N or "device": "NAME" field.
+static void print_gemv_record(int file, const char * tensor, const struct ggml_tensor * w, int64_t ncols,
+                              const char * where, int reps, size_t bytes, const double * t_sorted, double checksum) {
+    printf("{\"file\": %d, \"tensor\": \"%s\", \"type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64
+           ", \"ncols\": %" PRId64 ", %s, \"reps\": %d, \"bytes\": %zu, \"median_us\": %.3f,"
+           " \"min_us\": %.3f, \"checksum\": %.6g}\n",
+           file, tensor, ggml_type_name(w->type), w->ne[0], w->ne[1], ncols, where, reps, bytes,
+           t_sorted[reps / 2], t_sorted[0], checksum);
+}
+
 // One timed MUL_MAT per weight of a GGUF. All graphs are built first and the repetitions interleave the
 // weights (rep 1 of every weight, then rep 2, ...), so a slow phase of a shared machine hits every type
 // alike instead of biasing the ratios between types that would otherwise run minutes apart. "grouped"
@@ -105,33 +149,16 @@ static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncol
     // one persistent threadpool, as llama.cpp uses: no thread start-up inside the timed region
     struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
     struct ggml_threadpool * tp = ggml_threadpool_new(&tpp);
-    // FILES: one GGUF or several separated by commas, all timed in the same interleaved loop
-    enum { MAX_FILES = 64 };
-    struct ggml_context * wctxs[MAX_FILES];
-    struct gguf_context * gs[MAX_FILES];
-    int nf = 0;
-    int64_t n_all = 0;
-    char * list = strdup(fnames);
-    for (char * save = NULL, * f = strtok_r(list, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
-        if (nf == MAX_FILES) {
-            fprintf(stderr, "gemv: more than %d files\n", MAX_FILES);
-            return 1;
-        }
-        struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &wctxs[nf] };
-        gs[nf] = gguf_init_from_file(f, gp);
-        if (!gs[nf]) {
-            fprintf(stderr, "%s: cannot read GGUF\n", f);
-            return 1;
-        }
-        n_all += gguf_get_n_tensors(gs[nf]);
-        nf++;
+    // FILES: all timed in the same interleaved loop
+    gguf_files fs;
+    if (!gguf_files_open(fnames, &fs)) {
+        return 1;
     }
-    free(list);
-    gemv_case * cs = calloc((size_t) n_all, sizeof(gemv_case));
+    gemv_case * cs = calloc((size_t) fs.n_tensors, sizeof(gemv_case));
     int nc = 0;
-    for (int fi = 0; fi < nf; ++fi) {
-        struct gguf_context * g = gs[fi];
-        struct ggml_context * wctx = wctxs[fi];
+    for (int fi = 0; fi < fs.n; ++fi) {
+        struct gguf_context * g = fs.gguf[fi];
+        struct ggml_context * wctx = fs.ctx[fi];
         const int64_t n = gguf_get_n_tensors(g);
         for (int64_t i = 0; i < n; ++i) {
             const char * name = gguf_get_tensor_name(g, i);
@@ -187,21 +214,17 @@ static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncol
         gemv_case * c = &cs[i];
         qsort(c->t, reps, sizeof(double), cmp_double);
         const int64_t rows = c->w->ne[1];
-        printf("{\"file\": %d, \"tensor\": \"%s\", \"type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64
-               ", \"ncols\": %" PRId64 ", \"threads\": %d, \"reps\": %d, \"bytes\": %zu, \"median_us\": %.3f,"
-               " \"min_us\": %.3f, \"checksum\": %.6g}\n",
-               c->file, c->name, ggml_type_name(c->w->type), c->w->ne[0], rows, ncols, n_threads, reps, c->bytes,
-               c->t[reps / 2], c->t[0], (double) ((float *) c->y->data)[0] + ((float *) c->y->data)[rows - 1]);
+        char where[32];
+        snprintf(where, sizeof(where), "\"threads\": %d", n_threads);
+        print_gemv_record(c->file, c->name, c->w, ncols, where, reps, c->bytes, c->t,
+                          (double) ((float *) c->y->data)[0] + ((float *) c->y->data)[rows - 1]);
         free(c->t);
         free(c->work);
         ggml_free(c->ctx);
     }
     fflush(stdout);
     free(cs);
-    for (int fi = 0; fi < nf; ++fi) {
-        gguf_free(gs[fi]);
-        ggml_free(wctxs[fi]);
-    }
+    gguf_files_close(&fs);
     ggml_threadpool_free(tp);
     return 0;
 }
@@ -414,28 +437,16 @@ static int bench_gemv_device(const char * fnames, const char * device, int reps,
     if (backend == NULL) {
         return 1;
     }
-    enum { MAX_FILES = 64 };
-    struct ggml_context * wctxs[MAX_FILES];
-    struct gguf_context * gs[MAX_FILES];
-    int nf = 0;
-    int64_t n_all = 0;
-    char * list = strdup(fnames);
-    for (char * save = NULL, * f = strtok_r(list, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
-        struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &wctxs[nf] };
-        if (nf == MAX_FILES || !(gs[nf] = gguf_init_from_file(f, gp))) {
-            fprintf(stderr, "%s: cannot read GGUF (or more than %d files)\n", f, MAX_FILES);
-            return 1;
-        }
-        n_all += gguf_get_n_tensors(gs[nf]);
-        nf++;
+    gguf_files fs;
+    if (!gguf_files_open(fnames, &fs)) {
+        return 1;
     }
-    free(list);
-    device_case * cs = calloc((size_t) n_all, sizeof(device_case));
+    device_case * cs = calloc((size_t) fs.n_tensors, sizeof(device_case));
     int nc = 0;
-    for (int fi = 0; fi < nf; ++fi) {
-        for (int64_t i = 0; i < gguf_get_n_tensors(gs[fi]); ++i) {
-            const char * name = gguf_get_tensor_name(gs[fi], i);
-            const struct ggml_tensor * src = ggml_get_tensor(wctxs[fi], name);
+    for (int fi = 0; fi < fs.n; ++fi) {
+        for (int64_t i = 0; i < gguf_get_n_tensors(fs.gguf[fi]); ++i) {
+            const char * name = gguf_get_tensor_name(fs.gguf[fi], i);
+            const struct ggml_tensor * src = ggml_get_tensor(fs.ctx[fi], name);
             if (ends_with(name, BITCOS_COMPANION_SUFFIX) || ggml_n_dims(src) != 2) {
                 continue;
             }
@@ -449,7 +460,7 @@ static int bench_gemv_device(const char * fnames, const char * device, int reps,
             ggml_set_name(w, name);
             char cname[GGML_MAX_NAME + sizeof(BITCOS_COMPANION_SUFFIX)];
             snprintf(cname, sizeof(cname), "%s" BITCOS_COMPANION_SUFFIX, name);
-            const struct ggml_tensor * csrc = ggml_get_tensor(wctxs[fi], cname);
+            const struct ggml_tensor * csrc = ggml_get_tensor(fs.ctx[fi], cname);
             struct ggml_tensor * comp = csrc ? ggml_dup_tensor(c->ctx, csrc) : NULL;
             if (comp) {
                 w->src[0] = comp;   // the link the patched loader makes
@@ -492,21 +503,16 @@ static int bench_gemv_device(const char * fnames, const char * device, int reps,
         float y0;
         ggml_backend_tensor_get(y, &y0, 0, sizeof(float));
         qsort(c->t, reps, sizeof(double), cmp_double);
-        printf("{\"file\": %d, \"tensor\": \"%s\", \"type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64
-               ", \"ncols\": %" PRId64 ", \"device\": \"%s\", \"reps\": %d, \"bytes\": %zu, \"median_us\": %.3f,"
-               " \"min_us\": %.3f, \"checksum\": %.6g}\n",
-               c->file, c->name, ggml_type_name(c->src->type), c->src->ne[0], c->src->ne[1], ncols, device, reps,
-               c->bytes, c->t[reps / 2], c->t[0], (double) y0);
+        char where[GGML_MAX_NAME + 16];
+        snprintf(where, sizeof(where), "\"device\": \"%s\"", device);
+        print_gemv_record(c->file, c->name, c->src, ncols, where, reps, c->bytes, c->t, (double) y0);
         free(c->t);
         ggml_backend_buffer_free(c->buf);
         ggml_free(c->ctx);
     }
     fflush(stdout);
     free(cs);
-    for (int fi = 0; fi < nf; ++fi) {
-        gguf_free(gs[fi]);
-        ggml_free(wctxs[fi]);
-    }
+    gguf_files_close(&fs);
     ggml_backend_free(backend);
     return 0;
 }

@@ -123,7 +123,7 @@ def test_offloaded_decode_identical_to_tq2_0(vk_models, tmp_path: Path, name: st
 @pytest.mark.parametrize("name", ["dense-g128", "dense-pt", "moe-g128"])
 def test_offloaded_prompt_close_to_tq2_0(vk_models, tmp_path: Path, name: str) -> None:
     """A 16-token prompt takes TQ2_0 through ggml-vulkan's matrix-multiply path (fp16 tiles on lavapipe) but
-    BITCOS through its mat-vec shader in groups of 8 columns (fp32), so the prompt's logits, and the KV cache,
+    BITCOS through its tiled fp32 matmul (mul_mm_bitcos.comp), so the prompt's logits, and the KV cache,
     round differently. Bound: the first 8 tokens identical, and against the CPU (where BITCOS and TQ2_0 are
     bit-identical) the offloaded BITCOS prompt logits are no further off than the offloaded TQ2_0 ones.
     (Both differ from the CPU by ~1.4e-2 of the largest logit on lavapipe: the other ops round differently.)"""

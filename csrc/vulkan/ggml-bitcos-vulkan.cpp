@@ -1,8 +1,8 @@
 // ggml-bitcos-vulkan: BITCOS MUL_MAT / MUL_MAT_ID in ggml-vulkan (see ggml-bitcos-vulkan.h).
 //
-// Both ops run the mat-vec shader: MUL_MAT in groups of up to mul_mat_vec_max_cols columns (one dispatch
-// per group; decode is one group of one column), MUL_MAT_ID one dispatch per token as ggml-vulkan's own
-// mat-vec-id path does. The push constants and workgroup grid are those of ggml-vulkan's mat-vec, with
+// MUL_MAT with up to mul_mat_vec_max_cols columns (decode) runs the mat-vec shader, more columns (prompt
+// batches) the tiled mul_mm_bitcos.comp; MUL_MAT_ID runs the mat-vec-id shader, one dispatch per token as
+// ggml-vulkan's own mat-vec-id path does. The push constants and workgroup grid are those of ggml-vulkan's mat-vec, with
 // batch_stride_a in weights, so the shader finds global rows for the companion's row index. The weight and
 // its companion are in the same device buffer (the loader creates the companion in the weight's context)
 // and were validated on the host by the loader before any graph ran.
@@ -11,6 +11,9 @@
 #include "ggml-bitcos.h"
 
 #include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
 
 namespace {
 
@@ -26,6 +29,18 @@ const ggml_vk_bitcos_shader mat_vec_shaders[2][2][SHADER_REDUCTION_MODE_COUNT] =
 };
 
 #undef BITCOS_VK_SHADERS
+
+const ggml_vk_bitcos_shader mul_mm_shaders[2] = {
+    {"mul_mm_bitcos_g128", mul_mm_bitcos_g128_len, mul_mm_bitcos_g128_data},
+    {"mul_mm_bitcos_pt",   mul_mm_bitcos_pt_len,   mul_mm_bitcos_pt_data},
+};
+
+constexpr uint32_t MUL_MM_TILE = 32;   // rows and columns per workgroup (mul_mm_bitcos.comp's TM, TN)
+
+// The mul_mm pipelines live here rather than in vk_device_struct (whose layout is upstream's), one pair per
+// device, created by ggml_vk_load_shaders through ggml_vk_bitcos_mul_mm_pipeline().
+std::mutex mul_mm_mutex;
+std::map<const vk_device_struct *, std::array<vk_pipeline, 2>> mul_mm_pipelines;
 
 // The first fused op's operand (bias of ADD / ADD_ID, scale of MUL) and the second's, as ggml-vulkan's
 // mat-vec paths bind them; unused bindings get D.
@@ -72,6 +87,17 @@ ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uin
     return mat_vec_shaders[ggml_bitcos_variant(type) == BITCOS_VARIANT_PT][id][reduc];
 }
 
+ggml_vk_bitcos_shader ggml_vk_bitcos_mul_mm_shader(ggml_type type) {
+    GGML_ASSERT(ggml_bitcos_is_type(type));
+    return mul_mm_shaders[ggml_bitcos_variant(type) == BITCOS_VARIANT_PT];
+}
+
+vk_pipeline & ggml_vk_bitcos_mul_mm_pipeline(const vk_device & device, ggml_type type) {
+    GGML_ASSERT(ggml_bitcos_is_type(type));
+    std::lock_guard<std::mutex> lock(mul_mm_mutex);
+    return mul_mm_pipelines[device.get()][ggml_bitcos_variant(type) == BITCOS_VARIANT_PT];  // map nodes stay put
+}
+
 bool ggml_vk_bitcos_supports_op(const vk_device & device, const ggml_tensor * op) {
     switch (op->op) {
         case GGML_OP_NONE:        // the weight itself as the scheduler asks about it: storage, no computation
@@ -99,10 +125,12 @@ bool ggml_vk_bitcos_supports_op(const vk_device & device, const ggml_tensor * op
         return false;
     }
     if (op->op == GGML_OP_MUL_MAT) {
-        // one dispatch covers either one column of every batch or column groups of a single batch
+        // mat-vec: one column of every batch, or up to 8 columns of a single batch; mul_mm: a single batch
         const bool batched = src1->ne[2] * src1->ne[3] > 1;
         return (src1->ne[1] == 1 || !batched) && src1->ne[2] % src0->ne[2] == 0 && src1->ne[3] % src0->ne[3] == 0 &&
-               (uint64_t)(src1->ne[2] * src1->ne[3]) <= device->properties.limits.maxComputeWorkGroupCount[1];
+               (uint64_t)(src1->ne[2] * src1->ne[3]) <= device->properties.limits.maxComputeWorkGroupCount[1] &&
+               (uint64_t) CEIL_DIV(src1->ne[1], MUL_MM_TILE) <= device->properties.limits.maxComputeWorkGroupCount[1] &&
+               (uint64_t) CEIL_DIV(src0->ne[1], MUL_MM_TILE) <= device->properties.limits.maxComputeWorkGroupCount[0];
     }
     const ggml_tensor * ids = op->src[2];
     return ids->type == GGML_TYPE_I32 && src1->ne[3] == 1 && src0->ne[3] == 1 &&
@@ -148,25 +176,27 @@ void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, 
         ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, ne12 * ne13));
         return;
     }
-    // a single batch of ne11 columns in groups of up to mul_mat_vec_max_cols: the shader's batch index is the
-    // group's first column (base_work_group_y), batch strides are column strides, the matrix stays matrix 0
-    const uint32_t groups = CEIL_DIV(ne11, mul_mat_vec_max_cols);
-    for (uint32_t g = 0; g < groups; ++g) {
-        const uint32_t c0 = g * mul_mat_vec_max_cols;
-        vk_pipeline dmmv = pipeline(std::min(mul_mat_vec_max_cols, ne11 - c0));
+    if (ne11 <= mul_mat_vec_max_cols) {
+        // up to mul_mat_vec_max_cols columns of a single batch: batch strides step columns, matrix 0
+        vk_pipeline dmmv = pipeline(ne11);
         ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
-    }
-    for (uint32_t g = 0; g < groups; ++g) {
-        const uint32_t c0 = g * mul_mat_vec_max_cols;
-        vk_pipeline dmmv = pipeline(std::min(mul_mat_vec_max_cols, ne11 - c0));
         const vk_mat_vec_push_constants pc = {
             k, col_stride, col_stride, rows,
             0, col_stride, (uint32_t)(dst->nb[1] / sizeof(float)),
-            f.flags, c0,
+            f.flags, 0,
             1, 1, 1, 1,
         };
         ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, 1));
+        return;
     }
+    // a prompt batch: the tiled matrix multiply decodes each 32-row tile once per 32 columns
+    vk_pipeline & mm = ggml_vk_bitcos_mul_mm_pipeline(ctx->device, src0->type);
+    ggml_pipeline_request_descriptor_sets(ctx, mm, 1);
+    const ggml_vk_bitcos_mul_mm_push_constants pc = {
+        k, rows, ne11, col_stride, (uint32_t)(dst->nb[1] / sizeof(float)), 0, 0, 0,
+    };
+    ggml_vk_dispatch_pipeline(ctx, subctx, mm, { d_X, d_Y, d_D, d_C }, pc,
+                              { CEIL_DIV(rows, MUL_MM_TILE), CEIL_DIV(ne11, MUL_MM_TILE), 1 });
 }
 
 void ggml_vk_bitcos_mul_mat_id(ggml_backend_vk_context * ctx, vk_context & subctx, const ggml_cgraph * cgraph,

@@ -19,6 +19,15 @@ struct ggml_vk_bitcos_shader {
 };
 ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc);
 
+// The tiled matrix multiply for prompt batches (MUL_MAT with more than mul_mat_vec_max_cols columns): its
+// SPIR-V, its pipeline slot per device and type (created by ggml_vk_load_shaders), bindings and constants.
+ggml_vk_bitcos_shader ggml_vk_bitcos_mul_mm_shader(ggml_type type);
+vk_pipeline & ggml_vk_bitcos_mul_mm_pipeline(const vk_device & device, ggml_type type);
+static constexpr uint32_t ggml_vk_bitcos_mul_mm_bindings = 4;   // blocks, B, D, companion
+struct ggml_vk_bitcos_mul_mm_push_constants {
+    uint32_t k, rows, cols, stride_b, stride_d, row0, pad0, pad1;
+};
+
 // Descriptor bindings of the BITCOS mat-vec pipelines: the other mat-vec shaders' plus the companion.
 static constexpr uint32_t ggml_vk_bitcos_extra_bindings = 1;
 

@@ -11,9 +11,9 @@
 //   (2) device BITCOS vs device TQ2_0 holding the same codes and scales (a TQ2_0 tensor written here from the
 //       codes): bit-identical wherever the device runs both through its mat-vec shaders (<= 8 columns,
 //       <= 8 tokens for MUL_MAT_ID, K % 256 == 0), because the BITCOS shader mirrors TQ2_0's arithmetic;
-//       NMSE <= 5e-4 elsewhere (TQ2_0 then takes the matrix-multiply path).
-// Cases: both variants, zero density 0 / 0.4 / 1, K 128 / 384 / 2048 / 4224, 1..17 columns, broadcast
-// batches, MUL_MAT_ID with 4 experts.
+//       NMSE <= 5e-4 elsewhere (both then take their matrix-multiply paths, which round differently).
+// Cases: both variants, zero density 0 / 0.4 / 1, K 128 / 384 / 2048 / 4224, 1..70 columns (mat-vec up to 8,
+// the tiled mul_mm beyond), broadcast batches, MUL_MAT_ID with 4 experts.
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -255,7 +255,7 @@ int main(int argc, char ** argv) {
     const enum ggml_type types[2] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT };
     const double zs[3] = { 0.0, 0.4, 1.0 };
     const int64_t ks[4] = { 128, 384, 2048, 4224 };
-    const int64_t colss[6] = { 1, 2, 5, 8, 9, 17 };
+    const int64_t colss[7] = { 1, 2, 5, 8, 9, 17, 70 };   // > 8: the tiled mul_mm (70: three column tiles)
     char what[160];
     for (int ti = 0; ti < 2; ++ti) {
         for (int zi = 0; zi < 3; ++zi) {
@@ -263,7 +263,7 @@ int main(int argc, char ** argv) {
                 const int64_t k = ks[ki], n = 37 + 16 * ki;
                 weight w;
                 weight_make(&w, types[ti], k, n, 1, zs[zi]);
-                for (int ci = 0; ci < 6; ++ci) {
+                for (int ci = 0; ci < 7; ++ci) {
                     op_case c = { &w, false, colss[ci], 1, 1, 0, 0, NULL, NULL };
                     c.x = random_x((size_t)(k * c.cols));
                     snprintf(what, sizeof(what), "%s z=%.1f k=%lld n=%lld cols=%lld", ggml_type_name(w.type), zs[zi],

@@ -1,0 +1,144 @@
+#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types_int32 : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int16 : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_control_flow_attributes : enable
+
+// BITCOS matrix multiply for prompt batches (MUL_MAT with more than 8 columns) in ggml-vulkan: each workgroup
+// computes a 32 x 32 tile of D. Per 64 weights of K it decodes the tile's 32 rows once into shared memory
+// (t * scale as f32; each row's sign cursor lives in shared memory and advances by the chunk's popcount),
+// stages 32 columns of B beside it, and every thread accumulates a 4 x 4 block of outputs in f32. So the
+// weight is decoded once per 32 columns instead of once per column as in the mat-vec shader.
+// Defines from the generator (bitcos-vulkan-shaders-gen.inc): BITCOS_G128 or BITCOS_PT, BITCOS_BLOCK_U16,
+// BITCOS_SCALE_U16, BITCOS_HDR_*.
+
+#define TM 32   // rows per tile
+#define TN 32   // columns per tile
+#define TK 64   // weights of K per step: one 64-bit bitmap word
+
+layout(local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
+
+layout (binding = 0) readonly buffer A {uint16_t data_a[];};
+layout (binding = 1) readonly buffer B {float data_b[];};
+layout (binding = 2) writeonly buffer D {float data_d[];};
+layout (binding = 3) readonly buffer C {uint data_c[];};
+
+layout (push_constant) uniform parameter {
+    uint k;          // weights per row
+    uint rows;       // output rows (of this matrix)
+    uint cols;       // columns of B and D
+    uint stride_b;   // floats from one column of B to the next
+    uint stride_d;   // floats from one column of D to the next
+    uint row0;       // global row of the matrix's first row (the companion's row index is global)
+    uint pad0;
+    uint pad1;
+} p;
+
+shared float sa[TM][TK + 1];
+shared float sb[TN][TK + 1];
+shared uint cursor[TM];
+
+uint comp_u32(const uint byte_offset) { return data_c[byte_offset >> 2]; }
+uint comp_u16(const uint byte_offset) { return (data_c[byte_offset >> 2] >> (8 * (byte_offset & 2))) & 0xffffu; }
+uint comp_u8(const uint byte_offset)  { return (data_c[byte_offset >> 2] >> (8 * (byte_offset & 3))) & 0xffu; }
+
+uint bitmap_word(const uint blk, const uint w) {
+    return uint(data_a[blk + 2*w]) | (uint(data_a[blk + 2*w + 1]) << 16);
+}
+
+void main() {
+    const uint tid  = gl_LocalInvocationID.x;
+    const uint m0   = gl_WorkGroupID.x * TM;
+    const uint n0   = gl_WorkGroupID.y * TN;
+    const uint nblk = p.k / 128;
+    const uint g    = comp_u8(BITCOS_HDR_ROW_GROUP_LOG2);
+    const uint pool_word0 = comp_u32(BITCOS_HDR_POOL_OFFSET) >> 2;
+#if defined(BITCOS_PT)
+    const uint rows_per_mat = comp_u32(BITCOS_HDR_N_ROWS) / comp_u32(BITCOS_HDR_N_MATS);
+    const uint scales = comp_u32(BITCOS_HDR_SCALES_OFFSET) >> 2;
+#endif
+
+    // decode role: row lr of the tile, 32 of the step's 64 weights (half h); B role: column lr, half h
+    const uint lr = tid >> 1;
+    const uint h  = tid & 1;
+    const uint r  = m0 + lr;          // row within the matrix
+    const uint gr = p.row0 + r;       // global row
+    if (h == 0) {
+        cursor[lr] = r < p.rows ? comp_u32(comp_u32(BITCOS_HDR_ROW_BASE_OFFSET) + 8*(gr >> g))
+                                  + comp_u16(comp_u32(BITCOS_HDR_ROW_DELTA_OFFSET) + 2*gr) : 0u;
+    }
+#if defined(BITCOS_PT)
+    const float d_row = r < p.rows ? uintBitsToFloat(data_c[scales + gr / rows_per_mat]) : 0.0;
+#endif
+    // compute role: 4 rows x 4 columns
+    const uint tr = (tid >> 3) * 4;
+    const uint tc = (tid & 7) * 4;
+    float acc[4][4];
+    [[unroll]] for (uint i = 0; i < 4; ++i) {
+        [[unroll]] for (uint j = 0; j < 4; ++j) {
+            acc[i][j] = 0.0;
+        }
+    }
+    barrier();
+
+    for (uint k0 = 0; k0 < p.k; k0 += TK) {
+        uint step_count = 0;   // non-zero weights of row lr in this step (h == 0 advances the cursor)
+        if (r < p.rows) {
+            const uint blk = (gr * nblk + k0 / 128) * BITCOS_BLOCK_U16;
+            const uint w0  = (k0 % 128) / 32;          // first of the step's two 32-bit bitmap words
+            const uint lo  = bitmap_word(blk, w0);
+            const uint hi  = bitmap_word(blk, w0 + 1);
+            const uint word = h == 0 ? lo : hi;
+#if defined(BITCOS_G128)
+            const float d = unpackHalf2x16(uint(data_a[blk + BITCOS_SCALE_U16])).x;
+#else
+            const float d = d_row;
+#endif
+            uint pos = cursor[lr] + (h == 0 ? 0u : bitCount(lo));
+            for (uint i = 0; i < 32; ++i) {
+                float v = 0.0;
+                if (((word >> i) & 1u) != 0u) {
+                    v = ((data_c[pool_word0 + (pos >> 5)] >> (pos & 31u)) & 1u) != 0u ? -d : d;
+                    pos++;
+                }
+                sa[lr][32*h + i] = v;
+            }
+            step_count = bitCount(lo) + bitCount(hi);
+        } else {
+            for (uint i = 0; i < 32; ++i) {
+                sa[lr][32*h + i] = 0.0;
+            }
+        }
+        const uint c = n0 + lr;
+        for (uint i = 0; i < 32; ++i) {
+            sb[lr][32*h + i] = c < p.cols ? data_b[c * p.stride_b + k0 + 32*h + i] : 0.0;
+        }
+        barrier();
+        if (h == 0) {
+            cursor[lr] += step_count;
+        }
+        for (uint kk = 0; kk < TK; ++kk) {
+            float a[4], b[4];
+            [[unroll]] for (uint i = 0; i < 4; ++i) {
+                a[i] = sa[tr + i][kk];
+                b[i] = sb[tc + i][kk];
+            }
+            [[unroll]] for (uint i = 0; i < 4; ++i) {
+                [[unroll]] for (uint j = 0; j < 4; ++j) {
+                    acc[i][j] = fma(a[i], b[j], acc[i][j]);
+                }
+            }
+        }
+        barrier();
+    }
+
+    [[unroll]] for (uint i = 0; i < 4; ++i) {
+        [[unroll]] for (uint j = 0; j < 4; ++j) {
+            const uint rr = m0 + tr + i;
+            const uint cc = n0 + tc + j;
+            if (rr < p.rows && cc < p.cols) {
+                data_d[cc * p.stride_d + rr] = acc[i][j];
+            }
+        }
+    }
+}

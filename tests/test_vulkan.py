@@ -190,8 +190,8 @@ def test_bench_gpu_smoke(vulkan_build: Path, tmp_path: Path) -> None:
 
 
 def test_tools_offloaded(vk_models, monkeypatch: pytest.MonkeyPatch) -> None:
-    """llama-perplexity and llama-server with -ngl 99 on BITCOS weights: the same perplexity as the TQ2_0
-    source offloaded (to the rounding of the batched path) and a working chat completion."""
+    """llama-perplexity, llama-server and llama-bench with -ngl 99 on BITCOS weights: the same perplexity as
+    the TQ2_0 source offloaded (to the rounding of the batched path), a chat completion, a bench row."""
     monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", os.environ.get("GGML_VK_VISIBLE_DEVICES", "0"))
     src, out = vk_models["dense-pt"]
     text = Path(__file__).parent / "data" / "ppl.txt"
@@ -201,3 +201,6 @@ def test_tools_offloaded(vk_models, monkeypatch: pytest.MonkeyPatch) -> None:
     with llama_run.LlamaServer(out, extra=["--chat-template", "chatml", "-ngl", "99"]) as srv:
         reply = srv.chat("Hello", max_tokens=8)
     assert reply["choices"][0]["message"]["content"] is not None
+    rows = llama_run.run_bench([src, out], n_prompt=32, n_gen=4, repetitions=1, extra=["-ngl", "99"])
+    assert {r["model_type"].split()[-1] for r in rows} >= {"ternary"} and all(r["n_gpu_layers"] == 99 for r in rows)
+    assert any("BITCOS_PT" in r["model_type"] for r in rows) and all(r["avg_ts"] > 0 for r in rows)

@@ -115,10 +115,20 @@ bool ggml_vk_bitcos_supports_op(const vk_device & device, const ggml_tensor * op
     const ggml_tensor * src0 = op->src[0];
     const ggml_tensor * src1 = op->src[1];
     const ggml_tensor * comp = ggml_bitcos_companion(src0);
-    if (!ggml_bitcos_is_type(src0->type) || comp == nullptr || src0->view_src != nullptr ||
-        !ggml_is_contiguous(src0) || src0->ne[0] % QK_BITCOS != 0 || ggml_nelements(src0) >= UINT32_MAX ||
-        !fits_shader(device, src0) || !fits_shader(device, comp)) {
+    const ggml_tensor * base = src0->view_src ? src0->view_src : src0;
+    if (!ggml_bitcos_is_type(src0->type) || comp == nullptr || !ggml_is_contiguous(src0) ||
+        src0->ne[0] % QK_BITCOS != 0 || ggml_nelements(base) >= UINT32_MAX ||
+        !fits_shader(device, base) || !fits_shader(device, comp)) {
         return false;
+    }
+    if (src0->view_src != nullptr) {
+        // a view: consecutive whole rows of a 2-D weight (e.g. a slice of a fused projection), MUL_MAT only,
+        // one batch; the shaders then read the base weight from the view's first row
+        int64_t row0, step[3];
+        if (op->op != GGML_OP_MUL_MAT || !ggml_bitcos_row_map(src0, &row0, step) || step[0] != 1 ||
+            base->ne[2] * base->ne[3] != 1 || src0->ne[2] * src0->ne[3] != 1 || src1->ne[2] * src1->ne[3] != 1) {
+            return false;
+        }
     }
     if (src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) ||
         !ggml_is_contiguous(op) || src1->nb[1] % sizeof(float) != 0 || src1->nb[2] % sizeof(float) != 0) {
@@ -157,12 +167,30 @@ void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, 
     const uint32_t ne11 = (uint32_t) src1->ne[1], ne12 = (uint32_t) src1->ne[2], ne13 = (uint32_t) src1->ne[3];
     const uint32_t col_stride = (uint32_t)(src1->nb[1] / sizeof(float));
 
-    const vk_subbuffer d_X = ggml_vk_tensor_subbuffer(ctx, src0);
+    // the shaders address the weight by global rows (the companion's row index is global): bind the base
+    // weight, and for a view start at its first row (row_map: consecutive whole rows, see supports_op)
+    int64_t view_row0 = 0, step[3];
+    GGML_ASSERT(ggml_bitcos_row_map(src0, &view_row0, step));
+    const vk_subbuffer d_X = ggml_vk_tensor_subbuffer(ctx, src0->view_src ? src0->view_src : src0);
     const vk_subbuffer d_Y = ggml_vk_tensor_subbuffer(ctx, src1);
     const vk_subbuffer d_C = ggml_vk_tensor_subbuffer(ctx, ggml_bitcos_companion(src0));
     const vk_subbuffer d_D = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + ctx->num_additional_fused_ops]);
     const fused_operands f = mul_mat_fused(ctx, cgraph, node_idx, d_D);
 
+    if (view_row0 > 0 && ne11 == 1) {
+        // one column of a view: batch index 1 (base_work_group_y) whose "matrix" starts at the view's first
+        // row (batch_stride_a = row0 * k), with zero batch strides for B and D
+        vk_pipeline dmmv = pipeline(1);
+        ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
+        const vk_mat_vec_push_constants pc = {
+            k, col_stride, col_stride, rows,
+            (uint32_t) view_row0 * k, 0, 0,
+            f.flags, 1,
+            1, 1, 1, 1,
+        };
+        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, 1));
+        return;
+    }
     if (ne11 == 1) {
         // one column per batch: batch_stride_a = weights per matrix, matrices broadcast by r2 / r3
         vk_pipeline dmmv = pipeline(1);
@@ -176,7 +204,7 @@ void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, 
         ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, ne12 * ne13));
         return;
     }
-    if (ne11 <= mul_mat_vec_max_cols) {
+    if (ne11 <= mul_mat_vec_max_cols && view_row0 == 0) {
         // up to mul_mat_vec_max_cols columns of a single batch: batch strides step columns, matrix 0
         vk_pipeline dmmv = pipeline(ne11);
         ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
@@ -189,11 +217,12 @@ void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, 
         ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, 1));
         return;
     }
-    // a prompt batch: the tiled matrix multiply decodes each 32-row tile once per 32 columns
+    // a prompt batch (or several columns of a view): the tiled matrix multiply decodes each 32-row tile once
+    // per 32 columns
     vk_pipeline & mm = ggml_vk_bitcos_mul_mm_pipeline(ctx->device, src0->type);
     ggml_pipeline_request_descriptor_sets(ctx, mm, 1);
     const ggml_vk_bitcos_mul_mm_push_constants pc = {
-        k, rows, ne11, col_stride, (uint32_t)(dst->nb[1] / sizeof(float)), 0, 0, 0,
+        k, rows, ne11, col_stride, (uint32_t)(dst->nb[1] / sizeof(float)), (uint32_t) view_row0, 0, 0,
     };
     ggml_vk_dispatch_pipeline(ctx, subctx, mm, { d_X, d_Y, d_D, d_C }, pc,
                               { CEIL_DIV(rows, MUL_MM_TILE), CEIL_DIV(ne11, MUL_MM_TILE), 1 });

@@ -13,7 +13,7 @@
 //       <= 8 tokens for MUL_MAT_ID, K % 256 == 0), because the BITCOS shader mirrors TQ2_0's arithmetic;
 //       NMSE <= 5e-4 elsewhere (both then take their matrix-multiply paths, which round differently).
 // Cases: both variants, zero density 0 / 0.4 / 1, K 128 / 384 / 2048 / 4224, 1..70 columns (mat-vec up to 8,
-// the tiled mul_mm beyond), broadcast batches, MUL_MAT_ID with 4 experts.
+// the tiled mul_mm beyond), broadcast batches, views of whole rows, MUL_MAT_ID with 4 experts.
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -111,6 +111,7 @@ typedef struct {
     int64_t n_used, tokens;   // MUL_MAT_ID: ids [n_used, tokens]
     float  * x;
     int32_t * ids;
+    int64_t view_row0, view_rows;  // MUL_MAT of rows [view_row0, view_row0 + view_rows) of W (view_rows 0: all)
 } op_case;
 
 static float * run(ggml_backend_t backend, const op_case * c, bool as_tq2_0) {
@@ -141,7 +142,9 @@ static float * run(ggml_backend_t backend, const op_case * c, bool as_tq2_0) {
         out = ggml_mul_mat_id(ctx, W, X, ids);
     } else {
         X   = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, w->k, c->cols, c->b2, c->b3);
-        out = ggml_mul_mat(ctx, W, X);
+        struct ggml_tensor * Wv = c->view_rows == 0 ? W
+            : ggml_view_2d(ctx, W, w->k, c->view_rows, W->nb[1], (size_t) c->view_row0 * W->nb[1]);
+        out = ggml_mul_mat(ctx, Wv, X);
     }
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
@@ -264,7 +267,7 @@ int main(int argc, char ** argv) {
                 weight w;
                 weight_make(&w, types[ti], k, n, 1, zs[zi]);
                 for (int ci = 0; ci < 7; ++ci) {
-                    op_case c = { &w, false, colss[ci], 1, 1, 0, 0, NULL, NULL };
+                    op_case c = { &w, false, colss[ci], 1, 1, 0, 0, NULL, NULL, 0, 0 };
                     c.x = random_x((size_t)(k * c.cols));
                     snprintf(what, sizeof(what), "%s z=%.1f k=%lld n=%lld cols=%lld", ggml_type_name(w.type), zs[zi],
                              (long long) k, (long long) n, (long long) c.cols);
@@ -279,7 +282,7 @@ int main(int argc, char ** argv) {
         for (int64_t b3 = 1; b3 <= 3; b3 += 2) {
             weight w;
             weight_make(&w, types[ti], 512, 45, 2, 0.4);
-            op_case c = { &w, false, 1, 4, b3, 0, 0, NULL, NULL };
+            op_case c = { &w, false, 1, 4, b3, 0, 0, NULL, NULL, 0, 0 };
             c.x = random_x((size_t)(512 * 4 * b3));
             snprintf(what, sizeof(what), "%s broadcast 2 matrices over 4x%lld batches", ggml_type_name(w.type), (long long) b3);
             check_case(dev, cpu, &c, (size_t)(45 * 4 * b3), b3 == 1 ? TQ2_EXACT : TQ2_NONE, what);
@@ -289,11 +292,28 @@ int main(int argc, char ** argv) {
         {
             weight w;
             weight_make(&w, types[ti], 256, 1, 1, 0.4);
-            op_case c1 = { &w, false, 3, 1, 1, 0, 0, NULL, NULL };
+            op_case c1 = { &w, false, 3, 1, 1, 0, 0, NULL, NULL, 0, 0 };
             c1.x = random_x(256 * 3);
             snprintf(what, sizeof(what), "%s one row", ggml_type_name(w.type));
             check_case(dev, cpu, &c1, 3, TQ2_EXACT, what);
             free(c1.x);
+            weight_free(&w);
+        }
+        // views: consecutive whole rows of a weight (rows 5..44 and 0..19 of 61), 1 column (mat-vec) and 3 / 40
+        // columns (the tiled matmul); against the CPU only (ggml-vulkan's TQ2_0 asserts on a view whose offset is
+        // not storage-buffer aligned, while BITCOS binds the base weight)
+        for (int vi = 0; vi < 2; ++vi) {
+            weight w;
+            weight_make(&w, types[ti], 512, 61, 1, 0.4);
+            const int64_t cols_v[3] = { 1, 3, 40 };
+            for (int ci = 0; ci < 3; ++ci) {
+                op_case c = { &w, false, cols_v[ci], 1, 1, 0, 0, NULL, NULL, vi ? 0 : 5, vi ? 20 : 40 };
+                c.x = random_x((size_t)(512 * c.cols));
+                snprintf(what, sizeof(what), "%s view rows %lld..%lld cols=%lld", ggml_type_name(w.type),
+                         (long long) c.view_row0, (long long)(c.view_row0 + c.view_rows), (long long) c.cols);
+                check_case(dev, cpu, &c, (size_t)(c.view_rows * c.cols), TQ2_NONE, what);
+                free(c.x);
+            }
             weight_free(&w);
         }
         // MUL_MAT_ID: 4 experts, 2 used per token; ne11 = 1 (broadcast input) and = n_used
@@ -302,7 +322,7 @@ int main(int argc, char ** argv) {
             for (int bcast = 0; bcast < 2; ++bcast) {
                 weight w;
                 weight_make(&w, types[ti], 768, 40, 4, 0.4);
-                op_case c = { &w, true, bcast ? 1 : 2, 1, 1, 2, tokens, NULL, NULL };
+                op_case c = { &w, true, bcast ? 1 : 2, 1, 1, 2, tokens, NULL, NULL, 0, 0 };
                 c.x = random_x((size_t)(768 * c.cols * tokens));
                 c.ids = malloc(sizeof(int32_t) * (size_t)(2 * tokens));
                 for (int64_t t = 0; t < tokens; ++t) {

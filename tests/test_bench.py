@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_bench_gemv_small(tmp_path, patched_llama):
@@ -134,19 +135,14 @@ def test_bench_cli_options():
     assert (args.func, args.preset, args.no_breakdown, args.rounds) == (e2e.run, "tiny", True, 3)
 
 
-def test_bench_kernels_small():
+def test_bench_kernels_small(kernel_library):
     """`bench kernels` on a tiny L1 shape: every implementation the CPU has agrees with the generic one
-    (measure() refuses to time a wrong kernel) and gets a positive time."""
-    import pytest
-
-    from ggml_bitcos import harness
-    try:
-        harness.load_library()
-    except harness.KernelLibraryNotFound as e:
-        pytest.skip(str(e))
+    (measure() refuses to time a wrong kernel) and gets a positive time. The fixture builds the harness
+    library into the checkout when it is not installed, as the kernel tests do."""
     r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--rows", "4", "--k", "256",
                         "--nc", "1,2", "--z", "0.4", "--reps", "20", "--json"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parent.parent)
     assert r.returncode == 0, r.stdout[-3000:]
     timings = json.loads(r.stdout)
     assert {t["nc"] for t in timings} == {1, 2} and all(t["variant"] == "g128" for t in timings)

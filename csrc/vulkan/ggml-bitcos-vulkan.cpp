@@ -2,10 +2,10 @@
 //
 // MUL_MAT with up to mul_mat_vec_max_cols columns (decode) runs the mat-vec shader, more columns (prompt
 // batches) the tiled mul_mm_bitcos.comp; MUL_MAT_ID runs the mat-vec-id shader, one dispatch per token as
-// ggml-vulkan's own mat-vec-id path does. The push constants and workgroup grid are those of ggml-vulkan's mat-vec, with
-// batch_stride_a in weights, so the shader finds global rows for the companion's row index. The weight and
-// its companion are in the same device buffer (the loader creates the companion in the weight's context)
-// and were validated on the host by the loader before any graph ran.
+// ggml-vulkan's own mat-vec-id path does. The mat-vec push constants and workgroup grid are ggml-vulkan's,
+// with batch_stride_a in weights, so the shader finds global rows for the companion's row index. The weight
+// and its companion are in the same device buffer (the loader creates the companion in the weight's
+// context) and were validated on the host by the loader before any graph ran.
 #include "ggml-bitcos-vulkan.h"
 
 #include "ggml-bitcos.h"

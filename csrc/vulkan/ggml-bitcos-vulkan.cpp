@@ -177,44 +177,33 @@ void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, 
     const vk_subbuffer d_D = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + ctx->num_additional_fused_ops]);
     const fused_operands f = mul_mat_fused(ctx, cgraph, node_idx, d_D);
 
-    if (view_row0 > 0 && ne11 == 1) {
-        // one column of a view: batch index 1 (base_work_group_y) whose "matrix" starts at the view's first
-        // row (batch_stride_a = row0 * k), with zero batch strides for B and D
-        vk_pipeline dmmv = pipeline(1);
-        ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
-        const vk_mat_vec_push_constants pc = {
-            k, col_stride, col_stride, rows,
-            (uint32_t) view_row0 * k, 0, 0,
-            f.flags, 1,
-            1, 1, 1, 1,
-        };
-        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, 1));
-        return;
-    }
-    if (ne11 == 1) {
-        // one column per batch: batch_stride_a = weights per matrix, matrices broadcast by r2 / r3
-        vk_pipeline dmmv = pipeline(1);
-        ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
-        const vk_mat_vec_push_constants pc = {
-            k, col_stride, col_stride, rows,
-            k * rows, (uint32_t)(src1->nb[2] / sizeof(float)), (uint32_t)(dst->nb[2] / sizeof(float)),
-            f.flags, 0,
-            (uint32_t) src0->ne[2], ne12, ne12 / (uint32_t) src0->ne[2], ne13 / (uint32_t) src0->ne[3],
-        };
-        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, ne12 * ne13));
-        return;
-    }
-    if (ne11 <= mul_mat_vec_max_cols && view_row0 == 0) {
-        // up to mul_mat_vec_max_cols columns of a single batch: batch strides step columns, matrix 0
+    if (ne11 == 1 || (ne11 <= mul_mat_vec_max_cols && view_row0 == 0)) {
+        // mat-vec. Three layouts of its push constants:
+        //  - one column per batch: batch_stride_a = weights per matrix, matrices broadcast by r2 / r3;
+        //  - one column of a view: batch index 1 (base_work_group_y) whose "matrix" starts at the view's
+        //    first row (batch_stride_a = row0 * k), zero batch strides for B and D;
+        //  - up to mul_mat_vec_max_cols columns of a single batch: batch strides step columns, matrix 0.
+        vk_mat_vec_push_constants pc = { k, col_stride, col_stride, rows, 0, 0, 0, f.flags, 0, 1, 1, 1, 1 };
+        uint32_t groups_y = 1;
+        if (view_row0 > 0) {
+            pc.batch_stride_a    = (uint32_t) view_row0 * k;
+            pc.base_work_group_y = 1;
+        } else if (ne11 == 1) {
+            pc.batch_stride_a = k * rows;
+            pc.batch_stride_b = (uint32_t)(src1->nb[2] / sizeof(float));
+            pc.batch_stride_d = (uint32_t)(dst->nb[2] / sizeof(float));
+            pc.ne02 = (uint32_t) src0->ne[2];
+            pc.ne12 = ne12;
+            pc.broadcast2 = ne12 / (uint32_t) src0->ne[2];
+            pc.broadcast3 = ne13 / (uint32_t) src0->ne[3];
+            groups_y = ne12 * ne13;
+        } else {
+            pc.batch_stride_b = col_stride;
+            pc.batch_stride_d = (uint32_t)(dst->nb[1] / sizeof(float));
+        }
         vk_pipeline dmmv = pipeline(ne11);
         ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
-        const vk_mat_vec_push_constants pc = {
-            k, col_stride, col_stride, rows,
-            0, col_stride, (uint32_t)(dst->nb[1] / sizeof(float)),
-            f.flags, 0,
-            1, 1, 1, 1,
-        };
-        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, 1));
+        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, groups_y));
         return;
     }
     // a prompt batch (or several columns of a view): the tiled matrix multiply decodes each 32-row tile once

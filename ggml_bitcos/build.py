@@ -38,10 +38,11 @@ LLAMA_DIR = "vendor/llama.cpp"
 BITCOS_SRC_DIR = f"{LLAMA_DIR}/ggml/src/ggml-bitcos"
 # Public headers of the patched ggml (also copied to ggml/include/): the API and the format's C layout.
 PUBLIC_HEADERS = ("ggml-bitcos.h", "bitcos-format.h")
-# csrc/vulkan/: the ggml-vulkan glue goes to ggml-bitcos/vulkan/; shaders (*.comp) into ggml-vulkan's shader
-# folder, where its build globs them
+# csrc/vulkan/: the ggml-vulkan glue goes to ggml-bitcos/vulkan/; shaders (*.comp) and their includes (*.glsl)
+# into ggml-vulkan's shader folder, where its build globs the shaders and the includes resolve
 VULKAN_CSRC_DIR = CSRC_DIR / "vulkan"
 VULKAN_SHADER_DIR = f"{LLAMA_DIR}/ggml/src/ggml-vulkan/vulkan-shaders"
+SHADER_SUFFIXES = (".comp", ".glsl")
 
 # llama.cpp tools the package installs into llama_cpp/bin (the llama-cpp-python tool-install patch).
 TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-perplexity")
@@ -63,7 +64,7 @@ class BuildError(RuntimeError):
 def csrc_destinations() -> list[str]:
     """Paths (relative to the sdist root) that hold copies of this repository's C sources."""
     return [BITCOS_SRC_DIR, *(f"{LLAMA_DIR}/ggml/include/{h}" for h in PUBLIC_HEADERS),
-            *(f"{VULKAN_SHADER_DIR}/{p.name}" for p in _vulkan_files() if p.suffix == ".comp")]
+            *(f"{VULKAN_SHADER_DIR}/{p.name}" for p in _vulkan_files() if p.suffix in SHADER_SUFFIXES)]
 
 
 def _csrc_files() -> list[Path]:
@@ -101,7 +102,7 @@ def copy_csrc(tree: Path) -> None:
     for header in PUBLIC_HEADERS:
         shutil.copy2(CSRC_DIR / header, tree / LLAMA_DIR / "ggml" / "include" / header)
     for p in _vulkan_files():
-        target = tree / VULKAN_SHADER_DIR if p.suffix == ".comp" else dest / "vulkan"
+        target = tree / VULKAN_SHADER_DIR if p.suffix in SHADER_SUFFIXES else dest / "vulkan"
         target.mkdir(exist_ok=True)
         shutil.copy2(p, target / p.name)
     tools = _tool_files()

@@ -31,24 +31,7 @@ layout (binding = BITCOS_COMPANION_BINDING) readonly buffer C {uint data_c[];};
 
 FLOAT_TYPE temp[NUM_COLS][NUM_ROWS];
 
-// companion bytes; u64 header fields are read as their low word (the host refuses tensors whose companion
-// or sign count does not fit 32 bits)
-uint comp_u32(const uint byte_offset) {
-    return data_c[byte_offset >> 2];
-}
-
-uint comp_u16(const uint byte_offset) {
-    return (data_c[byte_offset >> 2] >> (8 * (byte_offset & 2))) & 0xffffu;
-}
-
-uint comp_u8(const uint byte_offset) {
-    return (data_c[byte_offset >> 2] >> (8 * (byte_offset & 3))) & 0xffu;
-}
-
-// bitmap word w (0..3) of block blk (u16 index of the block's first u16)
-uint bitmap_word(const uint blk, const uint w) {
-    return uint(data_a[blk + 2*w]) | (uint(data_a[blk + 2*w + 1]) << 16);
-}
+#include "bitcos_decode.glsl"
 
 uint block_popcount(const uint blk) {
     return bitCount(bitmap_word(blk, 0)) + bitCount(bitmap_word(blk, 1)) + bitCount(bitmap_word(blk, 2)) + bitCount(bitmap_word(blk, 3));
@@ -83,9 +66,6 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows) {
     const uint y_offset = 128*v_im + l0;
 
     // companion header (FORMAT.md §4.1)
-    const uint g          = comp_u8(BITCOS_HDR_ROW_GROUP_LOG2);
-    const uint row_base   = comp_u32(BITCOS_HDR_ROW_BASE_OFFSET);
-    const uint row_delta  = comp_u32(BITCOS_HDR_ROW_DELTA_OFFSET);
     const uint pool_word0 = comp_u32(BITCOS_HDR_POOL_OFFSET) >> 2;
 #if defined(BITCOS_PT)
     const uint scales     = comp_u32(BITCOS_HDR_SCALES_OFFSET);
@@ -101,7 +81,7 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows) {
     uint sign0[NUM_ROWS];    // pool bit of the first sign of the current step's first superblock, per row
     [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
         const uint r = row0 + n;
-        sign0[n] = n < num_rows ? comp_u32(row_base + 8*(r >> g)) + comp_u16(row_delta + 2*r) : 0;
+        sign0[n] = n < num_rows ? row_sign_pos(r) : 0;
     }
 
     for (uint i0 = 0; i0 < nsb; i0 += it_size) {
@@ -142,8 +122,7 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows) {
                     [[unroll]] for (uint l = 0; l < 2; ++l) {
                         const uint bit = 16*h + l0 + l;
                         const uint pos = count + bitCount(word & ((1u << bit) - 1u));
-                        const uint neg = (data_c[pool_word0 + (pos >> 5)] >> (pos & 31u)) & 1u;
-                        q[2*w + h][l] = FLOAT_TYPE(((word >> bit) & 1u) == 0u ? 1u : 2u - 2u*neg);
+                        q[2*w + h][l] = FLOAT_TYPE(((word >> bit) & 1u) == 0u ? 1u : 2u - 2u*pool_sign(pool_word0, pos));
                     }
                 }
                 count += bitCount(word);

@@ -38,20 +38,13 @@ shared float sa[TM][TK + 1];
 shared float sb[TN][TK + 1];
 shared uint cursor[TM];
 
-uint comp_u32(const uint byte_offset) { return data_c[byte_offset >> 2]; }
-uint comp_u16(const uint byte_offset) { return (data_c[byte_offset >> 2] >> (8 * (byte_offset & 2))) & 0xffffu; }
-uint comp_u8(const uint byte_offset)  { return (data_c[byte_offset >> 2] >> (8 * (byte_offset & 3))) & 0xffu; }
-
-uint bitmap_word(const uint blk, const uint w) {
-    return uint(data_a[blk + 2*w]) | (uint(data_a[blk + 2*w + 1]) << 16);
-}
+#include "bitcos_decode.glsl"
 
 void main() {
     const uint tid  = gl_LocalInvocationID.x;
     const uint m0   = gl_WorkGroupID.x * TM;
     const uint n0   = gl_WorkGroupID.y * TN;
     const uint nblk = p.k / 128;
-    const uint g    = comp_u8(BITCOS_HDR_ROW_GROUP_LOG2);
     const uint pool_word0 = comp_u32(BITCOS_HDR_POOL_OFFSET) >> 2;
 #if defined(BITCOS_PT)
     const uint rows_per_mat = comp_u32(BITCOS_HDR_N_ROWS) / comp_u32(BITCOS_HDR_N_MATS);
@@ -64,8 +57,7 @@ void main() {
     const uint r  = m0 + lr;          // row within the matrix
     const uint gr = p.row0 + r;       // global row
     if (h == 0) {
-        cursor[lr] = r < p.rows ? comp_u32(comp_u32(BITCOS_HDR_ROW_BASE_OFFSET) + 8*(gr >> g))
-                                  + comp_u16(comp_u32(BITCOS_HDR_ROW_DELTA_OFFSET) + 2*gr) : 0u;
+        cursor[lr] = r < p.rows ? row_sign_pos(gr) : 0u;
     }
 #if defined(BITCOS_PT)
     const float d_row = r < p.rows ? uintBitsToFloat(data_c[scales + gr / rows_per_mat]) : 0.0;
@@ -98,7 +90,7 @@ void main() {
             for (uint i = 0; i < 32; ++i) {
                 float v = 0.0;
                 if (((word >> i) & 1u) != 0u) {
-                    v = ((data_c[pool_word0 + (pos >> 5)] >> (pos & 31u)) & 1u) != 0u ? -d : d;
+                    v = pool_sign(pool_word0, pos) != 0u ? -d : d;
                     pos++;
                 }
                 sa[lr][32*h + i] = v;

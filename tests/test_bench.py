@@ -147,3 +147,112 @@ def test_bench_kernels_small(kernel_library):
     timings = json.loads(r.stdout)
     assert {t["nc"] for t in timings} == {1, 2} and all(t["variant"] == "g128" for t in timings)
     assert all(t["cycles_per_32_min"] > 0 for t in timings)
+
+
+def test_traffic_generator_modes(kernel_library):
+    """bitcos_h_traffic (the generator `bench bandwidth` runs on the other CPUs) does what each mode says on
+    its first 256 KiB slice (seconds = 0: exactly one slice): read sums the words it should, write stores,
+    copy copies the first half into the second; bad arguments are refused."""
+    import ctypes
+
+    import numpy as np
+
+    from ggml_bitcos.bench import bandwidth
+
+    lib = bandwidth._traffic_lib()
+    slice_bytes = 256 * 1024
+    rng = np.random.default_rng(5)
+    buf = rng.integers(0, 256, 4 * slice_bytes, dtype=np.uint8)
+    moved, checksum = ctypes.c_uint64(0), ctypes.c_uint64(0)
+
+    def call(mode: str, b: np.ndarray, rate: float = 0.0) -> float:
+        return lib.bitcos_h_traffic(bandwidth.TRAFFIC_MODES[mode], b.ctypes.data, b.nbytes, rate, 0.0,
+                                    ctypes.byref(moved), ctypes.byref(checksum))
+
+    assert call("read", buf) >= 0 and moved.value == slice_bytes
+    words = buf[:slice_bytes].view("<u8").reshape(-1, 8)
+    lanes = [int(x) for x in words.sum(axis=0, dtype=np.uint64)]
+    expect = 0
+    for x in lanes:
+        expect ^= x
+    assert checksum.value == expect ^ int(buf[-1])
+
+    before = buf.copy()
+    assert call("copy", buf) >= 0 and moved.value == 2 * slice_bytes
+    half = buf.nbytes // 2
+    assert np.array_equal(buf[half:half + slice_bytes], before[:slice_bytes])
+    assert np.array_equal(buf[half + slice_bytes:], before[half + slice_bytes:])   # only one slice
+
+    assert call("write", buf) >= 0 and moved.value == slice_bytes
+    assert not buf[:slice_bytes].any() and np.array_equal(buf[slice_bytes:half], before[slice_bytes:half])
+
+    assert lib.bitcos_h_traffic(7, buf.ctypes.data, buf.nbytes, 0.0, 0.0, ctypes.byref(moved),
+                                ctypes.byref(checksum)) == -1
+    assert call("read", buf[:slice_bytes]) == -1                  # smaller than two slices
+
+
+def test_bandwidth_roofline_prediction_and_crossover():
+    """The roofline of `bench bandwidth`: at low bandwidth both GEMVs stream, so the predicted speed ratio is
+    the byte ratio; at high bandwidth both execute, so it is the gamma ratio; they cross where the TQ2_0
+    bytes take as long at beta as BITCOS takes to execute (beta* = bytes_TQ2_0 / t_ins_BITCOS)."""
+    from ggml_bitcos.bench import bandwidth
+
+    n = 16384 * 16384
+    rec = {"gemv": {"tq2_0": {"weights": n, "bytes": n * 2.0625 / 8},
+                    "bitcos_pt": {"weights": n, "bytes": n * 1.6 / 8}}}
+    gam, ghz = {"tq2_0": 1.4, "bitcos_pt": 1.8}, 2.6
+    low = bandwidth.predicted_ratio(rec, "bitcos_pt", "tq2_0", gam, 0.5, ghz)
+    high = bandwidth.predicted_ratio(rec, "bitcos_pt", "tq2_0", gam, 500.0, ghz)
+    assert abs(low - 2.0625 / 1.6) < 1e-9 and abs(high - 1.4 / 1.8) < 1e-9
+    t_ins_bitcos_us = n / 32 * 1.8 / (ghz * 1e3)
+    expect = rec["gemv"]["tq2_0"]["bytes"] / (t_ins_bitcos_us * 1e3)          # GB/s
+    got = bandwidth.crossover_beta(rec, "bitcos_pt", "tq2_0", gam, ghz)
+    assert got is not None and abs(got / expect - 1) < 0.01
+    # a BITCOS kernel faster than TQ2_0 in L1 wins at every bandwidth: no crossover inside the range
+    assert bandwidth.crossover_beta(rec, "bitcos_pt", "tq2_0", {"tq2_0": 1.4, "bitcos_pt": 1.2}, ghz) is None
+
+
+def test_bandwidth_levels_parse():
+    """MODE[:RATE][*COUNT] levels; a count beyond the other CPUs or an unknown mode is refused."""
+    import argparse
+
+    import pytest
+
+    from ggml_bitcos.bench.bandwidth import Level, parse_level
+
+    assert parse_level("none", 3) == Level("none")
+    assert parse_level("copy", 3) == Level("copy", 0.0, 3)
+    assert parse_level("read:2.5*2", 3) == Level("read", 2.5, 2)
+    assert parse_level("read:2.5*2", 3).label == "read:2.5*2"
+    for bad in ("copy*4", "stream", "read*0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_level(bad, 3)
+
+
+def test_bench_bandwidth_small(tmp_path, patched_llama, kernel_library):
+    """`bench bandwidth` end to end on a small shape: one level without traffic, one with a paced read
+    generator on the second CPU; every level has its beta, the generator's measured traffic and the GEMV
+    of every type (ratios are printed, never asserted)."""
+    import os
+
+    import pytest
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    out, plot = tmp_path / "bw.json", tmp_path / "bw.png"
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "bandwidth", "--rows", "256", "--k", "512",
+                        "--levels", "none,read:1*1", "--reps", "3", "--workdir", str(tmp_path / "w"),
+                        "--json", str(out), "--plot", str(plot)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "PT/TQ2_0 measured" in r.stdout and "predicted crossover" in r.stdout
+    res = json.loads(out.read_text())
+    assert [lv["level"] for lv in res["levels"]] == ["none", "read:1*1"]
+    none, read = res["levels"]
+    assert none["generators"] == [] and len(read["generators"]) == 1 and read["generators"][0]["gb_per_s"] > 0
+    for lv in res["levels"]:
+        assert lv["beta_gb_s"] > 0
+        assert set(lv["gemv"]) == {"tq2_0", "tq1_0", "bitcos_pt", "bitcos_g128"}
+        assert all(v["median_us"] > 0 for v in lv["gemv"].values())
+    assert plot.stat().st_size > 0

@@ -5,6 +5,9 @@
                  repetitions interleave all types (``--order grouped``: back to back, cache-resident).
 * ``roofline`` — Table II / Fig. 10: measured per-thread read bandwidth beta and instruction cost gamma
                  (cycles per 32 weights, L1-resident), the predicted bound for each z, next to measured.
+* ``bandwidth``— where BITCOS wins: GEMV (and llama-bench tg) speed vs TQ2_0 against the DRAM bandwidth
+                 left per compute thread, traffic generators on the other CPUs cutting it, with the roofline's
+                 prediction and the crossover.
 * ``e2e``      — Fig. 12: llama-bench tg128 / pp512 for one model in TQ1_0, TQ2_0 and BITCOS, in rounds over
                  all models (medians over rounds), and where a generated token's time goes: its ternary
                  matmuls, its other matmuls (llama-bitcos-bench decode) and the rest, with the Amdahl ceiling
@@ -26,14 +29,14 @@ import argparse
 import importlib
 
 # `bench` subcommands in the order `--help` lists them, each a module with add_parser(subparsers)
-BENCH_MODULES = ("gemv", "roofline", "e2e", "gpu")
+BENCH_MODULES = ("gemv", "roofline", "bandwidth", "e2e", "gpu")
 # needs the kernel harness binding; left out of the CLI when that cannot be imported
 OPTIONAL_BENCH_MODULES = ("kernels",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Adds `bench` with its gemv, roofline, e2e, gpu and kernels subcommands (CLI registration, see cli.py)."""
-    p = subparsers.add_parser("bench", help="benchmarks: gemv, roofline, e2e, gpu, kernels",
+    """Adds `bench` with its gemv, roofline, bandwidth, e2e, gpu and kernels subcommands (CLI registration, see cli.py)."""
+    p = subparsers.add_parser("bench", help="benchmarks: gemv, roofline, bandwidth, e2e, gpu, kernels",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="bench_cmd", required=True)
     for name in BENCH_MODULES:

@@ -1,0 +1,408 @@
+"""`ggml-bitcos bench bandwidth`: where BITCOS wins — GEMV and decode speed against the DRAM bandwidth left
+per compute thread.
+
+BITCOS reads 2 - z bits per weight where TQ2_0 reads 2.06: it wins once a thread's share of DRAM bandwidth,
+not its instruction rate, bounds the GEMV. A 2-core VM gives its one compute thread ~30 GB/s (the
+bandwidth-rich extreme); a many-core server gives each core a few GB/s. This benchmark simulates the
+latter honestly: traffic generators (csrc/bitcos-traffic.c, one process per other CPU, pinned there) read,
+write or copy a buffer much larger than the last-level cache while one compute thread, pinned to CPU 0,
+
+  1. measures the read bandwidth it has left (llama-bitcos-bench bandwidth: beta per core),
+  2. times the same ternary GEMV as BITCOS (PT and G128) and TQ2_0 / TQ1_0 through ggml's MUL_MAT
+     (llama-bitcos-bench gemv, repetitions interleaving the types: all ratios from one run per level),
+  3. optionally runs llama-bench decode (tg) on a TQ2_0 model and its BITCOS conversion (--models),
+
+for each traffic level. The roofline max(bytes / beta, weights / 32 * gamma / f) of each type, with gamma
+(cycles per 32 weights, L1-resident) measured in the same invocation, predicts the speed ratio over all
+beta; the crossover is where the prediction reaches 1.
+
+    ggml-bitcos bench bandwidth [--levels none,read,write,copy] [--rows 16384 --k 16384] [--z 0.42]
+                                [--models tq2_0.gguf,bitcos.gguf] [--json out.json] [--plot out.png]
+
+A level is MODE[:RATE][*COUNT]: MODE none|read|write|copy, RATE the GB/s each generator aims at (default:
+flat out), COUNT the number of generator processes (default: one per CPU other than CPU 0). On a machine
+with many cores, "copy*1,copy*3,copy*7,..." sweeps down the bandwidth per core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ggml_bitcos.bench.common import (bench_workdir, machine_line, pyplot, run_tool, save_figure, tsc_ghz,
+                                      write_json)
+from ggml_bitcos.bench.gemv import REF_ZERO_DENSITY, write_gemv_gguf
+
+TRAFFIC_MODES = {"read": 0, "write": 1, "copy": 2}   # csrc/bitcos-traffic.c BITCOS_TRAFFIC_*
+COMPUTE_CPU = 0
+GENERATOR_BUFFER_MIB = 512          # per generator: well above any last-level cache here
+GENERATOR_SLICE_S = 0.2             # how often a generator checks for the stop signal
+BITCOS_TYPES = ("bitcos_pt", "bitcos_g128")
+REFS = ("tq2_0", "tq1_0")
+
+
+# ------------------------------------------------------------------------------------------- levels
+@dataclass(frozen=True)
+class Level:
+    """One traffic level: `count` generators of `mode` at `rate` GB/s each (0: flat out)."""
+
+    mode: str
+    rate: float = 0.0
+    count: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.mode == "none":
+            return "none"
+        rate = f":{self.rate:g}" if self.rate > 0 else ""
+        return f"{self.mode}{rate}*{self.count}"
+
+
+def parse_level(text: str, other_cpus: int) -> Level:
+    """MODE[:RATE][*COUNT] -> Level; COUNT defaults to every CPU but the compute CPU."""
+    text = text.strip()
+    count = other_cpus
+    if "*" in text:
+        text, c = text.split("*", 1)
+        count = int(c)
+    rate = 0.0
+    if ":" in text:
+        text, r = text.split(":", 1)
+        rate = float(r)
+    if text == "none":
+        return Level("none")
+    if text not in TRAFFIC_MODES:
+        raise argparse.ArgumentTypeError(f"unknown traffic mode {text!r} (none, {', '.join(TRAFFIC_MODES)})")
+    if count < 1 or count > other_cpus:
+        raise argparse.ArgumentTypeError(f"{count} generators need {count} CPUs besides CPU {COMPUTE_CPU}; "
+                                         f"this machine has {other_cpus}")
+    return Level(text, rate, count)
+
+
+# --------------------------------------------------------------------------------------- generators
+def _traffic_lib() -> ctypes.CDLL:
+    """The harness library with bitcos_h_traffic (built with the kernels: `pip install .` or build/kernels)."""
+    from ggml_bitcos import harness
+
+    lib = harness.load_library(True)
+    if not hasattr(lib, "bitcos_h_traffic"):
+        raise harness.KernelLibraryNotFound(
+            f"{harness.library_path(True)} predates the traffic generator; rebuild it (`pip install .` or "
+            "`cmake --build build/kernels`)")
+    lib.bitcos_h_traffic.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_double,
+                                     ctypes.c_double, ctypes.POINTER(ctypes.c_uint64),
+                                     ctypes.POINTER(ctypes.c_uint64)]
+    lib.bitcos_h_traffic.restype = ctypes.c_double
+    return lib
+
+
+def generator_main(mode: str, rate: float, cpu: int, mib: int) -> int:
+    """Body of one generator process: pins itself to `cpu`, says "ready", generates traffic until SIGTERM,
+    then prints one JSON line with the bytes it touched per second."""
+    os.sched_setaffinity(0, {cpu})
+    lib = _traffic_lib()
+    buf = np.ones(mib << 20, dtype=np.uint8)       # touched once here, so no page faults while measured
+    stop = False
+
+    def on_term(_sig: int, _frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    print("ready", flush=True)
+    moved, checksum = ctypes.c_uint64(0), ctypes.c_uint64(0)
+    total, elapsed = 0, 0.0
+    while not stop:
+        t = lib.bitcos_h_traffic(TRAFFIC_MODES[mode], buf.ctypes.data, buf.nbytes, rate, GENERATOR_SLICE_S,
+                                 ctypes.byref(moved), ctypes.byref(checksum))
+        if t < 0:
+            raise RuntimeError("bitcos_h_traffic: bad arguments")
+        total += moved.value
+        elapsed += t
+    print(json.dumps({"cpu": cpu, "mode": mode, "gb_per_s": total / elapsed / 1e9 if elapsed else 0.0,
+                      "checksum": checksum.value}), flush=True)
+    return 0
+
+
+@contextmanager
+def traffic(level: Level) -> Iterator[list[dict[str, Any]]]:
+    """Runs the level's generators on CPUs 1 .. count while the block runs; afterwards the list yielded
+    holds each generator's measured GB/s."""
+    procs: list[subprocess.Popen[str]] = []
+    stats: list[dict[str, Any]] = []
+    try:
+        for i in range(level.count):
+            cpu = 1 + i
+            p = subprocess.Popen([sys.executable, "-m", "ggml_bitcos.bench.bandwidth", "--generator", level.mode,
+                                  str(level.rate), str(cpu), str(GENERATOR_BUFFER_MIB)],
+                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+            procs.append(p)
+        for p in procs:
+            line = p.stdout.readline() if p.stdout else ""
+            if line.strip() != "ready":
+                raise RuntimeError(f"traffic generator failed to start (exit {p.poll()})")
+        time.sleep(0.3)                                  # let the generators reach their steady rate
+        yield stats
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            for line in (out or "").splitlines():
+                if line.startswith("{"):
+                    stats.append(json.loads(line))
+
+
+@contextmanager
+def pinned(cpu: int) -> Iterator[None]:
+    """Pins this process (and the tools it starts) to one CPU for the block."""
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+# -------------------------------------------------------------------------------------- measurement
+def measure_level(level: Level, gemv_files: list[tuple[float | None, Path]], reps: int,
+                  models: list[Path] | None, n_gen: int, tg_reps: int) -> dict[str, Any]:
+    """beta left to the compute CPU, GEMV times per type and (with models) llama-bench tg, under `level`."""
+    with pinned(COMPUTE_CPU):
+        ctx = traffic(level) if level.mode != "none" else _no_traffic()
+        with ctx as gen_stats:
+            beta = run_tool(["bandwidth", "512", "1", "5"])[0]["gb_per_s"]
+            gemv = run_tool(["gemv", ",".join(str(p) for _, p in gemv_files), "1", str(reps), "1", "interleaved"])
+            tg: list[dict[str, Any]] = []
+            if models:
+                from ggml_bitcos import llama_run
+
+                tg = llama_run.run_bench(models, n_prompt=0, n_gen=n_gen, threads=[1], repetitions=tg_reps)
+            beta_after = run_tool(["bandwidth", "512", "1", "5"])[0]["gb_per_s"]
+    times = {}
+    for rec in gemv:
+        t = rec["tensor"].split(".", 1)[1]
+        times[t] = {"median_us": rec["median_us"], "bytes": rec["bytes"], "weights": rec["rows"] * rec["k"]}
+    tg_ts = {Path(r["model_filename"]).name: r["avg_ts"] for r in tg if r.get("n_gen", 0) > 0}
+    return {"level": level.label, "beta_gb_s": 0.5 * (beta + beta_after), "beta_before": beta,
+            "beta_after": beta_after, "generators": gen_stats,
+            "generated_gb_s": sum(g["gb_per_s"] for g in gen_stats), "gemv": times, "tg_ts": tg_ts}
+
+
+@contextmanager
+def _no_traffic() -> Iterator[list[dict[str, Any]]]:
+    yield []
+
+
+def gammas(log: Callable[[str], Any]) -> dict[str, float]:
+    """Cycles (TSC ticks) per 32 weights, L1-resident, one thread: ggml's own vec_dot for TQ2_0/TQ1_0 and the
+    best BITCOS kernel of the harness (the roofline's instruction cost)."""
+    g = {t: run_tool(["gamma", t, "2048", "8", "2000"])[0]["cycles_per_32"] for t in REFS}
+    try:
+        from ggml_bitcos.bench.kernels import gamma_l1
+
+        g.update(gamma_l1())
+    except Exception as e:      # harness missing: no BITCOS prediction
+        log(f"# BITCOS gamma unavailable ({e})")
+    return g
+
+
+def predicted_us(n_weights: int, n_bytes: int, gamma: float, beta_gb_s: float, ghz: float) -> float:
+    """Roofline time of one GEMV: the slower of streaming its bytes at beta and executing it at gamma."""
+    return max(n_bytes / (beta_gb_s * 1e3), n_weights / 32 * gamma / (ghz * 1e3))
+
+
+def predicted_ratio(rec: dict[str, Any], t: str, ref: str, gam: dict[str, float], beta: float, ghz: float) -> float:
+    """Predicted speed of type t relative to ref (> 1: t faster) at beta GB/s per core."""
+    a, b = rec["gemv"][t], rec["gemv"][ref]
+    return (predicted_us(b["weights"], b["bytes"], gam[ref], beta, ghz) /
+            predicted_us(a["weights"], a["bytes"], gam[t], beta, ghz))
+
+
+def crossover_beta(rec: dict[str, Any], t: str, ref: str, gam: dict[str, float], ghz: float) -> float | None:
+    """Bandwidth per core (GB/s) below which the roofline predicts t faster than ref (None: never/always)."""
+    grid = np.geomspace(0.25, 200.0, 4000)
+    r = np.array([predicted_ratio(rec, t, ref, gam, b, ghz) for b in grid])
+    faster = r > 1.0
+    if faster.all() or not faster.any():
+        return None
+    i = int(np.argmax(~faster))          # first beta at which t is no longer faster
+    return float(grid[i])
+
+
+def bench_bandwidth(levels: list[Level], rows: int, k: int, z: float, reps: int, workdir: Path,
+                    models: list[Path] | None = None, n_gen: int = 32, tg_reps: int = 3,
+                    log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Every level's measurements, the gammas and the roofline prediction (see the module docstring)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ref = workdir / f"bw-ref-{rows}x{k}.gguf"
+    bc = workdir / f"bw-bitcos-{rows}x{k}-z{z:.3f}.gguf"
+    if not ref.exists():
+        write_gemv_gguf(ref, rows, k, REF_ZERO_DENSITY, list(REFS))
+    if not bc.exists():
+        write_gemv_gguf(bc, rows, k, z, list(BITCOS_TYPES), seed=1)
+    with pinned(COMPUTE_CPU):
+        gam = gammas(log)
+    ghz = tsc_ghz()
+    out = []
+    for lv in levels:
+        rec = measure_level(lv, [(None, ref), (z, bc)], reps, models, n_gen, tg_reps)
+        rec["predicted"] = {t: predicted_ratio(rec, t, "tq2_0", gam, rec["beta_gb_s"], ghz) for t in BITCOS_TYPES}
+        out.append(rec)
+        log(f"# {lv.label}: beta {rec['beta_gb_s']:.1f} GB/s, generators {rec['generated_gb_s']:.1f} GB/s, "
+            + ", ".join(f"{t} {v['median_us']:.0f} us" for t, v in rec["gemv"].items()))
+    cross = {t: crossover_beta(out[0], t, "tq2_0", gam, ghz) for t in BITCOS_TYPES if t in gam}
+    return {"levels": out, "gamma": gam, "tsc_ghz": ghz, "crossover_gb_s": cross, "z": z, "rows": rows, "k": k}
+
+
+# ------------------------------------------------------------------------------------------- output
+def bandwidth_table(res: dict[str, Any]) -> str:
+    """Markdown: per level, beta left, generated traffic, GEMV speed ratios measured vs predicted, tg ratio."""
+    lines = ["| level | beta left GB/s | generators GB/s | TQ2_0 µs | PT µs | PT/TQ2_0 measured | predicted "
+             "| G128/TQ2_0 | PT/TQ1_0 | tg BITCOS/TQ2_0 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["levels"]:
+        g = r["gemv"]
+        sp = {t: g["tq2_0"]["median_us"] / g[t]["median_us"] for t in BITCOS_TYPES}
+        vs1 = g["tq1_0"]["median_us"] / g["bitcos_pt"]["median_us"]
+        tg = r["tg_ts"]
+        tgr = "-"
+        if len(tg) == 2:
+            names = sorted(tg)
+            bc = next((n for n in names if "bitcos" in n), None)
+            other = next((n for n in names if n != bc), None)
+            if bc and other:
+                tgr = f"{tg[bc] / tg[other]:.3f}x"
+        lines.append(f"| {r['level']} | {r['beta_gb_s']:.1f} | {r['generated_gb_s']:.1f} | "
+                     f"{g['tq2_0']['median_us']:.0f} | {g['bitcos_pt']['median_us']:.0f} | {sp['bitcos_pt']:.3f}x | "
+                     f"{r['predicted'].get('bitcos_pt', float('nan')):.3f}x | {sp['bitcos_g128']:.3f}x | "
+                     f"{vs1:.3f}x | {tgr} |")
+    cross = ", ".join(f"{t}: {'none in 0.25-200 GB/s' if b is None else f'{b:.1f} GB/s'}"
+                      for t, b in res["crossover_gb_s"].items())
+    gam = ", ".join(f"{t} {g:.2f}" for t, g in res["gamma"].items())
+    lines += ["", f"gamma (TSC ticks / 32 weights, L1): {gam}; TSC {res['tsc_ghz']:.2f} GHz",
+              f"predicted crossover (BITCOS faster than TQ2_0 below): {cross}"]
+    return "\n".join(lines)
+
+
+def bandwidth_plot(res: dict[str, Any], out: Path, title: str) -> None:
+    """Speed ratio vs TQ2_0 against the bandwidth per core: measured GEMV (and tg) points, the roofline
+    curve, the crossover and the byte ratio."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    base = res["levels"][0]
+    betas = [r["beta_gb_s"] for r in res["levels"]]
+    grid = np.geomspace(1.0, max(60.0, 1.3 * max(betas)), 300)
+    for t, color in zip(BITCOS_TYPES, ("C0", "C1")):
+        if t not in res["gamma"]:
+            continue
+        pred = [predicted_ratio(base, t, "tq2_0", res["gamma"], b, res["tsc_ghz"]) for b in grid]
+        ax.plot(grid, pred, "-", color=color, alpha=0.6, label=f"{t.upper()} roofline")
+        meas = [r["gemv"]["tq2_0"]["median_us"] / r["gemv"][t]["median_us"] for r in res["levels"]]
+        ax.plot(betas, meas, "o", color=color, label=f"{t.upper()} GEMV measured")
+        cb = res["crossover_gb_s"].get(t)
+        if cb is not None:
+            ax.axvline(cb, color=color, linestyle=":", alpha=0.8)
+            ax.annotate(f"crossover {cb:.1f} GB/s", (cb, 1.0), textcoords="offset points", xytext=(4, 8),
+                        fontsize=8, color=color)
+    tg_pts = []
+    for r in res["levels"]:
+        tg = r["tg_ts"]
+        bc = next((n for n in tg if "bitcos" in n), None)
+        other = next((n for n in tg if n != bc), None)
+        if bc and other:
+            tg_pts.append((r["beta_gb_s"], tg[bc] / tg[other]))
+    if tg_pts:
+        ax.plot([p[0] for p in tg_pts], [p[1] for p in tg_pts], "s", color="C2", label="tg (llama-bench, 1 thread)")
+    byte_ratio = base["gemv"]["tq2_0"]["bytes"] / base["gemv"]["bitcos_pt"]["bytes"]
+    ax.axhline(byte_ratio, color="C0", linestyle="--", alpha=0.4, label=f"byte ratio PT {byte_ratio:.2f}x")
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("DRAM read bandwidth left to the compute thread (GB/s per core)")
+    ax.set_ylabel("speed vs TQ2_0 (> 1: BITCOS faster)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    save_figure(fig, out, title)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds `bench bandwidth` to the `bench` subparsers."""
+    b = sub.add_parser("bandwidth", help="GEMV/decode speed vs the DRAM bandwidth left per core (traffic "
+                                         "generators on the other CPUs)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--levels", default="none,read,write,copy",
+                   help="comma list of MODE[:RATE][*COUNT] (default none,read,write,copy)")
+    b.add_argument("--rows", type=int, default=16384)
+    b.add_argument("--k", type=int, default=16384)
+    b.add_argument("--z", type=float, default=0.42, help="zero density of the BITCOS weights (default 0.42)")
+    b.add_argument("--reps", type=int, default=7)
+    b.add_argument("--models", default=None,
+                   help="comma list of GGUF models for llama-bench tg at 1 thread per level (e.g. a TQ2_0 "
+                        "model and its BITCOS conversion; the BITCOS file's name must contain 'bitcos')")
+    b.add_argument("--n-gen", type=int, default=32)
+    b.add_argument("--tg-reps", type=int, default=3)
+    b.add_argument("--workdir", type=Path, default=None)
+    b.add_argument("--json", type=Path)
+    b.add_argument("--plot", type=Path)
+    b.set_defaults(func=run)
+    return b
+
+
+def run(args: argparse.Namespace) -> int:
+    """`bench bandwidth`: measure every level, print the table, write JSON and figure when asked."""
+    ncpu = len(os.sched_getaffinity(0))
+    if ncpu < 2:
+        print("bench bandwidth: needs at least 2 CPUs (one computes, the others generate traffic)", file=sys.stderr)
+        return 2
+    try:
+        levels = [parse_level(x, ncpu - 1) for x in args.levels.split(",") if x.strip()]
+    except argparse.ArgumentTypeError as e:
+        print(f"bench bandwidth: {e}", file=sys.stderr)
+        return 2
+    models = [Path(m) for m in args.models.split(",")] if args.models else None
+    with bench_workdir(args.workdir) as wd:
+        res = bench_bandwidth(levels, args.rows, args.k, args.z, args.reps, wd, models, args.n_gen, args.tg_reps)
+    title = (f"ggml-bitcos bench bandwidth, {args.rows}x{args.k}, z={args.z}, compute on CPU {COMPUTE_CPU} "
+             f"— {machine_line([1])}")
+    res["machine"] = title
+    print(f"# {title}")
+    print(bandwidth_table(res))
+    if args.json:
+        write_json(args.json, res)
+    if args.plot:
+        bandwidth_plot(res, args.plot, title)
+        print(f"# plot: {args.plot}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--generator"]:                      # a traffic generator process (see traffic())
+        mode, rate, cpu, mib = argv[1], float(argv[2]), int(argv[3]), int(argv[4])
+        return generator_main(mode, rate, cpu, mib)
+    ap = argparse.ArgumentParser(prog="python -m ggml_bitcos.bench.bandwidth")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_parser(sub)
+    args = ap.parse_args(["bandwidth", *argv])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

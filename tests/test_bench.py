@@ -256,3 +256,22 @@ def test_bench_bandwidth_small(tmp_path, patched_llama, kernel_library):
         assert set(lv["gemv"]) == {"tq2_0", "tq1_0", "bitcos_pt", "bitcos_g128"}
         assert all(v["median_us"] > 0 for v in lv["gemv"].values())
     assert plot.stat().st_size > 0
+
+
+def test_bench_batched_tiny(tmp_path, patched_llama):
+    """`bench batched` on the tiny preset: the MUL_MAT column sweep has every type at every column count, and
+    llama-server generated every requested token for P concurrent sequences of every model (speeds printed,
+    never asserted)."""
+    out = tmp_path / "batched.json"
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "batched", "--preset", "tiny", "--parallel",
+                        "1,3", "--threads", "1", "--n-gen", "6", "--rounds", "1", "--gemm-rows", "256", "--gemm-k",
+                        "512", "--gemm-reps", "3", "--workdir", str(tmp_path / "w"), "--json", str(out)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    res = json.loads(out.read_text())
+    assert {(g["type"], g["ncols"]) for g in res["gemm"]} == {(t, n) for t in ("tq2_0", "tq1_0", "bitcos_pt")
+                                                              for n in (1, 3)}
+    assert {(s["type"], s["parallel"]) for s in res["server"]} == {(t, p) for t in ("tq1_0", "tq2_0", "bitcos")
+                                                                   for p in (1, 3)}
+    assert all(s["agg_ts"] > 0 and s["tokens"] == [6 * s["parallel"]] for s in res["server"])
+    assert "BITCOS/TQ2_0" in r.stdout

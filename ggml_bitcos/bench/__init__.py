@@ -12,6 +12,8 @@
                  all models (medians over rounds), and where a generated token's time goes: its ternary
                  matmuls, its other matmuls (llama-bitcos-bench decode) and the rest, with the Amdahl ceiling
                  of the tg ratio.
+* ``batched``  — batched decode: MUL_MAT with 1/4/8 columns and llama-server with -np 1/4/8 concurrent
+                 sequences (aggregate tokens/s), BITCOS vs TQ2_0 / TQ1_0.
 * ``gpu``      — on a GPU backend device (ggml-vulkan): mat-vec BITCOS vs TQ2_0 with the device's copy
                  bandwidth, llama-bench -ngl 99, device memory of the weights.
 * ``kernels``  — the BITCOS kernel microbenchmark (ggml_bitcos.bench.kernels).
@@ -29,14 +31,14 @@ import argparse
 import importlib
 
 # `bench` subcommands in the order `--help` lists them, each a module with add_parser(subparsers)
-BENCH_MODULES = ("gemv", "roofline", "bandwidth", "e2e", "gpu")
+BENCH_MODULES = ("gemv", "roofline", "bandwidth", "e2e", "batched", "gpu")
 # needs the kernel harness binding; left out of the CLI when that cannot be imported
 OPTIONAL_BENCH_MODULES = ("kernels",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Adds `bench` with its gemv, roofline, bandwidth, e2e, gpu and kernels subcommands (CLI registration, see cli.py)."""
-    p = subparsers.add_parser("bench", help="benchmarks: gemv, roofline, bandwidth, e2e, gpu, kernels",
+    """Adds `bench` with its gemv, roofline, bandwidth, e2e, batched, gpu and kernels subcommands (CLI registration, see cli.py)."""
+    p = subparsers.add_parser("bench", help="benchmarks: gemv, roofline, bandwidth, e2e, batched, gpu, kernels",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="bench_cmd", required=True)
     for name in BENCH_MODULES:

@@ -18,6 +18,7 @@ from . import __version__
 SUBCOMMAND_MODULES: list[str] = [
     "ggml_bitcos.convert",
     "ggml_bitcos.stats",
+    "ggml_bitcos.info",
     "ggml_bitcos.make_model",
     "ggml_bitcos.ternarize",
     "ggml_bitcos.demo",

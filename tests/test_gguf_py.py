@@ -24,6 +24,8 @@ import pytest
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, Variant
 from gguf_tools import open_gguf, tensor_bytes
 
+from gguf_raw import read_tensor_table
+
 ROOT = Path(__file__).resolve().parent.parent
 HOOK_FILES = ("ggml_bitcos_gguf.pth", "_ggml_bitcos_gguf_hook.py")
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
@@ -81,43 +83,8 @@ def _tensor_map(path: Path) -> dict[str, tuple[int, bytes]]:
 
 
 def _raw_tensor_table(path: Path) -> dict[str, tuple[int, tuple[int, ...]]]:
-    """name -> (type id, ne) parsed straight from the file's bytes (GGUF v3 header), without gguf-py."""
-    import struct
-    b = path.read_bytes()
-    assert b[:4] == b"GGUF"
-    _ver, n_t, n_kv = struct.unpack_from("<IQQ", b, 4)
-    off = 24
-
-    def skip_value(vt: int, off: int) -> int:
-        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-        if vt == 8:
-            (n,) = struct.unpack_from("<Q", b, off)
-            return off + 8 + n
-        if vt == 9:
-            it, n = struct.unpack_from("<IQ", b, off)
-            off += 12
-            for _ in range(n):
-                off = skip_value(it, off)
-            return off
-        return off + sizes[vt]
-
-    for _ in range(n_kv):
-        (kl,) = struct.unpack_from("<Q", b, off)
-        off += 8 + kl
-        (vt,) = struct.unpack_from("<I", b, off)
-        off = skip_value(vt, off + 4)
-    out = {}
-    for _ in range(n_t):
-        (nl,) = struct.unpack_from("<Q", b, off)
-        name = b[off + 8:off + 8 + nl].decode()
-        off += 8 + nl
-        (nd,) = struct.unpack_from("<I", b, off)
-        ne = struct.unpack_from(f"<{nd}Q", b, off + 4)
-        off += 4 + 8 * nd
-        tt, _o = struct.unpack_from("<IQ", b, off)
-        off += 12
-        out[name] = (tt, tuple(ne))
-    return out
+    """name -> (type id, ne) parsed straight from the file's bytes, without gguf-py."""
+    return {n: (t.type_id, t.ne) for n, t in read_tensor_table(path).items()}
 
 
 def test_startup_hook_imports_nothing_heavy(installed_hook, tmp_path):

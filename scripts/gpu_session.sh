@@ -13,7 +13,10 @@
 # run:     unpacks both, picks the NVIDIA Vulkan driver, then (1) test-bitcos-backend on the GPU: BITCOS vs
 #          the CPU backend and bit for bit vs TQ2_0 on the same device; (2) `ggml-bitcos bench gpu`: mat-vec
 #          32768x16384 and 4096x14336 at z 0.3/0.4/0.5 with the device copy bandwidth, llama-bench -ngl 99 on
-#          the bitnet-2b shape, device memory of the weights. Results go to $OUT (the device tool returns it).
+#          the bitnet-2b shape, device memory of the weights; (3) `ggml-bitcos bench bandwidth` on the
+#          machine's 16 CPU cores: one compute core with 0/1/3/7/15 traffic generators beside it, the many-core
+#          regime (a few GB/s per core) that a 2-core VM cannot reach (issue 11). Results go to $OUT (the
+#          device tool returns it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step=${1:-}
@@ -25,6 +28,10 @@ prepare)
         --work-dir "$HOME/.cache/ggml-bitcos-portable" --target .gpu/py
     tar -C .gpu/py -cJf .gpu/llama_cpp.tar.xz llama_cpp
     rm -rf .gpu/py
+    # the kernel harness (its traffic generator drives bench bandwidth; its CPU dispatch is run-time)
+    cmake -S . -B .gpu/kernels-build -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build .gpu/kernels-build -j2 >/dev/null
+    mkdir -p .gpu/kernels && cp .gpu/kernels-build/libbitcos_kernels*.so .gpu/kernels/ && rm -rf .gpu/kernels-build
     python3 -m pip download -q --no-deps -d .gpu/wheels "gguf==0.19.0" tqdm
     o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
     mkdir -p /tmp/amd64/partial
@@ -49,6 +56,12 @@ run)
     tail -3 "$OUT/test-bitcos-backend.txt"
     python3 -m ggml_bitcos bench gpu --device Vulkan0 --workdir /tmp/bitcos-gpu --json "$OUT/bench-gpu.json" \
         | tee "$OUT/bench-gpu.md"
+    export BITCOS_KERNELS_LIB=$PWD/.gpu/kernels/libbitcos_kernels.so BITCOS_KERNELS_NOFMA_LIB=$PWD/.gpu/kernels/libbitcos_kernels_nofma.so
+    ncpu=$(nproc)
+    levels=none
+    for n in 1 3 7 15; do [ "$n" -lt "$ncpu" ] && levels="$levels,copy*$n"; done
+    python3 -m ggml_bitcos bench bandwidth --levels "$levels" --workdir /tmp/bitcos-bw \
+        --json "$OUT/bench-bandwidth.json" --plot "$OUT/bandwidth.png" | tee "$OUT/bench-bandwidth.md"
     ;;
 *)
     echo "usage: $0 prepare|run" >&2

@@ -60,7 +60,7 @@ run)
     ncpu=$(nproc)
     levels=none
     for n in 1 3 7 15; do [ "$n" -lt "$ncpu" ] && levels="$levels,copy*$n"; done
-    python3 -m ggml_bitcos bench bandwidth --levels "$levels" --workdir /tmp/bitcos-bw \
+    python3 -m ggml_bitcos bench bandwidth --levels "$levels" --kernel-impl avx2 --workdir /tmp/bitcos-bw \
         --json "$OUT/bench-bandwidth.json" --plot "$OUT/bandwidth.png" | tee "$OUT/bench-bandwidth.md"
     ;;
 *)

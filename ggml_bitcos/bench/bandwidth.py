@@ -212,14 +212,16 @@ def _no_traffic() -> Iterator[list[dict[str, Any]]]:
     yield []
 
 
-def gammas(log: Callable[[str], Any]) -> dict[str, float]:
+def gammas(log: Callable[[str], Any], impl: str | None = None) -> dict[str, float]:
     """Cycles (TSC ticks) per 32 weights, L1-resident, one thread: ggml's own vec_dot for TQ2_0/TQ1_0 and the
-    best BITCOS kernel of the harness (the roofline's instruction cost)."""
+    BITCOS kernel of the harness that the installed ggml runs (`impl`; default the best this CPU has: match
+    it to the llama.cpp build, e.g. "avx2" for a GGML_NATIVE=OFF x86-64-v3 build) — the roofline's
+    instruction cost."""
     g = {t: run_tool(["gamma", t, "2048", "8", "2000"])[0]["cycles_per_32"] for t in REFS}
     try:
         from ggml_bitcos.bench.kernels import gamma_l1
 
-        g.update(gamma_l1())
+        g.update(gamma_l1(impl=impl))
     except Exception as e:      # harness missing: no BITCOS prediction
         log(f"# BITCOS gamma unavailable ({e})")
     return g
@@ -250,7 +252,7 @@ def crossover_beta(rec: dict[str, Any], t: str, ref: str, gam: dict[str, float],
 
 def bench_bandwidth(levels: list[Level], rows: int, k: int, z: float, reps: int, workdir: Path,
                     models: list[Path] | None = None, n_gen: int = 32, tg_reps: int = 3,
-                    log: Callable[[str], Any] = print) -> dict[str, Any]:
+                    kernel_impl: str | None = None, log: Callable[[str], Any] = print) -> dict[str, Any]:
     """Every level's measurements, the gammas and the roofline prediction (see the module docstring)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ref = workdir / f"bw-ref-{rows}x{k}.gguf"
@@ -260,7 +262,7 @@ def bench_bandwidth(levels: list[Level], rows: int, k: int, z: float, reps: int,
     if not bc.exists():
         write_gemv_gguf(bc, rows, k, z, list(BITCOS_TYPES), seed=1)
     with pinned(COMPUTE_CPU):
-        gam = gammas(log)
+        gam = gammas(log, kernel_impl)
     ghz = tsc_ghz()
     out = []
     for lv in levels:
@@ -358,6 +360,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "model and its BITCOS conversion; the BITCOS file's name must contain 'bitcos')")
     b.add_argument("--n-gen", type=int, default=32)
     b.add_argument("--tg-reps", type=int, default=3)
+    b.add_argument("--kernel-impl", default=None, choices=("generic", "avx2", "avx512"),
+                   help="BITCOS kernel whose L1 cost the roofline uses (default: the best this CPU has; use the "
+                        "one the installed llama.cpp was built for, e.g. avx2 for GGML_NATIVE=OFF)")
     b.add_argument("--workdir", type=Path, default=None)
     b.add_argument("--json", type=Path)
     b.add_argument("--plot", type=Path)
@@ -378,7 +383,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     models = [Path(m) for m in args.models.split(",")] if args.models else None
     with bench_workdir(args.workdir) as wd:
-        res = bench_bandwidth(levels, args.rows, args.k, args.z, args.reps, wd, models, args.n_gen, args.tg_reps)
+        res = bench_bandwidth(levels, args.rows, args.k, args.z, args.reps, wd, models, args.n_gen, args.tg_reps,
+                              args.kernel_impl)
     title = (f"ggml-bitcos bench bandwidth, {args.rows}x{args.k}, z={args.z}, compute on CPU {COMPUTE_CPU} "
              f"— {machine_line([1])}")
     res["machine"] = title

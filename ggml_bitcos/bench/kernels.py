@@ -78,12 +78,13 @@ def best_impl(fma: bool = True) -> str:
     return next(i for i in ("avx512", "avx2", "generic") if harness.available(i, fma))
 
 
-def gamma_l1(rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400) -> dict[str, float]:
+def gamma_l1(rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400, impl: str | None = None) -> dict[str, float]:
     """Kernel cost gamma for the roofline (ggml_bitcos.bench.roofline): TSC ticks per 32 weights, L1-resident
     (rows x k, default 16 x 2048), one column (GEMV), single thread, zero density z, best implementation,
     minimum over `reps` calls. Keys "bitcos_pt" and "bitcos_g128". Raises KernelLibraryNotFound when the
-    harness library is not built."""
-    impl = best_impl()
+    harness library is not built. `impl`: the implementation to time instead of the best one (e.g. "avx2" to
+    match a llama.cpp built for x86-64-v3)."""
+    impl = impl or best_impl()
     out: dict[str, float] = {}
     for name, variant in (("bitcos_pt", Variant.PT), ("bitcos_g128", Variant.G128)):
         (t,) = measure([impl], variant, rows, k, [1], [z], reps)

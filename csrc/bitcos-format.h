@@ -65,6 +65,11 @@ static inline size_t bitcos_block_bytes(int variant) {
 #define BITCOS_POOL_TAIL_BYTES   64           // zero bytes after the padded pool: one unchecked 64-byte load
 #define BITCOS_MAX_ROW_GROUP_LOG2 6
 
+// Valid scales (FORMAT.md §3.1): G128 `d` and PT `scales[m]` are finite, have a clear sign bit (>= +0.0;
+// -0.0 and negatives are refused) and are at most this value, the largest finite fp16 (G128 `d` can be no
+// larger anyway; PT shares TQ1_0/TQ2_0's fp16 range, so fp32 products with Q8_K scales never overflow).
+#define BITCOS_MAX_SCALE 65504
+
 // Byte offsets of the header fields (FORMAT.md §4.1; all little-endian).
 enum bitcos_header_offset {
     BITCOS_HDR_MAGIC            = 0,   // u32

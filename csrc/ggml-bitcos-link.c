@@ -5,9 +5,37 @@
 #include "ggml-bitcos.h"
 #include "ggml-backend.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+// --- the last load error of this thread ---------------------------------------------------------------
+// Thread-local (like errno): concurrent loads on different threads keep their own message, and a caller
+// reads the message of the load it just made on its own thread. Fixed size: no allocation, never fails.
+static _Thread_local char g_last_error[1024];
+
+void ggml_bitcos_set_last_error(const char * msg) {
+    if (msg == NULL) {
+        g_last_error[0] = '\0';
+        return;
+    }
+    snprintf(g_last_error, sizeof(g_last_error), "%s", msg);
+}
+
+const char * ggml_bitcos_last_error(void) {
+    return g_last_error;
+}
+
+static bool refuse(char * err, size_t err_size, const char * fmt, ...) {
+    if (err && err_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_size, fmt, ap);
+        va_end(ap);
+    }
+    return false;
+}
 
 bool ggml_bitcos_op_involves(const struct ggml_tensor * op) {
     if (ggml_bitcos_is_type(op->type)) {
@@ -108,4 +136,62 @@ bool ggml_bitcos_validate_tensor(const struct ggml_tensor * w, char * err, size_
     free(wcopy);
     free(ccopy);
     return ok;
+}
+
+bool ggml_bitcos_check_use(const struct ggml_tensor * w, enum ggml_op op, bool lazy, char * err, size_t err_size) {
+    if (!ggml_bitcos_is_type(w->type)) {
+        return true;
+    }
+    if (op != GGML_OP_MUL_MAT && op != GGML_OP_MUL_MAT_ID) {
+        return refuse(err, err_size, "BITCOS tensor '%s' (%s) is used with %s by this model architecture; a BITCOS "
+                      "type is only valid on the weight of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
+                      ggml_get_name(w), ggml_type_name(w->type), ggml_op_name(op));
+    }
+    if (lazy) {
+        return refuse(err, err_size, "BITCOS tensor '%s' (%s) would be read lazily (--lazy-mode); BITCOS weights "
+                      "are loaded and validated in full: use --lazy-mode off", ggml_get_name(w),
+                      ggml_type_name(w->type));
+    }
+    return true;
+}
+
+static bool is_view_op(enum ggml_op op) {
+    return op == GGML_OP_NONE || op == GGML_OP_VIEW || op == GGML_OP_RESHAPE || op == GGML_OP_PERMUTE ||
+           op == GGML_OP_TRANSPOSE;
+}
+
+bool ggml_bitcos_graph_check(struct ggml_cgraph * graph, struct ggml_backend ** backends, int n_backends,
+                             char * err, size_t err_size) {
+    for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
+        const struct ggml_tensor * node = ggml_graph_node(graph, i);
+        if (!ggml_bitcos_op_involves(node) || is_view_op(node->op)) {
+            continue;
+        }
+        // the BITCOS operand (a weight or a view of one), named by its base tensor
+        const struct ggml_tensor * w = ggml_bitcos_is_type(node->type) ? node : NULL;
+        for (int j = 0; j < GGML_MAX_SRC && w == NULL; ++j) {
+            if (node->src[j] && ggml_bitcos_is_type(node->src[j]->type)) {
+                w = node->src[j];
+            }
+        }
+        const struct ggml_tensor * base = w->view_src ? w->view_src : w;
+        if ((node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_MUL_MAT_ID) || node->src[0] != w) {
+            return refuse(err, err_size, "BITCOS tensor '%s' is used with %s in node '%s'; a BITCOS type is only "
+                          "valid on the weight (src0) of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
+                          ggml_get_name(base), ggml_op_desc(node), ggml_get_name(node));
+        }
+        const ggml_backend_buffer_t buf = base->buffer;
+        bool runs = false;
+        for (int b = 0; b < n_backends && !runs; ++b) {
+            runs = (buf == NULL || ggml_backend_supports_buft(backends[b], ggml_backend_buffer_get_type(buf))) &&
+                   ggml_backend_supports_op(backends[b], node);
+        }
+        if (!runs) {
+            return refuse(err, err_size, "no backend can run %s '%s' on BITCOS tensor '%s' where it is stored (%s): "
+                          "the companion is missing, the operand is not whole rows of the weight, or the "
+                          "activations are not F32", ggml_op_desc(node), ggml_get_name(node),
+                          ggml_get_name(base), buf ? ggml_backend_buffer_name(buf) : "no buffer");
+        }
+    }
+    return true;
 }

@@ -61,6 +61,15 @@ static bool fail(char * err, size_t err_size, const char * fmt, ...) {
     return false;
 }
 
+bool ggml_bitcos_scale_f16_valid(uint16_t d) {
+    return (d & 0x8000u) == 0 && (d & 0x7c00u) != 0x7c00u;  // sign bit clear, not Inf/NaN
+}
+
+bool ggml_bitcos_scale_f32_valid(float s) {
+    // NaN fails both comparisons; -0.0 passes them, so the sign bit is tested on its own
+    return s >= 0.0f && s <= (float) BITCOS_MAX_SCALE && !signbit(s);
+}
+
 bool ggml_bitcos_is_type(enum ggml_type type) {
     return type == GGML_TYPE_BITCOS_G128 || type == GGML_TYPE_BITCOS_PT;
 }
@@ -195,11 +204,13 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
     if (L.total != (uint64_t) cbytes) {
         return fail(err, err_size, "companion size %zu != %llu implied by its header", cbytes, (unsigned long long) L.total);
     }
-    // per-matrix scales (PT)
+    // per-matrix scales (PT): finite, sign bit clear, <= BITCOS_MAX_SCALE (FORMAT.md 3.1)
     if (variant == BITCOS_VARIANT_PT) {
         for (uint64_t m = 0; m < n_mats; ++m) {
-            if (!isfinite(ggml_bitcos_matrix_scale(c, &h, m))) {
-                return fail(err, err_size, "scale of matrix %llu is not finite", (unsigned long long) m);
+            const float s = ggml_bitcos_matrix_scale(c, &h, m);
+            if (!ggml_bitcos_scale_f32_valid(s)) {
+                return fail(err, err_size, "invalid scale %g of matrix %llu (valid: finite, >= +0.0, <= %d; "
+                            "FORMAT.md 3.1)", (double) s, (unsigned long long) m, BITCOS_MAX_SCALE);
             }
         }
     }
@@ -240,12 +251,14 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
             return fail(err, err_size, "sign pool tail byte %llu is not zero", (unsigned long long) i);
         }
     }
-    // G128 block scales must be finite (a NaN/Inf scale is never produced by a ternary source)
+    // G128 block scales: finite, sign bit clear (FORMAT.md 3.1); fp16 is <= BITCOS_MAX_SCALE by construction
     if (variant == BITCOS_VARIANT_G128) {
         for (uint64_t b = 0; b < n_rows * (uint64_t) nb; ++b) {
             const uint16_t d = rd_u16(wb + b * bb + offsetof(block_bitcos_g128, d));
-            if ((d & 0x7c00u) == 0x7c00u) {
-                return fail(err, err_size, "block %llu has a non-finite fp16 scale", (unsigned long long) b);
+            if (!ggml_bitcos_scale_f16_valid(d)) {
+                return fail(err, err_size, "invalid fp16 scale 0x%04x in block %llu of row %llu (valid: finite, "
+                            ">= +0.0; FORMAT.md 3.1)", (unsigned) d, (unsigned long long)(b % (uint64_t) nb),
+                            (unsigned long long)(b / (uint64_t) nb));
             }
         }
     }
@@ -262,6 +275,20 @@ size_t ggml_bitcos_encode(enum ggml_type type, int64_t k, int64_t n_rows, int64_
     const int variant = ggml_bitcos_variant(type);
     if ((variant == BITCOS_VARIANT_G128 && d_fp16 == NULL) || (variant == BITCOS_VARIANT_PT && scales == NULL)) {
         return 0;
+    }
+    // never write a scale the validator refuses (FORMAT.md 3.1)
+    if (variant == BITCOS_VARIANT_G128) {
+        for (int64_t b = 0; b < n_rows * (k / QK_BITCOS); ++b) {
+            if (!ggml_bitcos_scale_f16_valid(d_fp16[b])) {
+                return 0;
+            }
+        }
+    } else {
+        for (int64_t m = 0; m < n_mats; ++m) {
+            if (!ggml_bitcos_scale_f32_valid(scales[m])) {
+                return 0;
+            }
+        }
     }
     // pass 1: per-row popcounts -> S and the largest row group whose deltas fit 16 bits
     uint64_t S = 0;

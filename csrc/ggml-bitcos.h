@@ -24,6 +24,11 @@ extern "C" {
 // true for GGML_TYPE_BITCOS_G128 and GGML_TYPE_BITCOS_PT
 GGML_API bool ggml_bitcos_is_type(enum ggml_type type);
 
+// Valid scales (FORMAT.md §3.1): finite, sign bit clear (>= +0.0), at most BITCOS_MAX_SCALE. d is an
+// IEEE fp16 bit pattern (G128 block scale), s a PT matrix scale.
+GGML_API bool ggml_bitcos_scale_f16_valid(uint16_t d);
+GGML_API bool ggml_bitcos_scale_f32_valid(float s);
+
 // The variant of a BITCOS type (BITCOS_VARIANT_PT for GGML_TYPE_BITCOS_PT, else BITCOS_VARIANT_G128).
 GGML_API enum bitcos_variant ggml_bitcos_variant(enum ggml_type type);
 
@@ -43,6 +48,28 @@ GGML_API size_t ggml_bitcos_companion_weight_name_len(const char * name);
 // exists (may be NULL: then the error names the missing tensor) and is a 1-D I8 tensor. Returns false and
 // writes a message naming the tensors into err otherwise.
 GGML_API bool ggml_bitcos_link(struct ggml_tensor * w, struct ggml_tensor * c, char * err, size_t err_size);
+
+// Load-time check of how the model uses a weight (the llama.cpp loader calls it for every tensor it creates,
+// before choosing its buffer): a BITCOS type is valid only on the weight of MUL_MAT / MUL_MAT_ID (`op`, the
+// use the architecture declares), and never on a tensor read lazily from disk (`lazy`: llama.cpp's
+// --lazy-mode, which skips the buffer-type checks and full loading that BITCOS validation needs). True for
+// any non-BITCOS tensor; else false with a message naming the tensor in err.
+GGML_API bool ggml_bitcos_check_use(const struct ggml_tensor * w, enum ggml_op op, bool lazy,
+                                    char * err, size_t err_size);
+
+// Check of a built graph before it is scheduled (llama.cpp calls it for every graph it reserves): every node
+// that reads a BITCOS tensor is a view of it or a MUL_MAT / MUL_MAT_ID with it as src0 that one of
+// `backends` supports where the weight is stored. Otherwise ggml's scheduler would abort; this returns false
+// with a message naming the tensor and the node instead.
+struct ggml_backend;  // ggml-backend.h's ggml_backend_t is a struct ggml_backend *
+GGML_API bool ggml_bitcos_graph_check(struct ggml_cgraph * graph, struct ggml_backend ** backends, int n_backends,
+                                      char * err, size_t err_size);
+
+// The message of the last failed model load (or context creation) on the calling thread, "" if none: the
+// llama.cpp loader stores every load error here (set_last_error; NULL clears, done at the start of each
+// load), so that bindings can show the reason, not only that loading failed. Thread-local, like errno.
+GGML_API const char * ggml_bitcos_last_error(void);
+GGML_API void         ggml_bitcos_set_last_error(const char * msg);
 
 // Full check of a loaded BITCOS weight (a leaf linked to its companion, both with data in a backend buffer):
 // fetches host copies when a buffer is not host memory, then ggml_bitcos_validate(). Returns false and writes
@@ -82,17 +109,19 @@ GGML_API uint64_t ggml_bitcos_sign_pos(const void * cdata, const struct ggml_bit
 GGML_API float ggml_bitcos_matrix_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t m);
 
 // Full check of a BITCOS weight and its companion after loading (FORMAT.md §4): header fields canonical,
-// row index invariants, pool size and zero tail, finite scales. `w` gives type and shape (a leaf, not a
-// view); wdata / cdata are host copies of the weight and companion data, cbytes the companion's size.
+// row index invariants, pool size and zero tail, valid scales (ggml_bitcos_scale_*_valid). `w` gives type
+// and shape (a leaf, not a view); wdata / cdata are host copies of the weight and companion data, cbytes the
+// companion's size.
 // Returns false and writes a message (without the tensor name) into err on the first violation.
 GGML_API bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
                                    const void * cdata, size_t cbytes, char * err, size_t err_size);
 
 // Encoder (tests, tools). codes: n_rows*k int8 values in {-1,0,1}, row-major (row = output channel, rows of
 // matrix m are m*n_rows/n_mats ...). G128: d_fp16 holds one IEEE fp16 scale per block (n_rows*k/128);
-// PT: scales holds one float per matrix (n_mats). Writes the weight blocks to wdst (n_rows*k/128 blocks)
-// and the companion to cdst. Returns the companion size in bytes; when cdst is NULL or cdst_size is too
-// small, writes nothing and only returns the size. Returns 0 on invalid arguments.
+// PT: scales holds one float per matrix (n_mats). Writes the weight blocks to wdst (n_rows*k/128 blocks) and
+// the companion to cdst. Returns the companion size in bytes; when cdst is NULL or cdst_size is too small,
+// writes nothing and only returns the size. Returns 0 on invalid arguments, an invalid scale
+// (ggml_bitcos_scale_*_valid) included: the encoder never writes a file the validator refuses.
 GGML_API size_t ggml_bitcos_encode(enum ggml_type type, int64_t k, int64_t n_rows, int64_t n_mats,
                                    const int8_t * codes, const uint16_t * d_fp16, const float * scales,
                                    void * wdst, void * cdst, size_t cdst_size);

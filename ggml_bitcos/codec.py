@@ -7,7 +7,7 @@ Everything here works on whole arrays (no per-weight Python loops):
 * ``decode(blocks, companion, ...)`` -> ``Decoded(codes, block_scales | matrix_scales)``;
   ``Decoded.to_float()`` -> float32 exactly as FORMAT.md §5 (one fp32 multiplication per weight)
 * ``parse_header``, ``sign_positions``, ``sign_pool``: the companion's parts a reader (or the kernel
-  harness) needs, checked.
+  harness) needs, checked; ``check_scales`` / ``invalid_scales``: the scale validity rule.
 
 The format's constants are in ``ggml_bitcos.format``; TQ1_0/TQ2_0 are in ``ggml_bitcos.tq`` and exact-ternary
 detection in ``ggml_bitcos.ternary``.
@@ -25,8 +25,8 @@ from typing import Final
 
 import numpy as np
 
-from .format import (BITMAP_BYTES, HEADER_BYTES, HEADER_FIELDS, MAGIC, MAX_ROW_GROUP_LOG2, MAX_WEIGHT_NAME,
-                     POOL_TAIL, QK, SECTION_ALIGN, VERSION, Variant)
+from .format import (BITMAP_BYTES, HEADER_BYTES, HEADER_FIELDS, MAGIC, MAX_ROW_GROUP_LOG2, MAX_SCALE,
+                     MAX_WEIGHT_NAME, POOL_TAIL, QK, SECTION_ALIGN, VERSION, Variant)
 
 _FIELDS_FORMAT: Final = "<" + "".join(code for _name, code in HEADER_FIELDS)
 HEADER_RESERVED_OFFSET: Final = struct.calcsize(_FIELDS_FORMAT)    # reserved, zero bytes from here on
@@ -78,6 +78,37 @@ class Header:
         """The 128 header bytes: the fields in ``format.HEADER_FIELDS`` order, then zero reserved bytes."""
         values = {"magic": MAGIC, "version": VERSION, **{f.name: getattr(self, f.name) for f in fields(self)}}
         return _HEADER.pack(*(values[name] for name, _code in HEADER_FIELDS))
+
+
+def invalid_scales(scales: np.ndarray) -> np.ndarray:
+    """Boolean mask of the invalid values among fp16 or fp32 scales (FORMAT.md §3.1): valid is finite,
+    sign bit clear (so -0.0 and every negative value are invalid) and <= MAX_SCALE. Works on the bit
+    patterns, so NaN payloads and -0.0 are judged exactly as the C validator judges them."""
+    s = np.asarray(scales)
+    if s.dtype.itemsize == 2:
+        bits = s.view("<u2") if s.dtype.kind == "u" else s.astype("<f2").view("<u2")
+        return ((bits & 0x8000) != 0) | ((bits & 0x7C00) == 0x7C00)
+    f = np.asarray(s, dtype="<f4")
+    bits = f.view("<u4")
+    with np.errstate(invalid="ignore"):
+        return ((bits & 0x80000000) != 0) | ~(f <= np.float32(MAX_SCALE))   # NaN fails the comparison
+
+
+def check_scales(variant: Variant, scales: np.ndarray) -> None:
+    """``FormatError`` naming the first invalid scale: G128 ``scales`` are the fp16 block scales (R, K/128),
+    PT the fp32 matrix scales (M,)."""
+    bad = np.flatnonzero(invalid_scales(scales))
+    if bad.size == 0:
+        return
+    i = int(bad[0])
+    flat = np.asarray(scales).reshape(-1)
+    if variant == Variant.G128:
+        nb = np.asarray(scales).shape[-1]
+        value = float(flat.view("<f2")[i]) if flat.dtype.kind == "u" else float(flat[i])
+        raise FormatError(f"invalid fp16 scale {value!r} in block {i % nb} of row {i // nb} "
+                          f"(valid: finite, >= +0.0; FORMAT.md 3.1)")
+    raise FormatError(f"invalid scale {float(flat[i])!r} of matrix {i} "
+                      f"(valid: finite, >= +0.0, <= {MAX_SCALE}; FORMAT.md 3.1)")
 
 
 def canonical_header(variant: Variant, n_cols: int, n_rows: int, n_mats: int, n_sign_bits: int,
@@ -175,7 +206,8 @@ def encode(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | No
     if variant == Variant.G128:
         if block_scales is None or block_scales.shape != (n_rows, nb):
             raise ValueError(f"G128 needs block_scales of shape {(n_rows, nb)}")
-        d = np.asarray(block_scales).astype(np.float16)
+        with np.errstate(over="ignore"):  # too large for fp16 -> inf, refused below
+            d = np.asarray(block_scales).astype(np.float16)
         if not np.all(np.isfinite(d)) or np.any(d < 0):
             raise ValueError("G128 block scales must be finite and >= 0")
         d = (d + np.float16(0)).astype("<f2")   # -0.0 -> +0.0
@@ -187,8 +219,8 @@ def encode(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | No
         if matrix_scales is None or np.shape(matrix_scales) != (n_mats,):
             raise ValueError(f"PT needs matrix_scales of shape {(n_mats,)}")
         s = np.asarray(matrix_scales, dtype=np.float32)
-        if not np.all(np.isfinite(s)) or np.any(s < 0):
-            raise ValueError("PT matrix scales must be finite and >= 0")
+        if not np.all(np.isfinite(s)) or np.any(s < 0) or np.any(s > MAX_SCALE):
+            raise ValueError(f"PT matrix scales must be finite, >= 0 and <= {MAX_SCALE}")
         s = s + np.float32(0)   # -0.0 -> +0.0
         blocks = bitmap
 
@@ -279,7 +311,8 @@ def codes_to_float(codes: np.ndarray, variant: Variant, *, block_scales: np.ndar
 
 def decode(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols: int, n_rows: int,
            n_mats: int) -> Decoded:
-    """Decode a BITCOS weight (raw block bytes) + companion, checking every invariant of FORMAT.md §4."""
+    """Decode a BITCOS weight (raw block bytes) + companion, checking every invariant of FORMAT.md §4 and
+    the scales' validity (§3.1), as the C validator (csrc/ggml-bitcos.c) does."""
     companion = np.asarray(companion).reshape(-1).view(np.uint8)
     hdr = parse_header(companion)
     if hdr.variant != variant:
@@ -320,8 +353,10 @@ def decode(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols: 
     block_scales = matrix_scales = None
     if variant == Variant.G128:
         block_scales = np.ascontiguousarray(blk[:, :, BITMAP_BYTES:]).view("<f2").reshape(n_rows, nb)
+        check_scales(variant, block_scales)
     else:
         matrix_scales = companion[hdr.scales_offset:hdr.scales_offset + 4 * n_mats].view("<f4").copy()
+        check_scales(variant, matrix_scales)
     return Decoded(variant, codes, block_scales, matrix_scales, hdr)
 
 

@@ -65,6 +65,9 @@ HEADER_BYTES: Final = 128
 SECTION_ALIGN: Final = 64                             # every section starts at a multiple of this
 POOL_TAIL: Final = 64                                 # zero bytes after the padded sign pool
 MAX_ROW_GROUP_LOG2: Final = 6
+# Valid scales (FORMAT.md §3.1): finite, sign bit clear (>= +0.0), at most MAX_SCALE, the largest finite
+# fp16 (a G128 d cannot exceed it; PT matrix scales share TQ1_0/TQ2_0's fp16 range).
+MAX_SCALE: Final = 65504
 
 # The header's fields in order, as (name, struct format character); the rest up to HEADER_BYTES is reserved
 # and zero. Field offsets follow from the sizes (no padding: every field is at a multiple of its size).
@@ -95,6 +98,7 @@ def bits_per_weight(variant: Variant, zero_density: float) -> float:
 __all__ = [
     "QK", "BITMAP_BYTES", "Variant", "BITCOS_TYPE_IDS", "COMPANION_SUFFIX", "COMPANION_TYPE", "GGML_MAX_NAME",
     "MAX_WEIGHT_NAME", "MAGIC", "VERSION", "HEADER_BYTES", "SECTION_ALIGN", "POOL_TAIL", "MAX_ROW_GROUP_LOG2",
+    "MAX_SCALE",
     "HEADER_FIELDS", "KEY_FORMAT_VERSION", "KEY_CONVERTED_FROM", "QK_K", "TQ1_0_BLOCK_BYTES",
     "TQ2_0_BLOCK_BYTES", "bits_per_weight",
 ]

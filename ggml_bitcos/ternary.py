@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .format import QK
+from .format import MAX_SCALE, QK
 
 
 @dataclass
@@ -54,12 +54,13 @@ def g128_representable(block_mag: np.ndarray) -> bool:
 
 
 def pt_scales(block_mag: np.ndarray, n_mats: int) -> np.ndarray | None:
-    """Per-matrix scale when every matrix's non-zero magnitudes are one value, else None."""
+    """Per-matrix scale when every matrix's non-zero magnitudes are one value (at most MAX_SCALE), else None."""
     per_mat = block_mag.reshape(n_mats, -1)
     hi = per_mat.max(axis=1)
     lo = np.where(per_mat > 0, per_mat, np.inf).min(axis=1)
     ok = (hi == 0) | (lo == hi)
-    if not bool(np.all(ok)):
+    # a valid PT scale is at most MAX_SCALE (FORMAT.md §4.2); larger magnitudes stay unconverted
+    if not bool(np.all(ok)) or not bool(np.all(hi <= MAX_SCALE)):
         return None
     return hi.astype(np.float32)
 

@@ -21,7 +21,7 @@ import pytest
 
 from ggml_bitcos import codec
 from ggml_bitcos.format import (BITMAP_BYTES, COMPANION_SUFFIX, HEADER_BYTES, HEADER_FIELDS, MAGIC,
-                                MAX_ROW_GROUP_LOG2, POOL_TAIL, QK, SECTION_ALIGN, VERSION, Variant)
+                                MAX_ROW_GROUP_LOG2, MAX_SCALE, POOL_TAIL, QK, SECTION_ALIGN, VERSION, Variant)
 
 FORMAT_H = Path(__file__).resolve().parent.parent / "csrc" / "bitcos-format.h"
 
@@ -135,6 +135,7 @@ def python_mirror(packed: bytes, values: dict[str, int], c: CHeader) -> dict[str
         "BITCOS_SECTION_ALIGN": SECTION_ALIGN,
         "BITCOS_POOL_TAIL_BYTES": POOL_TAIL,
         "BITCOS_MAX_ROW_GROUP_LOG2": MAX_ROW_GROUP_LOG2,
+        "BITCOS_MAX_SCALE": MAX_SCALE,
         HDR_PREFIX + "RESERVED": codec.HEADER_RESERVED_OFFSET,
     }
     c_values = c.constants()

@@ -103,6 +103,7 @@ class TensorResult:
     variant: Variant | None = None
     reason: str = ""                  # why a candidate was not converted
     ternary_looking: bool = False     # a --strict error when not converted
+    grow_kept: bool = False           # exact BITCOS form is larger than the source: kept (see --force-grow)
     measured: bool = False            # exactly ternary per 128-block: n_zeros is the measured count
     n_weights: int = 0
     n_zeros: int = 0
@@ -252,10 +253,57 @@ def _merged_converted_from(reader: CheckedGGUFReader, new_types: set[str]) -> st
     return ",".join(sorted(types))
 
 
+def _grows(r: TensorResult) -> bool:
+    """The BITCOS form (weight + companion) would take more bytes than the source tensor."""
+    return r.out_bytes > r.src_bytes
+
+
+def _strict_problem(reader: CheckedGGUFReader, plan: dict[str, tuple[TensorResult, codec.Encoded | None]],
+                    existing: set[str]) -> str | None:
+    """--strict: the first tensor holding ternary weights that does not end up as BITCOS, and why.
+
+    Ternary weights: any TQ1_0/TQ2_0 tensor, and any float tensor whose rows hold one magnitude each.
+    Lookup tables (``token_embd``: GET_ROWS needs a fixed row layout) are never converted and never an error.
+    """
+    for t in reader.tensors:
+        if "token_embd" in t.name or t.name.endswith(COMPANION_SUFFIX) or t.name + COMPANION_SUFFIX in existing:
+            continue
+        entry = plan.get(t.name)
+        if entry is not None:
+            r = entry[0]
+            if not r.converted and r.ternary_looking:
+                hint = " (--force-grow converts it anyway)" if r.grow_kept else ""
+                return f"tensor '{t.name}' ({r.src_type}): ternary but not converted: {r.reason}{hint}"
+        elif t.tensor_type in TQ_SOURCES:
+            return (f"tensor '{t.name}' ({type_name(t.tensor_type)}): ternary but not converted: "
+                    f"{len(tensor_ggml_shape(t))}-D (only 2-D and 3-D weights convert)")
+    return None
+
+
+def _nothing_to_convert(src: Path, result: ConvertResult, n_bitcos: int) -> str:
+    """Why a conversion found nothing to convert, as one line for the error."""
+    kept = [r for r in result.tensors if not r.converted and r.ternary_looking]
+    if kept:
+        why = "; ".join(f"{r.name}: {r.reason}" for r in kept[:3]) + (f"; and {len(kept) - 3} more" if len(kept) > 3 else "")
+        what = f"{len(kept)} ternary tensor(s) stay as they are ({why})"
+    elif n_bitcos:
+        what = f"all {n_bitcos} ternary weights are already BITCOS"
+    else:
+        types = sorted({r.src_type for r in result.tensors})
+        what = f"no ternary tensor found (tensor types: {', '.join(types)})"
+    grow = "; --force-grow converts the tensors BITCOS would make larger" if any(r.grow_kept for r in kept) else ""
+    return f"{src}: nothing to convert: {what}{grow}; --allow-copy writes an unchanged copy anyway"
+
+
 def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: bool = False,
             verify: bool = True, force: bool = False, progress: bool = True,
-            cache_bytes: int = DEFAULT_CACHE_BYTES) -> ConvertResult:
-    """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``); see the module docstring for the passes."""
+            cache_bytes: int = DEFAULT_CACHE_BYTES, allow_copy: bool = False,
+            force_grow: bool = False) -> ConvertResult:
+    """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``); see the module docstring for the passes.
+
+    Nothing converted is an error (no output) unless ``allow_copy``; a tensor whose BITCOS form would be larger
+    than its source stays as it is unless ``force_grow``; ``strict``: every ternary tensor must end up BITCOS.
+    """
     src = Path(src)
     out = Path(out) if out is not None else default_output(src)
     check_paths(src, out, force)
@@ -282,7 +330,12 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
             enc = encode_analysis(a)
             r.out_bytes = enc.nbytes
             r.companion_bytes = int(enc.companion.nbytes)
-            if cached + enc.nbytes > cache_bytes:
+            if _grows(r) and not force_grow:
+                r.converted, r.grow_kept, enc = False, True, None
+                n = max(r.n_weights, 1)
+                r.reason = (f"BITCOS {r.variant.name} would grow it: {8 * r.src_bytes / n:.4f} -> "
+                            f"{8 * r.out_bytes / n:.4f} bits per weight at z = {r.zero_density:.3f}")
+            elif cached + enc.nbytes > cache_bytes:
                 enc = None                 # over budget: recomputed in pass 2 (sizes are kept)
             else:
                 cached += enc.nbytes
@@ -292,12 +345,21 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
         bar.update(int(t.n_bytes))
         if strict and not r.converted and r.ternary_looking:
             bar.close()
-            raise ConvertError(f"{src}: tensor '{t.name}': ternary but not convertible: {r.reason} (--strict)")
+            hint = " (--force-grow converts it anyway)" if r.grow_kept else ""
+            raise ConvertError(f"{src}: tensor '{t.name}': ternary but not converted: {r.reason}{hint} (--strict)")
     bar.close()
     result.seconds["analyze"] = time.perf_counter() - t0
     result.tensors = [plan[t.name][0] if t.name in plan else
                       TensorResult(t.name, type_name(t.tensor_type), tensor_ggml_shape(t), src_bytes=int(t.n_bytes))
                       for t in reader.tensors]
+    if strict:
+        problem = _strict_problem(reader, plan, existing)
+        if problem:
+            raise ConvertError(f"{src}: {problem} (--strict)")
+    n_bitcos = sum(1 for t in reader.tensors if t.tensor_type in BITCOS_TYPE_IDS)
+    if not result.converted and not allow_copy:
+        raise ConvertError(_nothing_to_convert(src, result, n_bitcos))
+    tag_bitcos = bool(result.converted) or n_bitcos > 0    # no bitcos.* keys on a file without BITCOS tensors
 
     # pass 2: write
     t1 = time.perf_counter()
@@ -322,8 +384,9 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
             file_type = (Variant.PT if 2 * n_pt >= len(result.converted) else Variant.G128).type_id
             writer.add_kv("general.file_type", file_type, GGUFValueType.UINT32)
         conv_types = {r.src_type for r in result.converted}
-        writer.add_kv(KEY_FORMAT_VERSION, VERSION, GGUFValueType.UINT32)
-        writer.add_kv(KEY_CONVERTED_FROM, _merged_converted_from(reader, conv_types), GGUFValueType.STRING)
+        if tag_bitcos:
+            writer.add_kv(KEY_FORMAT_VERSION, VERSION, GGUFValueType.UINT32)
+            writer.add_kv(KEY_CONVERTED_FROM, _merged_converted_from(reader, conv_types), GGUFValueType.STRING)
         for t in reader.tensors:
             r, enc = plan.get(t.name, (None, None))
             if r is not None and r.converted:
@@ -445,8 +508,14 @@ def summarize(result: ConvertResult) -> list[str]:
     if n_w:
         lines.append(f"ternary weights {n_w:,}: zero density {n_z / n_w:.4f}, "
                      f"{8 * src_b / n_w:.4f} -> {8 * out_b / n_w:.4f} bits per weight (tensor data)")
+    grown = [r for r in result.skipped if r.grow_kept]
+    if grown:
+        lines.append(f"kept in their source type: {len(grown)} tensor(s) that BITCOS would make larger "
+                     f"(--force-grow converts them):")
+    for r in grown:
+        lines.append(f"  {r.name} ({r.src_type}): {r.reason}")
     for r in result.skipped:
-        if r.reason != "not ternary":
+        if r.reason != "not ternary" and not r.grow_kept:
             lines.append(f"not converted: {r.name} ({r.src_type}): {r.reason}")
     n_nt = sum(1 for r in result.skipped if r.reason == "not ternary")
     if n_nt:
@@ -463,6 +532,7 @@ def summarize(result: ConvertResult) -> list[str]:
 # --- command line --------------------------------------------------------------------------------
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from .convert_back import KEEP, TARGETS   # the back direction (imports this module, hence here)
     p = subparsers.add_parser("convert", help="rewrite the ternary weights of a GGUF as BITCOS",
                               description="Rewrite every exactly-ternary weight (TQ1_0, TQ2_0, or F16/BF16/F32 "
                                           "holding ternary values) as BITCOS; copy everything else unchanged.")
@@ -470,7 +540,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="OUT.gguf", help="default: IN-bitcos.gguf")
     p.add_argument("--scale", choices=["auto", "g128", "tensor"], default="auto",
                    help="auto: per-tensor scale (PT) when exact, else fp16 per 128 (G128)")
-    p.add_argument("--strict", action="store_true", help="fail on a ternary tensor that cannot be converted")
+    p.add_argument("--strict", action="store_true",
+                   help="fail unless every tensor holding ternary weights (TQ1_0/TQ2_0, or F16/BF16/F32 "
+                        "holding ternary values) ends up BITCOS; lookup tables (token_embd) are exempt")
+    p.add_argument("--allow-copy", action="store_true",
+                   help="write the output even when nothing converts (otherwise an error, and no output)")
+    p.add_argument("--force-grow", action="store_true",
+                   help="convert tensors whose BITCOS form is larger than the source (e.g. TQ1_0 at low zero "
+                        "density); by default they stay in their source type and the summary lists them")
+    p.add_argument("--to", choices=sorted(TARGETS), metavar="TYPE",
+                   help="the other direction: convert the BITCOS weights of IN back to TYPE "
+                        f"({', '.join(TARGETS)}), bit-exactly; default output IN-TYPE.gguf")
+    p.add_argument("--fallback", choices=sorted([*TARGETS, KEEP]), metavar="TYPE",
+                   help="with --to: tensors that TYPE cannot hold exactly go to this type instead (f32 always "
+                        "can; keep: leave them BITCOS); without it such a tensor is an error")
     p.add_argument("--no-verify", action="store_true", help="skip the bit-exact check of the output")
     p.add_argument("--force", action="store_true", help="overwrite the output if it exists")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
@@ -478,8 +561,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.to is not None:
+        from . import convert_back
+        if args.scale != "auto" or args.strict or args.allow_copy or args.force_grow:
+            raise ConvertError("--to converts BITCOS back; --scale, --strict, --allow-copy and --force-grow "
+                               "belong to the forward direction")
+        back = convert_back.convert_back(args.input, args.output, to=args.to, fallback=args.fallback,
+                                         verify=not args.no_verify, force=args.force, progress=not args.quiet)
+        if not args.quiet:
+            convert_back.print_summary(back)
+        return 0
+    if args.fallback is not None:
+        raise ConvertError("--fallback applies to --to only")
     res = convert(args.input, args.output, scale=args.scale, strict=args.strict, verify=not args.no_verify,
-                  force=args.force, progress=not args.quiet)
+                  force=args.force, progress=not args.quiet, allow_copy=args.allow_copy,
+                  force_grow=args.force_grow)
     if not args.quiet:
         for line in summarize(res):
             print(line, file=sys.stderr)

@@ -1,0 +1,323 @@
+"""``ggml-bitcos convert --to tq2_0|tq1_0|f16|bf16|f32``: BITCOS weights back to a stock ggml type, bit-exactly.
+
+Every BITCOS weight (and its companion) becomes one tensor of the target type whose ggml dequantization equals
+the BITCOS tensor's dequantized fp32 values (FORMAT.md §5) bit for bit; everything else is copied. A target
+that cannot hold a tensor's values exactly (FORMAT.md §10) is an error naming the tensor and the reason,
+unless ``--fallback`` names another type (or ``keep``: leave it BITCOS) for such tensors:
+
+* TQ2_0 / TQ1_0: one fp16 scale ``d`` per 256 weights, so K must be a multiple of 256; a G128 weight's two
+  128-halves of each 256-block must carry the same ``d`` (a half without non-zero weights takes the other
+  half's; both empty: the first half's, which is what ``convert`` wrote from a TQ source, so TQ2_0 -> BITCOS ->
+  TQ2_0 gives the source's bytes back); a PT weight's fp32 scale must be exactly an fp16 value;
+* F16: every value exactly an fp16 (always for G128; PT: the scale is an fp16 value);
+* BF16: every value exactly a bf16 (G128 scales and PT scales with at most 8 significant bits);
+* F32: always.
+
+Three passes as in ``convert``: decide (decode each weight, check the target, nothing written), write (into a
+temporary file renamed onto the target only when complete), verify (reopen, dequantize each converted tensor
+with ggml's arithmetic and compare its fp32 bits with the BITCOS decode; copied tensors byte for byte).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFValueType
+from gguf.constants import GGMLQuantizationType, LlamaFileType
+from gguf.gguf_reader import ReaderTensor
+from tqdm import tqdm
+
+from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, field_value, open_gguf, tensor_bytes,
+                        tensor_ggml_shape, type_name)
+
+from . import codec, tq
+from .convert import ConvertError, check_bitcos_file, check_paths, describe_write_error, source_float_rows
+from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_K, Variant
+
+# target name -> (ggml type, llama file type written as general.file_type)
+TARGETS: dict[str, tuple[GGMLQuantizationType, LlamaFileType]] = {
+    "tq2_0": (GGMLQuantizationType.TQ2_0, LlamaFileType.MOSTLY_TQ2_0),
+    "tq1_0": (GGMLQuantizationType.TQ1_0, LlamaFileType.MOSTLY_TQ1_0),
+    "f16": (GGMLQuantizationType.F16, LlamaFileType.MOSTLY_F16),
+    "bf16": (GGMLQuantizationType.BF16, LlamaFileType.MOSTLY_BF16),
+    "f32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
+}
+KEEP = "keep"
+NEG_ZERO_BITS = np.uint32(0x80000000)
+
+
+class NotRepresentable(Exception):
+    """The target type cannot hold the tensor's values exactly; ``str()`` says why."""
+
+
+def default_output(src: Path, to: str) -> Path:
+    stem = src.stem if src.suffix == ".gguf" else src.name
+    if stem.endswith("-bitcos"):
+        stem = stem[:-len("-bitcos")]
+    return src.with_name(f"{stem}-{to}.gguf")
+
+
+@dataclass
+class BackResult:
+    name: str
+    variant: str
+    ne: tuple[int, ...]
+    target: str = ""                  # the type written ("keep": left BITCOS)
+    reason: str = ""                  # why the requested target was not possible
+    src_bytes: int = 0                # weight + companion
+    out_bytes: int = 0
+
+
+@dataclass
+class ConvertBackResult:
+    src: Path
+    out: Path
+    to: str
+    tensors: list[BackResult] = field(default_factory=list)
+    verified: bool = False
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _decode(path: Path, w: ReaderTensor, comp: ReaderTensor) -> codec.Decoded:
+    ne = tensor_ggml_shape(w)
+    try:
+        return codec.decode(tensor_bytes(w), tensor_bytes(comp), Variant.from_type_id(int(w.tensor_type)), ne[0],
+                            math.prod(ne[1:]), codec.n_mats_of(ne))
+    except codec.FormatError as e:
+        raise ConvertError(f"{path}: tensor '{w.name}': {e}") from None
+
+
+def tq_scales(dec: codec.Decoded) -> np.ndarray:
+    """fp16 ``d`` per 256-block (R, K/256) that reproduces ``dec``'s values in TQ1_0/TQ2_0, or NotRepresentable."""
+    n_rows, k = dec.codes.shape
+    if k % QK_K:
+        raise NotRepresentable(f"row length {k} is not a multiple of {QK_K} (one TQ block)")
+    nb = k // QK_K
+    halves = QK_K // QK
+    if dec.variant == Variant.PT:
+        s = dec.matrix_scales.astype(np.float32)
+        with np.errstate(over="ignore"):
+            s16 = s.astype(np.float16)
+        bad = np.flatnonzero(s16.astype(np.float32).view(np.uint32) != s.view(np.uint32))
+        if bad.size:
+            m = int(bad[0])
+            raise NotRepresentable(f"matrix {m}: fp32 scale {float(s[m])!r} is not an fp16 value")
+        per_row = np.repeat(s16, n_rows // s16.shape[0])
+        return np.repeat(per_row[:, None], nb, axis=1)
+    d = dec.block_scales.reshape(n_rows, nb, halves)
+    bits = d.view(np.uint16)
+    present = dec.codes.reshape(n_rows, nb, halves, QK).any(axis=3)
+    # a half with non-zero weights decides; both empty: the first half (what convert wrote from a TQ source)
+    first_present = np.where(present[:, :, 0] | ~present[:, :, 1], 0, 1)
+    chosen = np.take_along_axis(bits, first_present[:, :, None], axis=2)[:, :, 0]
+    clash = present.all(axis=2) & (bits[:, :, 0] != bits[:, :, 1])
+    if clash.any():
+        r, b = (int(x) for x in np.argwhere(clash)[0])
+        raise NotRepresentable(f"row {r}, weights {b * QK_K}..{b * QK_K + QK_K - 1}: the two 128-blocks carry "
+                               f"different scales {float(d[r, b, 0])!r} and {float(d[r, b, 1])!r} "
+                               f"({int(clash.sum())} such 256-blocks)")
+    return np.ascontiguousarray(chosen).view("<f2")
+
+
+def encode_target(dec: codec.Decoded, target: str) -> np.ndarray:
+    """The target type's raw bytes of the tensor (rows, bytes per row); NotRepresentable when not exact."""
+    if target in ("tq2_0", "tq1_0"):
+        d = tq_scales(dec)
+        enc = tq.tq2_0_encode if target == "tq2_0" else tq.tq1_0_encode
+        return enc(dec.codes, d)
+    x = dec.to_float()
+    xb = x.view(np.uint32)
+    if target == "f32":
+        return x.view(np.uint8)
+    if target == "f16":
+        with np.errstate(over="ignore"):
+            y = x.astype("<f2")
+        bad = y.astype(np.float32).view(np.uint32) != xb
+    elif target == "bf16":
+        y = (xb >> np.uint32(16)).astype("<u2")
+        bad = (xb & np.uint32(0xFFFF)) != 0
+    else:
+        raise ValueError(f"unknown target {target}")
+    if bad.any():
+        r, c = (int(v) for v in np.argwhere(bad)[0])
+        raise NotRepresentable(f"row {r} col {c}: value {float(x[r, c])!r} is not a {target.upper()} value "
+                               f"({int(bad.sum())} such weights)")
+    return y.view(np.uint8)
+
+
+def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str | None = None,
+                 verify: bool = True, force: bool = False, progress: bool = True) -> ConvertBackResult:
+    """Write ``src`` with every BITCOS weight as ``to`` (see the module docstring)."""
+    if to not in TARGETS:
+        raise ConvertError(f"--to {to}: choose one of {', '.join(TARGETS)}")
+    if fallback is not None and fallback != KEEP and fallback not in TARGETS:
+        raise ConvertError(f"--fallback {fallback}: choose one of {', '.join([*TARGETS, KEEP])}")
+    src = Path(src)
+    out = Path(out) if out is not None else default_output(src, to)
+    check_paths(src, out, force)
+    reader = open_gguf(src)
+    check_bitcos_file(reader, src)
+    result = ConvertBackResult(src, out, to)
+    by_name = {t.name: t for t in reader.tensors}
+    weights = [t for t in reader.tensors if int(t.tensor_type) in BITCOS_TYPE_IDS]
+    if not weights:
+        raise ConvertError(f"{src}: no BITCOS tensors to convert back")
+    t0 = time.perf_counter()
+
+    # pass 1: decide each tensor's type (decode + exactness check; nothing is kept)
+    plan: dict[str, BackResult] = {}
+    bar = tqdm(total=len(weights), desc="check", unit="tensor", disable=None if progress else True)
+    for w in weights:
+        comp = by_name[w.name + COMPANION_SUFFIX]
+        r = BackResult(w.name, Variant.from_type_id(int(w.tensor_type)).name, tensor_ggml_shape(w),
+                       src_bytes=int(w.n_bytes) + int(comp.n_bytes))
+        dec = _decode(src, w, comp)
+        for cand in [to] + ([fallback] if fallback else []):
+            if cand == KEEP:
+                r.target = KEEP
+                break
+            try:
+                r.out_bytes = encode_target(dec, cand).nbytes
+                r.target = cand
+                break
+            except NotRepresentable as e:
+                r.reason = r.reason or str(e)
+                if fallback is None or cand == fallback:
+                    msg = f"{src}: tensor '{w.name}' ({r.variant}): cannot be stored as {cand.upper()} exactly: {e}"
+                    if fallback is None:
+                        msg += (" (--fallback f32|f16|bf16|keep converts such tensors to another type or leaves "
+                                "them BITCOS)")
+                    bar.close()
+                    raise ConvertError(msg) from None
+        del dec
+        plan[w.name] = r
+        bar.update(1)
+    bar.close()
+    result.tensors = [plan[w.name] for w in weights]
+    result.seconds["check"] = time.perf_counter() - t0
+
+    # pass 2: write
+    t1 = time.perf_counter()
+    kept = any(r.target == KEEP for r in result.tensors)
+    arch_field = reader.get_field("general.architecture")
+    writer = GGUFStreamWriter(out, arch_field.contents() if arch_field is not None else "", overwrite=force)
+    try:
+        for key, fld in reader.fields.items():
+            if key.startswith("GGUF.") or (key.startswith("bitcos.") and not kept):
+                continue
+            try:
+                value, vtype, sub = field_value(fld)
+            except ValueError as e:
+                raise ConvertError(f"{src}: {e}") from None
+            if key == "general.file_type" and not kept:
+                value, vtype, sub = int(TARGETS[to][1]), GGUFValueType.UINT32, None
+            writer.add_kv(key, value, vtype, sub)
+        if not kept and reader.get_field("general.file_type") is None:
+            writer.add_kv("general.file_type", int(TARGETS[to][1]), GGUFValueType.UINT32)
+        out_names: list[str] = []
+        for t in reader.tensors:
+            if t.name.endswith(COMPANION_SUFFIX) and t.name[:-len(COMPANION_SUFFIX)] in plan:
+                if plan[t.name[:-len(COMPANION_SUFFIX)]].target != KEEP:
+                    continue
+            r = plan.get(t.name)
+            if r is not None and r.target != KEEP:
+                writer.add_tensor_info(t.name, TARGETS[r.target][0], r.ne)
+            else:
+                writer.add_tensor_info(t.name, t.tensor_type, tensor_ggml_shape(t))
+            out_names.append(t.name)
+        writer.begin()
+        bar = tqdm(total=sum(int(by_name[n].n_bytes) for n in out_names), desc="write", unit="B", unit_scale=True,
+                   disable=None if progress else True)
+        for name in out_names:
+            t = by_name[name]
+            r = plan.get(name)
+            if r is not None and r.target != KEEP:
+                writer.write_tensor(name, encode_target(_decode(src, t, by_name[name + COMPANION_SUFFIX]), r.target))
+            else:
+                writer.write_tensor(name, tensor_bytes(t))
+            bar.update(int(t.n_bytes))
+        bar.close()
+        tmp_path = writer.flush()
+        result.seconds["write"] = time.perf_counter() - t1
+        if verify:
+            t2 = time.perf_counter()
+            verify_back(reader, tmp_path, result, label=str(out))
+            result.verified = True
+            result.seconds["verify"] = time.perf_counter() - t2
+        writer.finish()
+    except OSError as e:
+        writer.abort()
+        raise ConvertError(f"{out}: write failed: {describe_write_error(e, out.parent)}") from None
+    except BaseException:
+        writer.abort()
+        raise
+    result.seconds["total"] = time.perf_counter() - t0
+    return result
+
+
+def verify_back(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertBackResult, *,
+                label: str) -> None:
+    """Each converted tensor dequantizes (ggml's arithmetic) to the BITCOS decode's fp32 bits; others are
+    byte-equal; no companion of a converted weight is left."""
+    try:
+        out_reader = open_gguf(out_path)
+    except GGUFError as e:
+        raise ConvertError(f"{label}: verification failed: output does not parse: {e.problem}") from None
+    out_t = {t.name: t for t in out_reader.tensors}
+    src_t = {t.name: t for t in src_reader.tensors}
+    plan = {r.name: r for r in result.tensors}
+    for name, t in src_t.items():
+        base = name[:-len(COMPANION_SUFFIX)] if name.endswith(COMPANION_SUFFIX) else None
+        if base in plan and plan[base].target != KEEP:
+            if name in out_t:
+                raise ConvertError(f"{label}: tensor '{name}': verification failed: companion left in the output")
+            continue
+        o = out_t.get(name)
+        if o is None:
+            raise ConvertError(f"{label}: tensor '{name}': verification failed: missing from the output")
+        r = plan.get(name)
+        if r is not None and r.target != KEEP:
+            want_type = TARGETS[r.target][0]
+            if int(o.tensor_type) != int(want_type) or tensor_ggml_shape(o) != r.ne:
+                raise ConvertError(f"{label}: tensor '{name}': verification failed: written as "
+                                   f"{type_name(o.tensor_type)} {tensor_ggml_shape(o)}")
+            want = _decode(Path(label), t, src_t[name + COMPANION_SUFFIX]).to_float().view(np.uint32)
+            got = source_float_rows(o, 0, want.shape[0]).view(np.uint32)     # ggml's dequantization
+            if not np.array_equal(got, want):
+                rr, cc = (int(v) for v in np.argwhere(got != want)[0])
+                raise ConvertError(f"{label}: tensor '{name}': verification failed: row {rr} col {cc} dequantizes "
+                                   f"to bits 0x{int(got[rr, cc]):08x}, BITCOS 0x{int(want[rr, cc]):08x}")
+        elif int(o.tensor_type) != int(t.tensor_type) or not np.array_equal(tensor_bytes(o), tensor_bytes(t)):
+            raise ConvertError(f"{label}: tensor '{name}': verification failed: copied tensor differs")
+    del out_reader
+
+
+def summarize(res: ConvertBackResult) -> list[str]:
+    counts: dict[str, int] = {}
+    for r in res.tensors:
+        counts[r.target] = counts.get(r.target, 0) + 1
+    lines = [f"converted {len(res.tensors)} BITCOS tensors back: " +
+             ", ".join(f"{n} to {t.upper() if t != KEEP else 'BITCOS (kept)'}" for t, n in counts.items())]
+    for r in res.tensors:
+        if r.target != res.to:
+            lines.append(f"fallback: {r.name} ({r.variant}) -> {r.target.upper() if r.target != KEEP else 'BITCOS'}: "
+                         f"not {res.to.upper()}: {r.reason}")
+    size_in, size_out = res.src.stat().st_size, res.out.stat().st_size if res.out.exists() else 0
+    lines.append(f"{res.src} ({size_in / 1e6:.1f} MB) -> {res.out} ({size_out / 1e6:.1f} MB)"
+                 + (", verified bit-exact" if res.verified else ", not verified (--no-verify)"))
+    lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.seconds.items()))
+    return lines
+
+
+def print_summary(res: ConvertBackResult) -> None:
+    for line in summarize(res):
+        print(line, file=sys.stderr)
+
+
+__all__ = ["TARGETS", "KEEP", "NotRepresentable", "ConvertBackResult", "BackResult", "convert_back",
+           "default_output", "encode_target", "tq_scales", "summarize"]

@@ -36,6 +36,25 @@ def is_patched() -> bool:
 
 tool_path = llama_tools.tool_path
 
+# what llama.cpp logs when it refuses a model or cannot create a context (the patched build records the
+# same reason for the Python bindings: Llama() raises it)
+_LOAD_ERROR_RE = re.compile(r"(?:error loading model|failed to initialize the context|failed to load model "
+                            r"'[^']*'): (.+)")
+
+
+def load_error(log: str) -> str | None:
+    """The reason llama.cpp gave for refusing a model, from a tool's log, or None."""
+    found = _LOAD_ERROR_RE.findall(log)
+    return found[-1].strip() if found else None
+
+
+def tool_failure(tool: str, returncode: int, model: Path | str, log: str) -> RuntimeError:
+    """The exception for a failed llama.cpp tool run: the refusal reason first when there is one (a crafted
+    or corrupted BITCOS file names its tensor), then the log's tail."""
+    reason = load_error(log)
+    head = f"{tool} failed ({returncode}) on {model}" + (f": {reason}" if reason else "")
+    return RuntimeError(f"{head}\n{log[-3000:]}")
+
 
 @dataclass
 class Generation:
@@ -93,7 +112,7 @@ def run_completion(model: Path, prompt: str, n_tokens: int = 64, threads: int = 
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     if r.returncode != 0:
-        raise RuntimeError(f"llama-completion failed ({r.returncode}) on {model}:\n{r.stderr[-3000:]}")
+        raise tool_failure("llama-completion", r.returncode, model, r.stderr)
     return r.stdout
 
 
@@ -104,7 +123,7 @@ def run_cli(model: Path, prompt: str, n_tokens: int = 64, threads: int = 2, time
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     if r.returncode != 0:
-        raise RuntimeError(f"llama-cli failed ({r.returncode}) on {model}:\n{r.stderr[-3000:]}")
+        raise tool_failure("llama-cli", r.returncode, model, r.stderr)
     # the reply follows the echoed "> prompt" line and ends before the "[ Prompt: … t/s ]" timing line
     out = r.stdout
     start = out.find(f"> {prompt}")
@@ -128,7 +147,7 @@ def run_bench(models: list[Path], n_prompt: int = 512, n_gen: int = 128, threads
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     if r.returncode != 0:
-        raise RuntimeError(f"llama-bench failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        raise tool_failure("llama-bench", r.returncode, ", ".join(map(str, models)), r.stderr)
     return json.loads(r.stdout)
 
 
@@ -144,7 +163,7 @@ def run_perplexity(model: Path, text_file: Path, ctx: int = 128, threads: int = 
                        stdin=subprocess.DEVNULL)
     m = _PPL_RE.search(r.stdout)
     if r.returncode != 0 or not m:
-        raise RuntimeError(f"llama-perplexity failed ({r.returncode}) on {model}:\n{r.stdout[-3000:]}")
+        raise tool_failure("llama-perplexity", r.returncode, model, r.stdout)
     return float(m.group(1)), float(m.group(2))
 
 
@@ -161,21 +180,33 @@ class LlamaServer:
                     "--port", str(self.port), "-t", str(threads), "-c", str(ctx), "--no-webui",
                     *(extra or [])]
         self.proc: subprocess.Popen | None = None
+        self._log = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def log(self) -> str:
+        """The server's log so far (stderr goes to a temporary file: a pipe nobody reads while requests run
+        would fill up and stall the server)."""
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode("utf-8", errors="replace")
+
     def __enter__(self) -> "LlamaServer":
+        import tempfile
+
         import requests
 
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, text=True)
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self._log,
+                                     stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}):\n"
-                                   f"{self.proc.stderr.read()[-3000:] if self.proc.stderr else ''}")
+                raise tool_failure("llama-server", self.proc.returncode, self.cmd[2], self.log())
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
                     return self
@@ -193,6 +224,9 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=20)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def chat(self, content: str, max_tokens: int = 16) -> dict:
         import requests
@@ -200,6 +234,16 @@ class LlamaServer:
         r = requests.post(self.url + "/v1/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens, "temperature": 0, "seed": 0})
+        r.raise_for_status()
+        return r.json()
+
+    def complete(self, prompt: str, n_predict: int = 16, seed: int = 0, timeout: float = 300) -> dict:
+        """One greedy raw completion (/completion: no chat template), the JSON reply."""
+        import requests
+
+        r = requests.post(self.url + "/completion", timeout=timeout, json={
+            "prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1, "seed": seed,
+            "cache_prompt": False})
         r.raise_for_status()
         return r.json()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -223,12 +224,14 @@ def test_c_encoder_refuses_invalid_scales(libs) -> None:
     for s, ok in [(0.5, True), (0.0, True), (float(MAX_SCALE), True), (-0.0, False), (-1.0, False),
                   (math.nan, False), (math.inf, False), (65505.0, False)]:
         sc = np.array([s], np.float32)
-        assert (f(Variant.PT.type_id, 128, 2, 1, codes.ctypes.data, None, sc.ctypes.data, None, None, 0) > 0) == ok, s
+        n = f(Variant.PT.type_id, 128, 2, 1, codes.ctypes.data, None, sc.ctypes.data, None, None, 0)
+        assert (n > 0) == ok, s
         with np.errstate(over="ignore"):
             d16 = np.full(2, s, np.float32).astype(np.float16).view(np.uint16)   # 65505 rounds to 65504
         ok16 = not codec.invalid_scales(d16).any()   # the C and the Python rule agree
         assert ok16 == (ok or s == 65505.0)
-        assert (f(Variant.G128.type_id, 128, 2, 1, codes.ctypes.data, d16.ctypes.data, None, None, None, 0) > 0) == ok16, s
+        n = f(Variant.G128.type_id, 128, 2, 1, codes.ctypes.data, d16.ctypes.data, None, None, None, 0)
+        assert (n > 0) == ok16, s
 
 
 class _InitParams(ctypes.Structure):
@@ -331,3 +334,18 @@ def test_llama_bench_and_server_name_the_reason(nan_model) -> None:
     assert_refused(run_tool("llama-bench", nan_model, "-p", "8", "-n", "0", "-r", "1"),
                    f"failed to load model '{nan_model}': {NAN_MESSAGE}")
     assert_refused(run_tool("llama-server", nan_model, "--port", "0", "-t", "1"), NAN_MESSAGE)
+
+
+def test_llama_run_helpers_name_the_reason(nan_model) -> None:
+    """The package's own wrappers (demo, benchmarks, tests) put the refusal reason in their exception's
+    first line."""
+    from ggml_bitcos import llama_run
+    for call in (lambda: llama_run.run_completion(nan_model, "hi", 4),
+                 lambda: llama_run.run_cli(nan_model, "hi", 4),
+                 lambda: llama_run.LlamaServer(nan_model).__enter__()):
+        with pytest.raises(RuntimeError) as e:
+            call()
+        first = str(e.value).splitlines()[0]
+        assert str(nan_model) in first and NAN_MESSAGE in first, first
+    with pytest.raises(ValueError, match=re.escape(f"{nan_model}: {NAN_MESSAGE}")):
+        llama_run.greedy_generate(nan_model, "hi", 2)

@@ -38,13 +38,13 @@ from tqdm import tqdm
 from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, bitcos_type, field_value, open_gguf,
                         tensor_bytes, tensor_ggml_shape, tensor_row_bytes, type_name)
 
-from . import codec, ternary, tq
+from . import codec, foreign, ternary, tq
 from .format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, COMPANION_TYPE, KEY_CONVERTED_FROM, KEY_FORMAT_VERSION,
                      MAX_WEIGHT_NAME, QK, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES, VERSION, Variant)
 
 FLOAT_SOURCES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 TQ_SOURCES = (GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0)
-SOURCE_TYPES = FLOAT_SOURCES + TQ_SOURCES
+SOURCE_TYPES = FLOAT_SOURCES + TQ_SOURCES + tuple(foreign.FOREIGN_TYPES)   # + I2_S, Q2_0, PQ2_0, PTQ1_0
 CHUNK_WEIGHTS = 1 << 23              # rows are processed in chunks of about this many weights
 DEFAULT_CACHE_BYTES = 1 << 30        # encoded tensors kept between pass 1 and 2 up to this total
 
@@ -83,6 +83,8 @@ def source_float_rows(t: ReaderTensor, start: int, stop: int) -> np.ndarray:
         return tq.tq_to_float(*tq.tq2_0_decode(raw))
     if tt == GGMLQuantizationType.TQ1_0:
         return tq.tq_to_float(*tq.tq1_0_decode(raw))
+    if int(tt) in foreign.FOREIGN_TYPES:
+        return foreign.float_rows(t, raw, start, stop)
     raise ValueError(f"cannot decode {type_name(tt)}")
 
 
@@ -123,6 +125,8 @@ class Analysis:
     block_mag: np.ndarray | None = None
     pt: np.ndarray | None = None
     tq_scales: np.ndarray | None = None   # TQ sources: |d| of the source 256-block, per 128 (G128 scales)
+    row_nonzero: np.ndarray | None = None  # non-zero weights per row (sizes the row index and sign pool)
+    g128_ok: bool = False                 # every block magnitude is an fp16 value (G128 is exact)
 
 
 def is_candidate(name: str, t: ReaderTensor) -> bool:
@@ -153,6 +157,7 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
     tq_scales = np.empty((n_rows, k // QK), dtype=np.float16) if is_tq and want_codes else None
     tq_block_bytes = TQ2_0_BLOCK_BYTES if t.tensor_type == GGMLQuantizationType.TQ2_0 else TQ1_0_BLOCK_BYTES
     n_zeros = 0
+    row_nonzero = np.empty(n_rows, dtype=np.int64)
     for s, e in iter_row_chunks(n_rows, k):
         ch = ternary.analyze_rows(source_float_rows(t, s, e))
         if not ch.blocks_uniform:
@@ -164,7 +169,8 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
         if tq_scales is not None:
             d = np.abs(tq.tq_block_scales(tensor_row_bytes(t)[s:e], tq_block_bytes))
             tq_scales[s:e] = np.repeat(d, 2, axis=1)
-        n_zeros += int(ch.codes.size - np.count_nonzero(ch.codes))
+        row_nonzero[s:e] = np.count_nonzero(ch.codes, axis=1)
+        n_zeros += int(ch.codes.size - row_nonzero[s:e].sum())
         block_mag[s:e] = ch.block_mag
     res.n_zeros = n_zeros
     res.ternary_looking = True
@@ -184,7 +190,7 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
     else:
         res.converted = True
         res.variant = Variant.PT if pt is not None else Variant.G128
-    return Analysis(res, codes, block_mag, pt, tq_scales)
+    return Analysis(res, codes, block_mag, pt, tq_scales, row_nonzero, g128_ok)
 
 
 def encode_analysis(a: Analysis) -> codec.Encoded:
@@ -309,6 +315,9 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
     check_paths(src, out, force)
     reader = open_gguf(src)
     check_bitcos_file(reader, src)
+    problem = foreign.source_problem(reader)
+    if problem:
+        raise ConvertError(f"{src}: {problem}")
     result = ConvertResult(src, out)
     t0 = time.perf_counter()
 
@@ -330,7 +339,7 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
             enc = encode_analysis(a)
             r.out_bytes = enc.nbytes
             r.companion_bytes = int(enc.companion.nbytes)
-            if _grows(r) and not force_grow:
+            if _grows(r) and not force_grow and not foreign.must_convert(t.tensor_type):
                 r.converted, r.grow_kept, enc = False, True, None
                 n = max(r.n_weights, 1)
                 r.reason = (f"BITCOS {r.variant.name} would grow it: {8 * r.src_bytes / n:.4f} -> "
@@ -340,6 +349,7 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
             else:
                 cached += enc.nbytes
         del a
+        foreign.explain(t, r)
         plan[t.name] = (r, enc)
         bar.set_postfix_str(t.name, refresh=False)
         bar.update(int(t.n_bytes))
@@ -349,6 +359,9 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
             raise ConvertError(f"{src}: tensor '{t.name}': ternary but not converted: {r.reason}{hint} (--strict)")
     bar.close()
     result.seconds["analyze"] = time.perf_counter() - t0
+    problem = foreign.unloadable_left(reader.tensors, plan)
+    if problem:
+        raise ConvertError(f"{src}: {problem}")
     result.tensors = [plan[t.name][0] if t.name in plan else
                       TensorResult(t.name, type_name(t.tensor_type), tensor_ggml_shape(t), src_bytes=int(t.n_bytes))
                       for t in reader.tensors]

@@ -1,16 +1,22 @@
 """``ggml-bitcos stats``: the paper's Table I row for a model (source or BITCOS GGUF).
 
 Measured: the zero density z of the ternary weights (every tensor ``convert`` would treat as ternary,
-plus every BITCOS tensor, whose zeros come from its companion header: K·R − n_sign_bits). Derived, in
-bits per ternary weight:
+plus every BITCOS tensor, whose zeros come from its companion header: K·R − n_sign_bits). Then, in bits per
+ternary weight:
 
-* BITCOS symbols only: 2 − z; with scales: G128 2.125 − z (fp16 per 128), PT 2 − z + 32·M / n;
-* 2-bit packing, group 128: 2.000 symbols, 2.125 with an fp16 scale per 128;
-* 5 trits per byte, group 128 (the paper's "5-trit"): 1.625 symbols (8/5 rounded up per 128: 26 bytes
-  hold 130 trits -> 208 bits / 128), 1.750 with the scale;
-* TQ1_0: 1.6875 (54 bytes / 256); TQ2_0: 2.0625 (66 bytes / 256);
-* reduction factors: baseline / BITCOS (with scales) — > 1 means BITCOS is smaller;
-* for BITCOS files, the actual bits: (weight + companion bytes) · 8 / weights.
+* BITCOS, per variant, **as a file carries it**: the exact bytes of the weight blocks and the companion
+  (bitmap, fp16 block scales or fp32 per-matrix scales, row index, sign pool, header, alignment, pool tail;
+  FORMAT.md §8) that ``convert`` writes for each tensor, summed over the model — for a source model what
+  the conversion would write, for a BITCOS file what it holds (and the variant it does not use, computed from
+  the same row index). A variant that cannot store every tensor exactly is reported as such, with no number.
+  ``auto`` is ``convert``'s choice: PT where exact, else G128 (before its grow check);
+* BITCOS symbols only: 2 − z;
+* TQ1_0: 1.6875 (54 bytes / 256), TQ2_0: 2.0625 (66 bytes / 256): real file layouts;
+* 2-bit packing, group 128: 2.000 symbols, 2.125 with an fp16 scale per 128, and 5 trits per byte, group 128
+  (the paper's "5-trit"): 1.625 symbols (26 bytes hold 130 trits -> 208 bits / 128), 1.750 with the scale —
+  layouts from the paper, not ggml types;
+* comparisons like with like: BITCOS with everything against a baseline with its scales, symbols against
+  symbols; ``reduction`` = baseline / BITCOS, printed as "x smaller" (> 1) or "x larger" (< 1).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from gguf_tools import open_gguf, tensor_bytes, tensor_ggml_shape, type_name
 
 from . import codec
 from .convert import analyze_tensor, check_bitcos_file, is_candidate
-from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, Variant, bits_per_weight
+from .format import BITCOS_TYPE_IDS, BITMAP_BYTES, COMPANION_SUFFIX, QK, Variant
 
 # (symbols only, with scales) bits per weight of the fixed-rate baselines
 BASELINES: dict[str, tuple[float, float]] = {
@@ -37,6 +43,7 @@ BASELINES: dict[str, tuple[float, float]] = {
     "TQ1_0": (1.625, 1.6875),
     "TQ2_0": (2.0, 2.0625),
 }
+AUTO = "auto"
 
 
 @dataclass
@@ -49,6 +56,8 @@ class TensorStat:
     zero_density: float
     n_mats: int
     file_bits_per_weight: float | None = None   # BITCOS tensors: (weight + companion) bytes * 8 / n
+    # exact bytes (weight blocks + companion) of the tensor in each variant; None: the variant is not exact
+    variant_bytes: dict[str, int | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -59,16 +68,44 @@ class ModelStats:
     n_zeros: int
     zero_density: float
     bitcos_symbols: float
-    bitcos_g128: float
-    bitcos_pt: float
+    bitcos_g128: float | None                       # real bits per weight stored as G128 (None: not exact)
+    bitcos_pt: float | None                         # real bits per weight stored as PT (None: not exact)
     baselines: dict[str, dict[str, float]]
-    reduction_g128: dict[str, float]
+    reduction_g128: dict[str, float]                # baseline with scales / real G128 bits (> 1: BITCOS smaller)
     reduction_pt: dict[str, float]
+    bitcos_auto: float | None = None                # convert's choice per tensor: PT where exact, else G128
+    reduction_auto: dict[str, float] = field(default_factory=dict)
+    reduction_symbols: dict[str, float] = field(default_factory=dict)   # baseline symbols / (2 - z)
+    not_exact: dict[str, int] = field(default_factory=dict)              # variant -> tensors it cannot store
     bitcos_tensors: int = 0
     bitcos_weights: int = 0
     file_bits_per_weight: float | None = None          # over the BITCOS tensors of the file
-    file_bits_formula: dict[str, float] = field(default_factory=dict)
     tensors: list[TensorStat] = field(default_factory=list)
+
+
+def encoded_bytes(variant: Variant, ne: tuple[int, ...] | list[int], n_sign_bits: int, row_group_log2: int) -> int:
+    """Bytes a BITCOS weight of ggml shape ``ne`` takes in ``variant``: its blocks plus its companion."""
+    k, n_rows = int(ne[0]), math.prod(int(x) for x in ne[1:])
+    n_mats = codec.n_mats_of(tuple(int(x) for x in ne))
+    return (n_rows * (k // QK) * variant.block_bytes
+            + codec.companion_size(variant, k, n_rows, n_mats, n_sign_bits, row_group_log2))
+
+
+def _other_variant_exact(variant: Variant, weight: np.ndarray, dec_hdr: codec.Header, companion: np.ndarray) -> bool:
+    """Whether a BITCOS tensor stored as ``variant`` is also exact in the other variant (FORMAT.md §7)."""
+    if variant == Variant.PT:          # G128 needs each matrix scale to be an fp16 value
+        s = companion[dec_hdr.scales_offset:dec_hdr.scales_offset + 4 * dec_hdr.n_mats].view("<f4")
+        with np.errstate(over="ignore"):
+            return bool(np.array_equal(s.astype(np.float16).astype(np.float32), s))
+    # PT needs one magnitude per matrix over the blocks that hold non-zero weights
+    blk = weight.reshape(dec_hdr.n_mats, -1, variant.block_bytes)
+    present = blk[:, :, :BITMAP_BYTES].any(axis=2)
+    d = np.ascontiguousarray(blk[:, :, BITMAP_BYTES:]).view("<f2")[:, :, 0].astype(np.float32)
+    for m in range(dec_hdr.n_mats):
+        v = d[m][present[m]]
+        if v.size and not np.all(v == v[0]):
+            return False
+    return True
 
 
 def collect(path: Path, *, progress: bool = True) -> ModelStats:
@@ -87,45 +124,79 @@ def collect(path: Path, *, progress: bool = True) -> ModelStats:
             comp = by_name.get(t.name + COMPANION_SUFFIX)
             if comp is None:
                 raise codec.FormatError(f"{path}: tensor '{t.name}': BITCOS weight without its companion")
-            hdr = codec.parse_header(tensor_bytes(comp))
+            cbytes = tensor_bytes(comp)
+            try:
+                hdr = codec.parse_header(cbytes)
+            except codec.FormatError as e:
+                raise codec.FormatError(f"{path}: tensor '{t.name}': {e}") from None
+            variant = Variant.from_type_id(t.tensor_type)
+            other = Variant.G128 if variant == Variant.PT else Variant.PT
             n = k * n_rows
+            actual = int(t.n_bytes) + int(comp.n_bytes)
+            vb: dict[str, int | None] = {variant.name: actual, other.name: None}
+            if _other_variant_exact(variant, tensor_bytes(t), hdr, cbytes):
+                vb[other.name] = encoded_bytes(other, ne, hdr.n_sign_bits, hdr.row_group_log2)
             stats.append(TensorStat(t.name, type_name(t.tensor_type), list(ne), n, n - hdr.n_sign_bits,
-                                    1 - hdr.n_sign_bits / n, codec.n_mats_of(ne),
-                                    8 * (int(t.n_bytes) + int(comp.n_bytes)) / n))
+                                    1 - hdr.n_sign_bits / n, codec.n_mats_of(ne), 8 * actual / n, vb))
         else:
-            r = analyze_tensor(t, "auto", want_codes=False).result
+            a = analyze_tensor(t, "auto", want_codes=False)
+            r = a.result
             if r.measured:
+                assert a.row_nonzero is not None
+                g = codec.choose_row_group_log2(codec.row_sign_positions(a.row_nonzero))
+                n_sign = r.n_weights - r.n_zeros
+                vb = {Variant.PT.name: encoded_bytes(Variant.PT, ne, n_sign, g) if a.pt is not None else None,
+                      Variant.G128.name: encoded_bytes(Variant.G128, ne, n_sign, g) if a.g128_ok else None}
                 stats.append(TensorStat(t.name, r.src_type, list(ne), r.n_weights, r.n_zeros, r.zero_density,
-                                        codec.n_mats_of(ne)))
+                                        codec.n_mats_of(ne), variant_bytes=vb))
         bar.set_postfix_str(t.name, refresh=False)
         bar.update(int(t.n_bytes))
     bar.close()
     return summarize_stats(str(path), stats)
 
 
+def _auto_bytes(s: TensorStat) -> int | None:
+    pt, g = s.variant_bytes.get(Variant.PT.name), s.variant_bytes.get(Variant.G128.name)
+    return pt if pt is not None else g
+
+
 def summarize_stats(path: str, stats: list[TensorStat]) -> ModelStats:
     n = sum(s.n_weights for s in stats)
     nz = sum(s.n_zeros for s in stats)
     z = nz / n if n else 0.0
-    mats = sum(s.n_mats for s in stats)
-    g128 = bits_per_weight(Variant.G128, z)
-    pt = bits_per_weight(Variant.PT, z) + (32 * mats / n if n else 0.0)
+    real: dict[str, float | None] = {}
+    not_exact: dict[str, int] = {}
+    for name, get in ((Variant.G128.name, lambda s: s.variant_bytes.get(Variant.G128.name)),
+                      (Variant.PT.name, lambda s: s.variant_bytes.get(Variant.PT.name)), (AUTO, _auto_bytes)):
+        sizes = [get(s) for s in stats]
+        not_exact[name] = sum(1 for x in sizes if x is None)
+        real[name] = 8 * sum(sizes) / n if n and not_exact[name] == 0 else None   # type: ignore[arg-type]
+
+    def red(bits: float | None) -> dict[str, float]:
+        return {k: b / bits for k, (_a, b) in BASELINES.items()} if bits else {}
+
     baselines = {k: {"symbols": a, "with_scale": b} for k, (a, b) in BASELINES.items()}
-    red_g = {k: b / g128 for k, (_a, b) in BASELINES.items()}
-    red_p = {k: b / pt for k, (_a, b) in BASELINES.items()}
+    m = ModelStats(path, len(stats), n, nz, z, 2.0 - z, real[Variant.G128.name], real[Variant.PT.name], baselines,
+                   red(real[Variant.G128.name]), red(real[Variant.PT.name]), bitcos_auto=real[AUTO],
+                   reduction_auto=red(real[AUTO]),
+                   reduction_symbols={k: a / (2.0 - z) for k, (a, _b) in BASELINES.items()} if z < 2 else {},
+                   not_exact=not_exact, tensors=stats)
     bit = [s for s in stats if s.file_bits_per_weight is not None]
-    m = ModelStats(path, len(stats), n, nz, z, 2.0 - z, g128, pt, baselines, red_g, red_p, tensors=stats)
     if bit:
         nb = sum(s.n_weights for s in bit)
-        zb = sum(s.n_zeros for s in bit) / nb
         m.bitcos_tensors = len(bit)
         m.bitcos_weights = nb
         m.file_bits_per_weight = sum(s.file_bits_per_weight * s.n_weights for s in bit) / nb  # type: ignore[operator]
-        kinds = {s.type for s in bit}
-        m.file_bits_formula = {"G128 (2.125 - z)": bits_per_weight(Variant.G128, zb),
-                               "PT (2 - z)": bits_per_weight(Variant.PT, zb), "z": zb,
-                               "variants": ",".join(sorted(kinds))}  # type: ignore[dict-item]
     return m
+
+
+def _compare(ratio: float | None) -> str:
+    """baseline / BITCOS as words: never "smaller" for something larger."""
+    if ratio is None:
+        return "-"
+    if abs(ratio - 1.0) < 5e-4:
+        return "same size"
+    return f"{ratio:.3f}x smaller" if ratio > 1 else f"{1 / ratio:.3f}x larger"
 
 
 def format_text(m: ModelStats, with_tensors: bool = False) -> str:
@@ -136,24 +207,36 @@ def format_text(m: ModelStats, with_tensors: bool = False) -> str:
         out.append("no ternary tensors found")
         return "\n".join(out)
     out.append("")
-    out.append(f"{'layout':<22}{'symbols':>9}{'+scale':>9}{'red. vs G128':>14}{'red. vs PT':>12}")
-    out.append(f"{'BITCOS G128 (2-z)':<22}{m.bitcos_symbols:>9.3f}{m.bitcos_g128:>9.3f}")
-    out.append(f"{'BITCOS PT   (2-z)':<22}{m.bitcos_symbols:>9.3f}{m.bitcos_pt:>9.3f}")
+    out.append("bits per weight as a file stores them (BITCOS: blocks + companion: bitmap, signs, scales, row index, "
+               "header, alignment)")
+
+    def bits(v: float | None, key: str) -> str:
+        return f"{v:>9.4f}" if v is not None else f"{'n/a':>9}" + f"  (not exact for {m.not_exact[key]} tensors)"
+
+    out.append(f"{'BITCOS auto (PT, else G128)':<30}{bits(m.bitcos_auto, AUTO)}")
+    out.append(f"{'BITCOS PT':<30}{bits(m.bitcos_pt, Variant.PT.name)}")
+    out.append(f"{'BITCOS G128':<30}{bits(m.bitcos_g128, Variant.G128.name)}")
+    out.append(f"{'BITCOS symbols only (2 - z)':<30}{m.bitcos_symbols:>9.4f}")
+    out.append("")
+    out.append(f"{'baseline':<30}{'bits/w':>9}{'symbols':>9}   {'BITCOS auto vs it':<22}{'symbols vs symbols':<20}")
     for k, v in m.baselines.items():
-        out.append(f"{k:<22}{v['symbols']:>9.3f}{v['with_scale']:>9.4f}"
-                   f"{m.reduction_g128[k]:>13.2f}x{m.reduction_pt[k]:>11.2f}x")
-    out.append("reduction = baseline with scale / BITCOS with scale; > 1: BITCOS is smaller")
+        label = k if k.startswith("TQ") else f"{k} (paper layout)"
+        out.append(f"{label:<30}{v['with_scale']:>9.4f}{v['symbols']:>9.3f}   "
+                   f"{_compare(m.reduction_auto.get(k)):<22}{_compare(m.reduction_symbols.get(k)):<20}")
     if m.file_bits_per_weight is not None:
-        f = m.file_bits_formula
-        out.append(f"file: {m.bitcos_tensors} BITCOS tensors ({f['variants']}), {m.bitcos_weights:,} weights, "
-                   f"{m.file_bits_per_weight:.4f} bits per weight incl. companion "
-                   f"(formula: G128 {f['G128 (2.125 - z)']:.4f}, PT {f['PT (2 - z)']:.4f})")
+        kinds = ",".join(sorted({s.type for s in m.tensors if s.file_bits_per_weight is not None}))
+        out.append(f"file: {m.bitcos_tensors} BITCOS tensors ({kinds}), {m.bitcos_weights:,} weights, "
+                   f"{m.file_bits_per_weight:.4f} bits per weight incl. companion")
     if with_tensors:
         out.append("")
-        out.append(f"{'tensor':<36}{'type':<12}{'shape':<22}{'z':>8}{'file bpw':>10}")
+        out.append(f"{'tensor':<36}{'type':<12}{'shape':<22}{'z':>8}{'PT bpw':>9}{'G128 bpw':>10}{'file bpw':>10}")
         for s in m.tensors:
+            def b(key: str) -> str:
+                x = s.variant_bytes.get(key)
+                return f"{8 * x / s.n_weights:.4f}" if x is not None else "n/a"
             fb = f"{s.file_bits_per_weight:.4f}" if s.file_bits_per_weight is not None else "-"
-            out.append(f"{s.name:<36}{s.type:<12}{'x'.join(map(str, s.shape)):<22}{s.zero_density:>8.4f}{fb:>10}")
+            out.append(f"{s.name:<36}{s.type:<12}{'x'.join(map(str, s.shape)):<22}{s.zero_density:>8.4f}"
+                       f"{b(Variant.PT.name):>9}{b(Variant.G128.name):>10}{fb:>10}")
     return "\n".join(out)
 
 

@@ -1,0 +1,45 @@
+// Free-function SYCL kernels around csrc/sycl/bitcos-sycl.hpp, compiled at run time by the SYCL runtime's
+// kernel compiler (sycl_ext_oneapi_kernel_compiler) in tests/sycl/test-bitcos-sycl.cpp: this project has no
+// SYCL device compiler (icpx), but the runtime's JIT runs these on Intel's OpenCL CPU device. ggml-sycl
+// would launch the same device functions from its own parallel_for lambdas.
+#include "bitcos-sycl.hpp"
+
+namespace syclexp = sycl::ext::oneapi::experimental;
+
+// The 2 KB code table in the work-group's local memory (work_group_static: the runtime compiler of
+// 2026.2 crashes on group_local_memory_for_overwrite), filled by all its work-items.
+static inline const uint16_t * bitcos_group_lut(sycl::nd_item<1> it) {
+    static syclexp::work_group_static<uint16_t[bitcos_sycl::LUT_ENTRIES * bitcos_sycl::LUT_CODES]> lut;
+    uint16_t * p = &lut[0];
+    bitcos_sycl::lut_init(p, (int)it.get_local_id(0), (int)it.get_local_range(0));
+    sycl::group_barrier(it.get_group());
+    return p;
+}
+
+// dst[c * n_rows + i] = W[row0 + i] . x[c * k ..] for i < n_rows, c < n_x: one work-item per row.
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void bitcos_mat_vec(const uint8_t * blocks, const uint8_t * comp, const float * x, float * dst, uint64_t row0,
+                    uint64_t n_rows, uint64_t n_x, uint64_t k) {
+    const sycl::nd_item<1> it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+    const uint16_t * lut = bitcos_group_lut(it);
+    const uint64_t i = it.get_global_id(0);
+    if (i >= n_rows) {
+        return;
+    }
+    for (uint64_t c = 0; c < n_x; ++c) {
+        dst[c * n_rows + i] = bitcos_sycl::row_dot(blocks, comp, row0 + i, x + c * k, lut);
+    }
+}
+
+// y[i * k ..] = dequantized row row0 + i, for i < n_rows.
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void bitcos_dequantize(const uint8_t * blocks, const uint8_t * comp, float * y, uint64_t row0, uint64_t n_rows,
+                       uint64_t k) {
+    const sycl::nd_item<1> it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+    const uint16_t * lut = bitcos_group_lut(it);
+    const uint64_t i = it.get_global_id(0);
+    if (i >= n_rows) {
+        return;
+    }
+    bitcos_sycl::dequantize_row(blocks, comp, row0 + i, y + i * k, lut);
+}

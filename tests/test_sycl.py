@@ -1,0 +1,161 @@
+"""The BITCOS SYCL kernels (csrc/sycl/bitcos-sycl.hpp: the paper's Xe2 design, lanes own rows, a 2 KB
+table in local memory replaces pdep) executed on a real SYCL device: the SYCL runtime's kernel compiler
+builds them at run time and Intel's OpenCL CPU device runs them (no icpx, no Intel GPU here).
+
+The inputs come from the project's reference codec (codec.encode), the expected values from numpy straight
+from the ternary codes and scales: dequantized rows must match bit for bit (FORMAT.md §5: one fp32
+multiplication per weight), mat-vec results within fp32 accumulation error of the float64 product.
+
+Needs the SYCL runtime (PyPI dpcpp-cpp-rt: headers, libsycl, the kernel compiler, the OpenCL CPU device):
+`scripts/sycl_runtime.sh` installs it into ~/.cache/ggml-bitcos/sycl-rt (CI does); $BITCOS_SYCL_RT points
+elsewhere. Skipped without it unless BITCOS_REQUIRE_SYCL=1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggml_bitcos import codec
+from ggml_bitcos.format import QK, Variant
+from ggml_bitcos.ternary import random_codes
+
+ROOT = Path(__file__).resolve().parent.parent
+SYCL_TEST_DIR = ROOT / "tests" / "sycl"
+DEFAULT_RT = Path.home() / ".cache" / "ggml-bitcos" / "sycl-rt"
+
+
+def sycl_runtime() -> Path | None:
+    """Prefix holding include/sycl/sycl.hpp, lib/libsycl.so and lib/libintelocl.so, or None."""
+    rt = Path(os.environ.get("BITCOS_SYCL_RT", DEFAULT_RT))
+    ok = all((rt / p).exists() for p in ("include/sycl/sycl.hpp", "lib/libsycl.so", "lib/libintelocl.so"))
+    return rt if ok else None
+
+
+@pytest.fixture(scope="module")
+def sycl_host(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The host program built against the runtime, and the environment that selects the OpenCL CPU device."""
+    rt = sycl_runtime()
+    if rt is None:
+        msg = f"SYCL runtime not found at {os.environ.get('BITCOS_SYCL_RT', DEFAULT_RT)} (scripts/sycl_runtime.sh)"
+        if os.environ.get("BITCOS_REQUIRE_SYCL") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path_factory.mktemp("sycl") / "test-bitcos-sycl"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
+                    str(SYCL_TEST_DIR / "test-bitcos-sycl.cpp"), f"-I{rt / 'include'}", f"-L{rt / 'lib'}",
+                    "-lsycl", f"-Wl,-rpath,{rt / 'lib'}", "-o", str(exe)], check=True, capture_output=True)
+    # the OpenCL ICD loader of the runtime finds Intel's CPU device through this; the Level Zero adapter's
+    # "UR adapter initialization failed" on a machine without an Intel GPU is harmless
+    env = dict(os.environ, OCL_ICD_FILENAMES=str(rt / "lib" / "libintelocl.so"))
+    return exe, env
+
+
+def make_case(rng: np.random.Generator, variant: Variant, rows: int, k: int, z: float, n_x: int,
+              n_mats: int = 1) -> dict:
+    """A random ternary tensor encoded by the reference codec, its activations and its exact fp32 values
+    (computed here from the codes and scales, not by the codec's decoder)."""
+    codes = random_codes(rng, (rows, k), z)
+    if variant == Variant.G128:
+        # fp16 scales with varied exponents; about half of the 256-blocks get two different halves
+        scales = (rng.uniform(0.01, 2.0, (rows, k // QK)) * 2.0 ** rng.integers(-6, 4, (rows, k // QK)))
+        scales = scales.astype(np.float16)
+        enc = codec.encode(codes, variant, block_scales=scales)
+        values = codes.astype(np.float32).reshape(rows, k // QK, QK) * scales.astype(np.float32)[:, :, None]
+    else:
+        mats = rng.uniform(0.001, 3.0, n_mats).astype(np.float32)
+        enc = codec.encode(codes, variant, matrix_scales=mats, n_mats=n_mats)
+        values = codes.astype(np.float32) * np.repeat(mats, rows // n_mats)[:, None]
+    x = rng.standard_normal((n_x, k)).astype(np.float32)
+    return {"blocks": enc.blocks, "companion": enc.companion, "values": values.reshape(rows, k), "x": x,
+            "codes": codes}
+
+
+def run_cases(sycl_host, tmp_path: Path, cases: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Runs every case (rows row0 .. row0 + n_rows of its tensor) in one process; returns (mat-vec
+    (n_x, n_rows), dequantized (n_rows, k)) per case."""
+    exe, env = sycl_host
+    inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
+    with open(inp, "wb") as f:
+        f.write(b"BSYC" + struct.pack("<II", 1, len(cases)))
+        for c in cases:
+            blocks = np.ascontiguousarray(c["blocks"]).view(np.uint8).reshape(-1)
+            comp = np.ascontiguousarray(c["companion"]).view(np.uint8).reshape(-1)
+            n_x, k = c["x"].shape
+            f.write(struct.pack("<7Q", blocks.nbytes, comp.nbytes, c["n_rows"], k, n_x, c["row0"], c["wg"]))
+            f.write(blocks.tobytes() + comp.tobytes() + np.ascontiguousarray(c["x"], "<f4").tobytes())
+    r = subprocess.run([str(exe), str(ROOT / "csrc"), str(SYCL_TEST_DIR / "bitcos-sycl-kernels.jit.cpp"),
+                        str(inp), str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = np.fromfile(out, dtype="<f4")
+    res, off = [], 0
+    for c in cases:
+        n_x, k = c["x"].shape
+        mv = data[off:off + n_x * c["n_rows"]].reshape(n_x, c["n_rows"])
+        off += mv.size
+        dq = data[off:off + c["n_rows"] * k].reshape(c["n_rows"], k)
+        off += dq.size
+        res.append((mv, dq))
+    assert off == data.size
+    return res
+
+
+def check(case: dict, mv: np.ndarray, dq: np.ndarray) -> None:
+    rows = slice(case["row0"], case["row0"] + case["n_rows"])
+    values = case["values"][rows]
+    # dequantized: the very same fp32 values (bit patterns)
+    assert np.array_equal(dq.view(np.uint32), values.view(np.uint32))
+    # mat-vec: within fp32 accumulation error of the float64 product
+    ref = case["x"].astype(np.float64) @ values.T.astype(np.float64)
+    mag = np.abs(case["x"].astype(np.float64)) @ np.abs(values.T.astype(np.float64))
+    k = values.shape[1]
+    assert np.all(np.abs(mv - ref) <= 4 * np.finfo(np.float32).eps * np.sqrt(k) * mag + 1e-30), \
+        np.max(np.abs(mv - ref) / (mag + 1e-30))
+
+
+@pytest.mark.parametrize("variant", [Variant.G128, Variant.PT], ids=["g128", "pt"])
+def test_sycl_kernels_match_the_reference(sycl_host, tmp_path, variant):
+    """Both variants, zero densities 0 / 0.4 / 1, K = 128 … 4224, odd row counts, work-groups smaller and
+    larger than the row count, 1 and 3 activation columns, a run of rows starting mid-tensor (row0 > 0),
+    and a 3-D PT tensor whose matrices have their own scales (the rows MUL_MAT_ID reads)."""
+    rng = np.random.default_rng(21 + int(variant))
+    cases = []
+    for z in (0.0, 0.4, 1.0):
+        for rows, k, n_x, row0, n_rows, wg in ((1, 128, 1, 0, 1, 16), (37, 384, 3, 0, 37, 16),
+                                                (19, 4224, 1, 5, 13, 64), (64, 2048, 2, 0, 64, 32)):
+            c = make_case(rng, variant, rows, k, z, n_x)
+            c.update(row0=row0, n_rows=n_rows, wg=wg)
+            cases.append(c)
+    if variant == Variant.PT:
+        c = make_case(rng, variant, 24, 640, 0.4, 2, n_mats=3)
+        c.update(row0=0, n_rows=24, wg=16)
+        cases.append(c)
+    for case, (mv, dq) in zip(cases, run_cases(sycl_host, tmp_path, cases)):
+        check(case, mv, dq)
+
+
+def test_sycl_kernels_see_a_single_sign(sycl_host, tmp_path):
+    """Flipping the stored sign of one present weight (in the companion's pool) changes exactly that row's
+    mat-vec result and exactly that weight's dequantized value: the kernels read the sign stream."""
+    rng = np.random.default_rng(5)
+    case = make_case(rng, Variant.PT, 9, 512, 0.4, 1)
+    case.update(row0=0, n_rows=9, wg=16)
+    hdr = codec.parse_header(case["companion"].view(np.uint8))
+    row, col = 4, int(np.flatnonzero(case["codes"][4])[7])            # the 8th present weight of row 4
+    pos = int(codec.sign_positions(case["companion"].view(np.uint8), hdr)[row]) + 7
+    flipped = dict(case, companion=case["companion"].copy())
+    flipped["companion"].view(np.uint8)[hdr.pool_offset + pos // 8] ^= np.uint8(1 << (pos % 8))
+    (mv0, dq0), (mv1, dq1) = run_cases(sycl_host, tmp_path, [case, flipped])
+    diff_rows = np.flatnonzero(mv0[0] != mv1[0])
+    assert list(diff_rows) == [row]
+    changed = np.argwhere(dq0 != dq1)
+    assert changed.tolist() == [[row, col]] and dq1[row, col] == -dq0[row, col]

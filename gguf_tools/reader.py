@@ -53,6 +53,7 @@ class CheckedGGUFReader(GGUFReader):
         self._plain_data = value.view(np.ndarray)
 
     def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:  # type: ignore[override]
+        _types.register_foreign_types()   # I2_S, Q2_0, PQ2_0, PTQ1_0: convert reads them (ggml_bitcos/foreign.py)
         file_size = int(self.data.shape[0])
         for field in fields:
             _name_len, name_data, _n_dims, dims, raw_dtype, offset_tensor = field.parts
@@ -66,6 +67,8 @@ class CheckedGGUFReader(GGUFReader):
                 raise _TensorProblem(name, f"row length {int(dims[0])} is not a multiple of the "
                                            f"{_types.type_name(type_id)} block size {block_size}")
             n_bytes = n_elems // block_size * type_size
+            if _types.type_name(type_id) == "I2_S":
+                n_bytes += 32                 # the tail holding the tensor's fp32 scale (bitnet.cpp)
             end = int(start_offs) + int(offset_tensor[0]) + n_bytes
             if end > file_size:
                 raise _TensorProblem(name, f"file is truncated: tensor data ends at byte {end}, "

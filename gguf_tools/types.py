@@ -65,6 +65,40 @@ def register_bitcos_types() -> None:
 
 register_bitcos_types()
 
+# Ternary types of other llama.cpp lines that ``ggml-bitcos convert`` reads (ggml_bitcos/foreign.py; layouts and
+# sources in docs/FORMAT.md, "Input formats"): name -> (type id, block size, bytes per block). I2_S's data is
+# n/4 bytes of codes plus a 32-byte tail holding its fp32 scale (bitnet.cpp's ggml_nbytes), which no
+# (block, bytes) pair describes: it is sized here as its code bytes only, and the reader reaches the tail.
+FOREIGN_TYPES: Final[dict[str, tuple[int, int, int]]] = {
+    "I2_S": (36, 4, 1),
+    "Q2_0": (42, 64, 18),
+    "PQ2_0": (142, 128, 34),
+    "PTQ1_0": (143, 128, 28),
+}
+
+
+def register_foreign_types() -> list[str]:
+    """Teach gguf-py the foreign ternary types, for this project's reader only (``CheckedGGUFReader`` calls
+    it; the gguf-py start-up hook does not, so stock tools such as gguf-new-metadata never copy an I2_S
+    tensor without its tail). An id or name gguf-py already uses differently is left alone (never shadowed).
+    Returns the names registered or already present."""
+    done = []
+    for name, (type_id, block_size, type_size) in FOREIGN_TYPES.items():
+        existing = GGMLQuantizationType._value2member_map_.get(type_id)
+        if existing is None:
+            if name in GGMLQuantizationType._member_map_:
+                continue
+            existing = _add_enum_member(GGMLQuantizationType, name, type_id)
+        elif existing.name != name:
+            continue
+        old = GGML_QUANT_SIZES.get(existing)
+        if old is not None and old != (block_size, type_size):
+            continue
+        GGML_QUANT_SIZES[existing] = (block_size, type_size)
+        done.append(name)
+    return done
+
+
 BITCOS_G128: Final = GGMLQuantizationType(Variant.G128.type_id)
 BITCOS_PT: Final = GGMLQuantizationType(Variant.PT.type_id)
 

@@ -125,13 +125,14 @@ def check(case: dict, mv: np.ndarray, dq: np.ndarray) -> None:
 @pytest.mark.parametrize("variant", [Variant.G128, Variant.PT], ids=["g128", "pt"])
 def test_sycl_kernels_match_the_reference(sycl_host, tmp_path, variant):
     """Both variants, zero densities 0 / 0.4 / 1, K = 128 … 4224, odd row counts, work-groups smaller and
-    larger than the row count, 1 and 3 activation columns, a run of rows starting mid-tensor (row0 > 0),
+    larger than the row count, 1, 3 and 17 activation columns (one decode serves up to 8), a run of rows
+    starting mid-tensor (row0 > 0),
     and a 3-D PT tensor whose matrices have their own scales (the rows MUL_MAT_ID reads)."""
     rng = np.random.default_rng(21 + int(variant))
     cases = []
     for z in (0.0, 0.4, 1.0):
         for rows, k, n_x, row0, n_rows, wg in ((1, 128, 1, 0, 1, 16), (37, 384, 3, 0, 37, 16),
-                                                (19, 4224, 1, 5, 13, 64), (64, 2048, 2, 0, 64, 32)):
+                                                (19, 4224, 1, 5, 13, 64), (64, 2048, 17, 0, 64, 32)):
             c = make_case(rng, variant, rows, k, z, n_x)
             c.update(row0=row0, n_rows=n_rows, wg=wg)
             cases.append(c)

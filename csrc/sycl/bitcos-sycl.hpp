@@ -129,11 +129,16 @@ inline size_t block_bytes(int variant) {
     return variant == BITCOS_VARIANT_G128 ? sizeof(block_bitcos_g128) : sizeof(block_bitcos_pt);
 }
 
-// sum_k W[r][k] * x[k] for global row r of a BITCOS tensor (blocks: the weight data, comp: its companion),
-// k = n_cols weights (a multiple of 128), x: fp32 activations. fp32 accumulation: per 128-weight block a
-// partial sum, scaled by the block's fp16 d (G128), then by the matrix scale (PT).
-inline float row_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, const float * x,
-                     const uint16_t * lut) {
+// Columns one decode of a row serves (the batched path: a decoded 4-weight group meets up to this many
+// activation columns before the next group is decoded).
+constexpr int MAX_COLS = 8;
+
+// out[c] = sum_k W[r][k] * x[c * x_stride + k] for c < nc (1 <= nc <= MAX_COLS), global row r of a BITCOS
+// tensor (blocks: the weight data, comp: its companion), k = n_cols weights (a multiple of 128), x: fp32
+// activations. fp32 accumulation: per 128-weight block a partial sum per column, scaled by the block's fp16
+// d (G128), then by the matrix scale (PT). The row is decoded once for all nc columns.
+inline void rows_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, const float * x, uint64_t x_stride,
+                     int nc, const uint16_t * lut, float * out) {
     const int      variant = comp[BITCOS_HDR_VARIANT];
     const uint64_t k       = comp_u64(comp, BITCOS_HDR_N_COLS);
     const size_t   bb      = block_bytes(variant);
@@ -141,29 +146,48 @@ inline float row_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, c
     const uint8_t * row = blocks + r * nb * bb;
     sign_window w;
     w.start(comp, row_sign_pos(comp, r));
-    float acc = 0.0f;
+    float acc[MAX_COLS] = {};
     for (uint64_t b = 0; b < nb; ++b) {
         const uint8_t * blk = row + b * bb;
-        const float   * xb  = x + b * QK_BITCOS;
-        float s = 0.0f;
+        float s[MAX_COLS] = {};
         for (int q = 0; q < QK_BITCOS / 32; ++q) {
             const uint32_t word = (uint32_t)blk[4*q] | (uint32_t)blk[4*q + 1] << 8 |
                                   (uint32_t)blk[4*q + 2] << 16 | (uint32_t)blk[4*q + 3] << 24;
-            const float * xq = xb + 32 * q;
-            decode_word32(word, w, lut, [&](int j, const uint16_t * c) {
-                const float * xg = xq + 4 * j;
-                s += half_bits_to_float(c[0]) * xg[0] + half_bits_to_float(c[1]) * xg[1] +
-                     half_bits_to_float(c[2]) * xg[2] + half_bits_to_float(c[3]) * xg[3];
+            const uint64_t k0 = b * QK_BITCOS + 32 * q;
+            decode_word32(word, w, lut, [&](int j, const uint16_t * code) {
+                const float c0 = half_bits_to_float(code[0]), c1 = half_bits_to_float(code[1]);
+                const float c2 = half_bits_to_float(code[2]), c3 = half_bits_to_float(code[3]);
+                for (int c = 0; c < MAX_COLS; ++c) {
+                    if (c < nc) {
+                        const float * xg = x + c * x_stride + k0 + 4 * j;
+                        s[c] += c0 * xg[0] + c1 * xg[1] + c2 * xg[2] + c3 * xg[3];
+                    }
+                }
             });
         }
+        float d = 1.0f;
         if (variant == BITCOS_VARIANT_G128) {
-            const uint16_t d = (uint16_t)(blk[offsetof(block_bitcos_g128, d)] |
-                                          blk[offsetof(block_bitcos_g128, d) + 1] << 8);
-            s *= half_bits_to_float(d);
+            d = half_bits_to_float((uint16_t)(blk[offsetof(block_bitcos_g128, d)] |
+                                              blk[offsetof(block_bitcos_g128, d) + 1] << 8));
         }
-        acc += s;
+        for (int c = 0; c < MAX_COLS; ++c) {
+            acc[c] += variant == BITCOS_VARIANT_G128 ? s[c] * d : s[c];
+        }
     }
-    return acc * row_scale(comp, r);
+    const float scale = row_scale(comp, r);
+    for (int c = 0; c < MAX_COLS; ++c) {
+        if (c < nc) {
+            out[c] = acc[c] * scale;
+        }
+    }
+}
+
+// One column: sum_k W[r][k] * x[k].
+inline float row_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, const float * x,
+                     const uint16_t * lut) {
+    float out[MAX_COLS];
+    rows_dot(blocks, comp, r, x, 0, 1, lut, out);
+    return out[0];
 }
 
 // Dequantizes global row r into y[0 .. k): y = scale * t, one fp32 multiplication per weight, exactly as

@@ -26,8 +26,18 @@ void bitcos_mat_vec(const uint8_t * blocks, const uint8_t * comp, const float * 
     if (i >= n_rows) {
         return;
     }
-    for (uint64_t c = 0; c < n_x; ++c) {
-        dst[c * n_rows + i] = bitcos_sycl::row_dot(blocks, comp, row0 + i, x + c * k, lut);
+    // columns in groups of MAX_COLS: each group decodes the row once (n_x = 1: the decode path)
+    for (uint64_t c0 = 0; c0 < n_x; c0 += bitcos_sycl::MAX_COLS) {
+        const int nc = (int)(n_x - c0 < (uint64_t)bitcos_sycl::MAX_COLS ? n_x - c0 : bitcos_sycl::MAX_COLS);
+        float out[bitcos_sycl::MAX_COLS];
+        if (nc == 1) {
+            out[0] = bitcos_sycl::row_dot(blocks, comp, row0 + i, x + c0 * k, lut);
+        } else {
+            bitcos_sycl::rows_dot(blocks, comp, row0 + i, x + c0 * k, k, nc, lut, out);
+        }
+        for (int c = 0; c < nc; ++c) {
+            dst[(c0 + c) * n_rows + i] = out[c];
+        }
     }
 }
 

@@ -362,3 +362,15 @@ def test_converted_model_runs_like_tq2_0(tmp_path, patched_llama, fmt, scale):
     a = llama_run.greedy_generate(tq2, prompt, 16, n_threads=2)
     b = llama_run.greedy_generate(out, prompt, 16, n_threads=2)
     assert a.tokens == b.tokens
+
+
+def test_stock_gguf_py_does_not_learn_foreign_types():
+    """The start-up hook teaches stock gguf-py tools the BITCOS types only: an I2_S tensor sized without its
+    tail must never reach gguf-new-metadata (which would copy it without its scale)."""
+    code = ("import gguf, sys; from gguf.constants import GGMLQuantizationType as T; "
+            "print(T(160).name, 36 in T._value2member_map_, 143 in T._value2member_map_)")
+    r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       cwd="/")
+    if "is not a valid" in r.stdout:
+        pytest.skip("the gguf-py start-up hook is not installed in this environment")
+    assert r.stdout.split() == ["BITCOS_G128", "False", "False"], r.stdout

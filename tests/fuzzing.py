@@ -1,0 +1,330 @@
+"""Fuzzing helpers (docs/FUZZING.md): seed GGUF files, building the two C fuzzers, running them.
+
+Used by tests/test_fuzz.py (CI-sized runs in the default suite) and runnable for the long runs:
+
+    python3 tests/fuzzing.py kernels --cases 1000000
+    python3 tests/fuzzing.py asan-build                   # patched libllama + ggml with ASan+UBSan
+    python3 tests/fuzzing.py loader --asan --cases 100000
+
+Not a test module itself (pytest collects test_*.py only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from gguf import GGUFValueType  # noqa: E402
+from gguf.constants import GGMLQuantizationType as T  # noqa: E402
+
+from ggml_bitcos import codec  # noqa: E402
+from ggml_bitcos.format import COMPANION_SUFFIX, KEY_FORMAT_VERSION, Variant  # noqa: E402
+from gguf_tools import GGUFStreamWriter, bitcos_type  # noqa: E402
+
+CSRC = ROOT / "csrc"
+CTESTS = ROOT / "tests" / "c"
+REGRESSIONS = ROOT / "tests" / "data" / "fuzz-regressions"
+ASAN_DIR = Path(os.environ.get("GGML_BITCOS_ASAN_DIR", Path.home() / ".cache" / "ggml-bitcos-asan"))
+SAN_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+U32, F32, STR = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING
+
+# Sanitizer run-time options of every run: any report is fatal, aborts are reported (with the case saved).
+ASAN_OPTIONS = "abort_on_error=1:halt_on_error=1:handle_abort=1:detect_leaks=0:allocator_may_return_null=1"
+UBSAN_OPTIONS = "halt_on_error=1:print_stacktrace=1"
+
+
+# --- seed files --------------------------------------------------------------------------------------------
+
+def _codes(rng: np.random.Generator, rows: int, k: int, z: float) -> np.ndarray:
+    nz = rng.random((rows, k)) >= z
+    return np.where(nz, rng.choice(np.array([-1, 1], np.int8), size=(rows, k)), 0).astype(np.int8)
+
+
+def _bitcos(rng: np.random.Generator, name: str, ne: tuple[int, ...], variant: Variant, z: float) -> list:
+    k, rows = ne[0], int(np.prod(ne[1:]))
+    n_mats = codec.n_mats_of(ne)
+    codes = _codes(rng, rows, k, z)
+    if variant == Variant.G128:
+        d = rng.uniform(0.01, 0.1, size=(rows, k // 128)).astype(np.float16)
+        enc = codec.encode(codes, variant, block_scales=d, n_mats=n_mats)
+    else:
+        enc = codec.encode(codes, variant, matrix_scales=rng.uniform(0.01, 0.1, n_mats).astype(np.float32),
+                           n_mats=n_mats)
+    return [(name, bitcos_type(variant), ne, enc.blocks),
+            (name + COMPANION_SUFFIX, T.I8, (enc.companion.size,), enc.companion.view(np.int8))]
+
+
+def _write(path: Path, kv: list, tensors: list) -> Path:
+    with GGUFStreamWriter(path, "llama", overwrite=True) as w:
+        w.add_kv("general.architecture", "llama", STR)
+        w.add_kv(KEY_FORMAT_VERSION, 1, U32)
+        for key, value, vtype in kv:
+            w.add_kv(key, value, vtype)
+        for name, ttype, ne, _ in tensors:
+            w.add_tensor_info(name, ttype, ne)
+        w.begin()
+        for name, _, _, data in tensors:
+            w.write_tensor(name, data)
+    return path
+
+
+def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int = 32, n_expert: int = 0,
+               variants: dict[str, Variant] | None = None, z: dict[str, float] | None = None,
+               bitcos_output: bool = False, seed: int = 0) -> Path:
+    """A 1-layer llama with no tokenizer ("none": n_vocab dummy tokens) whose matrices are BITCOS: tens of KB,
+    loads in milliseconds. variants/z: per short name (attn_q, ffn_down, ...; default G128 / 0.4)."""
+    rng = np.random.default_rng(seed)
+    variants = variants or {}
+    z = z or {}
+    a = "llama"
+    kv = [(f"{a}.context_length", 64, U32), (f"{a}.embedding_length", n_embd, U32), (f"{a}.block_count", 1, U32),
+          (f"{a}.feed_forward_length", n_ff, U32), (f"{a}.attention.head_count", 2, U32),
+          (f"{a}.attention.head_count_kv", 1, U32), (f"{a}.rope.dimension_count", n_embd // 2, U32),
+          (f"{a}.attention.layer_norm_rms_epsilon", 1e-5, F32), (f"{a}.vocab_size", n_vocab, U32),
+          ("tokenizer.ggml.model", "none", STR)]
+    if n_expert:
+        kv += [(f"{a}.expert_count", n_expert, U32), (f"{a}.expert_used_count", 2, U32)]
+    mats = {"attn_q": (n_embd, n_embd), "attn_k": (n_embd, n_embd // 2), "attn_v": (n_embd, n_embd // 2),
+            "attn_output": (n_embd, n_embd)}
+    if n_expert:
+        mats.update({"ffn_gate_exps": (n_embd, n_ff, n_expert), "ffn_up_exps": (n_embd, n_ff, n_expert),
+                     "ffn_down_exps": (n_ff, n_embd, n_expert)})
+    else:
+        mats.update({"ffn_gate": (n_embd, n_ff), "ffn_up": (n_embd, n_ff), "ffn_down": (n_ff, n_embd)})
+    tensors: list = [("token_embd.weight", T.F32, (n_embd, n_vocab),
+                      rng.normal(0, 1, (n_vocab, n_embd)).astype(np.float32)),
+                     ("output_norm.weight", T.F32, (n_embd,), np.ones(n_embd, np.float32))]
+    if bitcos_output:
+        tensors += _bitcos(rng, "output.weight", (n_embd, n_vocab), Variant.PT, 0.3)
+    for norm in ("attn_norm", "ffn_norm"):
+        tensors.append((f"blk.0.{norm}.weight", T.F32, (n_embd,), np.ones(n_embd, np.float32)))
+    if n_expert:
+        tensors.append(("blk.0.ffn_gate_inp.weight", T.F32, (n_embd, n_expert),
+                        rng.normal(0, 0.1, (n_expert, n_embd)).astype(np.float32)))
+    for short, ne in mats.items():
+        tensors += _bitcos(rng, f"blk.0.{short}.weight", ne, variants.get(short, Variant.G128), z.get(short, 0.4))
+    return _write(path, kv, tensors)
+
+
+def make_seeds(folder: Path) -> list[Path]:
+    """The loader fuzzer's seed corpus: small valid BITCOS models covering both variants, 2-D and 3-D (MoE)
+    weights, row_group_log2 < 6 (ffn_down with K = 2048 at zero density 0: deltas over 16 bits), empty and
+    full tensors, odd K (= 384) and a BITCOS output matrix."""
+    folder.mkdir(parents=True, exist_ok=True)
+    P, G = Variant.PT, Variant.G128
+    return [
+        llama_seed(folder / "dense-mixed.gguf", variants={"attn_q": P, "attn_v": P, "ffn_up": P, "ffn_down": P},
+                   z={"attn_k": 1.0, "attn_v": 0.0, "ffn_gate": 0.95}, seed=1),
+        llama_seed(folder / "moe.gguf", n_expert=4, variants={"ffn_up_exps": P, "ffn_down_exps": P, "attn_k": P},
+                   seed=2),
+        llama_seed(folder / "wide-ff.gguf", n_ff=2048, variants={"ffn_gate": P}, z={"ffn_down": 0.0}, seed=3),
+        llama_seed(folder / "odd-k.gguf", n_embd=384, n_ff=640, n_vocab=48, bitcos_output=True,
+                   variants={"attn_output": P, "ffn_gate": P}, seed=4),
+    ]
+
+
+# --- building ----------------------------------------------------------------------------------------------
+
+def _cc() -> str | None:
+    return shutil.which("gcc") or shutil.which("cc")
+
+
+def harness_x86_flags() -> tuple[list[str], list[str]]:
+    """The x86-64-v3 and x86-64-v4 object flags of the harness library, read from the root CMakeLists.txt
+    (so the fuzzer builds the x86 kernels exactly as the harness does)."""
+    text = (ROOT / "CMakeLists.txt").read_text()
+    out = []
+    for suffix in ("_x86_v3", "_x86_v4"):
+        m = re.search(r"target_compile_options\(\$\{name\}" + suffix + r" PRIVATE \$\{BITCOS_KERNEL_FLAGS\}(.*?)\)",
+                      text, re.S)
+        d = re.search(r"target_compile_definitions\(\$\{name\}" + suffix + r" PRIVATE BITCOS_FMA=\$\{fma\}(.*?)\)",
+                      text, re.S)
+        if not m or not d:
+            raise RuntimeError(f"CMakeLists.txt: no flags for the {suffix} object")
+        out.append(m.group(1).split() + ["-D" + x for x in d.group(1).split()])
+    return out[0], out[1]
+
+
+def sanitizers_work(cc: str, folder: Path) -> bool:
+    src = folder / "san.c"
+    src.write_text("int main(void) { return 0; }\n")
+    r = subprocess.run([cc, *SAN_FLAGS, str(src), "-o", str(folder / "san")], capture_output=True)
+    return r.returncode == 0 and subprocess.run([str(folder / "san")], capture_output=True).returncode == 0
+
+
+def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True) -> Path:
+    """Compiles tests/c/fuzz-bitcos-kernels.c with the generic kernel (baseline flags) and, on x86-64, the two
+    x86 objects as the harness builds them; ASan+UBSan when `sanitize` and the compiler has them."""
+    cc = _cc()
+    if cc is None:
+        raise RuntimeError("no C compiler")
+    folder.mkdir(parents=True, exist_ok=True)
+    base = ["-std=c11", "-O1", "-g", "-ffp-contract=off", "-Wall", "-Wextra", f"-DBITCOS_FMA={fma}", "-I", str(CSRC)]
+    if sanitize:
+        base += SAN_FLAGS + ["-fno-sanitize-recover=all"]
+    objs = []
+
+    def obj(src: Path, name: str, flags: list[str]) -> None:
+        o = folder / f"{name}.o"
+        r = subprocess.run([cc, *base, *flags, "-c", str(src), "-o", str(o)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"compiling {src.name} ({name}) failed:\n{r.stderr[-3000:]}")
+        objs.append(str(o))
+
+    obj(CSRC / "bitcos-kernels-generic.c", "generic", [])
+    x86 = os.uname().machine in ("x86_64", "AMD64", "amd64")
+    if x86:
+        v3, v4 = harness_x86_flags()
+        obj(CSRC / "bitcos-kernels-x86.c", "x86_v3", v3)
+        obj(CSRC / "bitcos-kernels-x86.c", "x86_v4", v4)
+    else:
+        base.append("-DFUZZ_NO_X86")
+    exe = folder / f"fuzz-bitcos-kernels-fma{fma}"
+    r = subprocess.run([cc, *base, str(CTESTS / "fuzz-bitcos-kernels.c"), *objs, "-lm", "-o", str(exe)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"linking the kernel fuzzer failed:\n{r.stderr[-3000:]}")
+    return exe
+
+
+def installed_llama_lib() -> Path | None:
+    """llama_cpp/lib of the installed patched llama-cpp-python (found without importing it)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        return None
+    lib = Path(spec.origin).parent / "lib"
+    return lib if (lib / "libllama.so").is_file() else None
+
+
+def llama_include_dirs() -> list[Path]:
+    """llama.h / ggml.h of the patched tree: the ASan build's source tree, else the main build cache's."""
+    from ggml_bitcos import upstream
+    for top in (ASAN_DIR / "src", upstream.cache_dir() / "src"):
+        tree = top / upstream.SDIST_TOPDIR / "vendor" / "llama.cpp"
+        if (tree / "include" / "llama.h").is_file():
+            return [tree / "include", tree / "ggml" / "include"]
+    raise RuntimeError("no patched llama.cpp tree: run scripts/install.sh (or `tests/fuzzing.py asan-build`)")
+
+
+def build_loader_fuzzer(folder: Path, lib_dir: Path, sanitize: bool) -> Path:
+    """Compiles tests/c/fuzz-bitcos-loader.c against libllama in lib_dir (rpath set)."""
+    cc = _cc()
+    if cc is None:
+        raise RuntimeError("no C compiler")
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / ("fuzz-bitcos-loader-asan" if sanitize else "fuzz-bitcos-loader")
+    inc = [x for d in llama_include_dirs() for x in ("-I", str(d))]
+    cmd = [cc, "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", *inc, *(SAN_FLAGS if sanitize else []),
+           str(CTESTS / "fuzz-bitcos-loader.c"), "-L", str(lib_dir), f"-Wl,-rpath,{lib_dir}", "-lllama", "-lggml",
+           "-lggml-base", "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"compiling the loader fuzzer failed:\n{shlex.join(cmd)}\n{r.stderr[-3000:]}")
+    return exe
+
+
+def asan_lib_dir() -> Path:
+    return ASAN_DIR / "build" / "bin"
+
+
+def asan_build(jobs: int = 2) -> Path:
+    """Patched llama.cpp (libllama, ggml-base, ggml-cpu; no tools) with -fsanitize=address,undefined, in its
+    own build directory (ASAN_DIR, default ~/.cache/ggml-bitcos-asan), niced; incremental. Returns the
+    directory holding libllama.so."""
+    from ggml_bitcos import build
+    tree = build.prepare_tree(ASAN_DIR)
+    bdir = ASAN_DIR / "build"
+    san = " ".join(SAN_FLAGS)
+    launcher = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] \
+        if shutil.which("ccache") else []
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cfg = ["cmake", "-S", str(tree / "vendor" / "llama.cpp"), "-B", str(bdir), *gen,
+           "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_C_FLAGS_RELEASE=-O1 -g1 -DNDEBUG",
+           "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG", f"-DCMAKE_C_FLAGS={san}", f"-DCMAKE_CXX_FLAGS={san}",
+           "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined",
+           "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined", "-DBUILD_SHARED_LIBS=ON",
+           "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+           "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
+           "-DLLAMA_USE_PREBUILT_UI=OFF", *launcher]
+    nice = ["nice", "-n", "10"] if shutil.which("nice") else []
+    subprocess.run([*nice, *cfg], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*nice, "cmake", "--build", str(bdir), "--target", "llama", "-j", str(jobs)], check=True)
+    return asan_lib_dir()
+
+
+def sanitizer_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["ASAN_OPTIONS"] = ASAN_OPTIONS
+    env["UBSAN_OPTIONS"] = UBSAN_OPTIONS
+    env["GGML_NO_BACKTRACE"] = "1"     # ggml_abort would otherwise attach gdb for a backtrace
+    return env
+
+
+def run_loader(exe: Path, seeds: list[Path], *, cases: int, seed: int = 1, first: int = 0, out: Path,
+               decode: int = 4, timeout: float | None = None, extra: list[str] | None = None,
+               ) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [str(exe), "--seed", str(seed), "--first", str(first), "--cases", str(cases), "--decode", str(decode),
+           "--out", str(out), *(extra or []), *map(str, seeds)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=sanitizer_env())
+
+
+# --- command line (long runs) -----------------------------------------------------------------------------
+
+def _main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("kernels", help="kernel fuzzer (generic/AVX2/AVX-512, guard pages, ASan+UBSan)")
+    k.add_argument("--cases", type=int, default=100000)
+    k.add_argument("--seed", type=int, default=7)
+    k.add_argument("--fma", type=int, choices=(0, 1), default=1)
+    k.add_argument("--front", action="store_true", help="guard pages before the buffers instead of after")
+    k.add_argument("--no-sanitize", action="store_true")
+    sub.add_parser("asan-build", help="build the patched libllama with ASan+UBSan (own build dir, niced)")
+    lo = sub.add_parser("loader", help="loader fuzzer: mutated BITCOS GGUF files through llama_model_load_from_file")
+    lo.add_argument("--cases", type=int, default=100000)
+    lo.add_argument("--seed", type=int, default=1)
+    lo.add_argument("--first", type=int, default=0)
+    lo.add_argument("--decode", type=int, default=4, help="decode with every N-th accepted model (0: never)")
+    lo.add_argument("--asan", action="store_true", help="use the ASan+UBSan build (asan-build first)")
+    lo.add_argument("--work", type=Path, default=Path("/tmp/ggml-bitcos-fuzz"))
+    a = ap.parse_args(argv)
+    if a.cmd == "kernels":
+        exe = build_kernel_fuzzer(Path("/tmp/ggml-bitcos-fuzz/kernels"), a.fma, not a.no_sanitize)
+        cmd = [str(exe), "--seed", str(a.seed), "--cases", str(a.cases), *(["--front"] if a.front else [])]
+        return subprocess.run(cmd, env=sanitizer_env()).returncode
+    if a.cmd == "asan-build":
+        print(asan_build())
+        return 0
+    lib = asan_lib_dir() if a.asan else installed_llama_lib()
+    if lib is None or not (lib / "libllama.so").is_file():
+        print("no libllama.so: run `tests/fuzzing.py asan-build` (--asan) or scripts/install.sh", file=sys.stderr)
+        return 2
+    exe = build_loader_fuzzer(a.work, lib, a.asan)
+    seeds = make_seeds(a.work / "seeds")
+    cmd = [str(exe), "--seed", str(a.seed), "--first", str(a.first), "--cases", str(a.cases),
+           "--decode", str(a.decode), "--out", str(a.work / "crashes"), "--progress", "10000", *map(str, seeds)]
+    (a.work / "crashes").mkdir(parents=True, exist_ok=True)
+    print(shlex.join(cmd), flush=True)
+    t0 = time.monotonic()
+    rc = subprocess.run(cmd, env=sanitizer_env()).returncode
+    print(f"exit {rc} after {time.monotonic() - t0:.0f} s", flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

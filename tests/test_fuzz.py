@@ -1,0 +1,133 @@
+"""CI-sized fuzz runs (docs/FUZZING.md): the kernel fuzzer (generic / AVX2 / AVX-512 on random valid BITCOS
+matrices, every buffer against a PROT_NONE guard page, ASan+UBSan, bit identity with the generic kernel), the
+loader fuzzer (mutated BITCOS GGUF files through llama_model_load_from_file of the installed patched libllama:
+no crash, abort or hang) and the replay of every input a fuzzer ever crashed on (tests/data/fuzz-regressions/).
+About a minute in all on the 2-core development machine; the long runs are `tests/fuzzing.py` commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import fuzzing
+
+
+@pytest.fixture(scope="module")
+def kernel_fuzzer(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("kfuzz")
+    cc = fuzzing._cc()
+    if cc is None:
+        pytest.skip("no C compiler")
+    sanitize = fuzzing.sanitizers_work(cc, folder)
+    built: dict[int, Path] = {}
+
+    def get(fma: int) -> Path:
+        if fma not in built:
+            built[fma] = fuzzing.build_kernel_fuzzer(folder / f"fma{fma}", fma, sanitize)
+        return built[fma]
+
+    get.sanitize = sanitize  # type: ignore[attr-defined]
+    return get
+
+
+def _run(exe: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout,
+                          env=fuzzing.sanitizer_env())
+
+
+@pytest.mark.parametrize("fma, guard, cases", [(1, "end", 4000), (1, "front", 1500), (0, "end", 1500)])
+def test_kernel_fuzz(kernel_fuzzer, fma: int, guard: str, cases: int) -> None:
+    """Random valid matrices (both variants, k = 128..6144, odd multiples of 128, densities 0..1, row runs
+    starting mid-tensor, 1..20 columns) with blocks, pool (exactly the format's tail), sign positions,
+    activations and outputs each against a guard page: AVX2 / AVX-512 equal the generic kernel bit for bit."""
+    r = _run(kernel_fuzzer(fma), "--seed", str(11 + fma), "--cases", str(cases),
+             *(["--front"] if guard == "front" else []))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert f"ok: {cases} cases" in r.stdout, r.stdout
+    if os.uname().machine == "x86_64":
+        kernels = r.stdout.splitlines()[0]
+        cpu = Path("/proc/cpuinfo").read_text()
+        if " avx2 " in cpu:
+            assert "avx2" in kernels, kernels
+        if all(f" {f} " in cpu for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_vbmi2",
+                                          "avx512_bitalg", "avx512_vpopcntdq")):
+            assert "avx512" in kernels, kernels
+
+
+def test_kernel_fuzz_guard_is_live(kernel_fuzzer) -> None:
+    """Self-test: with the pool's format tail taken away, some kernel read must hit the guard page (so the
+    fuzzer's buffers really end where the format says, and a kernel over-read would be caught)."""
+    r = _run(kernel_fuzzer(1), "--seed", "3", "--cases", "400", "--short-tail", "64")
+    assert r.returncode != 0, r.stdout[-2000:]
+    assert "SEGV" in r.stderr or r.returncode < 0, r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def loader_fuzzer(tmp_path_factory: pytest.TempPathFactory):
+    lib = fuzzing.installed_llama_lib()
+    if lib is None:
+        pytest.skip("the patched llama-cpp-python is not installed (scripts/install.sh)")
+    try:
+        fuzzing.llama_include_dirs()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    folder = tmp_path_factory.mktemp("lfuzz")
+    return fuzzing.build_loader_fuzzer(folder, lib, sanitize=False), fuzzing.make_seeds(folder / "seeds")
+
+
+def test_loader_fuzz(loader_fuzzer, tmp_path: Path) -> None:
+    """15,000 mutated BITCOS models (companion headers, row index, pool, scales, bitmaps, tensor types, shapes,
+    offsets, names, KV values, truncation, ...) through llama_model_load_from_file with random load / lazy
+    modes; every 4th accepted one also decodes. No crash, abort or hang; both outcomes occur."""
+    exe, seeds = loader_fuzzer
+    r = fuzzing.run_loader(exe, seeds, cases=15000, seed=5, out=tmp_path, timeout=600)
+    crashes = sorted(p.name for p in tmp_path.iterdir())
+    assert r.returncode == 0 and not crashes, (crashes, (r.stdout + r.stderr)[-4000:])
+    m = re.search(r"ok: (\d+) cases .*?: (\d+) accepted, (\d+) refused, (\d+) decoded", r.stdout)
+    assert m, r.stdout[-3000:]
+    cases, accepted, refused, decoded = map(int, m.groups())
+    assert cases == 15000 and accepted > 100 and refused > 10000 and decoded > 20, m.group(0)
+    assert "invalid BITCOS tensor" in r.stdout          # the BITCOS validator is what refuses most
+
+
+def test_loader_fuzz_is_deterministic(loader_fuzzer, tmp_path: Path) -> None:
+    """A case is reproducible alone (--first I --cases 1 --save writes exactly the bytes the run loaded)."""
+    exe, seeds = loader_fuzzer
+    a = fuzzing.run_loader(exe, seeds, cases=1, first=1234, seed=5, out=tmp_path / "a", extra=["--save"])
+    b = fuzzing.run_loader(exe, seeds, cases=1, first=1234, seed=5, out=tmp_path / "b", extra=["--save"])
+    assert a.returncode == 0 and b.returncode == 0, a.stderr[-2000:]
+    fa, fb = tmp_path / "a" / "case-5-1234.gguf", tmp_path / "b" / "case-5-1234.gguf"
+    assert fa.read_bytes() == fb.read_bytes()
+    assert fa.read_bytes() != seeds[1234 % len(seeds)].read_bytes()
+
+
+def _regressions(sub: str = "") -> list[Path]:
+    return sorted((fuzzing.REGRESSIONS / sub).glob("*.gguf")) if (fuzzing.REGRESSIONS / sub).is_dir() else []
+
+
+def test_fuzz_regressions_replay(loader_fuzzer, tmp_path: Path) -> None:
+    """Every input that once crashed the loader loads (or is refused) cleanly with every load mode."""
+    files = _regressions()
+    if not files:
+        pytest.skip("no regression inputs")
+    exe, _ = loader_fuzzer
+    r = subprocess.run([str(exe), "--replay", "--out", str(tmp_path), *map(str, files)], capture_output=True,
+                       text=True, timeout=300, env=fuzzing.sanitizer_env())
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert f"ok: replayed {len(files)} files" in r.stdout
+
+
+@pytest.mark.parametrize("name", [p.name for p in _regressions("upstream")])
+@pytest.mark.xfail(strict=True, reason="upstream llama.cpp aborts (GGML_ASSERT in llama_model_base::load_hparams) "
+                                       "on these hyper-parameters; not BITCOS code, the patches leave it as is")
+def test_fuzz_upstream_aborts(loader_fuzzer, tmp_path: Path, name: str) -> None:
+    """Inputs the loader fuzzer found that abort in upstream llama.cpp's hyper-parameter checks (no BITCOS code
+    involved): kept so that a fix (upstream or a patch) shows up here as an XPASS."""
+    exe, _ = loader_fuzzer
+    r = subprocess.run([str(exe), "--replay", "--out", str(tmp_path), str(fuzzing.REGRESSIONS / "upstream" / name)],
+                       capture_output=True, text=True, timeout=300, env=fuzzing.sanitizer_env())
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -176,7 +178,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     info = collect(args.input, check=args.check)
-    print(to_json(info) if args.json else format_text(info))
+    try:
+        print(to_json(info) if args.json else format_text(info))
+        sys.stdout.flush()
+    except BrokenPipeError:   # `ggml-bitcos info FILE | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -43,6 +43,9 @@ PUBLIC_HEADERS = ("ggml-bitcos.h", "bitcos-format.h")
 VULKAN_CSRC_DIR = CSRC_DIR / "vulkan"
 VULKAN_SHADER_DIR = f"{LLAMA_DIR}/ggml/src/ggml-vulkan/vulkan-shaders"
 SHADER_SUFFIXES = (".comp", ".glsl")
+# csrc/sycl/: the ggml-sycl glue and the device code it shares with the SYCL tests, to ggml-bitcos/sycl/
+# (the ggml-sycl patch adds the glue to its target and that folder to its include path)
+SYCL_CSRC_DIR = CSRC_DIR / "sycl"
 
 # llama.cpp tools the package installs into llama_cpp/bin (the llama-cpp-python tool-install patch).
 TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-perplexity")
@@ -75,6 +78,10 @@ def _vulkan_files() -> list[Path]:
     return sorted(p for p in VULKAN_CSRC_DIR.iterdir() if p.is_file()) if VULKAN_CSRC_DIR.is_dir() else []
 
 
+def _sycl_files() -> list[Path]:
+    return sorted(p for p in SYCL_CSRC_DIR.iterdir() if p.is_file()) if SYCL_CSRC_DIR.is_dir() else []
+
+
 def _tool_files() -> list[Path]:
     return sorted((CSRC_DIR / "tools").glob("*.c"))
 
@@ -86,13 +93,15 @@ def _ctest_files() -> list[Path]:
 def source_hash() -> str:
     """Hash of everything that determines the patched tree: pinned sdist, patches, csrc, C tests."""
     h = hashlib.sha256(upstream.SDIST_SHA256.encode())
-    for p in sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _vulkan_files() + _tool_files() + _ctest_files():
+    for p in (sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _vulkan_files() + _sycl_files() + _tool_files()
+              + _ctest_files()):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
 def copy_csrc(tree: Path) -> None:
-    """Copy csrc/*.{c,h}, csrc/vulkan/ and tests/c/*.{c,h} into the sdist tree (replacing earlier copies)."""
+    """Copy csrc/*.{c,h}, csrc/vulkan/, csrc/sycl/ and tests/c/*.{c,h} into the sdist tree (replacing earlier
+    copies)."""
     dest = tree / BITCOS_SRC_DIR
     if dest.exists():
         shutil.rmtree(dest)
@@ -105,6 +114,10 @@ def copy_csrc(tree: Path) -> None:
         target = tree / VULKAN_SHADER_DIR if p.suffix in SHADER_SUFFIXES else dest / "vulkan"
         target.mkdir(exist_ok=True)
         shutil.copy2(p, target / p.name)
+    if _sycl_files():
+        (dest / "sycl").mkdir()
+        for p in _sycl_files():
+            shutil.copy2(p, dest / "sycl" / p.name)
     tools = _tool_files()
     if tools:
         (dest / "tools").mkdir()

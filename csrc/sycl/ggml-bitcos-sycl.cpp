@@ -1,0 +1,156 @@
+// ggml-bitcos-sycl: BITCOS MUL_MAT / MUL_MAT_ID in ggml-sycl (see ggml-bitcos-sycl.h).
+//
+// The weight and its companion sit in the same device buffer (the loader creates the companion in the
+// weight's context) and were validated on the host by the loader before upload, so the kernels read the
+// companion's header, row index and sign pool unchecked. Each work-group fills the 2 KB code table in local
+// memory once; each work-item then decodes one output row (bitcos_sycl::rows_dot) for up to 8 columns.
+// Work-groups of 16 rows: one sub-group of Xe2's SIMD16, the paper's 16 lanes with 16 sign cursors.
+#include "ggml-bitcos-sycl.h"
+
+#include "bitcos-sycl.hpp"
+#include "ggml-bitcos.h"
+
+#include <algorithm>
+
+namespace {
+
+constexpr int ROWS_PER_GROUP = 16;
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// The BITCOS weight a (view of a) tensor reads: its base tensor, and the base row of the view's first row.
+const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
+    int64_t step[3];
+    GGML_ASSERT(ggml_bitcos_row_map(w, row0, step));
+    return w->view_src ? w->view_src : w;
+}
+
+}  // namespace
+
+bool ggml_sycl_bitcos_supports_op(const ggml_tensor * op) {
+    switch (op->op) {
+        case GGML_OP_NONE:        // the weight itself as the scheduler asks about it: storage only
+        case GGML_OP_RESHAPE:
+        case GGML_OP_VIEW:
+        case GGML_OP_PERMUTE:
+        case GGML_OP_TRANSPOSE:
+            return true;
+        case GGML_OP_MUL_MAT:
+        case GGML_OP_MUL_MAT_ID:
+            break;
+        default:
+            return false;
+    }
+    const ggml_tensor * src0 = op->src[0];
+    const ggml_tensor * src1 = op->src[1];
+    if (!ggml_bitcos_is_type(src0->type) || ggml_bitcos_companion(src0) == nullptr || !ggml_is_contiguous(src0) ||
+        src0->ne[0] % QK_BITCOS != 0) {
+        return false;
+    }
+    if (src0->view_src != nullptr) {
+        int64_t row0, step[3];
+        const ggml_tensor * base = src0->view_src;
+        if (op->op != GGML_OP_MUL_MAT || !ggml_bitcos_row_map(src0, &row0, step) || step[0] != 1 ||
+            base->ne[2] * base->ne[3] != 1 || src0->ne[2] * src0->ne[3] != 1) {
+            return false;
+        }
+    }
+    if (src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) ||
+        src1->nb[1] % sizeof(float) != 0 || src1->nb[2] % sizeof(float) != 0 || src1->nb[3] % sizeof(float) != 0 ||
+        !ggml_is_contiguous(op)) {
+        return false;
+    }
+    if (op->op == GGML_OP_MUL_MAT) {
+        return src1->ne[2] % src0->ne[2] == 0 && src1->ne[3] % src0->ne[3] == 0;
+    }
+    const ggml_tensor * ids = op->src[2];
+    return ids->type == GGML_TYPE_I32 && ids->nb[0] == sizeof(int32_t) && src1->ne[3] == 1 && src0->ne[3] == 1;
+}
+
+void ggml_sycl_bitcos_mul_mat(ggml_backend_sycl_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1,
+                              ggml_tensor * dst) {
+    int64_t view_row0 = 0;
+    const ggml_tensor * base = bitcos_base(src0, &view_row0);
+    const uint8_t * w = static_cast<const uint8_t *>(base->data);
+    const uint8_t * c = static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data);
+    const float   * x = static_cast<const float *>(src1->data);
+    float         * d = static_cast<float *>(dst->data);
+
+    const int64_t rows = src0->ne[1], ne02 = src0->ne[2], ne03 = src0->ne[3];
+    const int64_t ne11 = src1->ne[1], ne12 = src1->ne[2], ne13 = src1->ne[3];
+    const int64_t s11 = src1->nb[1] / sizeof(float), s12 = src1->nb[2] / sizeof(float), s13 = src1->nb[3] / sizeof(float);
+    const int64_t d1 = dst->nb[1] / sizeof(float), d2 = dst->nb[2] / sizeof(float), d3 = dst->nb[3] / sizeof(float);
+    const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;                 // broadcast of the weight's matrices
+    const int64_t col_groups = (ne11 + bitcos_sycl::MAX_COLS - 1) / bitcos_sycl::MAX_COLS;
+
+    const sycl::nd_range<2> range{{(size_t)(ne12 * ne13 * col_groups), round_up((size_t) rows, ROWS_PER_GROUP)},
+                                  {1, ROWS_PER_GROUP}};
+    queue_ptr stream = ctx.stream();
+    stream->submit([&](sycl::handler & cgh) {
+        sycl::local_accessor<uint16_t, 1> lut(sycl::range<1>(bitcos_sycl::LUT_ENTRIES * bitcos_sycl::LUT_CODES), cgh);
+        cgh.parallel_for(range, [=](sycl::nd_item<2> it) {
+            uint16_t * t = lut.get_multi_ptr<sycl::access::decorated::no>().get();
+            bitcos_sycl::lut_init(t, (int) it.get_local_id(1), ROWS_PER_GROUP);
+            sycl::group_barrier(it.get_group());
+            const int64_t r = (int64_t) it.get_global_id(1);
+            if (r >= rows) {
+                return;
+            }
+            const int64_t g   = (int64_t) it.get_global_id(0);
+            const int64_t cg  = g % col_groups, bat = g / col_groups;
+            const int64_t i12 = bat % ne12, i13 = bat / ne12;
+            const int64_t row = view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows + r;      // global row
+            const int64_t c0  = cg * bitcos_sycl::MAX_COLS;
+            const int     nc  = (int) std::min<int64_t>(bitcos_sycl::MAX_COLS, ne11 - c0);
+            float out[bitcos_sycl::MAX_COLS];
+            bitcos_sycl::rows_dot(w, c, (uint64_t) row, x + i13 * s13 + i12 * s12 + c0 * s11, (uint64_t) s11, nc, t, out);
+            for (int j = 0; j < nc; ++j) {
+                d[i13 * d3 + i12 * d2 + (c0 + j) * d1 + r] = out[j];
+            }
+        });
+    });
+}
+
+void ggml_sycl_bitcos_mul_mat_id(ggml_backend_sycl_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+    const ggml_tensor * ids  = dst->src[2];
+    int64_t view_row0 = 0;
+    const ggml_tensor * base = bitcos_base(src0, &view_row0);
+    const uint8_t * w = static_cast<const uint8_t *>(base->data);
+    const uint8_t * c = static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data);
+    const float   * x = static_cast<const float *>(src1->data);
+    const char    * id = static_cast<const char *>(ids->data);
+    float         * d = static_cast<float *>(dst->data);
+
+    const int64_t rows = src0->ne[1], n_experts = src0->ne[2];
+    const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1], ids_nb1 = ids->nb[1];
+    const int64_t ne11 = src1->ne[1];
+    const int64_t s11 = src1->nb[1] / sizeof(float), s12 = src1->nb[2] / sizeof(float);
+    const int64_t d1 = dst->nb[1] / sizeof(float), d2 = dst->nb[2] / sizeof(float);
+
+    const sycl::nd_range<2> range{{(size_t)(n_tokens * n_used), round_up((size_t) rows, ROWS_PER_GROUP)},
+                                  {1, ROWS_PER_GROUP}};
+    queue_ptr stream = ctx.stream();
+    stream->submit([&](sycl::handler & cgh) {
+        sycl::local_accessor<uint16_t, 1> lut(sycl::range<1>(bitcos_sycl::LUT_ENTRIES * bitcos_sycl::LUT_CODES), cgh);
+        cgh.parallel_for(range, [=](sycl::nd_item<2> it) {
+            uint16_t * t = lut.get_multi_ptr<sycl::access::decorated::no>().get();
+            bitcos_sycl::lut_init(t, (int) it.get_local_id(1), ROWS_PER_GROUP);
+            sycl::group_barrier(it.get_group());
+            const int64_t r = (int64_t) it.get_global_id(1);
+            if (r >= rows) {
+                return;
+            }
+            const int64_t g = (int64_t) it.get_global_id(0);
+            const int64_t slot = g % n_used, tok = g / n_used;
+            const int32_t e = *reinterpret_cast<const int32_t *>(id + tok * ids_nb1 + slot * sizeof(int32_t));
+            if (e < 0 || e >= n_experts) {
+                return;    // ggml's CPU backend asserts on an out-of-range id; never read out of bounds here
+            }
+            const int64_t row = view_row0 + (int64_t) e * rows + r;
+            d[tok * d2 + slot * d1 + r] =
+                bitcos_sycl::row_dot(w, c, (uint64_t) row, x + tok * s12 + (slot % ne11) * s11, t);
+        });
+    });
+}

@@ -117,6 +117,8 @@ def _float_model(path, seed: int = 9) -> None:
     same_halves = random_codes(rng, (3, 512), 0.5).astype(np.float32)
     d2 = np.repeat(rng.choice(np.array([0.015625, 0.0234375], np.float32), (3, 2)), 2, axis=1)
     same_halves = (same_halves.reshape(3, 4, 128) * d2[:, :, None]).reshape(3, 512)
+    same_halves[0, 128:256] = 0          # an empty half: its G128 d is 0, the other half's d decides
+    same_halves[1, 0:256] = 0            # a whole empty 256-block
     tensors = {
         "blk.0.attn_q.weight": (T.F16, ternary(7, 256, 0.0, 0.0625)),      # z = 0, PT, fp16 & bf16 scale
         "blk.0.attn_k.weight": (T.F16, ternary(3, 256, 1.0, 0.0625)),      # z = 1: all zero
@@ -146,6 +148,12 @@ def float_pair(tmp_path_factory):
     variants = {r.name: r.variant for r in res.converted}
     assert variants["blk.0.attn_output.weight"] == Variant.G128 and variants["blk.0.attn_v.weight"] == Variant.PT
     assert len(variants) == 7
+    # the empty halves really carry a d of their own (0), unlike their partners: the TQ targets must cope
+    from gguf_raw import read_tensor_table
+    t = read_tensor_table(mid)["blk.0.ffn_up.weight"]
+    blocks = np.frombuffer(mid.read_bytes(), np.uint8, 3 * 4 * 18, t.offset).reshape(3, 4, 18)
+    d = blocks[:, :, 16:].copy().view("<f2")[:, :, 0]
+    assert d[0, 1] == 0 and d[0, 0] != 0 and d[1, 0] == d[1, 1] == 0
     return src, mid
 
 

@@ -114,6 +114,17 @@ def test_gguf_reader_without_import(bitcos_files, tmp_path, first_import):
     assert r.stderr == ""
 
 
+def test_gguf_imported_before_the_hook_installs(bitcos_files, tmp_path):
+    """gguf already imported when install() runs (e.g. by an earlier .pth file): it registers at once."""
+    script = ("import os, gguf\nassert 161 not in gguf.GGMLQuantizationType._value2member_map_\n"
+              "import _ggml_bitcos_gguf_hook as h\nos.environ['GGML_BITCOS_GGUF_HOOK'] = '1'\nh.install()\n"
+              f"r = gguf.GGUFReader({str(bitcos_files['g128'])!r})\n"
+              "print(sorted({t.tensor_type.name for t in r.tensors if int(t.tensor_type) >= 160}))")
+    r = _run([sys.executable, "-c", script], tmp_path, env={"GGML_BITCOS_GGUF_HOOK": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['BITCOS_G128']"
+
+
 def test_hook_off_fails_like_stock_gguf(bitcos_files, tmp_path):
     """Without the hook, stock gguf-py refuses the file: the tests above pass because of the hook."""
     r = _run([_tool("gguf-dump"), str(bitcos_files["pt"])], tmp_path, env={"GGML_BITCOS_GGUF_HOOK": "0"})

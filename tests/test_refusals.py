@@ -289,6 +289,42 @@ def test_graph_check_names_the_tensor(libs) -> None:
         base.ggml_free(ctx)
 
 
+def test_check_use_rules(libs) -> None:
+    """The loader's per-tensor rule: only MUL_MAT / MUL_MAT_ID weights, never read lazily (no architecture
+    reads a matrix weight lazily today, so the lazy branch is checked here)."""
+    base, _ = libs
+    vp = ctypes.c_void_p
+    base.ggml_init.restype, base.ggml_init.argtypes = vp, [_InitParams]
+    base.ggml_new_tensor_2d.restype = vp
+    base.ggml_new_tensor_2d.argtypes = [vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    base.ggml_set_name.restype, base.ggml_set_name.argtypes = vp, [vp, ctypes.c_char_p]
+    base.ggml_op_name.restype, base.ggml_op_name.argtypes = ctypes.c_char_p, [ctypes.c_int]
+    base.ggml_bitcos_check_use.restype = ctypes.c_bool
+    base.ggml_bitcos_check_use.argtypes = [vp, ctypes.c_int, ctypes.c_bool, ctypes.c_char_p, ctypes.c_size_t]
+    base.ggml_free.argtypes = [vp]
+    op: dict[str, int] = {}
+    wanted = {"MUL", "MUL_MAT", "MUL_MAT_ID", "GET_ROWS"}
+    i = 0
+    while not wanted <= op.keys():   # stop at the last one wanted: ggml_op_name does not check its bound
+        op[base.ggml_op_name(i).decode()] = i
+        i += 1
+    ctx = base.ggml_init(_InitParams(1 << 20, None, True))
+    try:
+        w = base.ggml_new_tensor_2d(ctx, Variant.G128.type_id, 256, 8)
+        base.ggml_set_name(w, b"blk.0.attn_q.weight")
+        f32 = base.ggml_new_tensor_2d(ctx, 0, 256, 8)
+        err = ctypes.create_string_buffer(512)
+        assert base.ggml_bitcos_check_use(w, op["MUL_MAT"], False, err, 512)
+        assert base.ggml_bitcos_check_use(w, op["MUL_MAT_ID"], False, err, 512)
+        assert base.ggml_bitcos_check_use(f32, op["GET_ROWS"], True, err, 512)   # not BITCOS: not its business
+        for name, lazy, needle in [("GET_ROWS", False, "used with GET_ROWS"), ("MUL", False, "used with MUL"),
+                                   ("MUL_MAT", True, "read lazily")]:
+            assert not base.ggml_bitcos_check_use(w, op[name], lazy, err, 512)
+            assert "'blk.0.attn_q.weight'" in err.value.decode() and needle in err.value.decode(), err.value
+    finally:
+        base.ggml_free(ctx)
+
+
 def test_last_error_is_per_thread(libs) -> None:
     base, _ = libs
     base.ggml_bitcos_last_error.restype = ctypes.c_char_p

@@ -205,3 +205,19 @@ def test_tools_offloaded(vk_models, monkeypatch: pytest.MonkeyPatch) -> None:
     rows = llama_run.run_bench([src, out], n_prompt=32, n_gen=4, repetitions=1, extra=["-ngl", "99"])
     assert {r["model_type"].split()[-1] for r in rows} >= {"ternary"} and all(r["n_gpu_layers"] == 99 for r in rows)
     assert any("BITCOS_PT" in r["model_type"] for r in rows) and all(r["avg_ts"] > 0 for r in rows)
+
+
+def test_bench_gpu_reference_on_another_device(vulkan_build: Path, tmp_path: Path) -> None:
+    """`bench gpu --ref-device`: the TQ2_0 reference runs on a second device (how an Arc user compares
+    ggml-sycl's BITCOS with ggml-vulkan's TQ2_0); here BITCOS on the Vulkan device, TQ2_0 on the CPU, each
+    record tagged with the device it ran on, the same weights' results on both (checksums of one column)."""
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "gpu", "--shapes", "128x512", "--z", "0.4",
+                        "--reps", "2", "--copy-mib", "8", "--no-e2e", "--ref-device", "CPU",
+                        "--json", str(tmp_path / "gpu.json")],
+                       env=_vulkan_env(), capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    devices = {rec["type"]: rec["device"] for rec in data["matvec"]}
+    assert devices == {"tq2_0": "CPU", "bitcos_pt": "Vulkan0"}, devices
+    assert "| tq2_0 | - |" in r.stdout and "| bitcos_pt | 0.40 |" in r.stdout

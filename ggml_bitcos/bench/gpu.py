@@ -9,7 +9,9 @@
   file's tensor bytes, companions included).
 
 The device is chosen as llama.cpp documents it (`--device Vulkan0`; GGML_VK_VISIBLE_DEVICES picks which
-Vulkan devices exist). Nothing here asserts a timing.
+Vulkan devices exist). A backend without TQ2_0 (ggml-sycl) is compared with TQ2_0 on another backend of the
+same GPU: `--device SYCL0 --ref-device Vulkan0` (two runs, so those ratios span runs). Nothing here asserts
+a timing.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 
 def bench_matvec(device: str, shapes: list[tuple[int, int]], zs: list[float], reps: int,
-                 workdir: Path) -> list[dict[str, Any]]:
+                 workdir: Path, ref_device: str | None = None) -> list[dict[str, Any]]:
     """One gemv-device run over every shape's files: TQ2_0 (z = 0.4, its speed does not depend on z) and
-    BITCOS PT per z. Records carry "z" (None for TQ2_0) and "shape"."""
+    BITCOS PT per z. Records carry "z" (None for TQ2_0) and "shape". With `ref_device` (a backend without
+    TQ2_0, e.g. SYCL0, measured against TQ2_0 on Vulkan0 of the same GPU) TQ2_0 runs there in a second run."""
     workdir.mkdir(parents=True, exist_ok=True)
     files: list[tuple[tuple[int, int], float | None, Path]] = []
     for rows, k in shapes:
@@ -44,8 +47,14 @@ def bench_matvec(device: str, shapes: list[tuple[int, int]], zs: list[float], re
             p = workdir / f"gpu-bitcos-{rows}x{k}-z{z:.2f}.gguf"
             write_gemv_gguf(p, rows, k, z, ["bitcos_pt"], seed=1)
             files.append(((rows, k), z, p))
-    records = run_tool(["gemv-device", ",".join(str(p) for _, _, p in files), device, str(reps), "1"])
-    return [{**rec, "shape": files[rec["file"]][0], "z": files[rec["file"]][1]} for rec in records]
+    if ref_device is None or ref_device == device:
+        records = run_tool(["gemv-device", ",".join(str(p) for _, _, p in files), device, str(reps), "1"])
+        return [{**rec, "shape": files[rec["file"]][0], "z": files[rec["file"]][1]} for rec in records]
+    out = []
+    for dev, part in ((ref_device, [f for f in files if f[1] is None]), (device, [f for f in files if f[1] is not None])):
+        for rec in run_tool(["gemv-device", ",".join(str(p) for _, _, p in part), dev, str(reps), "1"]):
+            out.append({**rec, "shape": part[rec["file"]][0], "z": part[rec["file"]][1], "device": dev})
+    return out
 
 
 def matvec_table(records: list[dict[str, Any]], copy_gb_s: float) -> str:
@@ -78,6 +87,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g = sub.add_parser("gpu", help="BITCOS vs TQ2_0 on a GPU device: mat-vec, copy bandwidth, llama-bench -ngl 99",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("--device", default="Vulkan0", help="ggml backend device (default Vulkan0)")
+    g.add_argument("--ref-device", default=None,
+                   help="device for the TQ2_0 reference when --device has no TQ2_0 (e.g. --device SYCL0 "
+                        "--ref-device Vulkan0 on an Intel Arc GPU); default: the same device")
     g.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES),
                    help=f"ROWSxK list (default {DEFAULT_SHAPES})")
     g.add_argument("--z", type=parse_floats, default=[0.3, 0.4, 0.5], help="BITCOS zero densities")
@@ -100,14 +112,21 @@ def run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"device": args.device, "vk_visible": os.environ.get("GGML_VK_VISIBLE_DEVICES")}
     with bench_workdir(args.workdir) as wd:
         copy = run_tool(["copy-device", str(args.copy_mib), args.device, "5"])[0]
-        records = bench_matvec(args.device, args.shapes, args.z, args.reps, wd)
+        records = bench_matvec(args.device, args.shapes, args.z, args.reps, wd, args.ref_device)
         print(f"# ggml-bitcos bench gpu on {args.device}")
         print(matvec_table(records, copy["gb_per_s"]))
         out.update(copy=copy, matvec=records)
         if not args.no_e2e:
             models = e2e_models(wd, args.e2e_preset, args.zero_density)
-            rows = llama_run.run_bench([models[t] for t in ("tq1_0", "tq2_0", "bitcos")], repetitions=3,
-                                       extra=["-ngl", "99"])
+            if args.ref_device and args.ref_device != args.device:
+                # llama-bench's -dev pins each model to its device: references there, BITCOS here
+                rows = (llama_run.run_bench([models[t] for t in ("tq1_0", "tq2_0")], repetitions=3,
+                                            extra=["-ngl", "99", "-dev", args.ref_device])
+                        + llama_run.run_bench([models["bitcos"]], repetitions=3,
+                                              extra=["-ngl", "99", "-dev", args.device]))
+            else:
+                rows = llama_run.run_bench([models[t] for t in ("tq1_0", "tq2_0", "bitcos")], repetitions=3,
+                                           extra=["-ngl", "99"])
             print(f"\n# llama-bench -ngl 99, {args.e2e_preset} z={args.zero_density}")
             print(e2e_table(rows))
             mem = {t: weight_bytes(models[t]) for t in ("tq1_0", "tq2_0", "bitcos")}

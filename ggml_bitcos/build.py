@@ -57,6 +57,7 @@ BASE_CMAKE_ARGS = [
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_CURL=OFF",
     "-DGGML_NATIVE=ON",
+    "-DGGML_RPC=ON",            # ggml-rpc + rpc-server: a model split over machines (`--rpc host:port`)
 ]
 
 

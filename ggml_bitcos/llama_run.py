@@ -104,11 +104,12 @@ def greedy_generate(model: Path, prompt: str, n_tokens: int = 64, n_threads: int
 
 
 def run_completion(model: Path, prompt: str, n_tokens: int = 64, threads: int = 2,
-                   timeout: float = 300) -> str:
-    """Greedy completion through the llama-completion tool; returns the generated text (stdout)."""
+                   timeout: float = 300, extra: list[str] | None = None) -> str:
+    """Greedy completion through the llama-completion tool; returns the generated text (stdout). `extra`:
+    more options (e.g. ["--rpc", "127.0.0.1:50052", "-ngl", "99"])."""
     cmd = [str(tool_path("llama-completion")), "-m", str(model), "-p", prompt, "-n", str(n_tokens),
            "--temp", "0", "--top-k", "1", "--seed", "0", "-t", str(threads), "-no-cnv",
-           "--no-warmup", "--simple-io", "-c", "512"]
+           "--no-warmup", "--simple-io", "-c", "512", *(extra or [])]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     if r.returncode != 0:

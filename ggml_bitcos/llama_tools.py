@@ -1,6 +1,7 @@
 """Console-script wrappers for the tools of the patched llama-cpp-python build (llama_cpp/bin).
 
-`llama-cli`, `llama-completion`, `llama-server`, `llama-bench` and `llama-perplexity` are installed into the llama_cpp package
+`llama-cli`, `llama-completion`, `llama-server`, `llama-bench`, `llama-perplexity` and the RPC server (`rpc-server`,
+built as ggml-rpc-server) are installed into the llama_cpp package
 by `ggml-bitcos build-llama` (the tool-install patch). These wrappers find them without importing llama_cpp (which
 would load libllama into this process first) and replace the Python process with the tool.
 """
@@ -13,6 +14,8 @@ import sys
 from pathlib import Path
 
 TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-perplexity")
+# llama.cpp's RPC server (tools/rpc; its target is ggml-rpc-server), exposed as the console script rpc-server
+RPC_SERVER = "ggml-rpc-server"
 
 
 class ToolNotBuiltError(RuntimeError):
@@ -67,3 +70,7 @@ def llama_bench() -> None:
 
 def llama_perplexity() -> None:
     _exec("llama-perplexity")
+
+
+def rpc_server() -> None:
+    _exec(RPC_SERVER)

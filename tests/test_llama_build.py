@@ -494,3 +494,31 @@ def test_patched_gguf_reader_refuses_hole_type_ids(llama_pkg: Path, tmp_path: Pa
         r = subprocess.run([sys.executable, "-c", _GGUF_OPEN, str(lib), str(path)], capture_output=True, text=True)
         assert r.stdout.strip() == "refused"
         assert f"has invalid ggml type {type_id}" in r.stderr, r.stderr[-2000:]
+
+
+@llama
+@pytest.mark.parametrize("scale, type_name", [("tensor", "BITCOS_PT"), ("g128", "BITCOS_G128")])
+def test_llama_bench_names_the_measured_bits_per_weight(patched_llama, model_factory, tmp_path: Path, scale: str,
+                                                        type_name: str) -> None:
+    """BITCOS is variable-rate, so llama-bench's model column (llama_model_desc) carries the rate measured on
+    the file, a number as for every other type: 8 * (blocks + companions) / weights of the BITCOS tensors,
+    here computed independently from the file's tensor table."""
+    import json
+
+    from ggml_bitcos import convert, llama_run
+
+    import gguf_tools
+
+    out = tmp_path / "m-bitcos.gguf"
+    convert.convert(model_factory(z=0.37, scale=scale, seed=5), out, progress=False)
+    reader = gguf_tools.open_gguf(out)
+    bitcos = {gguf_tools.BITCOS_G128, gguf_tools.BITCOS_PT}
+    weights = {t.name: t for t in reader.tensors if int(t.tensor_type) in bitcos}
+    bits = sum(8 * int(t.n_bytes) for t in weights.values())
+    bits += sum(8 * int(t.n_bytes) for t in reader.tensors if t.name.endswith(".bitcos") and t.name[:-7] in weights)
+    n = sum(int(t.n_elements) for t in weights.values())
+    r = subprocess.run([str(llama_run.tool_path("llama-bench")), "-m", str(out), "-p", "0", "-n", "1", "-r", "1",
+                        "-o", "json", "-t", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    model_type = json.loads(r.stdout)[0]["model_type"]
+    assert f"{type_name} - {bits / n:.2f} bpw ternary" in model_type, (model_type, bits / n)

@@ -43,9 +43,10 @@ PUBLIC_HEADERS = ("ggml-bitcos.h", "bitcos-format.h")
 VULKAN_CSRC_DIR = CSRC_DIR / "vulkan"
 VULKAN_SHADER_DIR = f"{LLAMA_DIR}/ggml/src/ggml-vulkan/vulkan-shaders"
 SHADER_SUFFIXES = (".comp", ".glsl")
-# csrc/sycl/: the ggml-sycl glue and the device code it shares with the SYCL tests, to ggml-bitcos/sycl/
-# (the ggml-sycl patch adds the glue to its target and that folder to its include path)
-SYCL_CSRC_DIR = CSRC_DIR / "sycl"
+# csrc/sycl/, csrc/cuda/: the ggml-sycl and ggml-cuda glue and the device code each shares with its tests, to
+# ggml-bitcos/sycl/ and ggml-bitcos/cuda/ (the backend patches add the glue to their targets and the folder to
+# their include paths)
+BACKEND_CSRC_DIRS = ("sycl", "cuda")
 
 # llama.cpp tools the package installs into llama_cpp/bin (the llama-cpp-python tool-install patch).
 TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-perplexity")
@@ -79,8 +80,9 @@ def _vulkan_files() -> list[Path]:
     return sorted(p for p in VULKAN_CSRC_DIR.iterdir() if p.is_file()) if VULKAN_CSRC_DIR.is_dir() else []
 
 
-def _sycl_files() -> list[Path]:
-    return sorted(p for p in SYCL_CSRC_DIR.iterdir() if p.is_file()) if SYCL_CSRC_DIR.is_dir() else []
+def _backend_files(name: str) -> list[Path]:
+    d = CSRC_DIR / name
+    return sorted(p for p in d.iterdir() if p.is_file()) if d.is_dir() else []
 
 
 def _tool_files() -> list[Path]:
@@ -94,15 +96,16 @@ def _ctest_files() -> list[Path]:
 def source_hash() -> str:
     """Hash of everything that determines the patched tree: pinned sdist, patches, csrc, C tests."""
     h = hashlib.sha256(upstream.SDIST_SHA256.encode())
-    for p in (sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _vulkan_files() + _sycl_files() + _tool_files()
+    backends = [p for name in BACKEND_CSRC_DIRS for p in _backend_files(name)]
+    for p in (sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _vulkan_files() + backends + _tool_files()
               + _ctest_files()):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
 def copy_csrc(tree: Path) -> None:
-    """Copy csrc/*.{c,h}, csrc/vulkan/, csrc/sycl/ and tests/c/*.{c,h} into the sdist tree (replacing earlier
-    copies)."""
+    """Copy csrc/*.{c,h}, csrc/vulkan/, csrc/sycl/, csrc/cuda/ and tests/c/*.{c,h} into the sdist tree
+    (replacing earlier copies)."""
     dest = tree / BITCOS_SRC_DIR
     if dest.exists():
         shutil.rmtree(dest)
@@ -115,10 +118,12 @@ def copy_csrc(tree: Path) -> None:
         target = tree / VULKAN_SHADER_DIR if p.suffix in SHADER_SUFFIXES else dest / "vulkan"
         target.mkdir(exist_ok=True)
         shutil.copy2(p, target / p.name)
-    if _sycl_files():
-        (dest / "sycl").mkdir()
-        for p in _sycl_files():
-            shutil.copy2(p, dest / "sycl" / p.name)
+    for name in BACKEND_CSRC_DIRS:
+        files = _backend_files(name)
+        if files:
+            (dest / name).mkdir()
+            for p in files:
+                shutil.copy2(p, dest / name / p.name)
     tools = _tool_files()
     if tools:
         (dest / "tools").mkdir()

@@ -1,0 +1,123 @@
+// ggml-bitcos-cuda: BITCOS MUL_MAT / MUL_MAT_ID in ggml-cuda (see ggml-bitcos-cuda.cuh).
+//
+// The weight and its companion sit in the same device buffer (the loader creates the companion in the
+// weight's context) and were validated on the host by the loader before upload, so the kernels read the
+// companion's header, row index and sign pool unchecked. Blocks of 4 warps, one row per warp.
+#include "ggml-bitcos-cuda.cuh"
+
+#include "bitcos-cuda.cuh"
+#include "ggml-bitcos.h"
+
+#include <algorithm>
+
+namespace {
+
+constexpr int WARPS_PER_BLOCK = 4;
+
+// A failed launch aborts with CUDA's reason, as ggml-cuda's CUDA_CHECK does.
+void check_launch() {
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) {
+        GGML_ABORT("BITCOS CUDA kernel launch failed: %s", cudaGetErrorString(err));
+    }
+}
+
+// The BITCOS weight a (view of a) tensor reads: its base tensor, and the base row of the view's first row.
+const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
+    int64_t step[3];
+    GGML_ASSERT(ggml_bitcos_row_map(w, row0, step));
+    return w->view_src ? w->view_src : w;
+}
+
+}  // namespace
+
+bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op) {
+    switch (op->op) {
+        case GGML_OP_NONE:        // the weight itself as the scheduler asks about it: storage only
+        case GGML_OP_RESHAPE:
+        case GGML_OP_VIEW:
+        case GGML_OP_PERMUTE:
+        case GGML_OP_TRANSPOSE:
+            return true;
+        case GGML_OP_MUL_MAT:
+        case GGML_OP_MUL_MAT_ID:
+            break;
+        default:
+            return false;
+    }
+    const ggml_tensor * src0 = op->src[0];
+    const ggml_tensor * src1 = op->src[1];
+    if (!ggml_bitcos_is_type(src0->type) || ggml_bitcos_companion(src0) == nullptr || !ggml_is_contiguous(src0) ||
+        src0->ne[0] % QK_BITCOS != 0) {
+        return false;
+    }
+    if (src0->view_src != nullptr) {
+        int64_t row0, step[3];
+        const ggml_tensor * base = src0->view_src;
+        if (op->op != GGML_OP_MUL_MAT || !ggml_bitcos_row_map(src0, &row0, step) || step[0] != 1 ||
+            base->ne[2] * base->ne[3] != 1 || src0->ne[2] * src0->ne[3] != 1) {
+            return false;
+        }
+    }
+    if (src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) ||
+        src1->nb[1] % sizeof(float) != 0 || src1->nb[2] % sizeof(float) != 0 || src1->nb[3] % sizeof(float) != 0 ||
+        !ggml_is_contiguous(op)) {
+        return false;
+    }
+    if (op->op == GGML_OP_MUL_MAT) {
+        return src1->ne[2] % src0->ne[2] == 0 && src1->ne[3] % src0->ne[3] == 0 &&
+               (src0->ne[1] + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK <= INT32_MAX &&
+               (src1->ne[1] + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS <= 65535;
+    }
+    const ggml_tensor * ids = op->src[2];
+    return ids->type == GGML_TYPE_I32 && ids->nb[0] == sizeof(int32_t) && ids->nb[1] % sizeof(int32_t) == 0 &&
+           src1->ne[3] == 1 && src0->ne[3] == 1 && ids->ne[0] * ids->ne[1] <= 65535;
+}
+
+void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
+    int64_t view_row0 = 0;
+    const ggml_tensor * base = bitcos_base(src0, &view_row0);
+    const uint8_t * w = static_cast<const uint8_t *>(base->data);
+    const uint8_t * c = static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data);
+    const float   * x = static_cast<const float *>(src1->data);
+    float         * d = static_cast<float *>(dst->data);
+
+    const int64_t rows = src0->ne[1], ne02 = src0->ne[2], ne03 = src0->ne[3];
+    const int64_t ne11 = src1->ne[1], ne12 = src1->ne[2], ne13 = src1->ne[3];
+    const int64_t s11 = src1->nb[1] / sizeof(float), s12 = src1->nb[2] / sizeof(float), s13 = src1->nb[3] / sizeof(float);
+    const int64_t d1 = dst->nb[1] / sizeof(float), d2 = dst->nb[2] / sizeof(float), d3 = dst->nb[3] / sizeof(float);
+    const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;                 // broadcast of the weight's matrices
+
+    const dim3 grid((unsigned) ((rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK),
+                    (unsigned) ((ne11 + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS));
+    const dim3 block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
+    for (int64_t i13 = 0; i13 < ne13; ++i13) {
+        for (int64_t i12 = 0; i12 < ne12; ++i12) {
+            const int64_t row0 = view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows;     // global first row
+            bitcos_cuda_mul_mat_kernel<<<grid, block, 0, stream>>>(w, c, x + i13 * s13 + i12 * s12,
+                d + i13 * d3 + i12 * d2, row0, rows, src0->ne[0], ne11, s11, d1);
+        }
+    }
+    check_launch();
+}
+
+void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+    const ggml_tensor * ids  = dst->src[2];
+    int64_t view_row0 = 0;
+    const ggml_tensor * base = bitcos_base(src0, &view_row0);
+    GGML_ASSERT(view_row0 == 0);
+    const uint8_t * w = static_cast<const uint8_t *>(base->data);
+    const uint8_t * c = static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data);
+
+    const int64_t rows = src0->ne[1], n_experts = src0->ne[2];
+    const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
+    const dim3 grid((unsigned) ((rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK), (unsigned) (n_used * n_tokens));
+    const dim3 block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
+    bitcos_cuda_mul_mat_id_kernel<<<grid, block, 0, stream>>>(w, c, static_cast<const float *>(src1->data),
+        static_cast<const int32_t *>(ids->data), static_cast<float *>(dst->data), rows, n_experts, n_used,
+        ids->nb[1] / (int64_t) sizeof(int32_t), src1->ne[1], src1->nb[1] / (int64_t) sizeof(float),
+        src1->nb[2] / (int64_t) sizeof(float), dst->nb[1] / (int64_t) sizeof(float), dst->nb[2] / (int64_t) sizeof(float));
+    check_launch();
+}

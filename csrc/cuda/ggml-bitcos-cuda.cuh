@@ -1,0 +1,22 @@
+// ggml-bitcos-cuda: BITCOS MUL_MAT / MUL_MAT_ID in ggml-cuda, called from three hooks of the ggml-cuda patch
+// (supports_op, ggml_cuda_mul_mat, ggml_cuda_mul_mat_id). The decode is bitcos-cuda.cuh's warp-per-row table
+// decode, shared with tests/cuda/test-bitcos-cuda.cu.
+#pragma once
+
+// Only ggml.h and the CUDA runtime: the hooks pass ggml-cuda's stream, so this translation unit compiles without
+// ggml-cuda's headers (which need cuBLAS's), as the project's CI checks with nvcc for sm_80 and sm_90.
+#include "ggml.h"
+
+#include <cuda_runtime.h>
+
+// Whether ggml-cuda runs `op` for a BITCOS weight: storage ops (the weight, views, reshapes) and MUL_MAT /
+// MUL_MAT_ID with a contiguous BITCOS src0 linked to its companion, f32 activations and output. Views:
+// consecutive whole rows of a 2-D weight (MUL_MAT only). Anything else stays on the CPU backend.
+bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op);
+
+// dst = src0 * src1 for a BITCOS src0: one warp per row, one decode per 8 columns, batches broadcast as
+// ggml's MUL_MAT defines them (one launch per batch).
+void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst);
+
+// MUL_MAT_ID with a BITCOS expert tensor: one launch, expert ids read on the device.
+void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst);

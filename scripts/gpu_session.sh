@@ -13,7 +13,8 @@
 # run:     unpacks both, picks the NVIDIA Vulkan driver, then (1) test-bitcos-backend on the GPU: BITCOS vs
 #          the CPU backend and bit for bit vs TQ2_0 on the same device; (2) `ggml-bitcos bench gpu`: mat-vec
 #          32768x16384 and 4096x14336 at z 0.3/0.4/0.5 with the device copy bandwidth, llama-bench -ngl 99 on
-#          the bitnet-2b shape, device memory of the weights; (3) `ggml-bitcos bench bandwidth` on the
+#          the bitnet-2b shape, device memory of the weights; (3) the CUDA kernel (csrc/cuda/) against numpy
+#          through tests/test_cuda.py with a test program built here; (4) `ggml-bitcos bench bandwidth` on the
 #          machine's 16 CPU cores: one compute core with 0/1/3/7/15 traffic generators beside it, the many-core
 #          regime (a few GB/s per core) that a 2-core VM cannot reach (issue 11). Results go to $OUT (the
 #          device tool returns it).
@@ -32,6 +33,9 @@ prepare)
     cmake -S . -B .gpu/kernels-build -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build .gpu/kernels-build -j2 >/dev/null
     mkdir -p .gpu/kernels && cp .gpu/kernels-build/libbitcos_kernels*.so .gpu/kernels/ && rm -rf .gpu/kernels-build
+    # the CUDA kernel's test program for the H200 (sm_90; the GPU machine has no nvcc) and pytest to drive it
+    nvcc -std=c++17 -O2 -arch=sm_90 -Icsrc -Icsrc/cuda tests/cuda/test-bitcos-cuda.cu -o .gpu/test-bitcos-cuda
+    python3 -m pip download -q --no-deps -d .gpu/wheels pytest pluggy iniconfig packaging
     python3 -m pip download -q --no-deps -d .gpu/wheels "gguf==0.19.0" tqdm
     o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
     mkdir -p /tmp/amd64/partial
@@ -56,6 +60,9 @@ run)
     tail -3 "$OUT/test-bitcos-backend.txt"
     python3 -m ggml_bitcos bench gpu --device Vulkan0 --workdir /tmp/bitcos-gpu --json "$OUT/bench-gpu.json" \
         | tee "$OUT/bench-gpu.md"
+    # (3) the CUDA kernel against the numpy reference on the H200 (both variants, the SYCL test's cases)
+    BITCOS_CUDA_TEST_EXE=$PWD/.gpu/test-bitcos-cuda python3 -m pytest -q tests/test_cuda.py -k matches \
+        2>&1 | tee "$OUT/test-cuda.txt" | tail -3
     export BITCOS_KERNELS_LIB=$PWD/.gpu/kernels/libbitcos_kernels.so BITCOS_KERNELS_NOFMA_LIB=$PWD/.gpu/kernels/libbitcos_kernels_nofma.so
     ncpu=$(nproc)
     levels=none

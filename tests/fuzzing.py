@@ -45,6 +45,8 @@ U32, F32, STR = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRIN
 # Sanitizer run-time options of every run: any report is fatal, aborts are reported (with the case saved).
 ASAN_OPTIONS = "abort_on_error=1:halt_on_error=1:handle_abort=1:detect_leaks=0:allocator_may_return_null=1"
 UBSAN_OPTIONS = "halt_on_error=1:print_stacktrace=1"
+# one upstream report suppressed (the file says which and why)
+UBSAN_SUPPRESSIONS = ROOT / "tests" / "data" / "fuzz-ubsan.supp"
 
 
 # --- seed files --------------------------------------------------------------------------------------------
@@ -68,12 +70,15 @@ def _bitcos(rng: np.random.Generator, name: str, ne: tuple[int, ...], variant: V
             (name + COMPANION_SUFFIX, T.I8, (enc.companion.size,), enc.companion.view(np.int8))]
 
 
-def _write(path: Path, kv: list, tensors: list) -> Path:
-    with GGUFStreamWriter(path, "llama", overwrite=True) as w:
-        w.add_kv("general.architecture", "llama", STR)
+def _write(path: Path, kv: list, tensors: list, arch: str = "llama") -> Path:
+    with GGUFStreamWriter(path, arch, overwrite=True) as w:
+        w.add_kv("general.architecture", arch, STR)
         w.add_kv(KEY_FORMAT_VERSION, 1, U32)
         for key, value, vtype in kv:
-            w.add_kv(key, value, vtype)
+            if vtype == GGUFValueType.ARRAY:
+                w.add_kv(key, value[0], vtype, value[1])
+            else:
+                w.add_kv(key, value, vtype)
         for name, ttype, ne, _ in tensors:
             w.add_tensor_info(name, ttype, ne)
         w.begin()
@@ -84,7 +89,7 @@ def _write(path: Path, kv: list, tensors: list) -> Path:
 
 def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int = 32, n_expert: int = 0,
                variants: dict[str, Variant] | None = None, z: dict[str, float] | None = None,
-               bitcos_output: bool = False, seed: int = 0) -> Path:
+               bitcos_output: bool = False, bitcos_on: tuple[str, ...] = (), seed: int = 0) -> Path:
     """A 1-layer llama with no tokenizer ("none": n_vocab dummy tokens) whose matrices are BITCOS: tens of KB,
     loads in milliseconds. variants/z: per short name (attn_q, ffn_down, ...; default G128 / 0.4)."""
     rng = np.random.default_rng(seed)
@@ -105,9 +110,16 @@ def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int =
                      "ffn_down_exps": (n_ff, n_embd, n_expert)})
     else:
         mats.update({"ffn_gate": (n_embd, n_ff), "ffn_up": (n_embd, n_ff), "ffn_down": (n_ff, n_embd)})
-    tensors: list = [("token_embd.weight", T.F32, (n_embd, n_vocab),
-                      rng.normal(0, 1, (n_vocab, n_embd)).astype(np.float32)),
-                     ("output_norm.weight", T.F32, (n_embd,), np.ones(n_embd, np.float32))]
+    tensors: list = []
+    if "token_embd" in bitcos_on:
+        tensors += _bitcos(rng, "token_embd.weight", (n_embd, n_vocab), Variant.G128, 0.4)
+    else:
+        tensors.append(("token_embd.weight", T.F32, (n_embd, n_vocab),
+                        rng.normal(0, 1, (n_vocab, n_embd)).astype(np.float32)))
+    if "output_norm" in bitcos_on:
+        tensors += _bitcos(rng, "output_norm.weight", (n_embd,), Variant.PT, 0.2)
+    else:
+        tensors.append(("output_norm.weight", T.F32, (n_embd,), np.ones(n_embd, np.float32)))
     if bitcos_output:
         tensors += _bitcos(rng, "output.weight", (n_embd, n_vocab), Variant.PT, 0.3)
     for norm in ("attn_norm", "ffn_norm"):
@@ -120,10 +132,53 @@ def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int =
     return _write(path, kv, tensors)
 
 
+def gemma4_seed(path: Path, seed: int = 5, bitcos_ple: bool = False) -> Path:
+    """A 2-layer gemma4 with per-layer embeddings and no tokenizer: per_layer_token_embd is the tensor
+    llama.cpp reads lazily (--lazy-mode on/auto); bitcos_ple: it is BITCOS (refused: GET_ROWS, lazy)."""
+    rng = np.random.default_rng(seed)
+    a, e, ff, hd, n_layer, pl, nv = "gemma4", 128, 256, 64, 2, 64, 32
+    kv = [(f"{a}.context_length", 64, U32), (f"{a}.embedding_length", e, U32), (f"{a}.block_count", n_layer, U32),
+          (f"{a}.feed_forward_length", ff, U32), (f"{a}.attention.head_count", 2, U32),
+          (f"{a}.attention.head_count_kv", 2, U32), (f"{a}.attention.key_length", hd, U32),
+          (f"{a}.attention.value_length", hd, U32), (f"{a}.attention.key_length_swa", hd, U32),
+          (f"{a}.attention.value_length_swa", hd, U32), (f"{a}.rope.dimension_count", hd, U32),
+          (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, F32), (f"{a}.attention.sliding_window", 64, U32),
+          (f"{a}.attention.sliding_window_pattern", ([True] * n_layer, GGUFValueType.BOOL), GGUFValueType.ARRAY),
+          (f"{a}.embedding_length_per_layer_input", pl, U32), (f"{a}.vocab_size", nv, U32),
+          ("tokenizer.ggml.model", "none", STR)]
+
+    def f32(name: str, ne: tuple[int, ...], std: float = 0.05) -> tuple:
+        return (name, T.F32, ne, rng.normal(0, std, tuple(reversed(ne))).astype(np.float32))
+
+    def ones(name: str, n: int) -> tuple:
+        return (name, T.F32, (n,), np.ones(n, np.float32))
+
+    tensors: list = [f32("token_embd.weight", (e, nv), 1.0), ones("per_layer_proj_norm.weight", pl),
+                     ones("output_norm.weight", e)]
+    if bitcos_ple:
+        tensors += _bitcos(rng, "per_layer_token_embd.weight", (pl * n_layer, nv), Variant.PT, 0.4)
+    else:
+        tensors.append(f32("per_layer_token_embd.weight", (pl * n_layer, nv), 1.0))
+    tensors += _bitcos(rng, "per_layer_model_proj.weight", (e, pl * n_layer), Variant.PT, 0.4)
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "post_norm"):
+            tensors.append(ones(b + n + ".weight", e))
+        tensors += [ones(b + "attn_q_norm.weight", hd), ones(b + "attn_k_norm.weight", hd),
+                    f32(b + "proj.weight", (pl, e))]    # K = 64: not BITCOS-able
+        for n, ne, v in (("attn_q", (e, e), Variant.G128), ("attn_k", (e, e), Variant.PT), ("attn_v", (e, e), Variant.G128),
+                         ("attn_output", (e, e), Variant.PT), ("ffn_gate", (e, ff), Variant.G128),
+                         ("ffn_up", (e, ff), Variant.PT), ("ffn_down", (ff, e), Variant.G128),
+                         ("inp_gate", (e, pl), Variant.G128)):
+            tensors += _bitcos(rng, b + n + ".weight", ne, v, 0.4)
+    return _write(path, kv, tensors, arch=a)
+
+
 def make_seeds(folder: Path) -> list[Path]:
     """The loader fuzzer's seed corpus: small valid BITCOS models covering both variants, 2-D and 3-D (MoE)
     weights, row_group_log2 < 6 (ffn_down with K = 2048 at zero density 0: deltas over 16 bits), empty and
-    full tensors, odd K (= 384) and a BITCOS output matrix."""
+    full tensors, odd K (= 384), a BITCOS output matrix, and a gemma4 model whose per_layer_token_embd is
+    read lazily (--lazy-mode)."""
     folder.mkdir(parents=True, exist_ok=True)
     P, G = Variant.PT, Variant.G128
     return [
@@ -134,6 +189,19 @@ def make_seeds(folder: Path) -> list[Path]:
         llama_seed(folder / "wide-ff.gguf", n_ff=2048, variants={"ffn_gate": P}, z={"ffn_down": 0.0}, seed=3),
         llama_seed(folder / "odd-k.gguf", n_embd=384, n_ff=640, n_vocab=48, bitcos_output=True,
                    variants={"attn_output": P, "ffn_gate": P}, seed=4),
+        gemma4_seed(folder / "gemma4-lazy.gguf"),
+    ]
+
+
+def make_refused_seeds(folder: Path) -> list[Path]:
+    """Seeds the loader must refuse as they are (BITCOS where the model does not use MUL_MAT): a BITCOS
+    token_embd (GET_ROWS), a 1-D BITCOS output_norm, and gemma4's lazily read per_layer_token_embd as BITCOS.
+    Mutations of them explore the paths around the use checks; the driver takes them as refused=PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return [
+        llama_seed(folder / "refused-token-embd.gguf", bitcos_on=("token_embd",), seed=6),
+        llama_seed(folder / "refused-norm.gguf", bitcos_on=("output_norm",), seed=7),
+        gemma4_seed(folder / "refused-gemma4-ple.gguf", seed=8, bitcos_ple=True),
     ]
 
 
@@ -269,17 +337,21 @@ def asan_build(jobs: int = 2) -> Path:
 def sanitizer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["ASAN_OPTIONS"] = ASAN_OPTIONS
-    env["UBSAN_OPTIONS"] = UBSAN_OPTIONS
+    env["UBSAN_OPTIONS"] = f"{UBSAN_OPTIONS}:suppressions={UBSAN_SUPPRESSIONS}"
     env["GGML_NO_BACKTRACE"] = "1"     # ggml_abort would otherwise attach gdb for a backtrace
     return env
 
 
+def seed_args(seeds: list[Path], refused: list[Path] = ()) -> list[str]:
+    return [*map(str, seeds), *(f"refused={p}" for p in refused)]
+
+
 def run_loader(exe: Path, seeds: list[Path], *, cases: int, seed: int = 1, first: int = 0, out: Path,
                decode: int = 4, timeout: float | None = None, extra: list[str] | None = None,
-               ) -> subprocess.CompletedProcess:
+               refused: list[Path] = ()) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     cmd = [str(exe), "--seed", str(seed), "--first", str(first), "--cases", str(cases), "--decode", str(decode),
-           "--out", str(out), *(extra or []), *map(str, seeds)]
+           "--out", str(out), *(extra or []), *seed_args(seeds, refused)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=sanitizer_env())
 
 
@@ -316,8 +388,10 @@ def _main(argv: list[str] | None = None) -> int:
         return 2
     exe = build_loader_fuzzer(a.work, lib, a.asan)
     seeds = make_seeds(a.work / "seeds")
+    refused = make_refused_seeds(a.work / "seeds")
     cmd = [str(exe), "--seed", str(a.seed), "--first", str(a.first), "--cases", str(a.cases),
-           "--decode", str(a.decode), "--out", str(a.work / "crashes"), "--progress", "10000", *map(str, seeds)]
+           "--decode", str(a.decode), "--out", str(a.work / "crashes"), "--progress", "10000",
+           *seed_args(seeds, refused)]
     (a.work / "crashes").mkdir(parents=True, exist_ok=True)
     print(shlex.join(cmd), flush=True)
     t0 = time.monotonic()

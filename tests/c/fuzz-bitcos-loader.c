@@ -4,11 +4,12 @@
 // the installed one (default suite) or the ASan+UBSan build (`tests/fuzzing.py asan-build`, long runs).
 //
 //   fuzz-bitcos-loader [--seed S] [--first I] [--cases N] [--seconds T] [--decode D] [--timeout T]
-//                      [--out DIR] [--save] [--progress P] seed.gguf...
+//                      [--out DIR] [--save] [--progress P] seed.gguf... [refused=seed.gguf...]
 //   fuzz-bitcos-loader --replay [--out DIR] file.gguf...
 //
 // Each seed is parsed once (GGUF v3: KV pairs, tensor infos, data; for every ".bitcos" companion its header
-// and sections, for every BITCOS weight its blocks). Case i of seed S (reproducible alone with --first i
+// and sections, for every BITCOS weight its blocks). Seeds must load and decode as they are, except those given
+// as refused=PATH (BITCOS where the model does not use MUL_MAT), which must be refused. Case i of seed S (reproducible alone with --first i
 // --cases 1; --save writes it to DIR) takes seed file i % n_seeds and applies 1..6 stacked mutations:
 // companion header fields (interesting values: 0, 1, +-1, +-64, x2, /2, 2^32, 2^63, ~0, other fields),
 // companion row_base / row_delta entries, sign-pool bits (inside the signs: valid; in the tail: invalid),
@@ -111,6 +112,7 @@ typedef struct {
 
 typedef struct {
     const char * path;
+    int          refused;      // given as refused=PATH: the loader must refuse it as it is
     uint8_t *    bytes;
     size_t       len;
     size_t       counts_off;   // n_tensors at 8, n_kv at 16
@@ -460,20 +462,32 @@ static void mut_bitmap(void) {
     }
 }
 
+static int is_bitcos_related(const tensor_rec * t) {
+    return t->companion || t->type == GGML_TYPE_BITCOS_G128 || t->type == GGML_TYPE_BITCOS_PT;
+}
+
+// A BITCOS weight or companion gets any type; any other tensor only a BITCOS type (BITCOS where the model
+// does not use MUL_MAT, e.g. a norm, token_embd, a lazily read tensor). Other tensors never get other
+// types: upstream ggml aborts on, e.g., an I32 norm weight in a binary op at decode (found by this fuzzer,
+// tests/data/fuzz-regressions/upstream/), which is not BITCOS code.
 static void mut_type(void) {
     static const uint32_t types[] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_I8, GGML_TYPE_F32,
                                       GGML_TYPE_F16, GGML_TYPE_TQ2_0, GGML_TYPE_TQ1_0, GGML_TYPE_Q8_0, GGML_TYPE_I32,
                                       43, 100, 159, 162, 255, 0xffffffffu, 0x800000a0u };
     const tensor_rec * t = pick_tensor(-1);
     if (below(4) == 0) {
-        // swap the types of a weight and its companion (or any two tensors)
-        const tensor_rec * u = pick_tensor(-1);
-        const uint32_t a = (uint32_t)get_le(g_buf + t->type_off, 4), b = (uint32_t)get_le(g_buf + u->type_off, 4);
-        put_le(g_buf + t->type_off, 4, b);
-        put_le(g_buf + u->type_off, 4, a);
+        // swap the types of two BITCOS weights / companions (a weight and its companion, two variants, ...)
+        const tensor_rec * a = pick_tensor(below(2)), * b = pick_tensor(below(2));
+        const uint32_t ta = (uint32_t)get_le(g_buf + a->type_off, 4), tb = (uint32_t)get_le(g_buf + b->type_off, 4);
+        put_le(g_buf + a->type_off, 4, tb);
+        put_le(g_buf + b->type_off, 4, ta);
         return;
     }
-    put_le(g_buf + t->type_off, 4, types[below(sizeof types / sizeof types[0])]);
+    if (is_bitcos_related(t)) {
+        put_le(g_buf + t->type_off, 4, types[below(sizeof types / sizeof types[0])]);
+    } else {
+        put_le(g_buf + t->type_off, 4, below(2) ? GGML_TYPE_BITCOS_G128 : GGML_TYPE_BITCOS_PT);
+    }
 }
 
 static void mut_shape(void) {
@@ -848,27 +862,35 @@ int main(int argc, char ** argv) {
     seed_file * seeds = calloc((size_t)n_paths, sizeof(seed_file));
     size_t max_len = 0;
     for (int i = 0; i < n_paths; ++i) {
-        if (!load_seed(paths[i], &seeds[i])) {
+        const int refused = !strncmp(paths[i], "refused=", 8);
+        if (!load_seed(paths[i] + (refused ? 8 : 0), &seeds[i])) {
             fprintf(stderr, "%s: cannot parse the seed\n", paths[i]);
             return 2;
         }
+        seeds[i].refused = refused;
         max_len = seeds[i].len > max_len ? seeds[i].len : max_len;
     }
     g_cap = max_len + 4096;
     g_buf = malloc(g_cap);
-    // every seed must load as it is (else the fuzzer would only test refusals of broken files)
+    // every seed must load and decode as it is (else the fuzzer would only test refusals of broken files),
+    // except the refused=PATH ones, which must be refused
     for (int i = 0; i < n_paths; ++i) {
         memcpy(g_buf, seeds[i].bytes, seeds[i].len);
         g_len = seeds[i].len;
         g_index = (uint64_t)-1;
-        if (!load_case(1, 1) || g_decoded == 0) {
-            fprintf(stderr, "seed %s does not load and decode: %s / %s\n", paths[i], ggml_bitcos_last_error(),
-                    g_last_log);
-            return 2;
+        for (int mode = 0; mode < 96; mode += 13) {
+            g_decoded = 0;
+            const int ok = load_case(1, mode);
+            if (seeds[i].refused ? ok : (!ok || g_decoded == 0)) {
+                fprintf(stderr, "seed %s (load mode pick %d) %s: %s / %s\n", seeds[i].path, mode,
+                        seeds[i].refused ? "is not refused" : "does not load and decode", ggml_bitcos_last_error(),
+                        g_last_log);
+                return 2;
+            }
         }
-        g_decoded = 0;
     }
-    g_accepted = 0;
+    g_accepted = g_refused = g_decoded = 0;
+    g_n_reasons = 0;
 
     const double t0 = now_s();
     uint64_t done = 0, accepted_seen = 0;

@@ -1,11 +1,15 @@
-"""Build and install the patched llama-cpp-python (`ggml-bitcos build-llama`, scripts/build_llama.py).
+"""Build the patched llama-cpp-python: for this project's wheel (`pip install .`, through the build backend
+in buildsys/) or on its own (`ggml-bitcos build-llama`, scripts/build_llama.py).
 
 Steps: fetch the pinned sdist (ggml_bitcos.upstream), extract it into a staging tree, copy csrc/ into
 vendor/llama.cpp/ggml/src/ggml-bitcos/ (and the public headers ggml-bitcos.h, bitcos-format.h into
 ggml/include/), copy the
-C tests into .../ggml-bitcos/tests/, apply patches/*.patch in order, then `pip install` that tree so that
-`from llama_cpp import Llama` and llama_cpp/bin/{llama-cli,llama-server,llama-bench,llama-perplexity} use
-the patched library.
+C tests into .../ggml-bitcos/tests/, apply patches/*.patch in order, then build that tree with its own
+backend (scikit-build-core). `build_package` unpacks the resulting `llama_cpp` package (bindings, shared
+libraries, llama_cpp/bin/{llama-cli,llama-server,llama-bench,...}) into a folder that the project's root
+CMakeLists.txt installs into the ggml-bitcos wheel, so one `pip install .` gives `from llama_cpp import Llama`
+on the patched library; `build` (build-llama) pip-installs the tree as its own llama-cpp-python distribution
+(or into a --target folder).
 
 Incremental rebuilds: the staged tree is synced by content into one stable source directory
 (<cache>/src/llama_cpp_python-<version>) — files whose bytes did not change keep their mtime — and the
@@ -17,17 +21,22 @@ because ggml's asserts embed absolute source paths.) ccache is used when install
 from __future__ import annotations
 
 import argparse
+import contextlib
 import filecmp
 import hashlib
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from . import upstream
+from . import llama_tools, upstream
 
 REPO = Path(__file__).resolve().parent.parent
 CSRC_DIR = REPO / "csrc"
@@ -62,6 +71,10 @@ BASE_CMAKE_ARGS = [
 ]
 
 
+# version label of the patched llama_cpp package (patch 0006), checked at run time by llama_tools
+PATCHED_VERSION_SUFFIX = llama_tools.PATCHED_VERSION_SUFFIX
+
+
 class BuildError(RuntimeError):
     pass
 
@@ -93,12 +106,18 @@ def _ctest_files() -> list[Path]:
     return sorted([*CTEST_DIR.glob("*.c"), *CTEST_DIR.glob("*.h")]) if CTEST_DIR.is_dir() else []
 
 
+def source_files() -> list[Path]:
+    """Every file of this repository the patched tree is made from: patches, csrc (and its backend folders), C
+    tests (the sdist must carry them all: tests/test_install.py)."""
+    backends = [p for name in BACKEND_CSRC_DIRS for p in _backend_files(name)]
+    return (sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _vulkan_files() + backends + _tool_files()
+            + _ctest_files())
+
+
 def source_hash() -> str:
     """Hash of everything that determines the patched tree: pinned sdist, patches, csrc, C tests."""
     h = hashlib.sha256(upstream.SDIST_SHA256.encode())
-    backends = [p for name in BACKEND_CSRC_DIRS for p in _backend_files(name)]
-    for p in (sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _vulkan_files() + backends + _tool_files()
-              + _ctest_files()):
+    for p in source_files():
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
@@ -219,6 +238,65 @@ def cmake_args_for(user_args: str | None) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
+@contextlib.contextmanager
+def build_lock(cache: Path) -> Iterator[None]:
+    """One build at a time per cache (source tree + build dir): a second `pip install .` or build-llama waits
+    here instead of running ninja in the same build directory concurrently."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path = cache / "build.lock"
+    with open(path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another build of the patched llama.cpp in {cache} (lock {path})", flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run_logged(cmd: list[str], env: dict[str, str], log: Path, verbose: bool, cwd: Path | None = None) -> int:
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            f.write(line)
+            if verbose:
+                sys.stdout.write(line)
+        return proc.wait()
+
+
+def _log_tail(log: Path, n: int = 60) -> str:
+    return "".join(open(log, errors="replace").readlines()[-n:])
+
+
+def _build_env(cmake_args: str | None, jobs: int | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["CMAKE_ARGS"] = cmake_args_for(cmake_args)
+    if jobs:
+        env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs)
+    return env
+
+
+def _forget_stale_options(build_dir: Path, cmake_args: str) -> None:
+    """CMake keeps every -D of an earlier configure in CMakeCache.txt (a -DGGML_VULKAN=ON stays on when the next
+    build omits it), so when the effective CMAKE_ARGS differ from the last build's, start from a fresh cache; the
+    objects stay, so ninja and ccache still rebuild only what the new options change."""
+    stamp = build_dir / ".bitcos-cmake-args"
+    cache_file = build_dir / "CMakeCache.txt"
+    if cache_file.exists() and (not stamp.exists() or stamp.read_text() != cmake_args):
+        print("  CMAKE_ARGS differ from the last build's: reconfiguring from a fresh CMake cache", flush=True)
+        cache_file.unlink()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(cmake_args)
+
+
 def build(cmake_args: str | None = None, work: Path | None = None, jobs: int | None = None,
           log: Path | None = None, verbose: bool = False, target: Path | None = None) -> Path:
     """Build and pip-install the patched llama-cpp-python. cmake_args defaults to $CMAKE_ARGS.
@@ -229,34 +307,97 @@ def build(cmake_args: str | None = None, work: Path | None = None, jobs: int | N
     if cmake_args is None:
         cmake_args = os.environ.get("CMAKE_ARGS")
     cache = work or upstream.cache_dir()
-    tree = prepare_tree(cache)
-    env = dict(os.environ)
-    env["CMAKE_ARGS"] = cmake_args_for(cmake_args)
-    if jobs:
-        env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs)
-    build_dir = cache / "build"
-    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "-v",
-           f"--config-settings=build-dir={build_dir}", str(tree)]
-    if target is not None:   # a folder instead of this environment (e.g. a portable build for another machine)
-        cmd += ["--no-deps", "--upgrade", "--target", str(target)]
+    with build_lock(cache):
+        tree = prepare_tree(cache)
+        env = _build_env(cmake_args, jobs)
+        build_dir = cache / "build"
+        cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "-v",
+               f"--config-settings=build-dir={build_dir}", str(tree)]
+        if target is not None:   # a folder instead of this environment (e.g. a portable build for another machine)
+            cmd += ["--no-deps", "--upgrade", "--target", str(target)]
+        log = log or cache / "build-llama.log"
+        print(f"building patched llama-cpp-python {upstream.SDIST_VERSION} (llama.cpp {upstream.LLAMA_CPP_COMMIT})",
+              flush=True)
+        print(f"  CMAKE_ARGS={env['CMAKE_ARGS']}\n  build dir {build_dir}\n  log {log}", flush=True)
+        _forget_stale_options(build_dir, env["CMAKE_ARGS"])
+        rc = _run_logged(cmd, env, log, verbose)
+    dt = time.monotonic() - t0
+    if rc != 0:
+        raise BuildError(f"pip install of the patched tree failed after {dt:.0f} s (log {log}):\n{_log_tail(log)}")
+    print(f"patched llama-cpp-python installed in {dt:.0f} s ({dt/60:.1f} min)", flush=True)
+    return tree
+
+
+# The patched tree's own PEP 517 backend, run in a child process in the tree (its pyproject.toml): the same
+# interpreter and packages as the caller (pip's isolated build environment under `pip install .`), no pip.
+_WHEEL_SCRIPT = """import sys
+from scikit_build_core.build import build_wheel
+print("built wheel:", build_wheel(sys.argv[1], {"build-dir": sys.argv[2]}), flush=True)
+"""
+
+BUILD_INFO = "llama_build.json"
+
+
+def build_package(stage: Path, cmake_args: str | None = None, work: Path | None = None, jobs: int | None = None,
+                  log: Path | None = None, verbose: bool = False) -> Path:
+    """Build the patched llama-cpp-python's wheel in the incremental build dir (<cache>/build, as build-llama
+    uses) and unpack its `llama_cpp` package into stage/llama_cpp (replaced), with stage/llama_build.json
+    saying how it was built. Returns stage/llama_cpp. Used by the build backend (buildsys/) for the
+    ggml-bitcos wheel. cmake_args defaults to $CMAKE_ARGS. Raises BuildError with the log tail on failure."""
+    t0 = time.monotonic()
+    if cmake_args is None:
+        cmake_args = os.environ.get("CMAKE_ARGS")
+    cache = work or upstream.cache_dir()
     log = log or cache / "build-llama.log"
+    env = _build_env(cmake_args, jobs)
+    build_dir = cache / "build"
     print(f"building patched llama-cpp-python {upstream.SDIST_VERSION} (llama.cpp {upstream.LLAMA_CPP_COMMIT})",
           flush=True)
     print(f"  CMAKE_ARGS={env['CMAKE_ARGS']}\n  build dir {build_dir}\n  log {log}", flush=True)
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            f.write(line)
-            if verbose:
-                sys.stdout.write(line)
-        rc = proc.wait()
+    with build_lock(cache):
+        tree = prepare_tree(cache)
+        _forget_stale_options(build_dir, env["CMAKE_ARGS"])
+        with tempfile.TemporaryDirectory(prefix="wheel-", dir=cache) as out:
+            rc = _run_logged([sys.executable, "-c", _WHEEL_SCRIPT, out, str(build_dir)], env, log, verbose,
+                             cwd=tree)
+            wheels = sorted(Path(out).glob("*.whl"))
+            if rc != 0 or len(wheels) != 1:
+                dt = time.monotonic() - t0
+                raise BuildError(f"building the patched llama-cpp-python failed after {dt:.0f} s (log {log}):\n"
+                                 f"{_log_tail(log)}")
+            pkg = _unpack_package(wheels[0], "llama_cpp", stage)
+    init = (pkg / "__init__.py").read_text()
+    if PATCHED_VERSION_SUFFIX not in init:
+        raise BuildError(f"{wheels[0].name}: llama_cpp/__init__.py has no {PATCHED_VERSION_SUFFIX} version")
+    info = {"llama_cpp_python": upstream.SDIST_VERSION + PATCHED_VERSION_SUFFIX,
+            "llama_cpp_commit": upstream.LLAMA_CPP_COMMIT, "source_hash": source_hash(),
+            "user_cmake_args": cmake_args or "", "cmake_args": env["CMAKE_ARGS"]}
+    (stage / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")
     dt = time.monotonic() - t0
-    if rc != 0:
-        tail = "".join(open(log).readlines()[-60:])
-        raise BuildError(f"pip install of the patched tree failed after {dt:.0f} s (log {log}):\n{tail}")
-    print(f"patched llama-cpp-python installed in {dt:.0f} s ({dt/60:.1f} min)", flush=True)
-    return tree
+    print(f"patched llama-cpp-python built in {dt:.0f} s ({dt/60:.1f} min): {pkg}", flush=True)
+    return pkg
+
+
+def _unpack_package(wheel: Path, package: str, stage: Path) -> Path:
+    """Extract the wheel's top-level `package` folder into stage/package (replacing it), file modes kept."""
+    dest = stage / package
+    if dest.exists():
+        shutil.rmtree(dest)
+    stage.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if not info.filename.startswith(package + "/") or info.is_dir():
+                continue
+            out = stage / info.filename
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode:
+                os.chmod(out, mode)
+    if not (dest / "__init__.py").is_file():
+        raise BuildError(f"{wheel.name} has no {package}/ package")
+    return dest
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -49,7 +49,8 @@ def _error_types() -> tuple[type[BaseException], ...]:
 
     from .codec import FormatError
     from .convert import ConvertError
-    return (GGUFError, ConvertError, FormatError)
+    from .llama_tools import ToolNotBuiltError   # the patched llama.cpp is missing: the message says what to run
+    return (GGUFError, ConvertError, FormatError, ToolNotBuiltError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

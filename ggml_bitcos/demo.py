@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggml_bitcos import llama_run
+from ggml_bitcos import llama_run, llama_tools
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX
 
 DEMO_SHAPE = ["--preset", "tiny", "--n-embd", "1024", "--n-ff", "2816", "--n-layer", "8", "--n-head", "16",
@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"   BITCOS formula 2 - z = {2 - args.zero_density:.3f} bits/weight (per-tensor scale variant)")
 
     if not llama_run.is_patched():
-        print("patched llama.cpp not installed: run scripts/install.sh for steps 4-5", file=sys.stderr)
+        print(f"ggml-bitcos demo: steps 4-5 need the patched llama.cpp: {llama_tools.not_patched_message()}",
+              file=sys.stderr)
         return 1
     print(f"== 4. greedy {args.n_tokens} tokens through llama_cpp.Llama (patched llama.cpp)")
     a = llama_run.greedy_generate(src, PROMPT, args.n_tokens, n_threads=args.threads)

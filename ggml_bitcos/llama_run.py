@@ -19,19 +19,14 @@ import numpy as np
 
 from ggml_bitcos import llama_tools
 
-PATCHED_VERSION_SUFFIX = "+bitcos1"
+PATCHED_VERSION_SUFFIX = llama_tools.PATCHED_VERSION_SUFFIX
 
 
 LlamaNotBuilt = llama_tools.ToolNotBuiltError
 
-
-def is_patched() -> bool:
-    """True when the installed llama_cpp is the BITCOS build (its version carries the +bitcos tag)."""
-    pkg = llama_tools.llama_cpp_dir()
-    try:
-        return pkg is not None and PATCHED_VERSION_SUFFIX in (pkg / "__init__.py").read_text()
-    except OSError:
-        return False
+# True when the installed llama_cpp is the BITCOS build (its version carries the +bitcos tag); when it is not,
+# llama_tools.not_patched_message() says what to run, and greedy_generate / tool_path raise LlamaNotBuilt with it
+is_patched = llama_tools.is_patched
 
 
 tool_path = llama_tools.tool_path
@@ -78,7 +73,9 @@ def greedy_generate(model: Path, prompt: str, n_tokens: int = 64, n_threads: int
 
     n_gpu_layers as in llama.cpp (-1: all); which GPU devices exist is the backend's business (e.g.
     GGML_VK_VISIBLE_DEVICES for Vulkan), so callers that want a device pick it in the environment. verbose:
-    llama.cpp's load log on stderr (device buffers, offloaded layers)."""
+    llama.cpp's load log on stderr (device buffers, offloaded layers). Raises LlamaNotBuilt, saying what to
+    run, when the llama_cpp found is not the BITCOS build."""
+    llama_tools.require_patched()
     from llama_cpp import Llama  # imported here: loading the library is the caller's choice
 
     t0 = time.perf_counter()

@@ -39,6 +39,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def sdist_cached() -> bool:
+    """Whether the verified sdist is in the cache already (no download needed)."""
+    dest = cache_dir() / SDIST_FILE
+    return dest.exists() and _sha256(dest) == SDIST_SHA256
+
+
 def fetch_sdist() -> Path:
     """Return the path of the verified sdist tarball, downloading it with pip if not cached."""
     dest = cache_dir() / SDIST_FILE

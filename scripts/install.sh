@@ -2,10 +2,11 @@
 # Installs everything ggml-bitcos needs on a fresh Debian machine with Python >= 3.10:
 #   1. system packages when missing and we are root (ccache; with -DGGML_VULKAN=ON in CMAKE_ARGS also glslc,
 #      libvulkan-dev, mesa-vulkan-drivers, spirv-tools/-headers, glslang-tools),
-#   2. Python dependencies,
-#   3. the patched llama.cpp: pinned llama-cpp-python sdist + patches/ + csrc/, built once
-#      (llama_cpp Python bindings, shared libraries and llama-cli/-server/-bench/-perplexity),
-#   4. this package (ggml-bitcos, with its kernel harness library).
+#   2. the tools the test suite uses (pytest, matplotlib, cmake, ninja, ...),
+#   3. `pip install .`: this package, whose build (buildsys/ggml_bitcos_backend.py) builds the patched llama.cpp
+#      once (pinned llama-cpp-python sdist + patches/ + csrc/, incremental in ~/.cache/ggml-bitcos, ccache) and
+#      ships its llama_cpp package (bindings, libraries, llama-cli/-server/-bench/-perplexity, rpc-server) in the
+#      same wheel.
 # CMAKE_ARGS passes through to the llama.cpp build, as with llama-cpp-python:
 #   CMAKE_ARGS="-DGGML_VULKAN=ON" ./scripts/install.sh
 set -euo pipefail
@@ -34,8 +35,13 @@ fi
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 
-"$PY" -m pip install -q "gguf==0.19.0" "numpy>=1.26" "requests>=2.28" "pytest>=8" "matplotlib>=3.7" \
-    "scikit-build-core>=0.10" cmake ninja typing-extensions diskcache jinja2
-"$PY" scripts/build_llama.py
-"$PY" -m pip install -q --no-build-isolation --no-deps .
+"$PY" -m pip install -q "pytest>=8" "matplotlib>=3.7" "scikit-build-core>=0.10" cmake ninja
+# A llama-cpp-python distribution installed on its own (the stock one, or the patched one that older ggml-bitcos
+# installs built separately) owns the same llama_cpp files as this package's wheel: remove it first.
+if "$PY" -m pip show -q llama-cpp-python >/dev/null 2>&1; then
+    "$PY" -m pip uninstall -y -q llama-cpp-python
+fi
+echo "install.sh: pip install . (builds the patched llama.cpp: ~11 min cold on 2 cores, about a minute warm;" \
+     "log: ${GGML_BITCOS_CACHE:-$HOME/.cache/ggml-bitcos}/build-llama.log)"
+"$PY" -m pip install -q .
 echo "install.sh: done ($(command -v ggml-bitcos || echo 'ggml-bitcos not on PATH'))"

@@ -3,14 +3,24 @@
 Three passes over the source, each streaming tensor by tensor through a read-only memory map:
 
 1. analyze: decode each candidate tensor to fp32 in row chunks, decide (FORMAT.md §7) whether and in
-   which variant it converts, encode it (the encoding is kept for pass 2 while it fits a memory budget,
-   otherwise recomputed) — the output's tensor infos need every companion's byte size up front;
+   which variant it converts and compute its encoded size (the output's tensor infos need every
+   companion's byte size up front); the encoding itself is made and kept for pass 2 only while all kept
+   encodings fit a small fixed budget (``DEFAULT_CACHE_BYTES``), otherwise pass 2 recomputes it;
 2. write: header, metadata (+ ``bitcos.*`` keys), tensor infos, then tensor data one by one — copied
    tensors straight from the source map, converted ones as weight blocks followed by the companion —
    into a temporary file in the target folder, renamed onto the target only when complete;
 3. verify (unless ``--no-verify``): reopen the output, decode every converted tensor with the full
    invariant checks and compare its fp32 bit patterns with the source's (−0.0 mapped to +0.0, §5);
    copied tensors are compared byte for byte. A failed verification deletes the output.
+
+Memory: one tensor at a time. Every array of a tensor is released before the next one is read, and the
+memory-mapped files' pages are dropped from the process after each tensor (``release_pages``), so the peak
+resident memory is the interpreter and the parsed metadata, plus the encoding cache (at most
+``DEFAULT_CACHE_BYTES``), plus the working set of the largest converted tensor (about 6 bytes per weight:
+the int8 codes and the encoder's / decoder's bitmaps, sign bits and fp32 row chunks); README "Memory".
+
+Crash safety: the output is written by ``gguf_tools.GGUFStreamWriter`` (temporary file under ``flock``,
+fsync, atomic rename, folder fsync; stale temporary files of killed runs removed by the next run).
 
 Each pass shows a tqdm progress bar on stderr when ``progress`` is on and stderr is a terminal
 (``disable=None`` is tqdm's "off unless a TTY": no bar lines in logs or captured output).
@@ -46,7 +56,7 @@ FLOAT_SOURCES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantiz
 TQ_SOURCES = (GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0)
 SOURCE_TYPES = FLOAT_SOURCES + TQ_SOURCES + tuple(foreign.FOREIGN_TYPES)   # + I2_S, Q2_0, PQ2_0, PTQ1_0
 CHUNK_WEIGHTS = 1 << 23              # rows are processed in chunks of about this many weights
-DEFAULT_CACHE_BYTES = 1 << 30        # encoded tensors kept between pass 1 and 2 up to this total
+DEFAULT_CACHE_BYTES = 64 << 20      # encoded tensors kept between pass 1 and 2 up to this total (bytes)
 
 
 class ConvertError(Exception):
@@ -193,6 +203,16 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
     return Analysis(res, codes, block_mag, pt, tq_scales, row_nonzero, g128_ok)
 
 
+def encoded_nbytes(a: Analysis) -> tuple[int, int]:
+    """(weight + companion bytes, companion bytes) of ``encode_analysis(a)``, computed without encoding."""
+    r = a.result
+    assert r.converted and r.variant is not None and a.row_nonzero is not None
+    k, n_rows = r.ne[0], math.prod(r.ne[1:])
+    g = codec.choose_row_group_log2(codec.row_sign_positions(a.row_nonzero))
+    comp = codec.companion_size(r.variant, k, n_rows, codec.n_mats_of(r.ne), r.n_weights - r.n_zeros, g)
+    return n_rows * (k // QK) * r.variant.block_bytes + comp, comp
+
+
 def encode_analysis(a: Analysis) -> codec.Encoded:
     """The BITCOS encoding of a tensor ``analyze_tensor`` found convertible, in its chosen variant."""
     r = a.result
@@ -336,19 +356,19 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
         r = a.result
         enc = None
         if r.converted:
-            enc = encode_analysis(a)
-            r.out_bytes = enc.nbytes
-            r.companion_bytes = int(enc.companion.nbytes)
+            r.out_bytes, r.companion_bytes = encoded_nbytes(a)
             if _grows(r) and not force_grow and not foreign.must_convert(t.tensor_type):
-                r.converted, r.grow_kept, enc = False, True, None
+                r.converted, r.grow_kept = False, True
                 n = max(r.n_weights, 1)
                 r.reason = (f"BITCOS {r.variant.name} would grow it: {8 * r.src_bytes / n:.4f} -> "
                             f"{8 * r.out_bytes / n:.4f} bits per weight at z = {r.zero_density:.3f}")
-            elif cached + enc.nbytes > cache_bytes:
-                enc = None                 # over budget: recomputed in pass 2 (sizes are kept)
-            else:
+            elif cached + r.out_bytes <= cache_bytes:   # else recomputed in pass 2 (sizes are kept)
+                enc = encode_analysis(a)
+                if enc.nbytes != r.out_bytes or enc.companion.nbytes != r.companion_bytes:
+                    raise ConvertError(f"{src}: tensor '{t.name}': encoded size differs from the computed one")
                 cached += enc.nbytes
         del a
+        reader.release_pages()
         foreign.explain(t, r)
         plan[t.name] = (r, enc)
         bar.set_postfix_str(t.name, refresh=False)
@@ -420,8 +440,10 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
                 writer.write_tensor(t.name, enc.blocks)
                 writer.write_tensor(t.name + COMPANION_SUFFIX, enc.companion.view(np.int8))
                 plan[t.name] = (r, None)   # release the cached encoding
+                enc = None
             else:
                 writer.write_tensor(t.name, tensor_bytes(t))
+            reader.release_pages()
             bar.set_postfix_str(t.name, refresh=False)
             bar.update(int(t.n_bytes))
         bar.close()
@@ -459,6 +481,13 @@ def describe_write_error(e: OSError, folder: Path) -> str:
     except OSError:
         pass
     return str(e)
+
+
+def bytes_equal(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 24) -> bool:
+    """``np.array_equal`` of two flat uint8 arrays in chunks (no temporary as large as the tensor)."""
+    if a.shape != b.shape:
+        return False
+    return all(np.array_equal(a[i:i + chunk], b[i:i + chunk]) for i in range(0, a.shape[0], chunk))
 
 
 def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertResult, *,
@@ -500,9 +529,13 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
                     raise ConvertError(f"{label}: tensor '{t.name}': verification failed: row {s + int(bad[0])} "
                                        f"col {int(bad[1])} decodes to bits 0x{int(gb[tuple(bad)]):08x}, "
                                        f"source 0x{int(wb[tuple(bad)]):08x}")
+                del want, got
+            del dec
         else:
-            if o.tensor_type != t.tensor_type or not np.array_equal(tensor_bytes(o), tensor_bytes(t)):
+            if o.tensor_type != t.tensor_type or not bytes_equal(tensor_bytes(o), tensor_bytes(t)):
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: copied tensor differs")
+        src_reader.release_pages()
+        out_reader.release_pages()
         bar.set_postfix_str(t.name, refresh=False)
         bar.update(int(t.n_bytes))
     bar.close()

@@ -36,7 +36,8 @@ from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, field_va
                         tensor_ggml_shape, type_name)
 
 from . import codec, tq
-from .convert import ConvertError, check_bitcos_file, check_paths, describe_write_error, source_float_rows
+from .convert import (ConvertError, bytes_equal, check_bitcos_file, check_paths, describe_write_error,
+                      source_float_rows)
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_K, Variant
 
 # target name -> (ggml type, llama file type written as general.file_type)
@@ -195,6 +196,7 @@ def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str |
                     bar.close()
                     raise ConvertError(msg) from None
         del dec
+        reader.release_pages()
         plan[w.name] = r
         bar.update(1)
     bar.close()
@@ -240,6 +242,7 @@ def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str |
                 writer.write_tensor(name, encode_target(_decode(src, t, by_name[name + COMPANION_SUFFIX]), r.target))
             else:
                 writer.write_tensor(name, tensor_bytes(t))
+            reader.release_pages()
             bar.update(int(t.n_bytes))
         bar.close()
         tmp_path = writer.flush()
@@ -292,8 +295,11 @@ def verify_back(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertBa
                 rr, cc = (int(v) for v in np.argwhere(got != want)[0])
                 raise ConvertError(f"{label}: tensor '{name}': verification failed: row {rr} col {cc} dequantizes "
                                    f"to bits 0x{int(got[rr, cc]):08x}, BITCOS 0x{int(want[rr, cc]):08x}")
-        elif int(o.tensor_type) != int(t.tensor_type) or not np.array_equal(tensor_bytes(o), tensor_bytes(t)):
+            del want, got
+        elif int(o.tensor_type) != int(t.tensor_type) or not bytes_equal(tensor_bytes(o), tensor_bytes(t)):
             raise ConvertError(f"{label}: tensor '{name}': verification failed: copied tensor differs")
+        src_reader.release_pages()
+        out_reader.release_pages()
     del out_reader
 
 

@@ -10,6 +10,7 @@ error), and float decoding of the tensor types the converter reads.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -51,6 +52,18 @@ class CheckedGGUFReader(GGUFReader):
     def data(self, value: np.ndarray) -> None:
         self._mmap = value
         self._plain_data = value.view(np.ndarray)
+
+    def release_pages(self) -> None:
+        """Drop this process's mapping of the file's pages (``madvise(MADV_DONTNEED)``; the data stays in
+        the page cache and is read again on the next access, views stay valid). Streaming tools call it
+        after each tensor, so the file's pages they have touched do not add up in their resident memory
+        (every touched page of a mapping counts in RSS until it is unmapped)."""
+        mm = getattr(self._mmap, "_mmap", None)
+        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                mm.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):
+                pass
 
     def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:  # type: ignore[override]
         _types.register_foreign_types()   # I2_S, Q2_0, PQ2_0, PTQ1_0: convert reads them (ggml_bitcos/foreign.py)

@@ -6,15 +6,29 @@ tensor referenced until the end. Its lower-level API streams instead: declare al
 the tensor data one tensor at a time (``write_tensor_data``), in declaration order. ``GGUFStreamWriter``
 wraps that flow, so at most one tensor's data (or a memory-mapped view of it) is alive at a time.
 
-Atomicity: the file is written to a temporary name in the target folder and renamed over the target
-only when complete (and fsync'ed); any error removes the temporary file, so a failed run never leaves
-a partial output behind.
+Crash safety (the one safe-write path of ``convert`` and ``convert --to``; README "Crash safety"):
+
+* the file is written to a temporary file in the target folder, ``.NAME.PID.RANDOM.bitcos.tmp``, created
+  with ``O_EXCL`` and held under an exclusive ``flock`` for the writer's whole life;
+* ``finish`` flushes and fsyncs it, renames it onto the target (``os.replace``: atomic, so the target is
+  either the old file or the complete new one) and then fsyncs the folder, so the rename itself survives
+  a power loss; any error or interrupt removes the temporary file;
+* a process killed with SIGKILL cannot clean up: the next writer for the same target
+  (``remove_stale_temps``, run by ``begin``) deletes the temporary files it can prove are stale leftovers
+  of that target: the name is exactly that target's pattern, a regular file owned by this user, empty or
+  starting with ``GGUF``, the PID in the name is not a running process, and its ``flock`` is free (a live
+  writer holds it; the kernel releases it when the process dies, SIGKILL included). Anything else is left
+  alone.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
-import tempfile
+import re
+import secrets
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -77,6 +91,8 @@ class GGUFStreamWriter:
         self._infos: dict[str, tuple[GGMLQuantizationType, tuple[int, ...], int]] = {}
         self._next = 0
         self._tmp: Path | None = None
+        self._lock_fd: int | None = None       # the temporary file, flock'ed while this writer lives
+        self.removed_stale: list[Path] = []    # stale temporary files of the target removed by begin()
         self._begun = False
         self._done = False
 
@@ -126,14 +142,8 @@ class GGUFStreamWriter:
             raise RuntimeError("begin() called twice")
         if self.path.exists() and not self.overwrite:
             raise FileExistsError(f"{self.path} already exists")
-        folder = self.path.parent if str(self.path.parent) else Path(".")
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=folder)
-        os.close(fd)
-        self._tmp = Path(tmp)
-        # mkstemp creates 0600; give the output the permissions a plain open() would (0666 & ~umask)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self._tmp, 0o666 & ~umask)
+        self.removed_stale = remove_stale_temps(self.path)
+        self._tmp, self._lock_fd = _create_temp(self.path)
         self._begun = True
         self._w.write_header_to_file(self._tmp)
         self._w.write_kv_data_to_file()
@@ -174,8 +184,15 @@ class GGUFStreamWriter:
             raise FileExistsError(f"{self.path} already exists")
         os.replace(self._tmp, self.path)
         self._tmp = None
+        fsync_dir(self.path.parent)
+        self._unlock()
         self._done = True
         return self.path
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)       # releases the flock
+            self._lock_fd = None
 
     def abort(self) -> None:
         """Close and delete the temporary file (safe to call at any point, more than once)."""
@@ -189,6 +206,7 @@ class GGUFStreamWriter:
             except FileNotFoundError:
                 pass
             self._tmp = None
+        self._unlock()
 
     def __enter__(self) -> GGUFStreamWriter:
         return self
@@ -203,6 +221,106 @@ class GGUFStreamWriter:
                 raise
         elif not self._done:
             self.abort()
+
+
+# --- the safe-write path's helpers ------------------------------------------------------------------
+
+TEMP_SUFFIX = ".bitcos.tmp"
+
+
+def _temp_pattern(target: Path) -> re.Pattern[str]:
+    """Names of the temporary files of ``target``: ``.NAME.PID.RANDOM.bitcos.tmp``, RANDOM 8 hex digits.
+    (A PID has at most 7 digits, so no other target's temporary file matches.)"""
+    return re.compile(r"\." + re.escape(target.name) + r"\.([0-9]{1,10})\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX))
+
+
+def _create_temp(target: Path) -> tuple[Path, int]:
+    """Create the temporary file of ``target`` (``O_EXCL``; mode 0666 & ~umask, as a plain ``open`` would)
+    and take its exclusive ``flock``; returns (path, the locked fd)."""
+    folder = target.parent if str(target.parent) else Path(".")
+    for _ in range(100):
+        tmp = folder / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+        except FileExistsError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # a fresh file: nobody else can hold it
+        return tmp, fd
+    raise FileExistsError(errno.EEXIST, "cannot create a unique temporary file", str(folder))
+
+
+def _pid_running(pid: int) -> bool:
+    if pid <= 0:
+        return True                  # not a PID this code writes: treat as alive (never removed)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True                  # exists, another user's
+    except OverflowError:
+        return False
+    return True
+
+
+def remove_stale_temps(target: os.PathLike[str] | str) -> list[Path]:
+    """Delete the temporary files an interrupted writer (SIGKILL, power loss) left for ``target``, when each
+    is provably stale; returns the paths removed. Proof, all of: the name is ``target``'s temporary-file
+    pattern; a regular file (not a link) owned by this user; empty or starting with ``GGUF``; the PID in its
+    name is no running process; its ``flock`` is free (every live writer holds it). The file is unlinked
+    while this process holds that lock. Anything unproven is kept."""
+    target = Path(target)
+    folder = target.parent if str(target.parent) else Path(".")
+    pat = _temp_pattern(target)
+    removed: list[Path] = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        m = pat.fullmatch(name)
+        if m is None or _pid_running(int(m.group(1))):
+            continue
+        path = folder / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue             # a live writer holds it
+            head = os.pread(fd, 4, 0)
+            if head != b"GGUF"[:len(head)]:
+                continue             # not a GGUF file this writer started
+            # still the same file under that name (not replaced since we opened it)?
+            try:
+                now = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                continue
+            os.unlink(path)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    if removed:
+        fsync_dir(folder)
+    return removed
+
+
+def fsync_dir(folder: os.PathLike[str] | str) -> None:
+    """fsync a folder, so a rename or unlink in it is durable (POSIX needs this after ``rename``)."""
+    folder = Path(folder) if str(folder) else Path(".")
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _gguf_value(value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None) -> Any:

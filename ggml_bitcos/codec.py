@@ -309,10 +309,20 @@ def codes_to_float(codes: np.ndarray, variant: Variant, *, block_scales: np.ndar
     return t
 
 
-def decode(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols: int, n_rows: int,
-           n_mats: int) -> Decoded:
-    """Decode a BITCOS weight (raw block bytes) + companion, checking every invariant of FORMAT.md §4 and
-    the scales' validity (§3.1), as the C validator (csrc/ggml-bitcos.c) does."""
+_POPCOUNT8: Final = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+_VALIDATE_ROWS: Final = 1 << 16          # rows per chunk of the bitmap popcount (bounded temporaries)
+
+
+def validate(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols: int, n_rows: int,
+             n_mats: int) -> Header:
+    """Check a BITCOS weight (raw block bytes) + companion against every rule of FORMAT.md §3.1 and §4, as the
+    C validator (csrc/ggml-bitcos.c, run by the llama.cpp loader) does, without decoding; returns the header.
+
+    The one Python implementation of the rules: ``decode``, ``ggml-bitcos info`` and ``ggml-bitcos stats`` call
+    it. Order: header (magic, version, variant, g, reserved bytes, canonical offsets, size), variant and shape
+    against the weight, the weight's byte size, the row index against the bitmap's popcounts, ``n_sign_bits``,
+    the sign pool's bits beyond ``n_sign_bits``, the scales (§3.1). Also refused: a weight with no rows or
+    no matrices (a zero dimension; the loader refuses such a tensor by its shape check)."""
     companion = np.asarray(companion).reshape(-1).view(np.uint8)
     hdr = parse_header(companion)
     if hdr.variant != variant:
@@ -321,6 +331,10 @@ def decode(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols: 
     if (hdr.n_cols, hdr.n_rows, hdr.n_mats) != (n_cols, n_rows, n_mats):
         raise FormatError(f"companion shape (K={hdr.n_cols}, R={hdr.n_rows}, M={hdr.n_mats}) does not match "
                           f"the weight (K={n_cols}, R={n_rows}, M={n_mats})")
+    if n_cols <= 0 or n_cols % QK:
+        raise FormatError(f"row length {n_cols} is not a positive multiple of {QK}")
+    if n_rows <= 0 or n_mats <= 0:
+        raise FormatError(f"empty weight: a zero dimension (K={n_cols}, R={n_rows}, M={n_mats})")
     variant = hdr.variant
     nb = n_cols // QK
     bb = variant.block_bytes
@@ -328,35 +342,56 @@ def decode(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols: 
     if blocks.nbytes != n_rows * nb * bb:
         raise FormatError(f"weight has {blocks.nbytes} bytes, expected {n_rows * nb * bb}")
     blk = blocks.reshape(n_rows, nb, bb)
-    bitmap = np.ascontiguousarray(blk[:, :, :BITMAP_BYTES]).reshape(n_rows, n_cols // 8)
-    present = np.unpackbits(bitmap, axis=1, bitorder="little").view(np.bool_)
-    row_counts = np.count_nonzero(present, axis=1)
 
-    # row index, consistent with the bitmap
+    # row index, consistent with the bitmap: sign_pos(r) = popcounts of rows < r
+    row_counts = np.empty(n_rows, dtype=np.uint64)
+    for s in range(0, n_rows, _VALIDATE_ROWS):
+        e = min(n_rows, s + _VALIDATE_ROWS)
+        row_counts[s:e] = _POPCOUNT8[blk[s:e, :, :BITMAP_BYTES]].reshape(e - s, -1).sum(axis=1, dtype=np.uint64)
     sign_pos = sign_positions(companion, hdr)
     expected = row_sign_positions(row_counts)
     if not np.array_equal(sign_pos, expected):
         bad = int(np.flatnonzero(sign_pos != expected)[0])
         raise FormatError(f"row index: sign_pos({bad}) = {int(sign_pos[bad])}, bitmap says {int(expected[bad])}")
-    if int(row_counts.sum()) != hdr.n_sign_bits:
-        raise FormatError(f"bitmap has {int(row_counts.sum())} non-zero weights, header says {hdr.n_sign_bits}")
-    # pool tail section padding must be zero (between sections too)
+    n_present = int(row_counts.sum(dtype=np.uint64))
+    if n_present != hdr.n_sign_bits:
+        raise FormatError(f"bitmap has {n_present} non-zero weights, header says {hdr.n_sign_bits}")
+    # pool: every bit at or beyond n_sign_bits is zero (the partial last byte, the padding and the tail)
     pool = sign_pool(companion, hdr)
-    s = hdr.n_sign_bits
-    used = (s + 7) // 8
-    if np.any(pool[used:]) or (s % 8 and int(pool[used - 1]) >> (s % 8)):
+    s_bits = hdr.n_sign_bits
+    used = (s_bits + 7) // 8
+    if np.any(pool[used:]) or (s_bits % 8 and int(pool[used - 1]) >> (s_bits % 8)):
         raise FormatError("sign pool bits beyond n_sign_bits are not zero")
-    signs = np.unpackbits(pool[:used], bitorder="little", count=s).view(np.bool_)
+    if variant == Variant.G128:
+        check_scales(variant, np.ascontiguousarray(blk[:, :, BITMAP_BYTES:]).view("<f2").reshape(n_rows, nb))
+    else:
+        check_scales(variant, companion[hdr.scales_offset:hdr.scales_offset + 4 * n_mats].view("<f4"))
+    return hdr
 
+
+def decode(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols: int, n_rows: int,
+           n_mats: int) -> Decoded:
+    """Decode a BITCOS weight (raw block bytes) + companion, after ``validate`` has checked every invariant of
+    FORMAT.md §4 and the scales' validity (§3.1), as the C validator (csrc/ggml-bitcos.c) does."""
+    companion = np.asarray(companion).reshape(-1).view(np.uint8)
+    hdr = validate(blocks, companion, variant, n_cols, n_rows, n_mats)
+    variant = hdr.variant
+    nb = n_cols // QK
+    bb = variant.block_bytes
+    blk = np.asarray(blocks).reshape(-1).view(np.uint8).reshape(n_rows, nb, bb)
+    bitmap = np.ascontiguousarray(blk[:, :, :BITMAP_BYTES]).reshape(n_rows, n_cols // 8)
+    present = np.unpackbits(bitmap, axis=1, bitorder="little").view(np.bool_)
+    del bitmap
+    s = hdr.n_sign_bits
+    signs = np.unpackbits(sign_pool(companion, hdr)[:(s + 7) // 8], bitorder="little", count=s).view(np.bool_)
     codes = present.view(np.int8).copy()          # 1 where present
     codes[present] = np.where(signs, np.int8(-1), np.int8(1))
+    del present, signs
     block_scales = matrix_scales = None
     if variant == Variant.G128:
         block_scales = np.ascontiguousarray(blk[:, :, BITMAP_BYTES:]).view("<f2").reshape(n_rows, nb)
-        check_scales(variant, block_scales)
     else:
         matrix_scales = companion[hdr.scales_offset:hdr.scales_offset + 4 * n_mats].view("<f4").copy()
-        check_scales(variant, matrix_scales)
     return Decoded(variant, codes, block_scales, matrix_scales, hdr)
 
 

@@ -3,10 +3,10 @@
 For every BITCOS weight: its variant, logical shape, zero density ``z`` (from the companion header:
 ``1 − n_sign_bits / (K·R)``), the bits per weight the file really spends on it (weight blocks + companion,
 i.e. bitmap, scales, row index, sign pool, header and alignment) and the companion's parts; then totals and
-the file's ``bitcos.*`` metadata. Every header is checked (FORMAT.md §4.1: magic, version, canonical
-offsets, size, and agreement with the weight's type and shape); ``--check`` also decodes every tensor with
-the full invariant checks of the reference codec. A problem is one line naming the file, the tensor and
-what is wrong.
+the file's ``bitcos.*`` metadata. Every tensor is validated like the llama.cpp loader validates it
+(``validate_bitcos_tensor``: the companion's type and shape, then ``codec.validate``: header, row index
+against the bitmap, sign pool, scales — FORMAT.md §3.1, §4), before anything is printed; ``stats`` uses the
+same function. A problem is one line naming the file, the tensor and what is wrong.
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ class FileInfo:
                 "index_bits_per_weight": 8 * sum(t.index_bytes for t in self.tensors) / n if n else 0.0}
 
 
-def tensor_info(path: Path, index: int, w, comp, *, check: bool) -> TensorInfo:  # noqa: ANN001 (ReaderTensor)
-    """Header-checked facts of one BITCOS weight + companion; ``GGUFError`` naming the tensor on a problem."""
+def validate_bitcos_tensor(path: Path, w, comp) -> codec.Header:  # noqa: ANN001 (ReaderTensor)
+    """Validate a BITCOS weight and its companion as the llama.cpp loader does (FORMAT.md §1, §3.1, §4: the
+    one implementation behind ``info``, ``stats`` and ``codec.decode``); ``GGUFError`` naming the tensor."""
     name = w.name
     variant = Variant.from_type_id(int(w.tensor_type))
     if comp is None:
@@ -80,20 +81,21 @@ def tensor_info(path: Path, index: int, w, comp, *, check: bool) -> TensorInfo: 
     ne = tensor_ggml_shape(w)
     if len(ne) < 2:
         raise GGUFError(path, f"BITCOS weight has {len(ne)} dimension(s); it must have 2 or 3", name)
-    k, n_rows, n_mats = ne[0], math.prod(ne[1:]), codec.n_mats_of(ne)
-    cbytes = tensor_bytes(comp)
     try:
-        hdr = codec.parse_header(cbytes)
-        if hdr.variant != variant:
-            raise codec.FormatError(f"companion variant {hdr.variant.name} does not match the weight type "
-                                    f"{variant.type_name}")
-        if (hdr.n_cols, hdr.n_rows, hdr.n_mats) != (k, n_rows, n_mats):
-            raise codec.FormatError(f"companion shape (K={hdr.n_cols}, R={hdr.n_rows}, M={hdr.n_mats}) does not "
-                                    f"match the weight (K={k}, R={n_rows}, M={n_mats})")
-        if check:
-            codec.decode(tensor_bytes(w), cbytes, variant, k, n_rows, n_mats)
+        return codec.validate(tensor_bytes(w), tensor_bytes(comp), variant, ne[0], math.prod(ne[1:]),
+                              codec.n_mats_of(ne))
     except codec.FormatError as e:
         raise GGUFError(path, str(e), name) from None
+
+
+def tensor_info(path: Path, index: int, w, comp, *, check: bool = True) -> TensorInfo:  # noqa: ANN001
+    """Validated facts of one BITCOS weight + companion; ``GGUFError`` naming the tensor on a problem.
+    (``check`` is kept for callers; every tensor is always fully validated.)"""
+    hdr = validate_bitcos_tensor(path, w, comp)
+    name = w.name
+    variant = hdr.variant
+    ne = tensor_ggml_shape(w)
+    k, n_rows, n_mats = ne[0], math.prod(ne[1:]), codec.n_mats_of(ne)
     n = k * n_rows
     g = 1 << hdr.row_group_log2
     index_bytes = 8 * ((n_rows + g - 1) // g) + 2 * n_rows
@@ -126,6 +128,7 @@ def collect(path: Path, *, check: bool = False) -> FileInfo:
                 raise GGUFError(path, "companion without a BITCOS weight", t.name)
         if int(t.tensor_type) in BITCOS_TYPE_IDS:
             infos.append(tensor_info(path, i, t, by_name.get(t.name + COMPANION_SUFFIX), check=check))
+            reader.release_pages()
     ft = meta("general.file_type")
     return FileInfo(str(path), int(version) if version is not None else None, meta(KEY_CONVERTED_FROM),
                     int(ft) if ft is not None else None, len(reader.tensors), infos)
@@ -171,7 +174,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__.splitlines()[0])
     p.add_argument("input", type=Path, metavar="FILE.gguf")
     p.add_argument("--check", action="store_true",
-                   help="also decode every BITCOS tensor with the full invariant checks (row index, sign pool)")
+                   help="accepted for scripts: every BITCOS tensor is always validated like the llama.cpp loader "
+                        "does (header, row index, sign pool, scales)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -186,4 +190,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["TensorInfo", "FileInfo", "collect", "format_text", "to_json", "register", "run"]
+__all__ = ["TensorInfo", "FileInfo", "validate_bitcos_tensor", "collect", "format_text", "to_json", "register", "run"]

@@ -15,6 +15,9 @@ ternary weight:
 * 2-bit packing, group 128: 2.000 symbols, 2.125 with an fp16 scale per 128, and 5 trits per byte, group 128
   (the paper's "5-trit"): 1.625 symbols (26 bytes hold 130 trits -> 208 bits / 128), 1.750 with the scale —
   layouts from the paper, not ggml types;
+* validation: every BITCOS tensor is checked with the llama.cpp loader's rules before it is counted
+  (``info.validate_bitcos_tensor`` -> ``codec.validate``, the same function ``info`` runs); a file the
+  loader refuses is an error naming the file and tensor, never a number;
 * comparisons like with like: BITCOS with everything against a baseline with its scales, symbols against
   symbols; ``reduction`` = baseline / BITCOS, printed as "x smaller" (> 1) or "x larger" (< 1).
 """
@@ -30,11 +33,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gguf_tools import open_gguf, tensor_bytes, tensor_ggml_shape, type_name
+from gguf_tools import GGUFError, open_gguf, tensor_bytes, tensor_ggml_shape, type_name
 
 from . import codec
 from .convert import analyze_tensor, check_bitcos_file, is_candidate
 from .format import BITCOS_TYPE_IDS, BITMAP_BYTES, COMPANION_SUFFIX, QK, Variant
+from .info import validate_bitcos_tensor
 
 # (symbols only, with scales) bits per weight of the fixed-rate baselines
 BASELINES: dict[str, tuple[float, float]] = {
@@ -120,15 +124,12 @@ def collect(path: Path, *, progress: bool = True) -> ModelStats:
     for t in todo:
         ne = tensor_ggml_shape(t)
         n_rows, k = math.prod(ne[1:]), ne[0]
+        if t.tensor_type not in BITCOS_TYPE_IDS and 0 in ne:
+            raise GGUFError(path, f"empty weight: a zero dimension (ne = {list(ne)})", t.name)
         if t.tensor_type in BITCOS_TYPE_IDS:
             comp = by_name.get(t.name + COMPANION_SUFFIX)
-            if comp is None:
-                raise codec.FormatError(f"{path}: tensor '{t.name}': BITCOS weight without its companion")
+            hdr = validate_bitcos_tensor(path, t, comp)     # the loader's rules (info.py, codec.validate)
             cbytes = tensor_bytes(comp)
-            try:
-                hdr = codec.parse_header(cbytes)
-            except codec.FormatError as e:
-                raise codec.FormatError(f"{path}: tensor '{t.name}': {e}") from None
             variant = Variant.from_type_id(t.tensor_type)
             other = Variant.G128 if variant == Variant.PT else Variant.PT
             n = k * n_rows
@@ -149,6 +150,7 @@ def collect(path: Path, *, progress: bool = True) -> ModelStats:
                       Variant.G128.name: encoded_bytes(Variant.G128, ne, n_sign, g) if a.g128_ok else None}
                 stats.append(TensorStat(t.name, r.src_type, list(ne), r.n_weights, r.n_zeros, r.zero_density,
                                         codec.n_mats_of(ne), variant_bytes=vb))
+        reader.release_pages()
         bar.set_postfix_str(t.name, refresh=False)
         bar.update(int(t.n_bytes))
     bar.close()

@@ -158,11 +158,11 @@ def test_info_errors_name_file_tensor_problem(converted, tmp_path, capsys):
     _patch(out, bad, comp.offset + 4, struct.pack("<H", 9))
     _one_line_error(capsys, ["info", str(bad)], str(bad), f"tensor '{name}'", "version 9")
 
-    # a set bit in the sign pool's zero tail: the header is fine, only the full decode (--check) sees it
+    # a set bit in the sign pool's zero tail: the header is fine; info validates like the loader (issue 13),
+    # with or without --check
     bad = tmp_path / "tail.gguf"
     _patch(out, bad, comp.offset + comp.ne[0] - 1, b"\x01")
-    assert main(["info", str(bad)]) == 0
-    capsys.readouterr()
+    _one_line_error(capsys, ["info", str(bad)], str(bad), f"tensor '{name}'", "beyond n_sign_bits")
     _one_line_error(capsys, ["info", "--check", str(bad)], str(bad), f"tensor '{name}'", "beyond n_sign_bits")
 
     _one_line_error(capsys, ["info", str(tmp_path / "nope.gguf")], "nope.gguf", "no such file")

@@ -522,3 +522,29 @@ def test_llama_bench_names_the_measured_bits_per_weight(patched_llama, model_fac
     assert r.returncode == 0, r.stderr[-2000:]
     model_type = json.loads(r.stdout)[0]["model_type"]
     assert f"{type_name} - {bits / n:.2f} bpw ternary" in model_type, (model_type, bits / n)
+
+
+@llama
+def test_quantize_refuses_bitcos_input_without_output(patched_llama, model_factory, tmp_path: Path) -> None:
+    """llama_model_quantize on a BITCOS file (llama-quantize's engine, through the bindings) fails with a message
+    naming a BITCOS tensor and the way back, and leaves no output file; the TQ2_0 source quantizes fine."""
+    from ggml_bitcos import convert
+
+    src = model_factory(z=0.4, seed=2)
+    bitcos = tmp_path / "m-bitcos.gguf"
+    convert.convert(src, bitcos, progress=False)
+    script = textwrap.dedent("""
+        import sys, llama_cpp
+        p = llama_cpp.llama_model_quantize_default_params()
+        p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+        p.allow_requantize = True          # TQ2_0 -> Q8_0 is a requantization
+        sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))
+    """)
+    out = tmp_path / "q8.gguf"
+    r = subprocess.run([sys.executable, "-c", script, str(bitcos), str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and not out.exists()
+    assert "cannot be requantized" in r.stderr and "ggml-bitcos convert --to" in r.stderr, r.stderr[-2000:]
+    ok = subprocess.run([sys.executable, "-c", script, str(src), str(out)], capture_output=True, text=True,
+                        timeout=300)
+    assert ok.returncode == 0 and out.stat().st_size > 0, ok.stderr[-2000:]

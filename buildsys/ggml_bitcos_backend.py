@@ -62,7 +62,9 @@ def _build(hook, wheel_directory, config_settings, metadata_directory):
     stage = Path(tempfile.mkdtemp(prefix="wheel-stage-", dir=upstream.cache_dir()))
     try:
         try:
-            build.build_package(stage)
+            # the build's output goes to its log file and to stdout, which pip shows with -v (as for
+            # llama-cpp-python's own CMake output) and on failure
+            build.build_package(stage, verbose=True)
         except (build.BuildError, upstream.UpstreamError) as e:
             print(f"ggml-bitcos: {e}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None

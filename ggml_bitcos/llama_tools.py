@@ -93,12 +93,25 @@ def _installed_from() -> tuple[str, bool]:
     return f"ggml-bitcos=={dist.version}", True
 
 
+def _build_info() -> dict:
+    """llama_build.json of the installed wheel: next to this module, or (editable install) in another folder
+    of the ggml_bitcos package's path; {} when there is none (a checkout)."""
+    import ggml_bitcos
+
+    for folder in [BUILD_INFO.parent, *map(Path, getattr(ggml_bitcos, "__path__", []))]:
+        try:
+            return json.loads((folder / BUILD_INFO.name).read_text())
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
 def _cmake_args() -> str:
     """CMAKE_ARGS of the build this package shipped with (llama_build.json), else of this environment."""
-    try:
-        return json.loads(BUILD_INFO.read_text()).get("user_cmake_args", "").strip()
-    except (OSError, ValueError):
-        return os.environ.get("CMAKE_ARGS", "").strip()
+    info = _build_info()
+    if "user_cmake_args" in info:
+        return str(info["user_cmake_args"]).strip()
+    return os.environ.get("CMAKE_ARGS", "").strip()
 
 
 def install_commands() -> list[str]:

@@ -44,4 +44,4 @@ fi
 echo "install.sh: pip install . (builds the patched llama.cpp: ~11 min cold on 2 cores, about a minute warm;" \
      "log: ${GGML_BITCOS_CACHE:-$HOME/.cache/ggml-bitcos}/build-llama.log)"
 "$PY" -m pip install -q .
-echo "install.sh: done ($(command -v ggml-bitcos || echo 'ggml-bitcos not on PATH'))"
+echo "install.sh: done ($("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/ggml-bitcos)"

@@ -141,14 +141,18 @@ def test_bench_on_stock_llama_cpp(tmp_path: Path) -> None:
 
 
 def test_install_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a checkout: `pip install CHECKOUT` with this interpreter; CMAKE_ARGS those the shipped build used
+    (llama_build.json), else this environment's."""
     from ggml_bitcos import llama_tools
-    monkeypatch.setattr(llama_tools, "BUILD_INFO", Path("/nonexistent/llama_build.json"))
+    monkeypatch.setattr(llama_tools, "_build_info", lambda: {})
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_VULKAN=ON")
     cmds = llama_tools.install_commands()
     assert cmds[-1].startswith("CMAKE_ARGS=-DGGML_VULKAN=ON " + sys.executable + " -m pip install ")
     assert cmds[-1].endswith(str(ROOT))
     monkeypatch.delenv("CMAKE_ARGS")
     assert llama_tools.install_commands()[-1].startswith(sys.executable)
+    monkeypatch.setattr(llama_tools, "_build_info", lambda: {"user_cmake_args": "-DGGML_VULKAN=ON -DGGML_NATIVE=OFF"})
+    assert llama_tools.install_commands()[-1].startswith("CMAKE_ARGS='-DGGML_VULKAN=ON -DGGML_NATIVE=OFF' ")
 
 
 # --------------------------------------------------------------------------------------------- slow: real pip

@@ -101,10 +101,11 @@ N_EMBD, N_FF, N_HEAD, HEAD_DIM = 128, 256, 2, 64
 
 
 def llama_model(path: Path, bitcos: dict[str, Variant], scale: float | None = None, seed: int = 0,
-                tokenizer: bool = True) -> Path:
+                tokenizer: bool = True, shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
     """A 1-layer llama model; tensors named in `bitcos` (e.g. {"blk.0.attn_q.weight": Variant.PT}) are
     BITCOS, each with every scale set to `scale` when given. tokenizer=False: no tokenizer and 64 tokens
-    (0.5 MB; enough for Llama(), not for the CLI tools)."""
+    (0.5 MB; enough for Llama(), not for the CLI tools). `shapes`: ggml shapes that replace the architecture's
+    (crafted wrong-shaped tensors)."""
     rng = np.random.default_rng(seed)
     tok, n_vocab = _tokenizer() if tokenizer else ([("tokenizer.ggml.model", "none", STR)], 64)
     a = "llama"
@@ -113,13 +114,14 @@ def llama_model(path: Path, bitcos: dict[str, Variant], scale: float | None = No
           (f"{a}.attention.head_count", N_HEAD, U32), (f"{a}.attention.head_count_kv", N_HEAD, U32),
           (f"{a}.rope.dimension_count", HEAD_DIM, U32), (f"{a}.attention.layer_norm_rms_epsilon", 1e-5, F32),
           (f"{a}.vocab_size", n_vocab, U32), *tok]
+    override = shapes
     shapes = {"token_embd.weight": (N_EMBD, n_vocab), "output.weight": (N_EMBD, n_vocab),
               "blk.0.attn_q.weight": (N_EMBD, N_EMBD), "blk.0.attn_k.weight": (N_EMBD, N_EMBD),
               "blk.0.attn_v.weight": (N_EMBD, N_EMBD), "blk.0.attn_output.weight": (N_EMBD, N_EMBD),
               "blk.0.ffn_gate.weight": (N_EMBD, N_FF), "blk.0.ffn_up.weight": (N_EMBD, N_FF),
               "blk.0.ffn_down.weight": (N_FF, N_EMBD),
               "output_norm.weight": (N_EMBD,), "blk.0.attn_norm.weight": (N_EMBD,),
-              "blk.0.ffn_norm.weight": (N_EMBD,)}
+              "blk.0.ffn_norm.weight": (N_EMBD,), **(override or {})}
     return write_gguf(path, a, kv, _tensors(rng, shapes, bitcos, scale))
 
 

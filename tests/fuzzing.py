@@ -100,7 +100,9 @@ def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int =
           (f"{a}.feed_forward_length", n_ff, U32), (f"{a}.attention.head_count", 2, U32),
           (f"{a}.attention.head_count_kv", 1, U32), (f"{a}.rope.dimension_count", n_embd // 2, U32),
           (f"{a}.attention.layer_norm_rms_epsilon", 1e-5, F32), (f"{a}.vocab_size", n_vocab, U32),
-          ("tokenizer.ggml.model", "none", STR)]
+          ("tokenizer.ggml.model", "none", STR),
+          # LLAMA_FTYPE_MOSTLY_BITCOS_*, as convert writes it (the loader names the model by it)
+          ("general.file_type", 161 if sum(v == Variant.PT for v in variants.values()) > 3 else 160, U32)]
     if n_expert:
         kv += [(f"{a}.expert_count", n_expert, U32), (f"{a}.expert_used_count", 2, U32)]
     mats = {"attn_q": (n_embd, n_embd), "attn_k": (n_embd, n_embd // 2), "attn_v": (n_embd, n_embd // 2),
@@ -145,7 +147,7 @@ def gemma4_seed(path: Path, seed: int = 5, bitcos_ple: bool = False) -> Path:
           (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, F32), (f"{a}.attention.sliding_window", 64, U32),
           (f"{a}.attention.sliding_window_pattern", ([True] * n_layer, GGUFValueType.BOOL), GGUFValueType.ARRAY),
           (f"{a}.embedding_length_per_layer_input", pl, U32), (f"{a}.vocab_size", nv, U32),
-          ("tokenizer.ggml.model", "none", STR)]
+          ("tokenizer.ggml.model", "none", STR), ("general.file_type", 160, U32)]
 
     def f32(name: str, ne: tuple[int, ...], std: float = 0.05) -> tuple:
         return (name, T.F32, ne, rng.normal(0, std, tuple(reversed(ne))).astype(np.float32))

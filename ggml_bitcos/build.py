@@ -71,7 +71,7 @@ BASE_CMAKE_ARGS = [
 ]
 
 
-# version label of the patched llama_cpp package (patch 0006), checked at run time by llama_tools
+# version label of the patched llama_cpp package (the version patch), checked at run time by llama_tools
 PATCHED_VERSION_SUFFIX = llama_tools.PATCHED_VERSION_SUFFIX
 
 

@@ -25,7 +25,7 @@ TOOLS = ("llama-cli", "llama-completion", "llama-server", "llama-bench", "llama-
 RPC_SERVER = "ggml-rpc-server"
 
 
-# version label of the patched llama_cpp package (patch 0006: __version__ = "0.3.36+bitcos1")
+# version label of the patched llama_cpp package (the version patch: __version__ = "0.3.36+bitcos1")
 PATCHED_VERSION_SUFFIX = "+bitcos1"
 # how the bundled llama_cpp was built (CMAKE_ARGS): written by the build backend into ggml_bitcos/ of the wheel
 BUILD_INFO = Path(__file__).resolve().parent / "llama_build.json"

@@ -34,7 +34,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -271,6 +271,20 @@ def check_bitcos_file(reader: CheckedGGUFReader, path: Path) -> None:
             raise ConvertError(f"{path}: tensor '{name}': companion without a BITCOS weight")
 
 
+def _metadata_to_copy(reader: CheckedGGUFReader) -> list[tuple[str, tuple | ValueError]]:
+    """(key, (value, type, item type)) of every key/value the output copies (not ``GGUF.*``, not ``bitcos.*``);
+    a key that cannot be copied carries its ``ValueError`` (raised when the output is written)."""
+    out: list[tuple[str, tuple | ValueError]] = []
+    for key, fld in reader.fields.items():
+        if key.startswith("GGUF.") or key.startswith("bitcos."):
+            continue
+        try:
+            out.append((key, field_value(fld)))
+        except ValueError as e:
+            out.append((key, e))
+    return out
+
+
 def _merged_converted_from(reader: CheckedGGUFReader, new_types: set[str]) -> str:
     old = reader.get_field(KEY_CONVERTED_FROM)
     types = set(new_types)
@@ -340,6 +354,9 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
         raise ConvertError(f"{src}: {problem}")
     result = ConvertResult(src, out)
     t0 = time.perf_counter()
+    # the key/values to copy, read now; then the parsed vocabulary arrays are dropped (peak memory)
+    metadata = _metadata_to_copy(reader)
+    reader.drop_array_fields()
 
     # names of tensors already in BITCOS form (re-running convert on a converted file copies them)
     existing = {t.name for t in reader.tensors}
@@ -400,13 +417,10 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
     arch = arch_field.contents() if arch_field is not None else ""
     writer = GGUFStreamWriter(out, arch, overwrite=force)
     try:
-        for key, fld in reader.fields.items():
-            if key.startswith("GGUF.") or key.startswith("bitcos."):
-                continue
-            try:
-                value, vtype, sub = field_value(fld)
-            except ValueError as e:
-                raise ConvertError(f"{src}: {e}") from None
+        for key, kv in metadata:
+            if isinstance(kv, ValueError):
+                raise ConvertError(f"{src}: {kv}")
+            value, vtype, sub = kv
             if key == "general.file_type" and result.converted:
                 continue  # replaced below: the file is now mostly BITCOS
             writer.add_kv(key, value, vtype, sub)
@@ -442,7 +456,7 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
                 plan[t.name] = (r, None)   # release the cached encoding
                 enc = None
             else:
-                writer.write_tensor(t.name, tensor_bytes(t))
+                writer.write_tensor(t.name, tensor_bytes(t), release=reader.release_pages)
             reader.release_pages()
             bar.set_postfix_str(t.name, refresh=False)
             bar.update(int(t.n_bytes))
@@ -483,11 +497,26 @@ def describe_write_error(e: OSError, folder: Path) -> str:
     return str(e)
 
 
-def bytes_equal(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 24) -> bool:
-    """``np.array_equal`` of two flat uint8 arrays in chunks (no temporary as large as the tensor)."""
+def bytes_equal(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 24,
+                release: Callable[[], None] | None = None) -> bool:
+    """``np.array_equal`` of two flat uint8 arrays in chunks (no temporary as large as the tensor);
+    ``release`` is called after each chunk (to drop the mapped pages compared so far)."""
     if a.shape != b.shape:
         return False
-    return all(np.array_equal(a[i:i + chunk], b[i:i + chunk]) for i in range(0, a.shape[0], chunk))
+    for i in range(0, a.shape[0], chunk):
+        same = np.array_equal(a[i:i + chunk], b[i:i + chunk])
+        if release is not None:
+            release()
+        if not same:
+            return False
+    return True
+
+
+def release_pages_of(*readers: CheckedGGUFReader) -> Callable[[], None]:
+    def release() -> None:
+        for r in readers:
+            r.release_pages()
+    return release
 
 
 def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertResult, *,
@@ -498,6 +527,7 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
         out_reader = open_gguf(out_path)
     except GGUFError as e:
         raise ConvertError(f"{label}: verification failed: output does not parse: {e.problem}") from None
+    out_reader.drop_array_fields()    # the metadata is not compared here; its parsed arrays only cost memory
     out_tensors = {t.name: t for t in out_reader.tensors}
     conv = {r.name for r in result.converted}
     bar = tqdm(total=sum(int(t.n_bytes) for t in src_reader.tensors), desc="verify", unit="B", unit_scale=True,
@@ -532,7 +562,8 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
                 del want, got
             del dec
         else:
-            if o.tensor_type != t.tensor_type or not bytes_equal(tensor_bytes(o), tensor_bytes(t)):
+            if o.tensor_type != t.tensor_type or not bytes_equal(tensor_bytes(o), tensor_bytes(t),
+                                                                 release=release_pages_of(src_reader, out_reader)):
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: copied tensor differs")
         src_reader.release_pages()
         out_reader.release_pages()

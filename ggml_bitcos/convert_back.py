@@ -37,7 +37,7 @@ from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, field_va
 
 from . import codec, tq
 from .convert import (ConvertError, bytes_equal, check_bitcos_file, check_paths, describe_write_error,
-                      source_float_rows)
+                      release_pages_of, source_float_rows)
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_K, Variant
 
 # target name -> (ggml type, llama file type written as general.file_type)
@@ -241,7 +241,7 @@ def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str |
             if r is not None and r.target != KEEP:
                 writer.write_tensor(name, encode_target(_decode(src, t, by_name[name + COMPANION_SUFFIX]), r.target))
             else:
-                writer.write_tensor(name, tensor_bytes(t))
+                writer.write_tensor(name, tensor_bytes(t), release=reader.release_pages)
             reader.release_pages()
             bar.update(int(t.n_bytes))
         bar.close()
@@ -296,7 +296,8 @@ def verify_back(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertBa
                 raise ConvertError(f"{label}: tensor '{name}': verification failed: row {rr} col {cc} dequantizes "
                                    f"to bits 0x{int(got[rr, cc]):08x}, BITCOS 0x{int(want[rr, cc]):08x}")
             del want, got
-        elif int(o.tensor_type) != int(t.tensor_type) or not bytes_equal(tensor_bytes(o), tensor_bytes(t)):
+        elif int(o.tensor_type) != int(t.tensor_type) or not bytes_equal(
+                tensor_bytes(o), tensor_bytes(t), release=release_pages_of(src_reader, out_reader)):
             raise ConvertError(f"{label}: tensor '{name}': verification failed: copied tensor differs")
         src_reader.release_pages()
         out_reader.release_pages()

@@ -65,6 +65,17 @@ class CheckedGGUFReader(GGUFReader):
             except (OSError, ValueError):
                 pass
 
+    def drop_array_fields(self, min_items: int = 64) -> list[str]:
+        """Forget the parsed array fields of at least ``min_items`` items (tokenizer vocabularies, merges,
+        scores); returns their keys. gguf-py keeps two numpy views per string item (~0.7 KB each: ~0.3 GB
+        for a 128k-token BPE vocabulary with its merges); a streaming tool that has taken what it needs
+        (``field_value``) drops them, so they do not add to its peak memory."""
+        keys = [k for k, f in self.fields.items()
+                if f.types and f.types[0] == GGUFValueType.ARRAY and len(f.data) >= min_items]
+        for k in keys:
+            del self.fields[k]
+        return keys
+
     def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:  # type: ignore[override]
         _types.register_foreign_types()   # I2_S, Q2_0, PQ2_0, PTQ1_0: convert reads them (ggml_bitcos/foreign.py)
         file_size = int(self.data.shape[0])

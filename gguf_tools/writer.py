@@ -29,13 +29,14 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
+from gguf.gguf_writer import WriterState
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quant_shape_to_byte_shape
 
@@ -51,6 +52,9 @@ _PLAIN_DTYPES: dict[GGMLQuantizationType, np.dtype] = {
     GGMLQuantizationType.I32: np.dtype(np.int32),
     GGMLQuantizationType.I64: np.dtype(np.int64),
 }
+
+
+COPY_CHUNK = 1 << 24     # bytes per write of a large tensor with a ``release`` callback
 
 
 def tensor_nbytes(ggml_type: GGMLQuantizationType, ne: Sequence[int]) -> int:
@@ -149,8 +153,12 @@ class GGUFStreamWriter:
         self._w.write_kv_data_to_file()
         self._w.write_ti_data_to_file()
 
-    def write_tensor(self, name: str, data: np.ndarray) -> None:
-        """Write the next tensor's data (any dtype/shape with the declared byte size, C-contiguous)."""
+    def write_tensor(self, name: str, data: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
+        """Write the next tensor's data (any dtype/shape with the declared byte size, C-contiguous).
+
+        ``release``: called after each ``COPY_CHUNK`` bytes of a large tensor (and once after a small one);
+        a caller copying from a memory map passes its ``release_pages``, so a copied tensor never has more
+        than one chunk of mapped pages resident."""
         if not self._begun:
             raise RuntimeError("write_tensor before begin()")
         if self._next >= len(self._order) or self._order[self._next] != name:
@@ -161,7 +169,23 @@ class GGUFStreamWriter:
             raise ValueError(f"tensor {name!r}: {data.nbytes} bytes given, {nbytes} declared")
         if not data.flags.c_contiguous:
             data = np.ascontiguousarray(data)
-        self._w.write_tensor_data(data)
+        w = self._w
+        if (release is not None and nbytes > COPY_CHUNK and w.fout is not None and len(w.fout) == 1
+                and next(iter(w.tensors[0]), None) == name):
+            # GGUFWriter.write_tensor_data's steps (pad, data, pad), the data in chunks
+            fout = w.fout[0]
+            w.tensors[0].pop(name)
+            w.write_padding(fout, fout.tell())
+            flat = data.reshape(-1).view(np.uint8)
+            for i in range(0, nbytes, COPY_CHUNK):
+                flat[i:i + COPY_CHUNK].tofile(fout)
+                release()
+            w.write_padding(fout, nbytes)
+            w.state = WriterState.WEIGHTS
+        else:
+            w.write_tensor_data(data)
+            if release is not None:
+                release()
         self._next += 1
 
     def flush(self) -> Path:

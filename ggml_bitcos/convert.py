@@ -154,6 +154,9 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
     res = TensorResult(t.name, type_name(t.tensor_type), ne, n_weights=k * n_rows, src_bytes=int(t.n_bytes))
     is_tq = t.tensor_type in TQ_SOURCES
 
+    if k == 0 or n_rows == 0:
+        res.reason = "empty: a zero dimension (copied unchanged)"
+        return Analysis(res)
     if k % QK:
         looks = all(ternary.is_row_ternary(source_float_rows(t, s, e)) for s, e in iter_row_chunks(n_rows, k))
         res.ternary_looking = looks

@@ -178,6 +178,10 @@ def test_stats_zero_dimension_source_tensor(tmp_path: Path, capsys) -> None:
         got = capsys.readouterr()
         assert rc == 1 and got.out == "", got.out
         assert got.err.count("\n") == 1 and "tensor 'blk.0.ffn_up.weight'" in got.err and "zero dimension" in got.err
+    # convert copies such a tensor unchanged (it held a ValueError traceback too): here nothing is left to convert
+    rc = main(["convert", str(p), "-o", str(tmp_path / "out.gguf"), "-q"])
+    got = capsys.readouterr()
+    assert rc == 1 and got.err.count("\n") == 1 and "nothing to convert" in got.err, got.err
 
 
 _LOAD = textwrap.dedent("""

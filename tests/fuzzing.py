@@ -44,7 +44,7 @@ U32, F32, STR = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRIN
 
 # Sanitizer run-time options of every run: any report is fatal, aborts are reported (with the case saved).
 ASAN_OPTIONS = "abort_on_error=1:halt_on_error=1:handle_abort=1:detect_leaks=0:allocator_may_return_null=1"
-UBSAN_OPTIONS = "halt_on_error=1:print_stacktrace=1"
+UBSAN_OPTIONS = "halt_on_error=1:abort_on_error=1:print_stacktrace=1"
 # one upstream report suppressed (the file says which and why)
 UBSAN_SUPPRESSIONS = ROOT / "tests" / "data" / "fuzz-ubsan.supp"
 

@@ -236,6 +236,7 @@ class ConvertResult:
     tensors: list[TensorResult] = field(default_factory=list)
     verified: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
+    removed_stale: list[Path] = field(default_factory=list)   # temp files of killed runs removed (README)
 
     @property
     def converted(self) -> list[TensorResult]:
@@ -445,6 +446,7 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
             else:
                 writer.add_tensor_info(t.name, t.tensor_type, tensor_ggml_shape(t))
         writer.begin()
+        result.removed_stale = writer.removed_stale
         bar = tqdm(total=sum(int(t.n_bytes) for t in reader.tensors), desc="write", unit="B", unit_scale=True,
                    disable=None if progress else True)
         for t in reader.tensors:
@@ -606,6 +608,9 @@ def summarize(result: ConvertResult) -> list[str]:
     lines.append(f"{result.src} ({size_in / 1e6:.1f} MB) -> {result.out} ({size_out / 1e6:.1f} MB)"
                  + (", verified bit-exact" if result.verified else ", not verified (--no-verify)"))
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items()))
+    if result.removed_stale:
+        lines.append(f"removed {len(result.removed_stale)} stale temporary file(s) of {result.out.name} left by "
+                     f"killed runs: " + ", ".join(p.name for p in result.removed_stale))
     return lines
 
 

@@ -343,6 +343,9 @@ def fsync_dir(folder: os.PathLike[str] | str) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise                    # a file system that cannot fsync a folder (some FUSE ones) is no error
     finally:
         os.close(fd)
 

@@ -121,8 +121,8 @@ def _kill_when(src: Path, out: Path, cond, timeout: float = 60.0) -> tuple[int, 
 
 def test_sigkill_at_any_moment_keeps_input_and_output_and_next_run_cleans_up(tmp_path: Path) -> None:
     src, out = tmp_path / "m.gguf", tmp_path / "m-bitcos.gguf"
-    # the tensor data is ~240 MB (1-D F32, copied) so the temp file grows over several 1 ms polls
-    _model(src, n_ternary=4, rows=256, k=1024, n_big=6, big_bytes=40 << 20)
+    # the tensor data is ~160 MB (1-D F32, copied) so the temp file grows over several 1 ms polls
+    _model(src, n_ternary=4, rows=256, k=1024, n_big=5, big_bytes=32 << 20)
     src_sha = _sha(src)
     r = subprocess.run(_convert_cmd(src, out), env=_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -165,10 +165,12 @@ def test_sigkill_at_any_moment_keeps_input_and_output_and_next_run_cleans_up(tmp
     fd = os.open(locked, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        r = subprocess.run(_convert_cmd(src, out), env=_env(), capture_output=True, text=True, timeout=120)
+        r = subprocess.run([c for c in _convert_cmd(src, out) if c != "-q"], env=_env(), capture_output=True,
+                           text=True, timeout=120)
         assert r.returncode == 0, r.stderr
     finally:
         os.close(fd)
+    assert f"removed 1 stale temporary file(s) of {out.name}" in r.stderr and stale[0].name in r.stderr, r.stderr
     assert _sha(out) == out_sha                      # the same bytes as the first run
     assert _sha(src) == src_sha
     for p in stale:

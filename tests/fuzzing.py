@@ -70,9 +70,11 @@ def _bitcos(rng: np.random.Generator, name: str, ne: tuple[int, ...], variant: V
             (name + COMPANION_SUFFIX, T.I8, (enc.companion.size,), enc.companion.view(np.int8))]
 
 
-def _write(path: Path, kv: list, tensors: list, arch: str = "llama") -> Path:
-    with GGUFStreamWriter(path, arch, overwrite=True) as w:
+def _write(path: Path, kv: list, tensors: list, arch: str = "llama", alignment: int | None = None) -> Path:
+    with GGUFStreamWriter(path, arch, overwrite=True, alignment=alignment) as w:
         w.add_kv("general.architecture", arch, STR)
+        if alignment is not None:
+            w.add_kv("general.alignment", alignment, U32)
         w.add_kv(KEY_FORMAT_VERSION, 1, U32)
         for key, value, vtype in kv:
             if vtype == GGUFValueType.ARRAY:
@@ -89,7 +91,8 @@ def _write(path: Path, kv: list, tensors: list, arch: str = "llama") -> Path:
 
 def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int = 32, n_expert: int = 0,
                variants: dict[str, Variant] | None = None, z: dict[str, float] | None = None,
-               bitcos_output: bool = False, bitcos_on: tuple[str, ...] = (), seed: int = 0) -> Path:
+               bitcos_output: bool = False, bitcos_on: tuple[str, ...] = (), alignment: int | None = None,
+               seed: int = 0) -> Path:
     """A 1-layer llama with no tokenizer ("none": n_vocab dummy tokens) whose matrices are BITCOS: tens of KB,
     loads in milliseconds. variants/z: per short name (attn_q, ffn_down, ...; default G128 / 0.4)."""
     rng = np.random.default_rng(seed)
@@ -131,7 +134,7 @@ def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int =
                         rng.normal(0, 0.1, (n_expert, n_embd)).astype(np.float32)))
     for short, ne in mats.items():
         tensors += _bitcos(rng, f"blk.0.{short}.weight", ne, variants.get(short, Variant.G128), z.get(short, 0.4))
-    return _write(path, kv, tensors)
+    return _write(path, kv, tensors, alignment=alignment)
 
 
 def gemma4_seed(path: Path, seed: int = 5, bitcos_ple: bool = False) -> Path:
@@ -179,8 +182,9 @@ def gemma4_seed(path: Path, seed: int = 5, bitcos_ple: bool = False) -> Path:
 def make_seeds(folder: Path) -> list[Path]:
     """The loader fuzzer's seed corpus: small valid BITCOS models covering both variants, 2-D and 3-D (MoE)
     weights, row_group_log2 < 6 (ffn_down with K = 2048 at zero density 0: deltas over 16 bits), empty and
-    full tensors, odd K (= 384), a BITCOS output matrix, and a gemma4 model whose per_layer_token_embd is
-    read lazily (--lazy-mode)."""
+    full tensors, odd K (= 384), a BITCOS output matrix, a gemma4 model whose per_layer_token_embd is read
+    lazily (--lazy-mode), and general.alignment 4 and 8 (companion sections only 4/8-byte aligned in memory
+    under mmap; FORMAT.md promises 32 only for the default alignment)."""
     folder.mkdir(parents=True, exist_ok=True)
     P, G = Variant.PT, Variant.G128
     return [
@@ -192,6 +196,8 @@ def make_seeds(folder: Path) -> list[Path]:
         llama_seed(folder / "odd-k.gguf", n_embd=384, n_ff=640, n_vocab=48, bitcos_output=True,
                    variants={"attn_output": P, "ffn_gate": P}, seed=4),
         gemma4_seed(folder / "gemma4-lazy.gguf"),
+        llama_seed(folder / "align4.gguf", alignment=4, variants={"attn_q": P, "ffn_up": P}, seed=11),
+        llama_seed(folder / "moe-align8.gguf", n_expert=4, alignment=8, variants={"ffn_up_exps": P}, seed=12),
     ]
 
 

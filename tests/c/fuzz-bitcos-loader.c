@@ -575,7 +575,13 @@ static void mut_kv(void) {
         return;
     }
     const uint64_t v = get_le(g_buf + r->off, r->size);
-    put_le(g_buf + r->off, r->size, below(2) ? interesting_u64(v) : v + (below(2) ? 1 : (uint64_t)-1));
+    uint64_t nv = below(2) ? interesting_u64(v) : v + (below(2) ? 1 : (uint64_t)-1);
+    if (strstr(r->key, "alignment") && nv != 0 && nv < 32 && (nv & (nv - 1)) == 0 && nv != v) {
+        // a smaller power of two moves the data section off a 32-byte boundary, and upstream then aborts in
+        // ggml_backend_cpu_buffer_from_ptr under mmap (found by this fuzzer; fuzz-regressions/upstream/)
+        nv = v * 2;
+    }
+    put_le(g_buf + r->off, r->size, nv);
 }
 
 static void mut_counts(void) {

@@ -18,7 +18,7 @@
 //     roundup(ceil(S/8), 64) + 64 bytes, every bit past S zero), the run's sign positions (nr u64), each
 //     activation column (ceil(k/256) Q8_K blocks, zero-padded past k as the contract asks) and each
 //     destination column (nr floats), each ending at its guard page; with --front the buffers start right
-//     after a PROT_NONE page instead (underflow); --short-tail N takes N bytes off the pool's tail, a self-test
+//     after a PROT_NONE page instead (underflow), half of them 8..56 bytes later (only 8-byte aligned); --short-tail N takes N bytes off the pool's tail, a self-test
 //     that the guard is live (a kernel that loads a whole register near the end of the signs must then fault);
 //   * nc = 1 .. 20 activation columns (GEMV and the GEMM tiles), Q8_K scales of both signs;
 //   * every kernel this CPU can run (generic always; AVX2 / AVX-512 when the CPU has every extension their
@@ -78,8 +78,17 @@ static gbuf galloc(size_t n) {
         exit(2);
     }
     if (g_front) {
+        // half of the buffers start 8..56 bytes after the guard: only 8-byte aligned, as the companion
+        // sections of a GGUF with general.alignment 8 are under mmap
+        const size_t mis = (rnd() & 1) ? 8 * (size_t)(1 + below(7)) : 0;
+        if (n + mis > data_pages * g_page) {
+            munmap(b.map, b.map_len);
+            b.map_len += g_page;
+            b.map = mmap(NULL, b.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (b.map == MAP_FAILED) { perror("mmap"); exit(2); }
+        }
         if (mprotect(b.map, g_page, PROT_NONE) != 0) { perror("mprotect"); exit(2); }
-        b.p = b.map + g_page;
+        b.p = b.map + g_page + mis;
     } else {
         if (mprotect(b.map + data_pages * g_page, g_page, PROT_NONE) != 0) { perror("mprotect"); exit(2); }
         b.p = b.map + data_pages * g_page - n;

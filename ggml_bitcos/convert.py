@@ -640,6 +640,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with --to: tensors that TYPE cannot hold exactly go to this type instead (f32 always "
                         "can; keep: leave them BITCOS); without it such a tensor is an error")
     p.add_argument("--no-verify", action="store_true", help="skip the bit-exact check of the output")
+    p.add_argument("--cache-mb", type=int, default=DEFAULT_CACHE_BYTES >> 20, metavar="MB",
+                   help="encodings kept in memory between the analyze and write passes (default "
+                        f"{DEFAULT_CACHE_BYTES >> 20}); tensors beyond it are encoded again when written: "
+                        "larger is faster and adds up to MB to the peak memory")
     p.add_argument("--force", action="store_true", help="overwrite the output if it exists")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     p.set_defaults(func=run)
@@ -658,9 +662,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.fallback is not None:
         raise ConvertError("--fallback applies to --to only")
+    if args.cache_mb < 0:
+        raise ConvertError("--cache-mb must be >= 0")
     res = convert(args.input, args.output, scale=args.scale, strict=args.strict, verify=not args.no_verify,
                   force=args.force, progress=not args.quiet, allow_copy=args.allow_copy,
-                  force_grow=args.force_grow)
+                  force_grow=args.force_grow, cache_bytes=args.cache_mb << 20)
     if not args.quiet:
         for line in summarize(res):
             print(line, file=sys.stderr)

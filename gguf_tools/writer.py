@@ -78,7 +78,7 @@ class GGUFStreamWriter:
             w.add_tensor_info("a", GGMLQuantizationType.F32, (256,))
             w.begin()                      # header, metadata, tensor infos
             w.write_tensor("a", array)     # in declaration order
-        # on normal exit: flushed, fsync'ed, renamed onto out_path; on error: temp file removed
+        # on normal exit: flushed, fsync'ed, renamed onto out_path, folder fsync'ed; on error: temp file removed
     """
 
     def __init__(self, path: os.PathLike[str] | str, arch: str, *, alignment: int | None = None,

@@ -238,3 +238,15 @@ def test_peak_memory_bounded_by_largest_tensor(tmp_path: Path) -> None:
           f"bound {bound / 1e6:.0f} MB")
     assert bound < size                   # the model makes the difference clear
     assert peak <= bound, f"peak RSS {peak / 1e6:.0f} MB > bound {bound / 1e6:.0f} MB (input {size / 1e6:.0f} MB)"
+
+
+def test_cache_mb_option_changes_memory_not_bytes(tmp_path: Path) -> None:
+    """--cache-mb 0 (every tensor encoded again when written) writes the same bytes as the default."""
+    from ggml_bitcos.cli import main
+    src = tmp_path / "m.gguf"
+    _model(src, n_ternary=3, rows=64, k=512, n_big=1, big_bytes=1 << 12)
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    assert main(["convert", str(src), "-o", str(a), "-q"]) == 0
+    assert main(["convert", str(src), "-o", str(b), "-q", "--cache-mb", "0"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert main(["convert", str(src), "-o", str(b), "-q", "--force", "--cache-mb", "-1"]) == 1

@@ -201,6 +201,39 @@ def make_seeds(folder: Path) -> list[Path]:
     ]
 
 
+def split_seed(folder: Path, corrupt: bool = False) -> Path:
+    """A 2-shard llama (llama.cpp's split files, <prefix>-0000N-of-00002.gguf): weights and KV in the first
+    shard, every companion in the second, so that weight and companion come from different files (and
+    mmaps). corrupt: one companion's row index broken (must be refused). Returns the first shard."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = llama_seed(folder / "split-src.gguf", variants={"attn_q": Variant.PT, "ffn_down": Variant.PT}, seed=13)
+    from gguf_tools import open_gguf
+    from gguf_tools.reader import field_value, tensor_bytes, tensor_ggml_shape
+    r = open_gguf(tmp)
+    kv = []
+    for key, fld in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value, vtype, sub = field_value(fld)
+        kv.append((key, (value, sub) if vtype == GGUFValueType.ARRAY else value, vtype))
+    tensors = [(t.name, t.tensor_type, tensor_ggml_shape(t), tensor_bytes(t).copy()) for t in r.tensors]
+    if corrupt:
+        name, tt, ne, data = next(x for x in tensors if x[0].endswith(COMPANION_SUFFIX))
+        hdr = codec.parse_header(data.view(np.uint8))
+        data.view(np.uint8)[hdr.row_delta_offset + 2] ^= 1        # row 1's delta
+    tag = "split-bad" if corrupt else "split"
+    shards = [[t for t in tensors if not t[0].endswith(COMPANION_SUFFIX)],
+              [t for t in tensors if t[0].endswith(COMPANION_SUFFIX)]]
+    paths = []
+    for i, part in enumerate(shards):
+        split_kv = [("split.no", i, GGUFValueType.UINT16), ("split.count", 2, GGUFValueType.UINT16),
+                    ("split.tensors.count", len(tensors), GGUFValueType.INT32)]
+        paths.append(_write(folder / f"{tag}-{i + 1:05d}-of-00002.gguf", (kv if i == 0 else []) + split_kv,
+                            [(n, tt, ne, d.view(np.int8) if tt == T.I8 else d) for n, tt, ne, d in part]))
+    tmp.unlink()
+    return paths[0]
+
+
 def make_refused_seeds(folder: Path) -> list[Path]:
     """Seeds the loader must refuse as they are (BITCOS where the model does not use MUL_MAT): a BITCOS
     token_embd (GET_ROWS), a 1-D BITCOS output_norm, and gemma4's lazily read per_layer_token_embd as BITCOS.

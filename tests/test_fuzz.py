@@ -138,3 +138,17 @@ def test_fuzz_upstream_aborts(loader_fuzzer, tmp_path: Path, name: str) -> None:
     r = subprocess.run([str(exe), "--replay", "--out", str(tmp_path), str(fuzzing.REGRESSIONS / "upstream" / name)],
                        capture_output=True, text=True, timeout=300, env=fuzzing.sanitizer_env())
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+
+
+def test_split_model_companions_in_second_shard(loader_fuzzer, tmp_path: Path) -> None:
+    """llama.cpp split files with every companion in the second shard (weight and companion from different
+    files and mmaps): loads and decodes with every load / lazy mode; a broken row index there is refused."""
+    exe, _, _ = loader_fuzzer
+    good = fuzzing.split_seed(tmp_path / "m")
+    bad = fuzzing.split_seed(tmp_path / "m", corrupt=True)
+    r = subprocess.run([str(exe), "--replay", "--out", str(tmp_path / "out"), str(good), str(bad)],
+                       capture_output=True, text=True, timeout=300, env=fuzzing.sanitizer_env())
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert f"replay {good}: accepted 11 of 11 loads" in r.stdout, r.stdout
+    assert f"replay {bad}: accepted 0 of 11 loads; last reason: invalid BITCOS tensor 'blk.0.attn_q.weight': " \
+           "row index" in r.stdout, r.stdout

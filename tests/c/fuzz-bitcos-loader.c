@@ -5,7 +5,7 @@
 //
 //   fuzz-bitcos-loader [--seed S] [--first I] [--cases N] [--seconds T] [--decode D] [--timeout T]
 //                      [--out DIR] [--save] [--progress P] seed.gguf... [refused=seed.gguf...]
-//   fuzz-bitcos-loader --replay [--out DIR] file.gguf...
+//   fuzz-bitcos-loader --replay [--out DIR] file.gguf...     (each file from its path, every load / lazy mode)
 //
 // Each seed is parsed once (GGUF v3: KV pairs, tensor infos, data; for every ".bitcos" companion its header
 // and sections, for every BITCOS weight its blocks). Seeds must load and decode as they are, except those given
@@ -714,6 +714,7 @@ static void write_fd(void) {
     }
 }
 
+static const char * g_load_path;     // replay: the file itself (split models need their real names)
 static ggml_backend_dev_t g_no_devices[1] = { NULL };
 
 // mode_pick of load_case: load mode (pick % 4: read, mmap, mmap, direct I/O), lazy mode ((pick / 4) % 3: off, auto,
@@ -724,7 +725,9 @@ static const int k_all_modes[] = { 0, 1, 3, 4, 5, 7, 8, 9, 11, 61, 21 };
 
 // Loads the current bytes; decodes when accepted and `decode`. Returns 1 when accepted.
 static int load_case(int decode, int mode_pick) {
-    write_fd();
+    if (g_load_path == NULL) {
+        write_fd();
+    }
     struct llama_model_params mp = llama_model_default_params();
     mp.devices = g_no_devices;            // CPU only
     mp.n_gpu_layers = 0;
@@ -736,7 +739,7 @@ static int load_case(int decode, int mode_pick) {
     mp.check_tensors = (mode_pick / 12) % 4 == 0;
     mp.use_extra_bufts = (mode_pick / 48) % 2;
     g_last_log[0] = 0;
-    struct llama_model * model = llama_model_load_from_file(g_fd_path, mp);
+    struct llama_model * model = llama_model_load_from_file(g_load_path ? g_load_path : g_fd_path, mp);
     if (model == NULL) {
         ++g_refused;
         const char * e = ggml_bitcos_last_error();
@@ -844,7 +847,8 @@ int main(int argc, char ** argv) {
     snprintf(g_fd_path, sizeof g_fd_path, "/proc/self/fd/%d", g_fd);
 
     if (replay) {
-        // each file as it is, with every load mode; any crash saves it again as crash-replay.gguf
+        // each file as it is (loaded from its path: the first shard of a split model finds the others), with
+        // every load mode; any crash saves it again as crash-replay.gguf
         for (int i = 0; i < n_paths; ++i) {
             seed_file s;
             memset(&s, 0, sizeof s);
@@ -858,6 +862,7 @@ int main(int argc, char ** argv) {
             if (fread(g_buf, 1, g_len, f) != g_len) { fclose(f); return 2; }
             fclose(f);
             g_replay_name = paths[i];
+            g_load_path = paths[i];
             int accepted = 0;
             for (int m = 0; m < N_ALL_MODES; ++m) {
                 alarm(timeout);

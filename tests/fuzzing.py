@@ -319,10 +319,12 @@ def installed_llama_lib() -> Path | None:
     return lib if (lib / "libllama.so").is_file() else None
 
 
-def llama_include_dirs() -> list[Path]:
-    """llama.h / ggml.h of the patched tree: the ASan build's source tree, else the main build cache's."""
+def llama_include_dirs(asan: bool = False) -> list[Path]:
+    """llama.h / ggml.h of the patched tree the library was built from: the main build cache's for the
+    installed library, the ASan build's own tree for the ASan library (each falls back to the other)."""
     from ggml_bitcos import upstream
-    for top in (ASAN_DIR / "src", upstream.cache_dir() / "src"):
+    tops = [upstream.cache_dir() / "src", ASAN_DIR / "src"]
+    for top in (reversed(tops) if asan else tops):
         tree = top / upstream.SDIST_TOPDIR / "vendor" / "llama.cpp"
         if (tree / "include" / "llama.h").is_file():
             return [tree / "include", tree / "ggml" / "include"]
@@ -336,7 +338,7 @@ def build_loader_fuzzer(folder: Path, lib_dir: Path, sanitize: bool) -> Path:
         raise RuntimeError("no C compiler")
     folder.mkdir(parents=True, exist_ok=True)
     exe = folder / ("fuzz-bitcos-loader-asan" if sanitize else "fuzz-bitcos-loader")
-    inc = [x for d in llama_include_dirs() for x in ("-I", str(d))]
+    inc = [x for d in llama_include_dirs(asan=sanitize) for x in ("-I", str(d))]
     cmd = [cc, "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", *inc, *(SAN_FLAGS if sanitize else []),
            str(CTESTS / "fuzz-bitcos-loader.c"), "-L", str(lib_dir), f"-Wl,-rpath,{lib_dir}", "-lllama", "-lggml",
            "-lggml-base", "-o", str(exe)]

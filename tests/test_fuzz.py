@@ -67,7 +67,7 @@ def test_kernel_fuzz_guard_is_live(kernel_fuzzer) -> None:
 
 
 @pytest.fixture(scope="module")
-def loader_fuzzer(tmp_path_factory: pytest.TempPathFactory):
+def loader_fuzzer(tmp_path_factory: pytest.TempPathFactory, patched_llama):
     lib = fuzzing.installed_llama_lib()
     if lib is None:
         pytest.skip("the patched llama-cpp-python is not installed (scripts/install.sh)")

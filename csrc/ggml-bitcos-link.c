@@ -79,6 +79,49 @@ bool ggml_bitcos_row_map(const struct ggml_tensor * w, int64_t * row0, int64_t s
     return true;
 }
 
+bool ggml_bitcos_gpu_supports_op(const struct ggml_tensor * op) {
+    switch (op->op) {
+        case GGML_OP_NONE:        // the weight itself as a scheduler asks about it: storage, no computation
+        case GGML_OP_RESHAPE:
+        case GGML_OP_VIEW:
+        case GGML_OP_PERMUTE:
+        case GGML_OP_TRANSPOSE:
+            return true;
+        case GGML_OP_MUL_MAT:
+        case GGML_OP_MUL_MAT_ID:
+            break;
+        default:
+            return false;
+    }
+    const struct ggml_tensor * src0 = op->src[0];
+    const struct ggml_tensor * src1 = op->src[1];
+    if (src0 == NULL || src1 == NULL || !ggml_bitcos_is_type(src0->type) || ggml_bitcos_companion(src0) == NULL ||
+        !ggml_is_contiguous(src0) || src0->ne[0] % QK_BITCOS != 0) {
+        return false;
+    }
+    if (src0->view_src != NULL) {
+        // a view: consecutive whole rows of a 2-D weight (e.g. a slice of a fused projection), MUL_MAT only;
+        // the kernels then read the base weight from the view's first row
+        const struct ggml_tensor * base = src0->view_src;
+        int64_t row0, step[3];
+        if (op->op != GGML_OP_MUL_MAT || !ggml_bitcos_row_map(src0, &row0, step) || step[0] != 1 ||
+            base->ne[2] * base->ne[3] != 1 || src0->ne[2] * src0->ne[3] != 1) {
+            return false;
+        }
+    }
+    if (src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) ||
+        src1->nb[1] % sizeof(float) != 0 || src1->nb[2] % sizeof(float) != 0 || src1->nb[3] % sizeof(float) != 0 ||
+        !ggml_is_contiguous(op)) {
+        return false;
+    }
+    if (op->op == GGML_OP_MUL_MAT) {
+        return src1->ne[2] % src0->ne[2] == 0 && src1->ne[3] % src0->ne[3] == 0;
+    }
+    const struct ggml_tensor * ids = op->src[2];
+    return ids != NULL && ids->type == GGML_TYPE_I32 && ids->nb[0] == sizeof(int32_t) &&
+           ids->nb[1] % sizeof(int32_t) == 0 && src1->ne[3] == 1 && src0->ne[3] == 1;
+}
+
 size_t ggml_bitcos_companion_weight_name_len(const char * name) {
     const size_t n  = strlen(name);
     const size_t ns = strlen(BITCOS_COMPANION_SUFFIX);

@@ -39,6 +39,14 @@ GGML_API bool ggml_bitcos_op_involves(const struct ggml_tensor * op);
 // The companion of a BITCOS weight or of a view of one; NULL when it is not linked (or not an I8 tensor).
 GGML_API struct ggml_tensor * ggml_bitcos_companion(const struct ggml_tensor * w);
 
+// The rules every GPU backend's BITCOS support shares (ggml-vulkan, ggml-sycl, ggml-cuda; each adds its device
+// limits): storage ops on a weight (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE) are supported; MUL_MAT /
+// MUL_MAT_ID need a contiguous BITCOS src0 linked to its companion with whole 128-weight blocks, f32
+// activations (unit element stride, f32-aligned strides) and a contiguous f32 output; a view of a weight must
+// be consecutive whole rows of a 2-D weight and only under MUL_MAT; MUL_MAT broadcasts as ggml defines it;
+// MUL_MAT_ID needs I32 ids and 3-D (not 4-D) operands. Anything else stays with the CPU backend.
+GGML_API bool ggml_bitcos_gpu_supports_op(const struct ggml_tensor * op);
+
 // Loader helpers (the llama.cpp model loader calls them; no per-architecture code).
 // If `name` is a companion name ("<weight>.bitcos", weight name non-empty), the length of the weight name;
 // else 0.

@@ -32,46 +32,17 @@ const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
 }  // namespace
 
 bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op) {
-    switch (op->op) {
-        case GGML_OP_NONE:        // the weight itself as the scheduler asks about it: storage only
-        case GGML_OP_RESHAPE:
-        case GGML_OP_VIEW:
-        case GGML_OP_PERMUTE:
-        case GGML_OP_TRANSPOSE:
-            return true;
-        case GGML_OP_MUL_MAT:
-        case GGML_OP_MUL_MAT_ID:
-            break;
-        default:
-            return false;
-    }
-    const ggml_tensor * src0 = op->src[0];
-    const ggml_tensor * src1 = op->src[1];
-    if (!ggml_bitcos_is_type(src0->type) || ggml_bitcos_companion(src0) == nullptr || !ggml_is_contiguous(src0) ||
-        src0->ne[0] % QK_BITCOS != 0) {
+    if (!ggml_bitcos_gpu_supports_op(op)) {
         return false;
     }
-    if (src0->view_src != nullptr) {
-        int64_t row0, step[3];
-        const ggml_tensor * base = src0->view_src;
-        if (op->op != GGML_OP_MUL_MAT || !ggml_bitcos_row_map(src0, &row0, step) || step[0] != 1 ||
-            base->ne[2] * base->ne[3] != 1 || src0->ne[2] * src0->ne[3] != 1) {
-            return false;
-        }
+    if (op->op == GGML_OP_MUL_MAT) {          // grid limits: rows / 4 in x, column groups in y
+        return (op->src[0]->ne[1] + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK <= INT32_MAX &&
+               (op->src[1]->ne[1] + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS <= 65535;
     }
-    if (src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) ||
-        src1->nb[1] % sizeof(float) != 0 || src1->nb[2] % sizeof(float) != 0 || src1->nb[3] % sizeof(float) != 0 ||
-        !ggml_is_contiguous(op)) {
-        return false;
+    if (op->op == GGML_OP_MUL_MAT_ID) {       // one grid row per (token, slot)
+        return op->src[2]->ne[0] * op->src[2]->ne[1] <= 65535;
     }
-    if (op->op == GGML_OP_MUL_MAT) {
-        return src1->ne[2] % src0->ne[2] == 0 && src1->ne[3] % src0->ne[3] == 0 &&
-               (src0->ne[1] + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK <= INT32_MAX &&
-               (src1->ne[1] + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS <= 65535;
-    }
-    const ggml_tensor * ids = op->src[2];
-    return ids->type == GGML_TYPE_I32 && ids->nb[0] == sizeof(int32_t) && ids->nb[1] % sizeof(int32_t) == 0 &&
-           src1->ne[3] == 1 && src0->ne[3] == 1 && ids->ne[0] * ids->ne[1] <= 65535;
+    return true;
 }
 
 void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {

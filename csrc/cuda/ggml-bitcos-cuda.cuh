@@ -9,9 +9,8 @@
 
 #include <cuda_runtime.h>
 
-// Whether ggml-cuda runs `op` for a BITCOS weight: storage ops (the weight, views, reshapes) and MUL_MAT /
-// MUL_MAT_ID with a contiguous BITCOS src0 linked to its companion, f32 activations and output. Views:
-// consecutive whole rows of a 2-D weight (MUL_MAT only). Anything else stays on the CPU backend.
+// Whether ggml-cuda runs `op` for a BITCOS weight: ggml_bitcos_gpu_supports_op's shared rules (ggml-bitcos.h)
+// within the kernels' grid limits.
 bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op);
 
 // dst = src0 * src1 for a BITCOS src0: one warp per row, one decode per 8 columns, batches broadcast as

@@ -28,43 +28,7 @@ const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
 }  // namespace
 
 bool ggml_sycl_bitcos_supports_op(const ggml_tensor * op) {
-    switch (op->op) {
-        case GGML_OP_NONE:        // the weight itself as the scheduler asks about it: storage only
-        case GGML_OP_RESHAPE:
-        case GGML_OP_VIEW:
-        case GGML_OP_PERMUTE:
-        case GGML_OP_TRANSPOSE:
-            return true;
-        case GGML_OP_MUL_MAT:
-        case GGML_OP_MUL_MAT_ID:
-            break;
-        default:
-            return false;
-    }
-    const ggml_tensor * src0 = op->src[0];
-    const ggml_tensor * src1 = op->src[1];
-    if (!ggml_bitcos_is_type(src0->type) || ggml_bitcos_companion(src0) == nullptr || !ggml_is_contiguous(src0) ||
-        src0->ne[0] % QK_BITCOS != 0) {
-        return false;
-    }
-    if (src0->view_src != nullptr) {
-        int64_t row0, step[3];
-        const ggml_tensor * base = src0->view_src;
-        if (op->op != GGML_OP_MUL_MAT || !ggml_bitcos_row_map(src0, &row0, step) || step[0] != 1 ||
-            base->ne[2] * base->ne[3] != 1 || src0->ne[2] * src0->ne[3] != 1) {
-            return false;
-        }
-    }
-    if (src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) ||
-        src1->nb[1] % sizeof(float) != 0 || src1->nb[2] % sizeof(float) != 0 || src1->nb[3] % sizeof(float) != 0 ||
-        !ggml_is_contiguous(op)) {
-        return false;
-    }
-    if (op->op == GGML_OP_MUL_MAT) {
-        return src1->ne[2] % src0->ne[2] == 0 && src1->ne[3] % src0->ne[3] == 0;
-    }
-    const ggml_tensor * ids = op->src[2];
-    return ids->type == GGML_TYPE_I32 && ids->nb[0] == sizeof(int32_t) && src1->ne[3] == 1 && src0->ne[3] == 1;
+    return ggml_bitcos_gpu_supports_op(op);    // no device limit beyond the shared rules
 }
 
 void ggml_sycl_bitcos_mul_mat(ggml_backend_sycl_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1,

@@ -6,9 +6,7 @@
 
 #include "common.hpp"   // ggml-sycl: ggml_backend_sycl_context, queue_ptr
 
-// Whether ggml-sycl runs `op` for a BITCOS weight: storage ops (the weight itself, views, reshapes) and
-// MUL_MAT / MUL_MAT_ID with a contiguous BITCOS src0 linked to its companion, f32 activations and output.
-// Views: consecutive whole rows of a 2-D weight (MUL_MAT only). Anything else stays on the CPU backend.
+// Whether ggml-sycl runs `op` for a BITCOS weight: ggml_bitcos_gpu_supports_op's shared rules (ggml-bitcos.h).
 // (The hook in ggml-sycl.cpp also refuses weights in split buffers, whose test is static there: rows spread
 // over devices would be separated from their companion.)
 bool ggml_sycl_bitcos_supports_op(const ggml_tensor * op);

@@ -99,52 +99,31 @@ vk_pipeline & ggml_vk_bitcos_mul_mm_pipeline(const vk_device & device, ggml_type
 }
 
 bool ggml_vk_bitcos_supports_op(const vk_device & device, const ggml_tensor * op) {
-    switch (op->op) {
-        case GGML_OP_NONE:        // the weight itself as the scheduler asks about it: storage, no computation
-        case GGML_OP_RESHAPE:
-        case GGML_OP_VIEW:
-        case GGML_OP_PERMUTE:
-        case GGML_OP_TRANSPOSE:
-            return true;
-        case GGML_OP_MUL_MAT:
-        case GGML_OP_MUL_MAT_ID:
-            break;
-        default:
-            return false;
+    if (!ggml_bitcos_gpu_supports_op(op)) {       // the rules every GPU backend shares (ggml-bitcos.h)
+        return false;
     }
+    if (op->op != GGML_OP_MUL_MAT && op->op != GGML_OP_MUL_MAT_ID) {
+        return true;                               // storage ops
+    }
+    // this backend's limits: 32-bit element indices and buffer ranges in the shaders, workgroup counts
     const ggml_tensor * src0 = op->src[0];
     const ggml_tensor * src1 = op->src[1];
-    const ggml_tensor * comp = ggml_bitcos_companion(src0);
     const ggml_tensor * base = src0->view_src ? src0->view_src : src0;
-    if (!ggml_bitcos_is_type(src0->type) || comp == nullptr || !ggml_is_contiguous(src0) ||
-        src0->ne[0] % QK_BITCOS != 0 || ggml_nelements(base) >= UINT32_MAX ||
-        !fits_shader(device, base) || !fits_shader(device, comp)) {
+    if (ggml_nelements(base) >= UINT32_MAX || !fits_shader(device, base) || !fits_shader(device, ggml_bitcos_companion(src0))) {
         return false;
     }
-    if (src0->view_src != nullptr) {
-        // a view: consecutive whole rows of a 2-D weight (e.g. a slice of a fused projection), MUL_MAT only,
-        // one batch; the shaders then read the base weight from the view's first row
-        int64_t row0, step[3];
-        if (op->op != GGML_OP_MUL_MAT || !ggml_bitcos_row_map(src0, &row0, step) || step[0] != 1 ||
-            base->ne[2] * base->ne[3] != 1 || src0->ne[2] * src0->ne[3] != 1 || src1->ne[2] * src1->ne[3] != 1) {
-            return false;
-        }
-    }
-    if (src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) ||
-        !ggml_is_contiguous(op) || src1->nb[1] % sizeof(float) != 0 || src1->nb[2] % sizeof(float) != 0) {
-        return false;
+    if (src0->view_src != nullptr && src1->ne[2] * src1->ne[3] != 1) {
+        return false;                              // a view runs as one batch
     }
     if (op->op == GGML_OP_MUL_MAT) {
         // mat-vec: one column of every batch, or up to 8 columns of a single batch; mul_mm: a single batch
         const bool batched = src1->ne[2] * src1->ne[3] > 1;
-        return (src1->ne[1] == 1 || !batched) && src1->ne[2] % src0->ne[2] == 0 && src1->ne[3] % src0->ne[3] == 0 &&
+        return (src1->ne[1] == 1 || !batched) &&
                (uint64_t)(src1->ne[2] * src1->ne[3]) <= device->properties.limits.maxComputeWorkGroupCount[1] &&
                (uint64_t) CEIL_DIV(src1->ne[1], MUL_MM_TILE) <= device->properties.limits.maxComputeWorkGroupCount[1] &&
                (uint64_t) CEIL_DIV(src0->ne[1], MUL_MM_TILE) <= device->properties.limits.maxComputeWorkGroupCount[0];
     }
-    const ggml_tensor * ids = op->src[2];
-    return ids->type == GGML_TYPE_I32 && src1->ne[3] == 1 && src0->ne[3] == 1 &&
-           (uint64_t) ids->ne[0] <= device->properties.limits.maxComputeWorkGroupCount[1];
+    return (uint64_t) op->src[2]->ne[0] <= device->properties.limits.maxComputeWorkGroupCount[1];
 }
 
 // Workgroup grid over the output rows as ggml-vulkan's mat-vec paths lay it out (x: rows, spilling into z).

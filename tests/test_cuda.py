@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import struct
 import subprocess
 from pathlib import Path
 
@@ -118,14 +117,7 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
         c.update(row0=0, n_rows=24, wg=0)
         cases.append(c)
     inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
-    with open(inp, "wb") as f:
-        f.write(b"BSYC" + struct.pack("<II", 1, len(cases)))
-        for c in cases:
-            blocks = np.ascontiguousarray(c["blocks"]).view(np.uint8).reshape(-1)
-            comp = np.ascontiguousarray(c["companion"]).view(np.uint8).reshape(-1)
-            n_x, k = c["x"].shape
-            f.write(struct.pack("<7Q", blocks.nbytes, comp.nbytes, c["n_rows"], k, n_x, c["row0"], 0))
-            f.write(blocks.tobytes() + comp.tobytes() + np.ascontiguousarray(c["x"], "<f4").tobytes())
+    ref.write_cases(inp, cases)
     r = subprocess.run([str(exe), str(inp), str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     data = np.fromfile(out, dtype="<f4")

@@ -80,12 +80,11 @@ def make_case(rng: np.random.Generator, variant: Variant, rows: int, k: int, z: 
             "codes": codes}
 
 
-def run_cases(sycl_host, tmp_path: Path, cases: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Runs every case (rows row0 .. row0 + n_rows of its tensor) in one process; returns (mat-vec
-    (n_x, n_rows), dequantized (n_rows, k)) per case."""
-    exe, env = sycl_host
-    inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
-    with open(inp, "wb") as f:
+def write_cases(path: Path, cases: list[dict]) -> None:
+    """The GPU test programs' input (tests/sycl/test-bitcos-sycl.cpp, tests/cuda/test-bitcos-cuda.cu): "BSYC",
+    version 1, the case count, then per case its sizes, rows, work-group and the weight, companion and
+    activations."""
+    with open(path, "wb") as f:
         f.write(b"BSYC" + struct.pack("<II", 1, len(cases)))
         for c in cases:
             blocks = np.ascontiguousarray(c["blocks"]).view(np.uint8).reshape(-1)
@@ -93,6 +92,14 @@ def run_cases(sycl_host, tmp_path: Path, cases: list[dict]) -> list[tuple[np.nda
             n_x, k = c["x"].shape
             f.write(struct.pack("<7Q", blocks.nbytes, comp.nbytes, c["n_rows"], k, n_x, c["row0"], c["wg"]))
             f.write(blocks.tobytes() + comp.tobytes() + np.ascontiguousarray(c["x"], "<f4").tobytes())
+
+
+def run_cases(sycl_host, tmp_path: Path, cases: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Runs every case (rows row0 .. row0 + n_rows of its tensor) in one process; returns (mat-vec
+    (n_x, n_rows), dequantized (n_rows, k)) per case."""
+    exe, env = sycl_host
+    inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
+    write_cases(inp, cases)
     r = subprocess.run([str(exe), str(ROOT / "csrc"), str(SYCL_TEST_DIR / "bitcos-sycl-kernels.jit.cpp"),
                         str(inp), str(out)], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -312,7 +312,7 @@ def bandwidth_plot(res: dict[str, Any], out: Path, title: str) -> None:
     base = res["levels"][0]
     betas = [r["beta_gb_s"] for r in res["levels"]]
     grid = np.geomspace(1.0, max(60.0, 1.3 * max(betas)), 300)
-    for t, color in zip(BITCOS_TYPES, ("C0", "C1")):
+    for i, (t, color) in enumerate(zip(BITCOS_TYPES, ("C0", "C1"))):
         if t not in res["gamma"]:
             continue
         pred = [predicted_ratio(base, t, "tq2_0", res["gamma"], b, res["tsc_ghz"]) for b in grid]
@@ -322,8 +322,8 @@ def bandwidth_plot(res: dict[str, Any], out: Path, title: str) -> None:
         cb = res["crossover_gb_s"].get(t)
         if cb is not None:
             ax.axvline(cb, color=color, linestyle=":", alpha=0.8)
-            ax.annotate(f"crossover {cb:.1f} GB/s", (cb, 1.0), textcoords="offset points", xytext=(4, 8),
-                        fontsize=8, color=color)
+            ax.annotate(f"{t.upper()} crossover {cb:.1f} GB/s", (cb, 1.0), textcoords="offset points",
+                        xytext=(4, 8 + 14 * i), fontsize=8, color=color)
     tg_pts = []
     for r in res["levels"]:
         tg = r["tg_ts"]

@@ -5,7 +5,7 @@ BITCOS reads 2 - z bits per weight where TQ2_0 reads 2.06: it wins once a thread
 not its instruction rate, bounds the GEMV. A 2-core VM gives its one compute thread ~30 GB/s (the
 bandwidth-rich extreme); a many-core server gives each core a few GB/s. This benchmark simulates the
 latter honestly: traffic generators (csrc/bitcos-traffic.c, one process per other CPU, pinned there) read,
-write or copy a buffer much larger than the last-level cache while one compute thread, pinned to CPU 0,
+write or copy a buffer much larger than the last-level cache while one compute thread, pinned to the first CPU,
 
   1. measures the read bandwidth it has left (llama-bitcos-bench bandwidth: beta per core),
   2. times the same ternary GEMV as BITCOS (PT and G128) and TQ2_0 / TQ1_0 through ggml's MUL_MAT
@@ -20,7 +20,7 @@ beta; the crossover is where the prediction reaches 1.
                                 [--models tq2_0.gguf,bitcos.gguf] [--json out.json] [--plot out.png]
 
 A level is MODE[:RATE][*COUNT]: MODE none|read|write|copy, RATE the GB/s each generator aims at (default:
-flat out), COUNT the number of generator processes (default: one per CPU other than CPU 0). On a machine
+flat out), COUNT the number of generator processes (default: one per CPU but the compute CPU). On a machine
 with many cores, "copy*1,copy*3,copy*7,..." sweeps down the bandwidth per core.
 """
 
@@ -47,7 +47,14 @@ from ggml_bitcos.bench.common import (bench_workdir, machine_line, pyplot, run_t
 from ggml_bitcos.bench.gemv import REF_ZERO_DENSITY, write_gemv_gguf
 
 TRAFFIC_MODES = {"read": 0, "write": 1, "copy": 2}   # csrc/bitcos-traffic.c BITCOS_TRAFFIC_*
-COMPUTE_CPU = 0
+def compute_cpu() -> int:
+    """The CPU the compute thread is pinned to: the first this process may run on (CPU 0 on a plain machine;
+    a container's cpuset may start elsewhere). The generators take the others, in order."""
+    return min(os.sched_getaffinity(0))
+
+
+def generator_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0) - {compute_cpu()})
 GENERATOR_BUFFER_MIB = 512          # per generator: well above any last-level cache here
 GENERATOR_SLICE_S = 0.2             # how often a generator checks for the stop signal
 BITCOS_TYPES = ("bitcos_pt", "bitcos_g128")
@@ -87,7 +94,7 @@ def parse_level(text: str, other_cpus: int) -> Level:
     if text not in TRAFFIC_MODES:
         raise argparse.ArgumentTypeError(f"unknown traffic mode {text!r} (none, {', '.join(TRAFFIC_MODES)})")
     if count < 1 or count > other_cpus:
-        raise argparse.ArgumentTypeError(f"{count} generators need {count} CPUs besides CPU {COMPUTE_CPU}; "
+        raise argparse.ArgumentTypeError(f"{count} generators need {count} CPUs besides CPU {compute_cpu()}; "
                                          f"this machine has {other_cpus}")
     return Level(text, rate, count)
 
@@ -138,14 +145,15 @@ def generator_main(mode: str, rate: float, cpu: int, mib: int) -> int:
 
 
 @contextmanager
-def traffic(level: Level) -> Iterator[list[dict[str, Any]]]:
-    """Runs the level's generators on CPUs 1 .. count while the block runs; afterwards the list yielded
+def traffic(level: Level, cpus: list[int]) -> Iterator[list[dict[str, Any]]]:
+    """Runs the level's generators on the first `count` of `cpus` while the block runs;
+    afterwards the list yielded
     holds each generator's measured GB/s."""
     procs: list[subprocess.Popen[str]] = []
     stats: list[dict[str, Any]] = []
     try:
         for i in range(level.count):
-            cpu = 1 + i
+            cpu = cpus[i]
             p = subprocess.Popen([sys.executable, "-m", "ggml_bitcos.bench.bandwidth", "--generator", level.mode,
                                   str(level.rate), str(cpu), str(GENERATOR_BUFFER_MIB)],
                                  stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
@@ -186,8 +194,9 @@ def pinned(cpu: int) -> Iterator[None]:
 def measure_level(level: Level, gemv_files: list[tuple[float | None, Path]], reps: int,
                   models: list[Path] | None, n_gen: int, tg_reps: int) -> dict[str, Any]:
     """beta left to the compute CPU, GEMV times per type and (with models) llama-bench tg, under `level`."""
-    with pinned(COMPUTE_CPU):
-        ctx = traffic(level) if level.mode != "none" else _no_traffic()
+    gen_cpus = generator_cpus()                      # before pinning this process to the compute CPU
+    with pinned(compute_cpu()):
+        ctx = traffic(level, gen_cpus) if level.mode != "none" else _no_traffic()
         with ctx as gen_stats:
             beta = run_tool(["bandwidth", "512", "1", "5"])[0]["gb_per_s"]
             gemv = run_tool(["gemv", ",".join(str(p) for _, p in gemv_files), "1", str(reps), "1", "interleaved"])
@@ -261,7 +270,7 @@ def bench_bandwidth(levels: list[Level], rows: int, k: int, z: float, reps: int,
         write_gemv_gguf(ref, rows, k, REF_ZERO_DENSITY, list(REFS))
     if not bc.exists():
         write_gemv_gguf(bc, rows, k, z, list(BITCOS_TYPES), seed=1)
-    with pinned(COMPUTE_CPU):
+    with pinned(compute_cpu()):
         gam = gammas(log, kernel_impl)
     ghz = tsc_ghz()
     out = []
@@ -385,7 +394,7 @@ def run(args: argparse.Namespace) -> int:
     with bench_workdir(args.workdir) as wd:
         res = bench_bandwidth(levels, args.rows, args.k, args.z, args.reps, wd, models, args.n_gen, args.tg_reps,
                               args.kernel_impl)
-    title = (f"ggml-bitcos bench bandwidth, {args.rows}x{args.k}, z={args.z}, compute on CPU {COMPUTE_CPU} "
+    title = (f"ggml-bitcos bench bandwidth, {args.rows}x{args.k}, z={args.z}, compute on CPU {compute_cpu()} "
              f"— {machine_line([1])}")
     res["machine"] = title
     print(f"# {title}")

@@ -52,13 +52,18 @@ inline uint16_t lut_code(int key, int i) {
     return ((s >> rank) & 1) ? HALF_MINUS : HALF_PLUS;
 }
 
-// Fills the table cooperatively: work-item lid of nl writes entries lid, lid + nl, ... (call, then barrier).
-inline void lut_init(uint16_t * lut, int lid, int nl) {
+// Fills the work-group's table cooperatively (work-item l of n writes entries l, l + n, ...) and waits for the
+// whole group: every kernel's prologue. All work-items of the group must call it. Returns lut.
+template <int D>
+inline const uint16_t * lut_fill(uint16_t * lut, const sycl::nd_item<D> & it) {
+    const int lid = (int) it.get_local_linear_id(), nl = (int) it.get_local_range().size();
     for (int e = lid; e < LUT_ENTRIES; e += nl) {
         for (int i = 0; i < LUT_CODES; ++i) {
             lut[e * LUT_CODES + i] = lut_code(e, i);
         }
     }
+    sycl::group_barrier(it.get_group());
+    return lut;
 }
 
 // Little-endian reads from the companion (byte offsets; fields are naturally aligned, sections 64-aligned).

@@ -53,9 +53,7 @@ void ggml_sycl_bitcos_mul_mat(ggml_backend_sycl_context & ctx, const ggml_tensor
     stream->submit([&](sycl::handler & cgh) {
         sycl::local_accessor<uint16_t, 1> lut(sycl::range<1>(bitcos_sycl::LUT_ENTRIES * bitcos_sycl::LUT_CODES), cgh);
         cgh.parallel_for(range, [=](sycl::nd_item<2> it) {
-            uint16_t * t = lut.get_multi_ptr<sycl::access::decorated::no>().get();
-            bitcos_sycl::lut_init(t, (int) it.get_local_id(1), ROWS_PER_GROUP);
-            sycl::group_barrier(it.get_group());
+            const uint16_t * t = bitcos_sycl::lut_fill(lut.get_multi_ptr<sycl::access::decorated::no>().get(), it);
             const int64_t r = (int64_t) it.get_global_id(1);
             if (r >= rows) {
                 return;
@@ -99,9 +97,7 @@ void ggml_sycl_bitcos_mul_mat_id(ggml_backend_sycl_context & ctx, ggml_tensor * 
     stream->submit([&](sycl::handler & cgh) {
         sycl::local_accessor<uint16_t, 1> lut(sycl::range<1>(bitcos_sycl::LUT_ENTRIES * bitcos_sycl::LUT_CODES), cgh);
         cgh.parallel_for(range, [=](sycl::nd_item<2> it) {
-            uint16_t * t = lut.get_multi_ptr<sycl::access::decorated::no>().get();
-            bitcos_sycl::lut_init(t, (int) it.get_local_id(1), ROWS_PER_GROUP);
-            sycl::group_barrier(it.get_group());
+            const uint16_t * t = bitcos_sycl::lut_fill(lut.get_multi_ptr<sycl::access::decorated::no>().get(), it);
             const int64_t r = (int64_t) it.get_global_id(1);
             if (r >= rows) {
                 return;

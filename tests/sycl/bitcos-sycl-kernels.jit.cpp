@@ -10,10 +10,7 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 // 2026.2 crashes on group_local_memory_for_overwrite), filled by all its work-items.
 static inline const uint16_t * bitcos_group_lut(sycl::nd_item<1> it) {
     static syclexp::work_group_static<uint16_t[bitcos_sycl::LUT_ENTRIES * bitcos_sycl::LUT_CODES]> lut;
-    uint16_t * p = &lut[0];
-    bitcos_sycl::lut_init(p, (int)it.get_local_id(0), (int)it.get_local_range(0));
-    sycl::group_barrier(it.get_group());
-    return p;
+    return bitcos_sycl::lut_fill(&lut[0], it);
 }
 
 // dst[c * n_rows + i] = W[row0 + i] . x[c * k ..] for i < n_rows, c < n_x: one work-item per row.

@@ -45,11 +45,12 @@ __device__ __forceinline__ uint32_t bitcos_cuda_lut_entry(int key) {
     return e;
 }
 
-// Fills the table (call with all threads of the block, then __syncthreads()).
-__device__ __forceinline__ void bitcos_cuda_lut_init(uint32_t * lut) {
+// Fills the block's table and waits for the whole block: every kernel's prologue (all threads must call it).
+__device__ __forceinline__ void bitcos_cuda_lut_fill(uint32_t * lut) {
     for (int e = threadIdx.x + threadIdx.y * blockDim.x; e < BITCOS_CUDA_LUT_ENTRIES; e += blockDim.x * blockDim.y) {
         lut[e] = bitcos_cuda_lut_entry(e);
     }
+    __syncthreads();
 }
 
 __device__ __forceinline__ uint64_t bitcos_cuda_u64(const uint8_t * c, uint64_t off) {
@@ -160,8 +161,7 @@ static __global__ void bitcos_cuda_mul_mat_kernel(const uint8_t * __restrict__ b
                                            int64_t row0, int64_t rows, int64_t k, int64_t ncols,
                                            int64_t x_col_stride, int64_t dst_col_stride) {
     __shared__ uint32_t lut[BITCOS_CUDA_LUT_ENTRIES];
-    bitcos_cuda_lut_init(lut);
-    __syncthreads();
+    bitcos_cuda_lut_fill(lut);
     const int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) {
         return;
@@ -186,8 +186,7 @@ static __global__ void bitcos_cuda_mul_mat_id_kernel(const uint8_t * __restrict_
                                                      int64_t x_col_stride, int64_t x_tok_stride,
                                                      int64_t dst_slot_stride, int64_t dst_tok_stride) {
     __shared__ uint32_t lut[BITCOS_CUDA_LUT_ENTRIES];
-    bitcos_cuda_lut_init(lut);
-    __syncthreads();
+    bitcos_cuda_lut_fill(lut);
     const int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) {
         return;

@@ -1,12 +1,14 @@
 // Runs the BITCOS CUDA mat-vec kernel (csrc/cuda/bitcos-cuda.cuh) on a GPU for tests/test_cuda.py, which
 // writes the inputs with the project's reference codec and checks the outputs against numpy. Same input
-// format as tests/sycl/test-bitcos-sycl.cpp (the work-group field is read and ignored):
+// format as tests/sycl/test-bitcos-sycl.cpp (tests/gpu-cases.hpp; the work-group field is ignored):
 //
 //   test-bitcos-cuda IN.bin OUT.bin        (OUT: per case n_x * n_rows f32, rows row0 .. row0 + n_rows)
 //
 // Built by nvcc (`nvcc -std=c++17 -arch=sm_80 -Icsrc -Icsrc/cuda ...`); tests/test_cuda.py compiles it for
 // sm_80 and sm_90 everywhere nvcc exists and runs it where a CUDA device exists.
 #include "bitcos-cuda.cuh"
+
+#include "../gpu-cases.hpp"
 
 #include <cstdio>
 #include <cstring>
@@ -18,48 +20,28 @@
 
 #define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x ": ") + cudaGetErrorString(e_)); } while (0)
 
-template <typename T> static T take(const std::string & s, size_t & off) {
-    if (off + sizeof(T) > s.size()) throw std::runtime_error("input truncated");
-    T v;
-    std::memcpy(&v, s.data() + off, sizeof v);
-    off += sizeof v;
-    return v;
-}
-
 int main(int argc, char ** argv) {
     if (argc != 3) {
         std::fprintf(stderr, "usage: %s IN.bin OUT.bin\n", argv[0]);
         return 2;
     }
     try {
-        std::ifstream f(argv[1], std::ios::binary);
-        std::stringstream ss;
-        ss << f.rdbuf();
-        const std::string in = ss.str();
-        size_t off = 0;
-        if (in.compare(0, 4, "BSYC") != 0) throw std::runtime_error("bad input magic");
-        off = 4;
-        if (take<uint32_t>(in, off) != 1) throw std::runtime_error("bad input version");
-        const uint32_t n_cases = take<uint32_t>(in, off);
+        const std::vector<bitcos_gpu_case> cases = bitcos_read_cases(bitcos_read_file(argv[1]));
         cudaDeviceProp prop;
         CHECK(cudaGetDeviceProperties(&prop, 0));
         std::printf("device: %s\n", prop.name);
         std::ofstream out(argv[2], std::ios::binary);
-        for (uint32_t ci = 0; ci < n_cases; ++ci) {
-            const uint64_t nblk = take<uint64_t>(in, off), ncomp = take<uint64_t>(in, off);
-            const uint64_t n_rows = take<uint64_t>(in, off), k = take<uint64_t>(in, off), n_x = take<uint64_t>(in, off);
-            const uint64_t row0 = take<uint64_t>(in, off);
-            (void) take<uint64_t>(in, off);
-            if (off + nblk + ncomp + 4 * n_x * k > in.size()) throw std::runtime_error("input truncated");
+        for (const bitcos_gpu_case & c : cases) {
+            const uint64_t nblk = c.blocks.size(), ncomp = c.comp.size();
+            const uint64_t n_rows = c.n_rows, k = c.k, n_x = c.n_x, row0 = c.row0;
             uint8_t * d_blk; uint8_t * d_comp; float * d_x; float * d_dst;
             CHECK(cudaMalloc(&d_blk, nblk ? nblk : 1));
             CHECK(cudaMalloc(&d_comp, ncomp));               // cudaMalloc: 256-byte aligned, as in a ggml buffer
             CHECK(cudaMalloc(&d_x, 4 * n_x * k));
             CHECK(cudaMalloc(&d_dst, 4 * n_x * n_rows));
-            CHECK(cudaMemcpy(d_blk, in.data() + off, nblk, cudaMemcpyHostToDevice));
-            CHECK(cudaMemcpy(d_comp, in.data() + off + nblk, ncomp, cudaMemcpyHostToDevice));
-            CHECK(cudaMemcpy(d_x, in.data() + off + nblk + ncomp, 4 * n_x * k, cudaMemcpyHostToDevice));
-            off += nblk + ncomp + 4 * n_x * k;
+            CHECK(cudaMemcpy(d_blk, c.blocks.data(), nblk, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(d_comp, c.comp.data(), ncomp, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(d_x, c.x.data(), c.x.size(), cudaMemcpyHostToDevice));
             const int warps = 4;
             const dim3 grid((unsigned) ((n_rows + warps - 1) / warps), (unsigned) ((n_x + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS));
             bitcos_cuda_mul_mat_kernel<<<grid, dim3(BITCOS_CUDA_WARP, warps)>>>(d_blk, d_comp, d_x, d_dst, (int64_t) row0,

@@ -29,6 +29,7 @@ Each pass shows a tqdm progress bar on stderr when ``progress`` is on and stderr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import math
 import os
@@ -420,7 +421,7 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
     arch_field = reader.get_field("general.architecture")
     arch = arch_field.contents() if arch_field is not None else ""
     writer = GGUFStreamWriter(out, arch, overwrite=force)
-    try:
+    with aborted_on_failure(writer, out):
         for key, kv in metadata:
             if isinstance(kv, ValueError):
                 raise ConvertError(f"{src}: {kv}")
@@ -477,14 +478,23 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
             result.verified = True
             result.seconds["verify"] = time.perf_counter() - t2
         writer.finish()
+    result.seconds["total"] = time.perf_counter() - t0
+    return result
+
+
+@contextlib.contextmanager
+def aborted_on_failure(writer: GGUFStreamWriter, out: Path) -> Iterator[None]:
+    """Runs the block that writes `out` through `writer` (convert and convert --to): when it fails, the
+    writer's temporary file is removed, so nothing partial stays behind, and an OS error becomes a
+    ConvertError naming the output and the reason."""
+    try:
+        yield
     except OSError as e:
         writer.abort()
         raise ConvertError(f"{out}: write failed: {describe_write_error(e, out.parent)}") from None
     except BaseException:
         writer.abort()
         raise
-    result.seconds["total"] = time.perf_counter() - t0
-    return result
 
 
 def describe_write_error(e: OSError, folder: Path) -> str:

@@ -36,7 +36,7 @@ from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, field_va
                         tensor_ggml_shape, type_name)
 
 from . import codec, tq
-from .convert import (ConvertError, bytes_equal, check_bitcos_file, check_paths, describe_write_error,
+from .convert import (ConvertError, aborted_on_failure, bytes_equal, check_bitcos_file, check_paths,
                       release_pages_of, source_float_rows)
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_K, Variant
 
@@ -208,7 +208,7 @@ def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str |
     kept = any(r.target == KEEP for r in result.tensors)
     arch_field = reader.get_field("general.architecture")
     writer = GGUFStreamWriter(out, arch_field.contents() if arch_field is not None else "", overwrite=force)
-    try:
+    with aborted_on_failure(writer, out):
         for key, fld in reader.fields.items():
             if key.startswith("GGUF.") or (key.startswith("bitcos.") and not kept):
                 continue
@@ -253,12 +253,6 @@ def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str |
             result.verified = True
             result.seconds["verify"] = time.perf_counter() - t2
         writer.finish()
-    except OSError as e:
-        writer.abort()
-        raise ConvertError(f"{out}: write failed: {describe_write_error(e, out.parent)}") from None
-    except BaseException:
-        writer.abort()
-        raise
     result.seconds["total"] = time.perf_counter() - t0
     return result
 

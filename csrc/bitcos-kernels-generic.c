@@ -26,7 +26,8 @@ static inline uint64_t bitcos_load_u64(const uint8_t * p) {
     return v;
 }
 
-// Decodes the 128 codes of one block into t and advances the row's sign cursor.
+// Decodes the 128 codes of one unit into t and advances the row's sign cursor. `bits` holds the unit's
+// 16-byte bitmap (a partial last unit is first copied into a zero-filled buffer by the caller).
 static inline void bitcos_decode_block(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor, int8_t * t) {
     for (int h = 0; h < 2; ++h) {
         const uint64_t present = bitcos_load_u64(bits + sizeof(uint64_t) * h);
@@ -54,25 +55,32 @@ static inline float bitcos_fma(float a, float b, float c) {
 
 void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
                        const bitcos_q8_K * const * y, int64_t nc, float * const * dst) {
-    const int64_t nb  = w->k / QK_BITCOS;          // 128-weight blocks
-    const int64_t nby = (nb + 1) / 2;              // Q8_K blocks
-    const size_t  bb  = bitcos_block_bytes(w->variant);
+    const int64_t nu   = (w->k + QK_BITCOS - 1) / QK_BITCOS;   // 128-weight units, the last maybe partial
+    const int64_t nby  = (nu + 1) / 2;                          // Q8_K blocks
+    const size_t  tail = (size_t)(w->k % QK_BITCOS) / 8;        // bitmap bytes of a partial last unit (0: none)
     int8_t t[2][QK_BITCOS];
+    uint8_t partial[BITCOS_BITMAP_BYTES];
     for (int64_t i = 0; i < nr; ++i) {
-        const uint8_t * row = w->blocks + (size_t)i * w->row_bytes;
+        const uint8_t * row = w->bits + (size_t)i * w->row_bytes;
+        if (tail) {
+            memset(partial, 0, sizeof partial);
+            memcpy(partial, row + (size_t)(nu - 1) * w->unit_bytes, tail);
+        }
         for (int64_t c = 0; c < nc; ++c) {
             uint64_t cursor = w->sign_pos[i];
             float    acc[8] = {0};
             for (int64_t b = 0; b < nby; ++b) {
                 const bitcos_q8_K * yb = &y[c][b];
-                const int halves = (2*b + 1 < nb) ? 2 : 1;
+                const int halves = (2*b + 1 < nu) ? 2 : 1;
                 int32_t L[2][8] = {{0}};
                 uint16_t e[2] = {0, 0};
                 for (int h = 0; h < halves; ++h) {
-                    const uint8_t * blk = row + (size_t)(2*b + h) * bb;
+                    const int64_t u = 2*b + h;
+                    const uint8_t * blk = (tail && u == nu - 1) ? partial : row + (size_t)u * w->unit_bytes;
                     bitcos_decode_block(blk, w->pool, &cursor, t[h]);
-                    if (w->variant == BITCOS_VARIANT_G128) {
-                        memcpy(&e[h], blk + offsetof(block_bitcos_g128, d), sizeof e[h]);
+                    if (w->row_scale == NULL) {
+                        memcpy(&e[h], w->block_scale + (size_t)i * w->scale_row_bytes +
+                                      (size_t)(u >> w->block_scale_shift) * w->scale_stride, sizeof e[h]);
                     }
                     const int8_t * q = yb->qs + QK_BITCOS*h;
                     for (int j = 0; j < QK_BITCOS; ++j) {
@@ -83,8 +91,8 @@ void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
                 if (halves == 1) {
                     e[1] = e[0];
                 }
-                if (w->variant == BITCOS_VARIANT_PT || e[0] == e[1]) {
-                    const float D = yb->d * (w->variant == BITCOS_VARIANT_PT ? w->scale : bitcos_fp16_to_fp32(e[0]));
+                if (w->row_scale != NULL || e[0] == e[1]) {
+                    const float D = yb->d * (w->row_scale != NULL ? w->row_scale[i] : bitcos_fp16_to_fp32(e[0]));
                     for (int l = 0; l < 8; ++l) {
                         acc[l] = bitcos_fma((float)(L[0][l] + L[1][l]), D, acc[l]);
                     }

@@ -17,11 +17,13 @@
 //     L[h][l] = sum_{j in half h, j % 32 in [4l, 4l+4)} (t_j + 1) * q_j  -  sum_{j in half h, j / 32 == l} q_j
 //   (exact int32; the second sum is bsums[2l] + bsums[2l+1] restricted to half h, i.e. non-zero only for
 //   h == l / 4; L[0][l] + L[1][l] is exactly TQ2_0's lane l.)
-//     G128, fp16 scales e0 = d[2b], e1 = d[2b+1] (e1 = e0 and L[1] = 0 when the block has one half):
+//     Block scales (v1 G128, v2 B128 / B256), fp16 e0, e1 = the scales of 128-weight units 2b and 2b+1 (for B256
+//     both are the 256-block's one scale; e1 = e0 and L[1] = 0 when the block has one half):
 //         if bits(e0) == bits(e1):  D = y.d * fp32(e0);  acc[l] = FMA(float(L[0][l] + L[1][l]), D, acc[l])
 //         else:  D0 = y.d * fp32(e0); D1 = y.d * fp32(e1);
 //                acc[l] = FMA(float(L[0][l]), D0, acc[l]);  acc[l] = FMA(float(L[1][l]), D1, acc[l])
-//     PT:  D = y.d * scale;  acc[l] = FMA(float(L[0][l] + L[1][l]), D, acc[l])
+//     Row scales (v1 PT, v2 MATRIX: the matrix's scale; v2 ROW: the row's), fp32 s:
+//         D = y.d * s;  acc[l] = FMA(float(L[0][l] + L[1][l]), D, acc[l])
 //   acc[] starts at +0.0f; blocks in increasing b; then
 //     dst[c][i] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 //   FMA(a, b, c) is a fused multiply-add when BITCOS_FMA is 1, else (a * b) rounded, then + c rounded.
@@ -33,10 +35,12 @@
 // Result: on x86-64 builds with AVX2 by GCC (GGML_NATIVE and the AVX2/AVX-512 CPU variants), a BITCOS
 // matmul equals llama.cpp's TQ2_0 matmul bit for bit whenever the BITCOS tensor holds the same ternary
 // codes and scales (every tensor `ggml-bitcos convert` made from TQ2_0/TQ1_0, and PT tensors whose scale
-// is the TQ2_0 block scale). Elsewhere it equals TQ2_0 up to float summation order.
+// is the TQ2_0 block scale; B256 and MATRIX tensors made from TQ2_0). Elsewhere it equals TQ2_0 up to float
+// summation order.
 //
-// Activations are ggml block_q8_K (256 per block). A row length k that is an odd multiple of 128 uses
-// ceil(k/256) blocks; the caller quantizes a zero-padded copy, so the padding contributes nothing.
+// Activations are ggml block_q8_K (256 per block). A row length k that is not a multiple of 256 (any multiple
+// of 32 in version 2) uses ceil(k/256) blocks; the caller quantizes a zero-padded copy, so the padding
+// contributes nothing (its q are 0, and its t are 0 because the kernels treat bitmap bits past k as absent).
 #pragma once
 
 #include "bitcos-format.h"
@@ -67,15 +71,29 @@ typedef struct {
     int16_t bsums[BITCOS_Q8K_BLOCK/16];
 } bitcos_q8_K;
 
-// A run of consecutive rows of one BITCOS matrix.
+// A run of consecutive rows of one BITCOS matrix, in any variant (the kernels never look at the variant: the
+// caller describes where bitmaps and scales are).
+//
+// A row is cut into nu = ceil(k/128) units of 128 weights; unit u's bitmap is 16 bytes at
+// bits + i*row_bytes + u*unit_bytes. When k % 128 != 0 (version 2 MATRIX / ROW, k a multiple of 32) the
+// last unit holds only k % 128 weights and only the first (k % 128) / 8 bytes of its bitmap belong to the
+// row: the kernels read no further (the next bytes are the next row's, or past the tensor's end) and
+// treat the missing bits as absent weights.
 typedef struct {
-    int              variant;    // enum bitcos_variant
-    int64_t          k;          // weights per row, a multiple of 128
-    const uint8_t  * blocks;     // first block of the first row
-    size_t           row_bytes;  // bytes from one row's blocks to the next (k/128 * block bytes)
-    const uint8_t  * pool;       // sign pool of the tensor (bit 0 = first sign); >= 64 zero bytes of tail
-    const uint64_t * sign_pos;   // sign_pos[i]: pool bit of the first sign of row i of this run
-    float            scale;      // PT: the matrix's scale; ignored for G128
+    int64_t          k;             // weights per row, a positive multiple of 32
+    const uint8_t  * bits;          // bitmap of unit 0 of the first row of the run
+    size_t           unit_bytes;    // bytes from one unit's bitmap to the next: 18 (v1 G128), 16 (every other variant)
+    size_t           row_bytes;     // bytes from one row's bitmap to the next
+    const uint8_t  * pool;          // sign pool of the tensor (bit 0 = first sign); >= 64 zero bytes of tail
+    const uint64_t * sign_pos;      // sign_pos[i]: pool bit of the first sign of row i of this run
+    // Scales, one of two forms. Row scales: row_scale != NULL, row i's fp32 scale is row_scale[i] (PT and
+    // MATRIX repeat the matrix's scale). Block scales (row_scale == NULL; k % (128 << block_scale_shift) == 0):
+    // the fp16 scale of unit u of row i is at block_scale + i*scale_row_bytes + (u >> block_scale_shift)*scale_stride.
+    const float    * row_scale;
+    const uint8_t  * block_scale;   // v1 G128: bits + 16 (d inside each block); B128 / B256: the companion's scales
+    size_t           scale_stride;  // v1 G128: 18; B128 / B256: 2
+    size_t           scale_row_bytes; // v1 G128: row_bytes; B128 / B256: 2 * k / (128 << block_scale_shift)
+    int              block_scale_shift; // 0: a scale per 128 weights (G128, B128); 1: per 256 (B256)
 } bitcos_rows;
 
 // dst[c][i] = sum_k W[i][k] * Y[c][k] for 0 <= i < nr, 0 <= c < nc, with the arithmetic contract above.

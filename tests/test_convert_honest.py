@@ -174,6 +174,18 @@ def test_allow_copy_writes_an_untagged_copy(tmp_path, capsys):
     assert int(o.get_field("general.file_type").contents()) == 7
 
 
+def test_version_1_output_unchanged(tmp_path):
+    """--format-version 1 writes what convert wrote before version 2 existed (commit ea7ec69, sha256 below): PT
+    whenever exact, even where G128 would take fewer bytes (the z = 1 tensor of 3 x 256 weights)."""
+    import hashlib
+    src = tmp_path / "tq1.gguf"
+    _tq1_model(src)
+    out = tmp_path / "v1.gguf"
+    convert(src, out, progress=False, format_version=1)
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == \
+        "919d4d3218478a9135c68827ac4bdf15337e1a7645b12409d1c00d7a080c3132"
+
+
 @pytest.mark.parametrize("version,k,multiple", [(1, 320, 128), (2, 80, 32)])
 def test_cannot_convert_name_with_strict(tmp_path, version, k, multiple):
     """A ternary tensor skipped for any reason (here: its row length) is a --strict error; without it a

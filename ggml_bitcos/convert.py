@@ -167,15 +167,6 @@ class Analysis:
     row_nonzero: np.ndarray | None = None  # non-zero weights per row (sizes the row index and sign pool)
     exact_bytes: dict[Variant, int] = field(default_factory=dict)   # every allowed exact variant -> its bytes
 
-    # the version-1 view (``stats`` reads it): PT / G128 exact, i.e. MATRIX / B128 (or PT / G128) exact
-    @property
-    def pt(self) -> bool | None:
-        return True if {Variant.PT, Variant.MATRIX} & self.exact_bytes.keys() else None
-
-    @property
-    def g128_ok(self) -> bool:
-        return bool({Variant.G128, Variant.B128} & self.exact_bytes.keys())
-
 
 def is_candidate(name: str, t: ReaderTensor) -> bool:
     """A tensor convert looks at: a 2-D/3-D weight of a ternary-capable type, not a lookup table."""

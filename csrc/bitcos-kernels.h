@@ -95,6 +95,9 @@ typedef struct {
     size_t           scale_row_bytes; // v1 G128: row_bytes; B128 / B256: 2 * k / (128 << block_scale_shift)
     int              block_scale_shift; // 0: a scale per 128 weights (G128, B128); 1: per 256 (B256)
 } bitcos_rows;
+// The SIMD kernels have paths for the layouts the format has (unit_bytes 16 with row scales, per-256 scales at
+// any stride or per-128 scales at stride 2; or exactly v1 G128: unit_bytes = scale_stride = 18, block_scale =
+// bits + 16, scale_row_bytes = row_bytes); any other descriptor runs bitcos_mm_generic (docs/KERNELS.md §1b).
 
 // dst[c][i] = sum_k W[i][k] * Y[c][k] for 0 <= i < nr, 0 <= c < nc, with the arithmetic contract above.
 // y[c] points at the ceil(k/256) Q8_K blocks of column c; dst[c] at the nr floats of column c.

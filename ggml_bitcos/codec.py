@@ -377,7 +377,7 @@ def _weight_type_id(weight_type: int) -> int:
     return weight_type.type_id if isinstance(weight_type, Variant) else int(weight_type)
 
 
-def _row_bitmaps(blocks: np.ndarray, variant: Variant, n_cols: int, n_rows: int) -> np.ndarray:
+def row_bitmaps(blocks: np.ndarray, variant: Variant, n_cols: int, n_rows: int) -> np.ndarray:
     """uint8 (R, K/8) view or copy of every row's bitmap (G128 drops the in-block d)."""
     if variant is Variant.G128:
         nb = n_cols // QK
@@ -386,7 +386,7 @@ def _row_bitmaps(blocks: np.ndarray, variant: Variant, n_cols: int, n_rows: int)
     return blocks.reshape(n_rows, n_cols // 8)
 
 
-def _stored_scales(blocks: np.ndarray, companion: np.ndarray, hdr: Header) -> np.ndarray:
+def stored_scales(blocks: np.ndarray, companion: np.ndarray, hdr: Header) -> np.ndarray:
     """The variant's scales as stored (views): fp16 (R, K / scale_block), fp32 (M,) or fp32 (R,)."""
     v, n_rows, n_cols = hdr.variant, hdr.n_rows, hdr.n_cols
     if v is Variant.G128:
@@ -437,7 +437,7 @@ def validate(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols
     for s in range(0, n_rows, _VALIDATE_ROWS):
         e = min(n_rows, s + _VALIDATE_ROWS)
         part = blocks[s * want_bytes // n_rows:e * want_bytes // n_rows]
-        bitmaps = _row_bitmaps(part, variant, n_cols, e - s)
+        bitmaps = row_bitmaps(part, variant, n_cols, e - s)
         row_counts[s:e] = _POPCOUNT8[bitmaps].sum(axis=1, dtype=np.uint64)
     sign_pos = sign_positions(companion, hdr)
     expected = row_sign_positions(row_counts)
@@ -453,7 +453,7 @@ def validate(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols
     used = (s_bits + 7) // 8
     if np.any(pool[used:]) or (s_bits % 8 and int(pool[used - 1]) >> (s_bits % 8)):
         raise FormatError("sign pool bits beyond n_sign_bits are not zero")
-    check_scales(variant, _stored_scales(blocks, companion, hdr))
+    check_scales(variant, stored_scales(blocks, companion, hdr))
     return hdr
 
 
@@ -473,14 +473,14 @@ def decode(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols: 
     hdr = validate(blocks, companion, weight_type, n_cols, n_rows, n_mats)
     variant = hdr.variant
     blocks = np.asarray(blocks).reshape(-1).view(np.uint8)
-    present = np.unpackbits(_row_bitmaps(blocks, variant, n_cols, n_rows), axis=1,
+    present = np.unpackbits(row_bitmaps(blocks, variant, n_cols, n_rows), axis=1,
                             bitorder="little").view(np.bool_)
     s = hdr.n_sign_bits
     signs = np.unpackbits(sign_pool(companion, hdr)[:(s + 7) // 8], bitorder="little", count=s).view(np.bool_)
     codes = present.view(np.int8).copy()          # 1 where present
     codes[present] = np.where(signs, np.int8(-1), np.int8(1))
     del present, signs
-    scales = _stored_scales(blocks, companion, hdr).copy()
+    scales = stored_scales(blocks, companion, hdr).copy()
     block_scales = scales if variant.scale_block else None
     row_scales = scales if variant is Variant.ROW else None
     matrix_scales = scales if variant in (Variant.PT, Variant.MATRIX) else None

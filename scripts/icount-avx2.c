@@ -9,7 +9,7 @@
 //   valgrind --tool=callgrind --toggle-collect=ggml_vec_dot_tq2_0_q8_K /tmp/icount 64 2048 0.4 1 10 .../libggml-cpu.so
 //   # instructions per 32 weights = "Collected" / (rows * k / 32 * reps)
 //
-// Arguments: rows k zero_density which(0 = BITCOS PT, 1 = TQ2_0) reps library. The data are random (fixed
+// Arguments: rows k zero_density which(0 = BITCOS PT / MATRIX, 1 = TQ2_0) reps library. The data are random (fixed
 // seed): a bitmap of the given density with a consistent sign pool for BITCOS, random 2-bit codes for TQ2_0;
 // both kernels' instruction counts do not depend on the values.
 #include <stdint.h>
@@ -19,7 +19,10 @@
 #include <dlfcn.h>
 typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } q8k;
 typedef struct { uint8_t qs[64]; uint16_t d; } tq2;
-typedef int (*mm_fn)(int, int, int64_t, const uint8_t*, size_t, const uint8_t*, const uint64_t*, float, int64_t, const q8k*, int64_t, float*);
+// bitcos_h_mm (csrc/bitcos-harness.c, ABI 2): impl, then the bitcos_rows fields k, bits, unit_bytes, row_bytes,
+// pool, sign_pos, row_scale, block_scale, scale_stride, scale_row_bytes, block_scale_shift; nr, y, nc, dst
+typedef int (*mm_fn)(int, int64_t, const uint8_t*, size_t, size_t, const uint8_t*, const uint64_t*, const float*,
+                     const uint8_t*, size_t, size_t, int, int64_t, const q8k*, int64_t, float*);
 typedef void (*vd_fn)(int, float*, size_t, const void*, size_t, const void*, size_t, int);
 int main(int argc, char**argv){
   int rows=atoi(argv[1]), k=atoi(argv[2]); double z=atof(argv[3]); int which=atoi(argv[4]); int reps=atoi(argv[5]);
@@ -32,7 +35,8 @@ int main(int argc, char**argv){
   float*dst=malloc(4*rows);
   if(which==0){
     void*h=dlopen(argv[6],RTLD_NOW); mm_fn mm=(mm_fn)dlsym(h,"bitcos_h_mm");
-    for(int i=0;i<reps;i++) mm(1,1,k,blocks,rb,pool,sp,0.01f,rows,y,1,dst);
+    float*rs=malloc(4*rows); for(int r=0;r<rows;r++) rs[r]=0.01f;   // PT / MATRIX: the matrix scale per row
+    for(int i=0;i<reps;i++) mm(1,k,blocks,16,rb,pool,sp,rs,NULL,0,0,0,rows,y,1,dst);
   } else {
     void*h=dlopen(argv[6],RTLD_NOW); void(*init)(void)=dlsym(h,"ggml_cpu_init"); init();
     vd_fn vd=(vd_fn)dlsym(h,"ggml_vec_dot_tq2_0_q8_K");

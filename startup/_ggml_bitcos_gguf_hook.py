@@ -9,7 +9,7 @@ importing anything.
 Cost at start-up: this module (standard library only, no ``gguf``/``numpy`` import) and one entry at the
 front of ``sys.meta_path``. The finder does nothing until something imports ``gguf``; then it finds gguf's
 own spec through the other finders, lets gguf's own loader execute the package unchanged, and afterwards
-registers the two types (``gguf_tools.types.register_bitcos_types``, which holds the facts). It removes
+registers the BITCOS types (``gguf_tools.types.register_bitcos_types``, which holds the facts). It removes
 itself from ``sys.meta_path`` at that point, so it acts once per process. The installed gguf package's files
 are never touched.
 

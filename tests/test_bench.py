@@ -149,6 +149,27 @@ def test_bench_kernels_small(kernel_library):
     assert all(t["cycles_per_32_min"] > 0 for t in timings)
 
 
+def test_bench_kernels_variants(kernel_library):
+    """`bench kernels --variant` takes the version-2 variants (a comma list, any case) next to g128 / pt, times
+    a row length with a partial last unit for the row-scaled ones, and refuses a length a variant does not
+    allow, naming it."""
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--rows", "3", "--k", "160",
+                        "--variant", "MATRIX,row", "--nc", "1,3", "--z", "0.4", "--reps", "5", "--json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=root)
+    assert r.returncode == 0, r.stdout[-3000:]
+    timings = json.loads(r.stdout)
+    assert {(t["variant"], t["nc"]) for t in timings} >= {("matrix", 1), ("row", 3)}
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--rows", "2", "--k", "512",
+                        "--variant", "b256,b128,pt", "--nc", "1", "--z", "0.4", "--reps", "5"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=root)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "B256 (format version 2)" in r.stdout and "PT (format version 1)" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--k", "384", "--variant", "b256"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=root)
+    assert r.returncode == 2 and "multiple of 256" in r.stdout and "b256" in r.stdout
+
+
 def test_traffic_generator_modes(kernel_library):
     """bitcos_h_traffic (the generator `bench bandwidth` runs on the other CPUs) does what each mode says on
     its first 256 KiB slice (seconds = 0: exactly one slice): read sums the words it should, write stores,

@@ -300,3 +300,21 @@ def test_tq_source_keeps_block_scale_of_empty_halves(tmp_path, version, scale, v
         stored = c[off:off + 2 * n].view("<f2").reshape(rows, -1)
     assert np.array_equal(stored, d if variant is Variant.B256 else np.repeat(d, 2, axis=1))
     check_converted(src, out, variant)
+
+
+# sha256 of the files convert wrote before format version 2 existed (commit ea7ec69), per source model
+# (model_factory's defaults: z = 0.4, seed 0, --force-grow): --format-version 1 must keep writing them.
+V1_OUTPUT_SHA256 = {
+    ("tq2_0", "tensor", 0): "659e79a6842dd86a9a8e15919179d9f55b7adb36b6addf5d355f6b76236b2c99",
+    ("tq1_0", "g128", 4): "226ed49b83dafe8150f1b91310a7707b0d5bf03f3e1425e9e6f2568396e3496b",
+    ("f16", "g128", 0): "8831d1240fec195fe30ff70470a34cb877064b2e216f8c8a602015662df948d0",
+}
+
+
+@pytest.mark.parametrize("src_type,scale,moe", list(V1_OUTPUT_SHA256))
+def test_version_1_output_unchanged(model_factory, tmp_path, src_type, scale, moe):
+    import hashlib
+    src = model_factory(src_type=src_type, scale=scale, moe=moe)
+    out = tmp_path / "v1.gguf"
+    convert(src, out, progress=False, force_grow=True, format_version=1)
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == V1_OUTPUT_SHA256[(src_type, scale, moe)]

@@ -19,7 +19,7 @@ from gguf.quants import dequantize
 from ggml_bitcos.cli import main
 from ggml_bitcos.convert import ConvertError, convert
 from ggml_bitcos.convert_back import convert_back, default_output
-from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, KEY_FORMAT_VERSION, QK, Variant
+from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, KEY_FORMAT_VERSION, Variant
 from ggml_bitcos.ternary import random_codes
 from gguf_tools import GGUFStreamWriter, open_gguf, tensor_bytes, tensor_ggml_shape
 

@@ -174,6 +174,18 @@ def test_allow_copy_writes_an_untagged_copy(tmp_path, capsys):
     assert int(o.get_field("general.file_type").contents()) == 7
 
 
+def test_version_1_output_unchanged(tmp_path):
+    """--format-version 1 writes what convert wrote before version 2 existed (commit ea7ec69, sha256 below): PT
+    whenever exact, even where G128 would take fewer bytes (the z = 1 tensor of 3 x 256 weights)."""
+    import hashlib
+    src = tmp_path / "tq1.gguf"
+    _tq1_model(src)
+    out = tmp_path / "v1.gguf"
+    convert(src, out, progress=False, format_version=1)
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == \
+        "919d4d3218478a9135c68827ac4bdf15337e1a7645b12409d1c00d7a080c3132"
+
+
 @pytest.mark.parametrize("version,k,multiple", [(1, 320, 128), (2, 80, 32)])
 def test_cannot_convert_name_with_strict(tmp_path, version, k, multiple):
     """A ternary tensor skipped for any reason (here: its row length) is a --strict error; without it a
@@ -196,23 +208,29 @@ def test_cannot_convert_name_with_strict(tmp_path, version, k, multiple):
     assert not (tmp_path / "o2.gguf").exists()
 
 
-@pytest.mark.parametrize("tq1", [1], indirect=True, ids=["v1"])
+# every --scale choice of each version and the variant it writes
+FORCED = {(1, "g128"): "G128", (1, "tensor"): "PT", (2, "tensor"): "MATRIX", (2, "row"): "ROW", (2, "256"): "B256",
+          (2, "128"): "B128"}
+
+
+@pytest.mark.parametrize("tq1", [2], indirect=True, ids=["v2"])
 def test_stats_real_bits_per_variant(tq1, tmp_path):
-    """stats on the source: each tensor's PT/G128 bits are the bytes a conversion to that variant writes."""
+    """stats on the source: each tensor's bits in each variant are the bytes a conversion to that variant writes
+    (None where it is not exact: no conversion writes it); auto is convert's own choice."""
     src, forced, sizes, tq1_bytes, _grows, _version = tq1
-    g128 = tmp_path / "g128.gguf"
-    convert(src, g128, progress=False, force_grow=True, scale="g128", format_version=1)
-    g_sizes = _bitcos_bytes(g128)
     m = collect(src, progress=False)
     per = {t.name: t for t in m.tensors}
-    varying = {name for name, *_r, v in TQ1_SPECS if v}
-    for name, rows, k, z, v in TQ1_SPECS:
-        assert per[name].variant_bytes["G128"] == g_sizes[name]
-        assert per[name].variant_bytes["PT"] == (None if v else sizes[name])
     n = sum(r * k for _n, r, k, *_ in TQ1_SPECS)
-    assert m.bitcos_g128 == pytest.approx(8 * sum(g_sizes.values()) / n, rel=1e-12)
-    assert m.bitcos_pt is None and m.not_exact["PT"] == len(varying)
-    auto = sum(sizes.values())                       # convert's own choice per tensor (PT, else G128)
+    for (version, scale), vname in FORCED.items():
+        out = tmp_path / f"{vname}.gguf"
+        convert(src, out, progress=False, force_grow=True, allow_copy=True, scale=scale, format_version=version)
+        got = _bitcos_bytes(out)
+        for name, *_ in TQ1_SPECS:
+            assert per[name].variant_bytes[vname] == got.get(name), (vname, name)
+        want_bits = 8 * sum(got.values()) / n if len(got) == len(TQ1_SPECS) else None
+        assert m.variant_bits[vname] == (pytest.approx(want_bits, rel=1e-12) if want_bits else None), vname
+        assert m.not_exact[vname] == len(TQ1_SPECS) - len(got), vname
+    auto = sum(sizes.values())                       # convert's own choice per tensor
     assert m.bitcos_auto == pytest.approx(8 * auto / n, rel=1e-12)
     tq1_bits = 8 * sum(tq1_bytes.values()) / n
     assert tq1_bits == pytest.approx(1.6875)
@@ -223,4 +241,3 @@ def test_stats_real_bits_per_variant(tq1, tmp_path):
     mb = collect(forced, progress=False)
     assert mb.bitcos_auto == pytest.approx(m.bitcos_auto, rel=1e-12)
     assert mb.file_bits_per_weight == pytest.approx(8 * auto / n, rel=1e-12)
-    assert {t.name: t.variant_bytes["G128"] for t in mb.tensors} == g_sizes

@@ -287,7 +287,8 @@ def test_tq2_0_with_varying_block_scales_against_tq1_0(tmp_path, z, smaller):
     bits = 8 * nbytes / n
     z_real = 1 - np.count_nonzero(x) / n
     index = bits - (TQ2_0_BITS - z_real)                    # row index, header, alignment: what B256 adds
-    # FORMAT.md §8: 16 + 64/G bits per row (G = 64 rows per group at this density), a 128-byte header, <= 3 x 63 alignment bytes, a 64-byte tail
+    # FORMAT.md §8: 16 + 64/G bits per row (G = 64 rows per group at this density), a 128-byte header,
+    # <= 3 x 63 alignment bytes, a 64-byte tail
     assert 0 < index <= (16 + 64 / 64) / 2048 + 8 * (128 + 3 * 63 + 64) / n
     assert bits < TQ2_0_BITS
     assert (bits < TQ1_0_BITS) == smaller == (TQ2_0_BITS - z_real + index < TQ1_0_BITS)

@@ -152,9 +152,19 @@ def test_info_errors_name_file_tensor_problem(converted, tmp_path, capsys):
     _patch(out, bad, comp.offset, b"XXXX")
     _one_line_error(capsys, ["info", str(bad)], str(bad), f"tensor '{name}'", "bad companion magic")
 
-    bad = tmp_path / "ncols.gguf"     # header parses, but K disagrees with the weight's shape
+    # header parses, but K disagrees with the weight's shape: a MATRIX tensor, whose layout does not depend on K
+    q = "blk.0.attn_q.weight"
+    bad = tmp_path / "ncols.gguf"
+    _patch(out, bad, table[q + COMPANION_SUFFIX].offset + 8, struct.pack("<Q", 768))
+    _one_line_error(capsys, ["info", str(bad)], str(bad), f"tensor '{q}'", "does not match the weight")
+    # the same edit on a B128 tensor moves its scales section: the offsets are no longer canonical
+    bad = tmp_path / "ncols-b128.gguf"
     _patch(out, bad, comp.offset + 8, struct.pack("<Q", 768))
-    _one_line_error(capsys, ["info", str(bad)], str(bad), f"tensor '{name}'", "does not match the weight")
+    _one_line_error(capsys, ["info", str(bad)], str(bad), f"tensor '{name}'", "not canonical")
+    # a version-2 variant in a version-1 header
+    bad = tmp_path / "v1.gguf"
+    _patch(out, bad, comp.offset + 4, struct.pack("<H", 1))
+    _one_line_error(capsys, ["info", str(bad)], str(bad), f"tensor '{name}'", "belongs to format version 2")
 
     bad = tmp_path / "version.gguf"
     _patch(out, bad, comp.offset + 4, struct.pack("<H", 9))

@@ -18,7 +18,7 @@ import numpy as np
 from ggml_bitcos import codec
 from ggml_bitcos.bench.common import (bench_workdir, default_threads, machine_line, parse_floats, parse_ints,
                                       pyplot, run_tool, save_figure, write_json)
-from ggml_bitcos.format import QK, QK_K, Variant
+from ggml_bitcos.format import QK_K, Variant
 from ggml_bitcos.ternary import random_codes
 from ggml_bitcos.tq import tq1_0_encode, tq2_0_encode
 
@@ -54,14 +54,18 @@ def _encoded_tensors(codes: np.ndarray, t: str, scale: np.float16) -> list[tuple
         parts = [quants.quantize(codes[i:i + 1024].astype(np.float32) * np.float32(scale), T.Q4_0)
                  for i in range(0, rows, 1024)]
         return [(f"w.{t}", T.Q4_0, ne, np.concatenate(parts, axis=0))]
-    if t == "bitcos_pt":
-        enc = codec.encode(codes, Variant.PT, matrix_scales=np.array([scale], np.float32))
-        gt = gguf_tools.BITCOS_PT
-    elif t == "bitcos_g128":
-        enc = codec.encode(codes, Variant.G128, block_scales=np.full((rows, k // QK), scale))
-        gt = gguf_tools.BITCOS_G128
-    else:
+    # bitcos_<variant>: bitcos_pt / bitcos_g128 (format version 1), bitcos_matrix / _row / _b128 / _b256 (version
+    # 2, ggml type BITCOS: needs a llama.cpp built with it); every scale is `scale`
+    variant = Variant.__members__.get(t[len("bitcos_"):].upper()) if t.startswith("bitcos_") else None
+    if variant is None:
         raise ValueError(f"unknown type {t}")
+    if variant.scale_block:
+        enc = codec.encode(codes, variant, block_scales=np.full((rows, k // variant.scale_block), scale))
+    elif variant is Variant.ROW:
+        enc = codec.encode(codes, variant, row_scales=np.full(rows, scale, np.float32))
+    else:
+        enc = codec.encode(codes, variant, matrix_scales=np.array([scale], np.float32))
+    gt = gguf_tools.bitcos_type(variant)
     return [(f"w.{t}", gt, ne, enc.blocks),
             (f"w.{t}.bitcos", T.I8, (enc.companion.nbytes,), enc.companion.view(np.int8))]
 
@@ -170,7 +174,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="interleaved: every repetition walks all weights (robust ratios on a shared machine; "
                         "the working set is all weights); grouped: each weight's repetitions back to back "
                         "(a small weight stays in L1/L2: the cache-resident figure)")
-    g.add_argument("--bitcos-types", default="bitcos_pt,bitcos_g128")
+    g.add_argument("--bitcos-types", default="bitcos_pt,bitcos_g128",
+                   help="comma list of bitcos_<variant>: bitcos_pt, bitcos_g128 (format version 1), bitcos_matrix, "
+                        "bitcos_row, bitcos_b128, bitcos_b256 (version 2; default bitcos_pt,bitcos_g128)")
     g.add_argument("--workdir", type=Path, default=None, help="where the test GGUFs go (default: a temp dir)")
     g.add_argument("--json", type=Path, help="write all measurements as JSON")
     g.add_argument("--plot", type=Path, help="write the figure (PNG)")

@@ -7,22 +7,28 @@
 // flags), all with -fsanitize=address,undefined where the compiler has them. This file has no ggml dependency.
 //
 // Each case (seeded: case i of seed s is reproducible alone with --seed s --first i --cases 1):
-//   * a random tensor of any variant (version 1: G128, PT; version 2: MATRIX, ROW, B128, B256), k any multiple
-//     the variant allows up to 6144 (for MATRIX / ROW any multiple of 32: partial last 128-weight units of
-//     32, 64, 96), 1 .. 80 rows, a zero density drawn per case from {0, 0.01, 0.3, 0.5, 0.95, 0.99, 1,
-//     uniform} with whole empty or full units and rows mixed in, fp16 block scales (G128 in the blocks,
-//     B128 / B256 in their own buffer; neighbouring 128-halves equal half of the time, zero, subnormal and
-//     65504 among them), fp32 row scales (PT / MATRIX one value for the run, ROW one per row, zero among them);
+//   * a random tensor of any variant (FORMAT.md §4.2: v1 G128, PT; v2 MATRIX, ROW, B128, B256), k a multiple
+//     of the variant's row-length multiple up to 6144 (MATRIX / ROW: any multiple of 32, so a partial last
+//     128-weight unit of 32, 64 or 96 weights; odd numbers of units included), 1 .. 80 rows, a zero density
+//     drawn per case from {0, 0.01, 0.3, 0.5, 0.95, 0.99, 1, uniform} with whole empty or full units and rows
+//     mixed in, fp16 block scales (neighbouring units equal half of the time, zero, subnormal and 65504 among
+//     them), fp32 matrix / row scales; described to the kernels as the CPU glue does (bitcos_rows: v1 G128's
+//     scales in its blocks, B128 / B256 an fp16 array, PT / MATRIX the matrix scale repeated per row, ROW its
+//     own); a quarter of the B128 / B256 cases keep their scales at a stride of 4 or 6 bytes instead of 2 (a
+//     layout the SIMD paths do not all cover: they must fall back to the generic kernel or read it right);
 //   * a run of consecutive rows [r0, r0 + nr) of it, biased to start mid-tensor and to end at the last row
 //     (whose sign cursor ends exactly at S, the tensor's sign count);
-//   * placed in guard-page buffers (mmap, the page after the buffer PROT_NONE): the run's weight rows
-//     (exactly nr * row_bytes: a version-2 row is k/8 bytes, so its partial last unit ends at the guard), the
-//     run's block scales (exactly nr * scale_row_bytes) or row scales (nr floats), the tensor's sign pool with exactly the format's tail (FORMAT.md §4.4:
+//   * placed in guard-page buffers (mmap, the page after the buffer PROT_NONE): the run's weight blocks
+//     (exactly nr * row_bytes: the last row's bitmap, a partial unit included, ends at the guard, so a read
+//     of more than (k % 128) / 8 bytes of a partial unit faults), the block or row scales (exactly the run's),
+//     the tensor's sign pool with exactly the format's tail (FORMAT.md §4.4:
 //     roundup(ceil(S/8), 64) + 64 bytes, every bit past S zero), the run's sign positions (nr u64), each
 //     activation column (ceil(k/256) Q8_K blocks, zero-padded past k as the contract asks) and each
 //     destination column (nr floats), each ending at its guard page; with --front the buffers start right
-//     after a PROT_NONE page instead (underflow), half of them 8..56 bytes later (only 8-byte aligned); --short-tail N takes N bytes off the pool's tail, a self-test
-//     that the guard is live (a kernel that loads a whole register near the end of the signs must then fault);
+//     after a PROT_NONE page instead (underflow), half of them 8..56 bytes later (only 8-byte aligned);
+//     --short-tail N takes N bytes off the pool's tail, a self-test that the guard is live (a kernel that
+//     loads a whole register near the end of the signs must then fault); --short-bits N takes N bytes off
+//     the end of the run's bitmap, the same self-test for the bitmap reads;
 //   * nc = 1 .. 20 activation columns (GEMV and the GEMM tiles), Q8_K scales of both signs;
 //   * every kernel this CPU can run (generic always; AVX2 / AVX-512 when the CPU has every extension their
 //     object was compiled for) is called, and each float result must equal the generic one bit for bit
@@ -68,6 +74,7 @@ static double unif(void) { return (double)(rnd() >> 11) * (1.0 / 900719925474099
 static size_t g_page;
 static int    g_front;   // 1: buffers start right after a PROT_NONE page; 0: they end right before one
 static size_t g_short_tail;  // --short-tail N: the pool gets N bytes less than the format's tail (self-test)
+static size_t g_short_bits;  // --short-bits N: the run's bitmap buffer gets N bytes less (self-test)
 
 typedef struct { uint8_t * map; size_t map_len; uint8_t * p; } gbuf;
 
@@ -130,18 +137,25 @@ typedef struct {
     int64_t k, rows, r0, nr, nc;
     double z;
     uint64_t n_signs;
+    size_t scale_stride;   // block scales: bytes from one to the next (2 in the format)
 } case_desc;
 
-static const char * variant_name(int v) {
-    static const char * names[BITCOS_VARIANT_COUNT] = { "G128", "PT", "MATRIX", "ROW", "B128", "B256" };
-    return v >= 0 && v < BITCOS_VARIANT_COUNT ? names[v] : "?";
-}
+static const char * const g_variant_names[BITCOS_VARIANT_COUNT] = { "G128", "PT", "MATRIX", "ROW", "B128", "B256" };
 
 static void print_case(FILE * f, const case_desc * c) {
     fprintf(f, "case seed=%" PRIu64 " index=%" PRIu64 " variant=%s k=%" PRId64 " rows=%" PRId64 " run=[%" PRId64
-               ", %" PRId64 ") nc=%" PRId64 " z=%.3f S=%" PRIu64 " %s\n", c->seed, c->index,
-            variant_name(c->variant), c->k, c->rows, c->r0, c->r0 + c->nr, c->nc, c->z,
-            c->n_signs, g_front ? "front-guard" : "end-guard");
+               ", %" PRId64 ") nc=%" PRId64 " z=%.3f S=%" PRIu64 " scale_stride=%zu %s\n", c->seed, c->index,
+            g_variant_names[c->variant], c->k, c->rows, c->r0, c->r0 + c->nr, c->nc, c->z, c->n_signs,
+            c->scale_stride, g_front ? "front-guard" : "end-guard");
+}
+
+static float rand_f32_scale(void) {
+    switch (below(10)) {
+    case 0:  return 0.0f;
+    case 1:  return 65504.0f;
+    case 2:  return 1e-30f;                                   // far below fp16's range: fine for fp32 scales
+    default: return (float)(unif() * 4.0);
+    }
 }
 
 typedef struct { const char * name; bitcos_mm_fn fn; } impl;
@@ -151,11 +165,11 @@ static uint64_t g_nan_cases = 0;
 // Runs one case; returns 0 when every kernel matched the generic one.
 static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_impls) {
     g_rng = splitmix(seed * 0x100000001b3ull ^ splitmix(index + 1)) | 1;
-    case_desc c = { .seed = seed, .index = index };
+    case_desc c = { .seed = seed, .index = index, .scale_stride = sizeof(uint16_t) };
     c.variant = (int)below(BITCOS_VARIANT_COUNT);
-    const int64_t kmul = bitcos_variant_k_multiple(c.variant);
-    const int64_t kmax = 48 * QK_BITCOS / kmul, ksmall = 6 * QK_BITCOS / kmul;   // up to 48 or 6 units
-    c.k = kmul * (below(4) == 0 ? 1 + (int64_t)below((uint64_t)kmax) : 1 + (int64_t)below((uint64_t)ksmall));
+    const int64_t km = bitcos_variant_k_multiple(c.variant);
+    const int64_t kmax = 6144 / km;                                  // rows up to 6144 weights
+    c.k = km * (below(4) == 0 ? 1 + (int64_t)below((uint64_t)kmax) : 1 + (int64_t)below((uint64_t)(kmax < 24 ? kmax : 24)));
     c.rows = below(3) == 0 ? 1 + (int64_t)below(80) : 1 + (int64_t)below(12);
     static const double zs[] = { 0.0, 0.01, 0.3, 0.5, 0.95, 0.99, 1.0, -1.0 };
     c.z = zs[below(8)];
@@ -168,20 +182,24 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
     static const int64_t ncs[] = { 1, 1, 1, 2, 3, 4, 5, 8, 9, 16, 17, 20 };
     c.nc = ncs[below(12)];
 
-    const int64_t nu = (c.k + QK_BITCOS - 1) / QK_BITCOS;     // 128-weight units, the last maybe partial
-    const size_t ub = bitcos_block_bytes(c.variant);           // unit stride: 18 (G128), else 16
-    const int v1 = bitcos_variant_version(c.variant) == 1;
-    const size_t row_bytes = v1 ? (size_t)nu * ub : (size_t)(c.k / 8);
-    const int64_t nby = (nu + 1) / 2;
-    const int64_t sblk = bitcos_variant_scale_block(c.variant);   // 0: row scales
+    const int g128 = c.variant == BITCOS_VARIANT_G128;
+    const int64_t nu = (c.k + QK_BITCOS - 1) / QK_BITCOS;               // 128-weight units, the last maybe partial
+    const size_t unit_bytes = bitcos_block_bytes(c.variant);             // 18 for v1 G128, else 16
+    const size_t row_bytes = g128 ? (size_t)nu * unit_bytes : (size_t)c.k / 8;
+    const int64_t nby = (c.k + BITCOS_Q8K_BLOCK - 1) / BITCOS_Q8K_BLOCK;
+    const int64_t sblock = bitcos_variant_scale_block(c.variant);       // weights per block scale (0: row scales)
+    const int64_t nscale = sblock ? c.k / sblock : 0;                    // block scales per row
+    if (sblock && !g128 && below(4) == 0) {
+        c.scale_stride = below(2) ? 4 : 6;                               // not the format's layout: see the header
+    }
 
     // codes of the whole tensor, with empty / full units and rows mixed in
     int8_t * codes = malloc((size_t)(c.rows * c.k));
     for (int64_t r = 0; r < c.rows; ++r) {
         const int row_mode = (int)below(10);                 // 0: empty row, 1: full row, else per unit
-        for (int64_t b = 0; b < nu; ++b) {
+        for (int64_t u = 0; u < nu; ++u) {
             const int blk_mode = row_mode == 0 ? 0 : row_mode == 1 ? 1 : (int)below(12);
-            for (int64_t j = 0; j < QK_BITCOS && b * QK_BITCOS + j < c.k; ++j) {
+            for (int64_t j = 0; j < QK_BITCOS && u * QK_BITCOS + j < c.k; ++j) {
                 int8_t t;
                 if (blk_mode == 0) {
                     t = 0;
@@ -190,7 +208,7 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
                 } else {
                     t = unif() < c.z ? 0 : ((rnd() & 1) ? 1 : -1);
                 }
-                codes[r * c.k + b * QK_BITCOS + j] = t;
+                codes[r * c.k + u * QK_BITCOS + j] = t;
             }
         }
     }
@@ -220,38 +238,45 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
             }
         }
     }
-    // the run's weight rows (v1 blocks with G128's scale after each bitmap; v2 plain k/8-byte bitmaps)
-    gbuf blocks = galloc((size_t)c.nr * row_bytes);
-    memset(blocks.p, 0, (size_t)c.nr * row_bytes);
+    // the run's bitmaps (v1 G128: with its fp16 scale after each unit's bitmap) and block scales
+    const size_t bits_bytes = (size_t)c.nr * row_bytes;
+    const size_t short_bits = g_short_bits < bits_bytes ? g_short_bits : 0;
+    gbuf blocks = galloc(bits_bytes - short_bits);
+    uint8_t * bits = malloc(bits_bytes);
+    memset(bits, 0, bits_bytes);
+    const size_t scale_row_bytes = g128 ? row_bytes : (size_t)nscale * c.scale_stride;
+    gbuf bscale = galloc(sblock && !g128 ? (size_t)c.nr * scale_row_bytes : 0);
+    if (sblock && !g128) {
+        memset(bscale.p, 0, (size_t)c.nr * scale_row_bytes);
+    }
     for (int64_t r = 0; r < c.nr; ++r) {
+        uint8_t * row = bits + (size_t)r * row_bytes;
         const int8_t * t = codes + (c.r0 + r) * c.k;
-        for (int64_t j = 0; j < c.k; ++j) {
-            if (t[j] != 0) {
-                blocks.p[(size_t)r * row_bytes + (size_t)(j / QK_BITCOS) * ub + (size_t)(j % QK_BITCOS) / 8] |=
-                    (uint8_t)(1u << (j & 7));
+        for (int64_t i = 0; i < c.k; ++i) {
+            if (t[i] != 0) {
+                row[(size_t)(i / QK_BITCOS) * (g128 ? unit_bytes : BITCOS_BITMAP_BYTES) + (size_t)(i % QK_BITCOS) / 8] |=
+                    (uint8_t)(1u << (i & 7));
             }
+        }
+        uint16_t prev_d = 0;
+        for (int64_t g = 0; g < nscale; ++g) {
+            // the second unit of a Q8_K block shares its scale half of the time (the contract's one-D path)
+            const uint16_t d = ((g & 1) && (rnd() & 1)) ? prev_d : rand_fp16_scale();
+            prev_d = d;
+            uint8_t * dp = g128 ? row + (size_t)g * unit_bytes + BITCOS_BITMAP_BYTES
+                                : bscale.p + (size_t)r * scale_row_bytes + (size_t)g * c.scale_stride;
+            memcpy(dp, &d, sizeof d);
         }
     }
-    // scales: fp16 per 128 (G128 in the blocks, B128 in its own buffer) or per 256 (B256), else fp32 per row
-    const size_t scale_row_bytes = sblk && !v1 ? sizeof(uint16_t) * (size_t)(c.k / sblk) : 0;
-    gbuf sbuf = galloc(sblk ? (v1 ? 0 : (size_t)c.nr * scale_row_bytes) : sizeof(float) * (size_t)c.nr);
-    if (sblk) {
-        uint16_t prev_d = 0;
+    memcpy(blocks.p, bits, bits_bytes - short_bits);
+    free(bits);
+    // row scales: the matrix's repeated (PT, MATRIX), or one per row (ROW, a quarter of them the same)
+    gbuf rscale = galloc(sblock ? 0 : sizeof(float) * (size_t)c.nr);
+    if (!sblock) {
+        const float m = below(10) == 0 ? 0.0f : (float)(unif() * 4.0);
         for (int64_t r = 0; r < c.nr; ++r) {
-            for (int64_t b = 0; b < c.k / sblk; ++b) {
-                // the second half of a Q8_K block shares its scale half of the time (the contract's one-D path)
-                const uint16_t d = (sblk == QK_BITCOS && (b & 1) && (rnd() & 1)) ? prev_d : rand_fp16_scale();
-                uint8_t * dst = v1 ? blocks.p + (size_t)r * row_bytes + (size_t)b * ub + BITCOS_BITMAP_BYTES
-                                   : sbuf.p + (size_t)r * scale_row_bytes + sizeof(uint16_t) * (size_t)b;
-                memcpy(dst, &d, sizeof d);
-                prev_d = d;
-            }
-        }
-    } else {
-        const float s0 = below(10) == 0 ? 0.0f : (float)(unif() * 4.0);
-        for (int64_t r = 0; r < c.nr; ++r) {
-            const float s = c.variant == BITCOS_VARIANT_ROW ? (below(10) == 0 ? 0.0f : (float)(unif() * 4.0)) : s0;
-            memcpy(sbuf.p + sizeof(float) * (size_t)r, &s, sizeof s);
+            const float v = c.variant == BITCOS_VARIANT_ROW ? (below(4) == 0 ? m : rand_f32_scale()) : m;
+            memcpy(rscale.p + sizeof(float) * (size_t)r, &v, sizeof v);
         }
     }
     gbuf spos = galloc(sizeof(uint64_t) * (size_t)c.nr);
@@ -277,36 +302,28 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
                 y[b].qs[j] = q;
             }
             for (int g = 0; g < BITCOS_Q8K_BLOCK / 16; ++g) {
-                int s = 0;
+                int sum = 0;
                 for (int j = 0; j < 16; ++j) {
-                    s += y[b].qs[16*g + j];
+                    sum += y[b].qs[16*g + j];
                 }
-                y[b].bsums[g] = (int16_t)s;
+                y[b].bsums[g] = (int16_t)sum;
             }
         }
         ycols[col] = y;
     }
 
     bitcos_rows w;
-    memset(&w, 0, sizeof w);
-    w.k          = c.k;
-    w.bits       = blocks.p;
-    w.unit_bytes = ub;
-    w.row_bytes  = row_bytes;
-    w.pool       = pool.p;
-    w.sign_pos   = (const uint64_t *)(const void *)spos.p;
-    if (!sblk) {
-        w.row_scale = (const float *)(const void *)sbuf.p;
-    } else if (v1) {
-        w.block_scale     = blocks.p + BITCOS_BITMAP_BYTES;
-        w.scale_stride    = ub;
-        w.scale_row_bytes = row_bytes;
-    } else {
-        w.block_scale       = sbuf.p;
-        w.scale_stride      = sizeof(uint16_t);
-        w.scale_row_bytes   = scale_row_bytes;
-        w.block_scale_shift = sblk == 256;
-    }
+    w.k                 = c.k;
+    w.bits              = blocks.p;
+    w.unit_bytes        = g128 ? unit_bytes : BITCOS_BITMAP_BYTES;
+    w.row_bytes         = row_bytes;
+    w.pool              = pool.p;
+    w.sign_pos          = (const uint64_t *)(const void *)spos.p;
+    w.row_scale         = sblock ? NULL : (const float *)(const void *)rscale.p;
+    w.block_scale       = !sblock ? NULL : g128 ? blocks.p + BITCOS_BITMAP_BYTES : bscale.p;
+    w.scale_stride      = g128 ? unit_bytes : c.scale_stride;
+    w.scale_row_bytes   = sblock ? scale_row_bytes : 0;
+    w.block_scale_shift = sblock == 2 * QK_BITCOS ? 1 : 0;
 
     float * ref = malloc(sizeof(float) * (size_t)(c.nr * c.nc));
     int rc = 0;
@@ -358,7 +375,8 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
         gfree(&ybuf[col]);
     }
     gfree(&spos);
-    gfree(&sbuf);
+    gfree(&rscale);
+    gfree(&bscale);
     gfree(&blocks);
     gfree(&pool);
     free(pos_all);
@@ -398,10 +416,12 @@ int main(int argc, char ** argv) {
             if (g_short_tail > BITCOS_POOL_TAIL_BYTES) {
                 g_short_tail = BITCOS_POOL_TAIL_BYTES;
             }
+        } else if (!strcmp(argv[i], "--short-bits") && i + 1 < argc) {
+            g_short_bits = (size_t)strtoull(argv[++i], NULL, 0);   // self-test of the bitmap's guard
         } else if (!strcmp(argv[i], "--front")) {
             g_front = 1;
         } else {
-            fprintf(stderr, "usage: %s [--seed S] [--first I] [--cases N] [--seconds T] [--front] [--short-tail N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--seed S] [--first I] [--cases N] [--seconds T] [--front] [--short-tail N] [--short-bits N]\n", argv[0]);
             return 2;
         }
     }

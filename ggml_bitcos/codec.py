@@ -1,10 +1,10 @@
-"""Numpy reference codec for BITCOS tensors (docs/FORMAT.md v1): the weight's fixed-size blocks and the
-companion tensor (header, per-matrix scales, row index, sign pool).
+"""Numpy reference codec for BITCOS tensors (docs/FORMAT.md, versions 1 and 2): the weight's fixed-size blocks
+and the companion tensor (header, scales, row index, sign pool).
 
 Everything here works on whole arrays (no per-weight Python loops):
 
 * ``encode(codes, ...)``  ternary codes int8 (R, K) + scales -> ``Encoded(blocks, companion)``
-* ``decode(blocks, companion, ...)`` -> ``Decoded(codes, block_scales | matrix_scales)``;
+* ``decode(blocks, companion, type_id, ...)`` -> ``Decoded(codes, block_scales | matrix_scales | row_scales)``;
   ``Decoded.to_float()`` -> float32 exactly as FORMAT.md §5 (one fp32 multiplication per weight)
 * ``parse_header``, ``sign_positions``, ``sign_pool``: the companion's parts a reader (or the kernel
   harness) needs, checked; ``check_scales`` / ``invalid_scales``: the scale validity rule.
@@ -14,6 +14,9 @@ detection in ``ggml_bitcos.ternary``.
 
 Shapes: a weight with ggml shape [K, N] or [K, N, E] is handled as R = N·E rows of K weights, M = E
 matrices of N rows each (numpy order (E, N, K) reshaped to (R, K)).
+
+Scales by variant (FORMAT.md §4.2): ``block_scales`` fp16 (R, K / scale_block) for G128 / B128 / B256,
+``matrix_scales`` float32 (M,) for PT / MATRIX, ``row_scales`` float32 (R,) for ROW.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Final
 import numpy as np
 
 from .format import (BITMAP_BYTES, HEADER_BYTES, HEADER_FIELDS, MAGIC, MAX_ROW_GROUP_LOG2, MAX_SCALE,
-                     MAX_WEIGHT_NAME, POOL_TAIL, QK, SECTION_ALIGN, VERSION, Variant)
+                     MAX_WEIGHT_NAME, POOL_TAIL, QK, SECTION_ALIGN, TYPE_ID_BITMAP, VERSIONS, Variant)
 
 _FIELDS_FORMAT: Final = "<" + "".join(code for _name, code in HEADER_FIELDS)
 HEADER_RESERVED_OFFSET: Final = struct.calcsize(_FIELDS_FORMAT)    # reserved, zero bytes from here on
@@ -54,6 +57,11 @@ def _as_variant(variant: int) -> Variant:
     return Variant(variant)
 
 
+def header_version(variant: Variant) -> int:
+    """The companion header's ``version`` for a variant: 1 for G128 / PT, 2 for the rest (FORMAT.md §4.1)."""
+    return Variant(variant).version
+
+
 @dataclass(frozen=True)
 class Header:
     """The companion header's fields after magic and version (FORMAT.md §4.1)."""
@@ -75,8 +83,10 @@ class Header:
         return self.pool_offset + self.pool_bytes
 
     def pack(self) -> bytes:
-        """The 128 header bytes: the fields in ``format.HEADER_FIELDS`` order, then zero reserved bytes."""
-        values = {"magic": MAGIC, "version": VERSION, **{f.name: getattr(self, f.name) for f in fields(self)}}
+        """The 128 header bytes: the fields in ``format.HEADER_FIELDS`` order, then zero reserved bytes; the
+        version is the variant's (1 for G128 / PT, 2 for the rest)."""
+        values = {"magic": MAGIC, "version": header_version(self.variant),
+                  **{f.name: getattr(self, f.name) for f in fields(self)}}
         return _HEADER.pack(*(values[name] for name, _code in HEADER_FIELDS))
 
 
@@ -95,30 +105,32 @@ def invalid_scales(scales: np.ndarray) -> np.ndarray:
 
 
 def check_scales(variant: Variant, scales: np.ndarray) -> None:
-    """``FormatError`` naming the first invalid scale: G128 ``scales`` are the fp16 block scales (R, K/128),
-    PT the fp32 matrix scales (M,)."""
+    """``FormatError`` naming the first invalid scale: ``scales`` are the variant's (module docstring): fp16
+    block scales (R, K / scale_block), fp32 matrix scales (M,) or fp32 row scales (R,)."""
     bad = np.flatnonzero(invalid_scales(scales))
     if bad.size == 0:
         return
     i = int(bad[0])
     flat = np.asarray(scales).reshape(-1)
-    if variant == Variant.G128:
+    if variant.scale_block:
         nb = np.asarray(scales).shape[-1]
         value = float(flat.view("<f2")[i]) if flat.dtype.kind == "u" else float(flat[i])
         raise FormatError(f"invalid fp16 scale {value!r} in block {i % nb} of row {i // nb} "
                           f"(valid: finite, >= +0.0; FORMAT.md 3.1)")
-    raise FormatError(f"invalid scale {float(flat[i])!r} of matrix {i} "
+    what = "row" if variant is Variant.ROW else "matrix"
+    raise FormatError(f"invalid scale {float(flat[i])!r} of {what} {i} "
                       f"(valid: finite, >= +0.0, <= {MAX_SCALE}; FORMAT.md 3.1)")
 
 
 def canonical_header(variant: Variant, n_cols: int, n_rows: int, n_mats: int, n_sign_bits: int,
                      row_group_log2: int) -> Header:
     """The header with every offset at its canonical value (FORMAT.md §4.1)."""
+    variant = Variant(variant)
     off = HEADER_BYTES
     scales_offset = 0
-    if variant == Variant.PT:
+    if variant is not Variant.G128:
         scales_offset = off
-        off = _align(off + 4 * n_mats)
+        off = _align(off + variant.scales_bytes(n_cols, n_rows, n_mats))
     g = 1 << row_group_log2
     row_base_offset = off
     off = _align(off + 8 * ((n_rows + g - 1) // g))
@@ -126,7 +138,7 @@ def canonical_header(variant: Variant, n_cols: int, n_rows: int, n_mats: int, n_
     off = _align(off + 2 * n_rows)
     pool_offset = off
     pool_bytes = _align((n_sign_bits + 7) // 8) + POOL_TAIL
-    return Header(Variant(variant), row_group_log2, n_cols, n_rows, n_mats, n_sign_bits, scales_offset,
+    return Header(variant, row_group_log2, n_cols, n_rows, n_mats, n_sign_bits, scales_offset,
                   row_base_offset, row_delta_offset, pool_offset, pool_bytes)
 
 
@@ -162,7 +174,7 @@ class Encoded:
     """A BITCOS weight as the two GGUF tensors' data (FORMAT.md §1)."""
 
     variant: Variant
-    blocks: np.ndarray       # uint8 (R, K/128 * block bytes): the weight tensor's data
+    blocks: np.ndarray       # uint8 (R, row bytes): the weight tensor's data (v1 G128 K/128·18, else K/8)
     companion: np.ndarray    # uint8 (companion bytes,): the ".bitcos" tensor's data
     header: Header
 
@@ -171,29 +183,67 @@ class Encoded:
         return int(self.blocks.nbytes + self.companion.nbytes)
 
 
+def weight_row_bytes(variant: Variant, n_cols: int) -> int:
+    """Bytes of one row of the weight tensor: K/128 blocks of 18 bytes for G128, the K/8-byte bitmap otherwise."""
+    return n_cols // QK * variant.block_bytes if variant is Variant.G128 else n_cols // 8
+
+
+def check_row_length(variant: Variant, n_cols: int) -> None:
+    """``ValueError`` unless ``n_cols`` is a positive multiple of the variant's K multiple (FORMAT.md §3)."""
+    if n_cols <= 0 or n_cols % variant.k_multiple:
+        raise ValueError(f"row length {n_cols} is not a positive multiple of {variant.k_multiple} "
+                         f"(required by {variant.name})")
+
+
+def _scales_array(variant: Variant, n_rows: int, n_cols: int, n_mats: int, block_scales: np.ndarray | None,
+                  matrix_scales: np.ndarray | None, row_scales: np.ndarray | None) -> np.ndarray:
+    """The variant's scales as stored: fp16 (R, K / scale_block), fp32 (M,) or fp32 (R,); -0.0 -> +0.0;
+    ``ValueError`` on a missing or wrongly shaped argument or an invalid scale (FORMAT.md §3.1)."""
+    if variant.scale_block:
+        want, given, name = (n_rows, n_cols // variant.scale_block), block_scales, "block_scales"
+        with np.errstate(over="ignore"):  # too large for fp16 -> inf, refused below
+            cast = None if given is None else np.asarray(given).astype("<f2")
+    else:
+        if variant is Variant.ROW:
+            want, given, name = (n_rows,), row_scales, "row_scales"
+        else:
+            want, given, name = (n_mats,), matrix_scales, "matrix_scales"
+        cast = None if given is None else np.asarray(given, dtype="<f4")
+    if cast is None or cast.shape != want:
+        raise ValueError(f"{variant.name} needs {name} of shape {want}")
+    cast = (cast + cast.dtype.type(0)).astype(cast.dtype)    # -0.0 -> +0.0
+    try:
+        check_scales(variant, cast)
+    except FormatError as e:
+        raise ValueError(f"{variant.name} {name}: {e}") from None
+    return cast
+
+
 def encode(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | None = None,
-           matrix_scales: np.ndarray | None = None, n_mats: int = 1) -> Encoded:
+           matrix_scales: np.ndarray | None = None, row_scales: np.ndarray | None = None,
+           n_mats: int = 1) -> Encoded:
     """Encode ternary codes (int8 (R, K), values -1/0/+1) into a BITCOS weight + companion.
 
-    G128: ``block_scales`` fp16-castable (R, K/128), >= 0, stored as given (-0.0 as +0.0) even for a block
-    with no non-zero weight: its d does not change decoded values, but the kernels' TQ2_0-exact arithmetic
-    (csrc/bitcos-kernels.h) uses it, so a converter passes the source's block scale (FORMAT.md §3).
-    PT: ``matrix_scales`` (n_mats,) float32, >= 0; rows are split evenly into ``n_mats`` matrices.
+    Scales (module docstring) as the variant needs them, each valid (FORMAT.md §3.1; -0.0 is stored as +0.0):
+    G128 / B128 / B256 ``block_scales`` fp16-castable (R, K / scale_block), stored as given even for a block
+    with no non-zero weight: its scale does not change decoded values, but the kernels' TQ2_0-exact
+    arithmetic (csrc/bitcos-kernels.h) uses it, so a converter passes the source's block scale (FORMAT.md §3).
+    PT / MATRIX ``matrix_scales`` (n_mats,); ROW ``row_scales`` (R,). Rows split evenly into ``n_mats``
+    matrices.
     """
     variant = _as_variant(variant)
     codes = np.ascontiguousarray(codes, dtype=np.int8)
     if codes.ndim != 2:
         raise ValueError("codes must be 2-D (rows, K)")
     n_rows, k = codes.shape
-    if k == 0 or k % QK:
-        raise ValueError(f"row length {k} is not a positive multiple of {QK}")
+    check_row_length(variant, k)
     if n_mats < 1 or n_rows % n_mats:
         raise ValueError(f"{n_rows} rows do not split into {n_mats} matrices")
-    nb = k // QK
     present = codes != 0
     negative = codes < 0
     if np.count_nonzero(present) != np.count_nonzero(negative) + np.count_nonzero(codes == 1):
         raise ValueError("codes must be -1, 0 or +1")
+    scales = _scales_array(variant, n_rows, k, n_mats, block_scales, matrix_scales, row_scales)
 
     bitmap = np.packbits(present, axis=1, bitorder="little")          # (R, K/8), LSB first
     row_counts = np.count_nonzero(present, axis=1)
@@ -202,33 +252,22 @@ def encode(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | No
     g = choose_row_group_log2(sign_pos)
     hdr = canonical_header(variant, k, n_rows, n_mats, n_sign, g)
 
-    # weight tensor: fixed-size blocks
-    if variant == Variant.G128:
-        if block_scales is None or block_scales.shape != (n_rows, nb):
-            raise ValueError(f"G128 needs block_scales of shape {(n_rows, nb)}")
-        with np.errstate(over="ignore"):  # too large for fp16 -> inf, refused below
-            d = np.asarray(block_scales).astype(np.float16)
-        if not np.all(np.isfinite(d)) or np.any(d < 0):
-            raise ValueError("G128 block scales must be finite and >= 0")
-        d = (d + np.float16(0)).astype("<f2")   # -0.0 -> +0.0
+    # weight tensor: G128 interleaves bitmap and fp16 d per 128 weights; every other variant is the bitmap
+    if variant is Variant.G128:
+        nb = k // QK
         blocks = np.empty((n_rows, nb, variant.block_bytes), dtype=np.uint8)
         blocks[:, :, :BITMAP_BYTES] = bitmap.reshape(n_rows, nb, BITMAP_BYTES)
-        blocks[:, :, BITMAP_BYTES:] = d.view(np.uint8).reshape(n_rows, nb, 2)
+        blocks[:, :, BITMAP_BYTES:] = scales.view(np.uint8).reshape(n_rows, nb, 2)
         blocks = blocks.reshape(n_rows, nb * variant.block_bytes)
     else:
-        if matrix_scales is None or np.shape(matrix_scales) != (n_mats,):
-            raise ValueError(f"PT needs matrix_scales of shape {(n_mats,)}")
-        s = np.asarray(matrix_scales, dtype=np.float32)
-        if not np.all(np.isfinite(s)) or np.any(s < 0) or np.any(s > MAX_SCALE):
-            raise ValueError(f"PT matrix scales must be finite, >= 0 and <= {MAX_SCALE}")
-        s = s + np.float32(0)   # -0.0 -> +0.0
         blocks = bitmap
 
     # companion tensor
     comp = np.zeros(hdr.companion_bytes, dtype=np.uint8)
     comp[:HEADER_BYTES] = np.frombuffer(hdr.pack(), dtype=np.uint8)
-    if variant == Variant.PT:
-        comp[hdr.scales_offset:hdr.scales_offset + 4 * n_mats] = s.astype("<f4").view(np.uint8)
+    if variant is not Variant.G128:
+        raw = np.ascontiguousarray(scales).view(np.uint8).reshape(-1)
+        comp[hdr.scales_offset:hdr.scales_offset + raw.shape[0]] = raw
     gsize = 1 << g
     row_base = sign_pos[::gsize]
     row_delta = (sign_pos - np.repeat(row_base, gsize)[:n_rows]).astype("<u2")
@@ -250,10 +289,14 @@ def parse_header(companion: np.ndarray) -> Header:
     magic, version, variant = values.pop("magic"), values.pop("version"), values["variant"]
     if magic != MAGIC:
         raise FormatError(f"bad companion magic 0x{magic:08x}")
-    if version != VERSION:
-        raise FormatError(f"companion version {version} is not supported (this reader knows {VERSION})")
+    if version not in VERSIONS:
+        raise FormatError(f"companion version {version} is not supported (this reader knows "
+                          f"{', '.join(map(str, VERSIONS))})")
     if variant not in set(Variant):
         raise FormatError(f"unknown variant {variant}")
+    if Variant(variant).version != version:
+        raise FormatError(f"variant {Variant(variant).name} belongs to format version {Variant(variant).version}, "
+                          f"the companion says version {version}")
     if values["row_group_log2"] > MAX_ROW_GROUP_LOG2:
         raise FormatError(f"row_group_log2 {values['row_group_log2']} > {MAX_ROW_GROUP_LOG2}")
     if any(raw[HEADER_RESERVED_OFFSET:]):
@@ -274,37 +317,53 @@ def parse_header(companion: np.ndarray) -> Header:
 
 @dataclass
 class Decoded:
-    """A decoded BITCOS weight: codes and the scales of its variant."""
+    """A decoded BITCOS weight: codes and the scales of its variant (module docstring)."""
 
     variant: Variant
     codes: np.ndarray                      # int8 (R, K)
-    block_scales: np.ndarray | None        # fp16 (R, K/128), G128
-    matrix_scales: np.ndarray | None       # float32 (M,), PT
+    block_scales: np.ndarray | None        # fp16 (R, K / scale_block): G128, B128, B256
+    matrix_scales: np.ndarray | None       # float32 (M,): PT, MATRIX
     header: Header
+    row_scales: np.ndarray | None = None   # float32 (R,): ROW
 
     def to_float(self, rows: slice | None = None) -> np.ndarray:
         """fp32 values of all rows or of ``rows`` (FORMAT.md §5)."""
         return codes_to_float(self.codes, self.variant, block_scales=self.block_scales,
-                              matrix_scales=self.matrix_scales, rows=rows)
+                              matrix_scales=self.matrix_scales, row_scales=self.row_scales, rows=rows)
+
+    def row_scale_values(self) -> np.ndarray | None:
+        """float32 (R,): each row's one scale for PT / MATRIX / ROW (the matrix's, repeated), else None."""
+        if self.row_scales is not None:
+            return self.row_scales
+        if self.matrix_scales is None:
+            return None
+        return np.repeat(self.matrix_scales.astype(np.float32), self.codes.shape[0] // self.matrix_scales.shape[0])
 
 
 def codes_to_float(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | None = None,
-                   matrix_scales: np.ndarray | None = None, rows: slice | None = None) -> np.ndarray:
+                   matrix_scales: np.ndarray | None = None, row_scales: np.ndarray | None = None,
+                   rows: slice | None = None) -> np.ndarray:
     """FORMAT.md §5: x = fp32(scale) * (float) t, one fp32 multiplication per weight."""
+    variant = Variant(variant)
     n_rows, k = codes.shape
     rows = rows if rows is not None else slice(0, n_rows)
     start, stop, _ = rows.indices(n_rows)
     # in-place multiply: a fresh large temporary costs more in page faults than the arithmetic
     t = codes[start:stop].astype(np.float32)
-    if variant == Variant.G128:
+    if variant.scale_block:
         assert block_scales is not None
         d = block_scales[start:stop].astype(np.float32)
-        t3 = t.reshape(stop - start, k // QK, QK)
+        sb = variant.scale_block
+        t3 = t.reshape(stop - start, k // sb, sb)
         np.multiply(t3, d[:, :, None], out=t3)
         return t
-    assert matrix_scales is not None
-    n_per_mat = n_rows // matrix_scales.shape[0]
-    row_scale = matrix_scales.astype(np.float32)[np.arange(start, stop) // n_per_mat]
+    if variant is Variant.ROW:
+        assert row_scales is not None
+        row_scale = row_scales.astype(np.float32)[start:stop]
+    else:
+        assert matrix_scales is not None
+        n_per_mat = n_rows // matrix_scales.shape[0]
+        row_scale = matrix_scales.astype(np.float32)[np.arange(start, stop) // n_per_mat]
     np.multiply(t, row_scale[:, None], out=t)
     return t
 
@@ -313,41 +372,73 @@ _POPCOUNT8: Final = np.array([bin(i).count("1") for i in range(256)], dtype=np.u
 _VALIDATE_ROWS: Final = 1 << 16          # rows per chunk of the bitmap popcount (bounded temporaries)
 
 
-def validate(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols: int, n_rows: int,
+def _weight_type_id(weight_type: int) -> int:
+    """The ggml type id of a weight; a ``Variant`` stands for its own type (G128 -> 160, PT -> 161, v2 -> 162)."""
+    return weight_type.type_id if isinstance(weight_type, Variant) else int(weight_type)
+
+
+def _row_bitmaps(blocks: np.ndarray, variant: Variant, n_cols: int, n_rows: int) -> np.ndarray:
+    """uint8 (R, K/8) view or copy of every row's bitmap (G128 drops the in-block d)."""
+    if variant is Variant.G128:
+        nb = n_cols // QK
+        return np.ascontiguousarray(blocks.reshape(n_rows, nb, variant.block_bytes)[:, :, :BITMAP_BYTES]
+                                    ).reshape(n_rows, n_cols // 8)
+    return blocks.reshape(n_rows, n_cols // 8)
+
+
+def _stored_scales(blocks: np.ndarray, companion: np.ndarray, hdr: Header) -> np.ndarray:
+    """The variant's scales as stored (views): fp16 (R, K / scale_block), fp32 (M,) or fp32 (R,)."""
+    v, n_rows, n_cols = hdr.variant, hdr.n_rows, hdr.n_cols
+    if v is Variant.G128:
+        nb = n_cols // QK
+        return np.ascontiguousarray(blocks.reshape(n_rows, nb, v.block_bytes)[:, :, BITMAP_BYTES:]
+                                    ).view("<f2").reshape(n_rows, nb)
+    raw = companion[hdr.scales_offset:hdr.scales_offset + v.scales_bytes(n_cols, n_rows, hdr.n_mats)]
+    if v.scale_block:
+        return raw.view("<f2").reshape(n_rows, n_cols // v.scale_block)
+    return raw.view("<f4")
+
+
+def validate(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols: int, n_rows: int,
              n_mats: int) -> Header:
-    """Check a BITCOS weight (raw block bytes) + companion against every rule of FORMAT.md §3.1 and §4, as the
-    C validator (csrc/ggml-bitcos.c, run by the llama.cpp loader) does, without decoding; returns the header.
+    """Check a BITCOS weight (raw block bytes of ggml type ``weight_type``: 160, 161 or 162) + companion against
+    every rule of FORMAT.md §3, §3.1 and §4, as the C validator (csrc/ggml-bitcos.c, run by the llama.cpp loader)
+    does, without decoding; returns the header.
 
     The one Python implementation of the rules: ``decode``, ``ggml-bitcos info`` and ``ggml-bitcos stats`` call
-    it. Order: header (magic, version, variant, g, reserved bytes, canonical offsets, size), variant and shape
-    against the weight, the weight's byte size, the row index against the bitmap's popcounts, ``n_sign_bits``,
-    the sign pool's bits beyond ``n_sign_bits``, the scales (§3.1). Also refused: a weight with no rows or
-    no matrices (a zero dimension; the loader refuses such a tensor by its shape check)."""
+    it. Order: header (magic, version, variant, version of the variant, g, reserved bytes, canonical offsets,
+    size), variant against the weight's type, shape against the weight, row length, the weight's byte size,
+    the row index against the bitmap's popcounts, ``n_sign_bits``, the sign pool's bits beyond
+    ``n_sign_bits``, the scales (§3.1). Also refused: a weight with no rows or no matrices (a zero dimension;
+    the loader refuses such a tensor by its shape check)."""
+    type_id = _weight_type_id(weight_type)
     companion = np.asarray(companion).reshape(-1).view(np.uint8)
     hdr = parse_header(companion)
-    if hdr.variant != variant:
-        raise FormatError(f"companion variant {hdr.variant.name} does not match the weight type "
-                          f"{_variant_name(variant)}")
+    if hdr.variant.type_id != type_id:
+        raise FormatError(f"companion variant {hdr.variant.name} (format version {hdr.variant.version}) does not "
+                          f"match the weight type {type_id} ({_type_name(type_id)})")
     if (hdr.n_cols, hdr.n_rows, hdr.n_mats) != (n_cols, n_rows, n_mats):
         raise FormatError(f"companion shape (K={hdr.n_cols}, R={hdr.n_rows}, M={hdr.n_mats}) does not match "
                           f"the weight (K={n_cols}, R={n_rows}, M={n_mats})")
-    if n_cols <= 0 or n_cols % QK:
-        raise FormatError(f"row length {n_cols} is not a positive multiple of {QK}")
+    variant = hdr.variant
+    try:
+        check_row_length(variant, n_cols)
+    except ValueError as e:
+        raise FormatError(str(e)) from None
     if n_rows <= 0 or n_mats <= 0:
         raise FormatError(f"empty weight: a zero dimension (K={n_cols}, R={n_rows}, M={n_mats})")
-    variant = hdr.variant
-    nb = n_cols // QK
-    bb = variant.block_bytes
     blocks = np.asarray(blocks).reshape(-1).view(np.uint8)
-    if blocks.nbytes != n_rows * nb * bb:
-        raise FormatError(f"weight has {blocks.nbytes} bytes, expected {n_rows * nb * bb}")
-    blk = blocks.reshape(n_rows, nb, bb)
+    want_bytes = n_rows * weight_row_bytes(variant, n_cols)
+    if blocks.nbytes != want_bytes:
+        raise FormatError(f"weight has {blocks.nbytes} bytes, expected {want_bytes}")
 
     # row index, consistent with the bitmap: sign_pos(r) = popcounts of rows < r
     row_counts = np.empty(n_rows, dtype=np.uint64)
     for s in range(0, n_rows, _VALIDATE_ROWS):
         e = min(n_rows, s + _VALIDATE_ROWS)
-        row_counts[s:e] = _POPCOUNT8[blk[s:e, :, :BITMAP_BYTES]].reshape(e - s, -1).sum(axis=1, dtype=np.uint64)
+        part = blocks[s * want_bytes // n_rows:e * want_bytes // n_rows]
+        bitmaps = _row_bitmaps(part, variant, n_cols, e - s)
+        row_counts[s:e] = _POPCOUNT8[bitmaps].sum(axis=1, dtype=np.uint64)
     sign_pos = sign_positions(companion, hdr)
     expected = row_sign_positions(row_counts)
     if not np.array_equal(sign_pos, expected):
@@ -362,37 +453,38 @@ def validate(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols
     used = (s_bits + 7) // 8
     if np.any(pool[used:]) or (s_bits % 8 and int(pool[used - 1]) >> (s_bits % 8)):
         raise FormatError("sign pool bits beyond n_sign_bits are not zero")
-    if variant == Variant.G128:
-        check_scales(variant, np.ascontiguousarray(blk[:, :, BITMAP_BYTES:]).view("<f2").reshape(n_rows, nb))
-    else:
-        check_scales(variant, companion[hdr.scales_offset:hdr.scales_offset + 4 * n_mats].view("<f4"))
+    check_scales(variant, _stored_scales(blocks, companion, hdr))
     return hdr
 
 
-def decode(blocks: np.ndarray, companion: np.ndarray, variant: Variant, n_cols: int, n_rows: int,
+def _type_name(type_id: int) -> str:
+    for v in Variant:
+        if v.type_id == type_id:
+            return v.type_name
+    return "not a BITCOS type"
+
+
+def decode(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols: int, n_rows: int,
            n_mats: int) -> Decoded:
-    """Decode a BITCOS weight (raw block bytes) + companion, after ``validate`` has checked every invariant of
-    FORMAT.md §4 and the scales' validity (§3.1), as the C validator (csrc/ggml-bitcos.c) does."""
+    """Decode a BITCOS weight (raw block bytes of ggml type ``weight_type``) + companion, after ``validate`` has
+    checked every invariant of FORMAT.md §3 and §4 and the scales' validity (§3.1), as the C validator
+    (csrc/ggml-bitcos.c) does."""
     companion = np.asarray(companion).reshape(-1).view(np.uint8)
-    hdr = validate(blocks, companion, variant, n_cols, n_rows, n_mats)
+    hdr = validate(blocks, companion, weight_type, n_cols, n_rows, n_mats)
     variant = hdr.variant
-    nb = n_cols // QK
-    bb = variant.block_bytes
-    blk = np.asarray(blocks).reshape(-1).view(np.uint8).reshape(n_rows, nb, bb)
-    bitmap = np.ascontiguousarray(blk[:, :, :BITMAP_BYTES]).reshape(n_rows, n_cols // 8)
-    present = np.unpackbits(bitmap, axis=1, bitorder="little").view(np.bool_)
-    del bitmap
+    blocks = np.asarray(blocks).reshape(-1).view(np.uint8)
+    present = np.unpackbits(_row_bitmaps(blocks, variant, n_cols, n_rows), axis=1,
+                            bitorder="little").view(np.bool_)
     s = hdr.n_sign_bits
     signs = np.unpackbits(sign_pool(companion, hdr)[:(s + 7) // 8], bitorder="little", count=s).view(np.bool_)
     codes = present.view(np.int8).copy()          # 1 where present
     codes[present] = np.where(signs, np.int8(-1), np.int8(1))
     del present, signs
-    block_scales = matrix_scales = None
-    if variant == Variant.G128:
-        block_scales = np.ascontiguousarray(blk[:, :, BITMAP_BYTES:]).view("<f2").reshape(n_rows, nb)
-    else:
-        matrix_scales = companion[hdr.scales_offset:hdr.scales_offset + 4 * n_mats].view("<f4").copy()
-    return Decoded(variant, codes, block_scales, matrix_scales, hdr)
+    scales = _stored_scales(blocks, companion, hdr).copy()
+    block_scales = scales if variant.scale_block else None
+    row_scales = scales if variant is Variant.ROW else None
+    matrix_scales = scales if variant in (Variant.PT, Variant.MATRIX) else None
+    return Decoded(variant, codes, block_scales, matrix_scales, hdr, row_scales)
 
 
 def sign_positions(companion: np.ndarray, hdr: Header) -> np.ndarray:

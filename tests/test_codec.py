@@ -292,3 +292,208 @@ def test_size_overhead_bound():
             overhead = (8 * comp - s) / (rows * k)
             assert overhead <= 0.01, (variant, z, overhead)
             assert math.isclose(bits_per_weight(variant, z), (2.125 if variant == Variant.G128 else 2.0) - z)
+
+
+# --- format version 2: bitmap-only weights, scales in the companion, any K % 32 ---------------------
+
+V2 = [Variant.MATRIX, Variant.ROW, Variant.B128, Variant.B256]
+
+
+def ref_encode_v2(codes: list[list[int]], variant: Variant, scales: list, n_mats: int) -> tuple[bytes, bytes]:
+    """Per-bit reference of FORMAT.md §3-§4 for version 2, plain Python. ``scales``: MATRIX one float per
+    matrix, ROW one per row, B128 / B256 a list per row of the row's block scales."""
+    rows, k = len(codes), len(codes[0])
+    weight = bytearray()
+    for r in range(rows):
+        bits = bytearray(k // 8)                 # the row's bitmap, K/8 bytes, no scales
+        for j in range(k):
+            if codes[r][j] != 0:
+                bits[j // 8] |= 1 << (j % 8)
+        weight += bits
+    if variant is Variant.ROW or variant is Variant.MATRIX:
+        section = b"".join(struct.pack("<f", s) for s in scales)
+    else:
+        section = b"".join(struct.pack("<e", d) for row in scales for d in row)
+    counts = [sum(1 for v in row if v != 0) for row in codes]
+    sign_pos, acc = [], 0
+    for c in counts:
+        sign_pos.append(acc)
+        acc += c
+    n_sign = acc
+    g = next(c for c in range(6, -1, -1)
+             if all(sign_pos[r] - sign_pos[(r >> c) << c] <= 0xFFFF for r in range(rows)))
+    n_groups = -(-rows // (1 << g))
+    scales_off = 128
+    base_off = _roundup(scales_off + len(section), 64)
+    delta_off = _roundup(base_off + 8 * n_groups, 64)
+    pool_off = _roundup(delta_off + 2 * rows, 64)
+    pool_bytes = _roundup(-(-n_sign // 8), 64) + 64
+    comp = bytearray(pool_off + pool_bytes)
+    comp[0:128] = struct.pack("<IHBBQQQQQQQQQ", 0x53435442, 2, int(variant), g, k, rows, n_mats, n_sign,
+                              scales_off, base_off, delta_off, pool_off, pool_bytes) + bytes(48)
+    comp[scales_off:scales_off + len(section)] = section
+    for grp in range(n_groups):
+        comp[base_off + 8 * grp:base_off + 8 * grp + 8] = struct.pack("<Q", sign_pos[grp << g])
+    for r in range(rows):
+        comp[delta_off + 2 * r:delta_off + 2 * r + 2] = struct.pack("<H", sign_pos[r] - sign_pos[(r >> g) << g])
+    bit = 0
+    for r in range(rows):
+        for v in codes[r]:
+            if v != 0:
+                if v < 0:
+                    comp[pool_off + bit // 8] |= 1 << (bit % 8)
+                bit += 1
+    return bytes(weight), bytes(comp)
+
+
+def v2_scales(rng: np.random.Generator, variant: Variant, rows: int, k: int, n_mats: int) -> dict[str, np.ndarray]:
+    """encode()'s keyword for the variant's scales, random valid values."""
+    if variant.scale_block:
+        return {"block_scales": random_d(rng, (rows, k // variant.scale_block))}
+    if variant is Variant.ROW:
+        return {"row_scales": rng.uniform(0.01, 1.0, rows).astype(np.float32)}
+    return {"matrix_scales": rng.uniform(0.01, 1.0, n_mats).astype(np.float32)}
+
+
+def v2_shapes(variant: Variant) -> list[tuple[int, int]]:
+    """(rows, K) cases the variant allows: odd K multiples of 32 for MATRIX / ROW."""
+    ks = [32, 96, 160, 576, 640, 1536] if variant.k_multiple == 32 else [128, 384, 640, 2048]
+    ks = [k for k in ks if k % variant.k_multiple == 0] or [256, 768, 2048]
+    return [(r, k) for k, r in zip(ks, [1, 3, 7, 37, 5, 2])]
+
+
+@pytest.mark.parametrize("variant", V2, ids=lambda v: v.name)
+@pytest.mark.parametrize("z", [0.0, 0.4, 1.0])
+def test_v2_layout_matches_per_bit_reference(variant: Variant, z: float):
+    for rows, k in v2_shapes(variant):
+        rng = np.random.default_rng(77 + rows + k + int(10 * z))
+        n_mats = 3 if rows % 3 == 0 else 1
+        codes = random_codes(rng, (rows, k), z)
+        kw = v2_scales(rng, variant, rows, k, n_mats)
+        enc = codec.encode(codes, variant, n_mats=n_mats, **kw)
+        scales = next(iter(kw.values()))
+        ref_scales = scales.astype(np.float32).tolist()
+        ref_w, ref_c = ref_encode_v2(codes.tolist(), variant, ref_scales, n_mats)
+        assert enc.blocks.shape == (rows, k // 8)
+        assert enc.blocks.tobytes() == ref_w, (variant, rows, k)
+        assert enc.companion.tobytes() == ref_c, (variant, rows, k)
+        assert enc.header.companion_bytes == codec.companion_size(variant, k, rows, n_mats,
+                                                                  int(np.count_nonzero(codes)),
+                                                                  enc.header.row_group_log2)
+        # decode gives codes, scales and the float values of FORMAT.md §5 back
+        dec = codec.decode(enc.blocks, enc.companion, variant.type_id, k, rows, n_mats)
+        assert dec.variant is variant and np.array_equal(dec.codes, codes)
+        if variant.scale_block:
+            per_weight = np.repeat(scales.astype(np.float32), variant.scale_block, axis=1)
+            assert np.array_equal(dec.block_scales.view(np.uint16), scales.view(np.uint16))
+        elif variant is Variant.ROW:
+            per_weight = np.repeat(scales[:, None], k, axis=1)
+            assert np.array_equal(dec.row_scales, scales)
+        else:
+            per_weight = np.repeat(np.repeat(scales, rows // n_mats)[:, None], k, axis=1)
+            assert np.array_equal(dec.matrix_scales, scales)
+        want = codes.astype(np.float32) * per_weight + np.float32(0)
+        assert np.array_equal(dec.to_float().view(np.uint32), want.view(np.uint32))
+        assert np.array_equal(dec.to_float(slice(1, rows)), want[1:])
+
+
+def test_v2_matrix_rows_are_pt_rows():
+    """For K % 128 == 0 a version-2 weight is byte for byte a version-1 PT weight (FORMAT.md §3); the
+    companions differ in version, variant and nothing else."""
+    rng = np.random.default_rng(8)
+    codes = random_codes(rng, (9, 384), 0.4)
+    s = np.array([0.5, 0.25, 2.0], np.float32)
+    pt = codec.encode(codes, Variant.PT, matrix_scales=s, n_mats=3)
+    v2 = codec.encode(codes, Variant.MATRIX, matrix_scales=s, n_mats=3)
+    assert pt.blocks.tobytes() == v2.blocks.tobytes()
+    a, b = pt.companion.copy(), v2.companion.copy()
+    assert (a[4], a[6], b[4], b[6]) == (1, 1, 2, 2)
+    a[4] = a[6] = b[4] = b[6] = 0
+    assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("corrupt,match", [
+    (lambda c: c.__setitem__(4, 1), "version"),                 # v2 variant with a version-1 header
+    (lambda c: c.__setitem__(6, 6), "unknown variant"),
+    (lambda c: c.__setitem__(6, 2), "canonical|matrix|variant"),  # ROW -> MATRIX: scales section shrinks
+    (lambda c: c.__setitem__(4, 3), "version 3"),
+])
+def test_v2_decode_rejects_corrupt_headers(corrupt, match: str):
+    rng = np.random.default_rng(5)
+    rows = 20      # 80 bytes of row scales: ROW's scales section is 128 bytes after alignment, MATRIX's 64
+    codes = random_codes(rng, (rows, 96), 0.3)
+    enc = codec.encode(codes, Variant.ROW, row_scales=np.linspace(0.1, 1, rows, dtype=np.float32))
+    comp = enc.companion.copy()
+    corrupt(comp)
+    with pytest.raises(codec.FormatError, match=match):
+        codec.decode(enc.blocks, comp, Variant.ROW.type_id, 96, rows, 1)
+
+
+def test_v2_decode_rejects_type_and_shape_mismatches():
+    rng = np.random.default_rng(6)
+    codes = random_codes(rng, (4, 256), 0.3)
+    enc = codec.encode(codes, Variant.B256, block_scales=random_d(rng, (4, 1)))
+    with pytest.raises(codec.FormatError, match="does not match the weight type 161"):
+        codec.decode(enc.blocks, enc.companion, Variant.PT.type_id, 256, 4, 1)
+    with pytest.raises(codec.FormatError, match="weight has"):
+        codec.decode(enc.blocks[:, :16], enc.companion, Variant.B256.type_id, 256, 4, 1)
+    pt = codec.encode(codes, Variant.PT, matrix_scales=np.ones(1, np.float32))
+    with pytest.raises(codec.FormatError, match="does not match the weight type 162"):
+        codec.decode(pt.blocks, pt.companion, 162, 256, 4, 1)
+
+
+@pytest.mark.parametrize("variant,bad,match", [
+    (Variant.ROW, np.float32(np.nan), "of row 2"),
+    (Variant.ROW, np.float32(-1.0), "of row 2"),
+    (Variant.ROW, np.float32(70000.0), "of row 2"),
+    (Variant.MATRIX, np.float32(np.inf), "of matrix 0"),
+    (Variant.B128, np.float16(-0.5), "in block 1 of row 2"),
+    (Variant.B256, np.float16(np.inf), "in block 1 of row 2"),
+])
+def test_v2_invalid_scales_refused(variant: Variant, bad, match: str):
+    """A crafted companion whose stored scale is invalid (FORMAT.md §3.1) is refused, naming where; the
+    encoder refuses the same scale."""
+    rng = np.random.default_rng(9)
+    rows, k = 4, 512
+    codes = random_codes(rng, (rows, k), 0.3)
+    kw = v2_scales(rng, variant, rows, k, 1)
+    enc = codec.encode(codes, variant, **kw)
+    comp = enc.companion.copy()
+    off = enc.header.scales_offset
+    if variant.scale_block:
+        idx, width = 2 * (k // variant.scale_block) + 1, 2
+    else:
+        idx, width = (2 if variant is Variant.ROW else 0), 4
+    comp[off + width * idx:off + width * (idx + 1)] = np.frombuffer(bad.tobytes(), np.uint8)
+    with pytest.raises(codec.FormatError, match=match):
+        codec.decode(enc.blocks, comp, variant.type_id, k, rows, 1)
+    key, arr = next(iter(kw.items()))
+    arr = arr.copy()
+    arr.reshape(-1)[idx] = bad
+    with pytest.raises(ValueError):
+        codec.encode(codes, variant, **{key: arr})
+
+
+def test_v2_encode_row_length_rules():
+    codes = np.zeros((2, 96), dtype=np.int8)
+    codec.encode(codes, Variant.MATRIX, matrix_scales=np.ones(1, np.float32))
+    codec.encode(codes, Variant.ROW, row_scales=np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        codec.encode(codes, Variant.B128, block_scales=np.ones((2, 0), np.float16))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        codec.encode(np.zeros((2, 384), np.int8), Variant.B256, block_scales=np.ones((2, 1), np.float16))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        codec.encode(np.zeros((2, 48), np.int8), Variant.ROW, row_scales=np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="row_scales"):
+        codec.encode(codes, Variant.ROW, row_scales=np.ones(3, np.float32))
+
+
+def test_v2_bits_per_weight():
+    """FORMAT.md §8: B256 2.0625 - z, B128 2.125 - z, ROW 2 - z + 32/K, MATRIX 2 - z; the companion's exact
+    size agrees within the overhead bound at K = 2048."""
+    rows, k, z = 1024, 2048, 0.42
+    s = int((1 - z) * rows * k)
+    for v, want in [(Variant.B256, 2.0625), (Variant.B128, 2.125), (Variant.ROW, 2 + 32 / k), (Variant.MATRIX, 2.0)]:
+        assert math.isclose(bits_per_weight(v, z, k), want - z)
+        real = 8 * (rows * k // 8 + codec.companion_size(v, k, rows, 1, s, 5)) / (rows * k)
+        assert want - z <= real <= want - z + 0.01, (v, real)

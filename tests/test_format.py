@@ -21,7 +21,8 @@ import pytest
 
 from ggml_bitcos import codec
 from ggml_bitcos.format import (BITMAP_BYTES, COMPANION_SUFFIX, HEADER_BYTES, HEADER_FIELDS, MAGIC,
-                                MAX_ROW_GROUP_LOG2, MAX_SCALE, POOL_TAIL, QK, SECTION_ALIGN, VERSION, Variant)
+                                MAX_ROW_GROUP_LOG2, MAX_SCALE, POOL_TAIL, QK, QK_BITMAP, SECTION_ALIGN, TYPE_ID_BITMAP,
+                                VERSION, Variant)
 
 FORMAT_H = Path(__file__).resolve().parent.parent / "csrc" / "bitcos-format.h"
 
@@ -111,7 +112,7 @@ def packed_header_with_markers(monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, 
     constants) set to its own marker value, as wide as the field; returns (bytes, {field: marker})."""
     values = {name: marker(i, struct.calcsize("<" + code)) for i, (name, code) in enumerate(HEADER_FIELDS)}
     monkeypatch.setattr(codec, "MAGIC", values["magic"])
-    monkeypatch.setattr(codec, "VERSION", values["version"])
+    monkeypatch.setattr(codec, "header_version", lambda _variant: values["version"])
     header = codec.Header(**{f.name: values[f.name] for f in fields(codec.Header)})
     return header.pack(), values
 
@@ -122,9 +123,11 @@ def python_mirror(packed: bytes, values: dict[str, int], c: CHeader) -> dict[str
     mirror: dict[str, int | str] = {
         "BITCOS_TYPE_ID_G128": Variant.G128.type_id,
         "BITCOS_TYPE_ID_PT": Variant.PT.type_id,
+        "BITCOS_TYPE_ID_BITMAP": TYPE_ID_BITMAP,
         "QK_BITCOS": QK,
-        "BITCOS_VARIANT_G128": int(Variant.G128),
-        "BITCOS_VARIANT_PT": int(Variant.PT),
+        "QK_BITCOS_BITMAP": QK_BITMAP,
+        **{f"BITCOS_VARIANT_{v.name}": int(v) for v in Variant},
+        "BITCOS_VARIANT_COUNT": len(Variant),
         "BITCOS_BITMAP_BYTES": BITMAP_BYTES,
         "BITCOS_BLOCK_BYTES_G128": Variant.G128.block_bytes,
         "BITCOS_BLOCK_BYTES_PT": Variant.PT.block_bytes,
@@ -172,6 +175,32 @@ def check(text: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_c_header_and_format_py_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     assert check(FORMAT_H.read_text(), monkeypatch) == []
+
+
+def test_c_variant_functions_agree_with_format_py(tmp_path: Path) -> None:
+    """The header's per-variant functions (version, type id, K multiple, scale block, scales bytes, unit bytes)
+    compiled with the C compiler give Variant's attributes, for every variant and a few shapes."""
+    import shutil
+    import subprocess
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "v.c"
+    src.write_text('#include <stdio.h>\n#include "bitcos-format.h"\nint main(void) {\n'
+                   '  for (int v = 0; v < BITCOS_VARIANT_COUNT; ++v)\n'
+                   '    printf("%d %d %d %lld %lld %zu %llu %llu\\n", v, bitcos_variant_version(v), '
+                   'bitcos_variant_type_id(v), (long long) bitcos_variant_k_multiple(v), '
+                   '(long long) bitcos_variant_scale_block(v), bitcos_block_bytes(v), '
+                   '(unsigned long long) bitcos_scales_bytes(v, 1536, 7, 1), '
+                   '(unsigned long long) bitcos_scales_bytes(v, 2048, 12, 3));\n  return 0;\n}\n')
+    exe = tmp_path / "v"
+    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-I", str(FORMAT_H.parent), str(src), "-o", str(exe)],
+                   check=True)
+    got = [list(map(int, line.split())) for line in subprocess.run([str(exe)], check=True, capture_output=True,
+                                                                    text=True).stdout.splitlines()]
+    want = [[int(v), v.version, v.type_id, v.k_multiple, v.scale_block, v.block_bytes,
+             v.scales_bytes(1536, 7, 1), v.scales_bytes(2048, 12, 3)] for v in Variant]
+    assert got == want
 
 
 def test_every_header_field_is_in_c_with_its_width() -> None:

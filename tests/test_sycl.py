@@ -75,7 +75,7 @@ def make_case(rng: np.random.Generator, variant: Variant, rows: int, k: int, z: 
         per_weight = np.repeat(scales.astype(np.float32), variant.scale_block, axis=1)
     elif variant is Variant.ROW:
         scales = (rng.uniform(0.001, 3.0, rows) * 2.0 ** rng.integers(-4, 4, rows)).astype(np.float32)
-        enc = codec.encode(codes, variant, row_scales=scales)
+        enc = codec.encode(codes, variant, row_scales=scales, n_mats=n_mats)
         per_weight = scales[:, None]
     else:
         mats = rng.uniform(0.001, 3.0, n_mats).astype(np.float32)

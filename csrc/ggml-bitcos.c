@@ -12,6 +12,7 @@
 // ggml.h's enum (type-ids patch) and the format header name the same ids
 _Static_assert(GGML_TYPE_BITCOS_G128 == BITCOS_TYPE_ID_G128, "GGML_TYPE_BITCOS_G128 != BITCOS_TYPE_ID_G128");
 _Static_assert(GGML_TYPE_BITCOS_PT == BITCOS_TYPE_ID_PT, "GGML_TYPE_BITCOS_PT != BITCOS_TYPE_ID_PT");
+_Static_assert(GGML_TYPE_BITCOS == BITCOS_TYPE_ID_BITMAP, "GGML_TYPE_BITCOS != BITCOS_TYPE_ID_BITMAP");
 
 static uint64_t rd_u64(const uint8_t * p) {
     uint64_t v = 0;
@@ -71,7 +72,7 @@ bool ggml_bitcos_scale_f32_valid(float s) {
 }
 
 bool ggml_bitcos_is_type(enum ggml_type type) {
-    return type == GGML_TYPE_BITCOS_G128 || type == GGML_TYPE_BITCOS_PT;
+    return type == GGML_TYPE_BITCOS_G128 || type == GGML_TYPE_BITCOS_PT || type == GGML_TYPE_BITCOS;
 }
 
 enum bitcos_variant ggml_bitcos_variant(enum ggml_type type) {

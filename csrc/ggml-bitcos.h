@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-// true for GGML_TYPE_BITCOS_G128 and GGML_TYPE_BITCOS_PT
+// true for GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT (version 1) and GGML_TYPE_BITCOS (version 2)
 GGML_API bool ggml_bitcos_is_type(enum ggml_type type);
 
 // Valid scales (FORMAT.md §3.1): finite, sign bit clear (>= +0.0), at most BITCOS_MAX_SCALE. d is an

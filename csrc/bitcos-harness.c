@@ -60,6 +60,12 @@ static bitcos_mm_fn bitcos_h_fn(int impl) {
     }
 }
 
+// Version of the entry points below (ggml_bitcos/harness.py skips a library of another version): 2 = the
+// bitcos_rows descriptor of format version 2 (bits, unit stride, row or block scales).
+int bitcos_h_abi(void) {
+    return 2;
+}
+
 // Arguments of one call in flat form: nc columns of ceil(k/256) Q8_K blocks each, back to back in y, and
 // dst as nc columns of nr floats.
 typedef struct {
@@ -68,20 +74,39 @@ typedef struct {
     float             * dcols[BITCOS_H_MAX_COLS];
 } bitcos_h_call;
 
-static int bitcos_h_setup(bitcos_h_call * call, int variant, int64_t k, const uint8_t * blocks, size_t row_bytes,
-                          const uint8_t * pool, const uint64_t * sign_pos, float scale,
-                          const bitcos_q8_K * y, int64_t nc, float * dst, int64_t nr) {
-    if (nc < 1 || nc > BITCOS_H_MAX_COLS || k <= 0 || k % QK_BITCOS != 0 || nr < 0) {
+// The descriptor's fields as bitcos_rows names them (csrc/bitcos-kernels.h), checked for what every kernel
+// assumes: k a positive multiple of 32; units of at least a bitmap; either row scales or block scales whose
+// granularity divides k.
+static int bitcos_h_setup(bitcos_h_call * call, int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes,
+                          const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
+                          const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes,
+                          int block_scale_shift, const bitcos_q8_K * y, int64_t nc, float * dst, int64_t nr) {
+    const int64_t nu = (k + QK_BITCOS - 1) / QK_BITCOS;
+    if (nc < 1 || nc > BITCOS_H_MAX_COLS || k <= 0 || k % QK_BITCOS_BITMAP != 0 || nr < 0 ||
+        unit_bytes < BITCOS_BITMAP_BYTES || row_bytes < (size_t)(k / 8) || (nr > 0 && (bits == NULL || pool == NULL ||
+        sign_pos == NULL))) {
         return -2;
     }
-    call->rows.variant   = variant;
-    call->rows.k         = k;
-    call->rows.blocks    = blocks;
-    call->rows.row_bytes = row_bytes;
-    call->rows.pool      = pool;
-    call->rows.sign_pos  = sign_pos;
-    call->rows.scale     = scale;
-    const int64_t nby = (k + 2*QK_BITCOS - 1) / (2*QK_BITCOS);   // Q8_K blocks (two BITCOS blocks each)
+    if (row_scale == NULL) {
+        if (block_scale == NULL || (block_scale_shift != 0 && block_scale_shift != 1) ||
+            k % ((int64_t)QK_BITCOS << block_scale_shift) != 0 || scale_stride < sizeof(uint16_t) ||
+            scale_row_bytes < (size_t)((nu >> block_scale_shift) - 1) * scale_stride + sizeof(uint16_t)) {
+            return -2;
+        }
+    }
+    bitcos_rows * r = &call->rows;
+    r->k                 = k;
+    r->bits              = bits;
+    r->unit_bytes        = unit_bytes;
+    r->row_bytes         = row_bytes;
+    r->pool              = pool;
+    r->sign_pos          = sign_pos;
+    r->row_scale         = row_scale;
+    r->block_scale       = block_scale;
+    r->scale_stride      = scale_stride;
+    r->scale_row_bytes   = scale_row_bytes;
+    r->block_scale_shift = block_scale_shift;
+    const int64_t nby = (k + BITCOS_Q8K_BLOCK - 1) / BITCOS_Q8K_BLOCK;
     for (int64_t c = 0; c < nc; ++c) {
         call->ycols[c] = y + c * nby;
         call->dcols[c] = dst + c * nr;
@@ -100,16 +125,19 @@ static inline uint64_t bitcos_h_tsc(void) {
 }
 
 // Times `reps` back-to-back calls (after one warm-up call), writing each call's TSC ticks to ticks[rep].
-// rdtsc counts at the constant reference frequency, not the core clock (see docs/KERNELS.md).
-int bitcos_h_time(int impl, int variant, int64_t k, const uint8_t * blocks, size_t row_bytes,
-                  const uint8_t * pool, const uint64_t * sign_pos, float scale, int64_t nr,
-                  const bitcos_q8_K * y, int64_t nc, float * dst, int reps, uint64_t * ticks) {
+// rdtsc counts at the constant reference frequency, not the core clock (see docs/KERNELS.md). The
+// descriptor's fields are bitcos_rows' (k .. block_scale_shift); row_scale NULL selects block scales.
+int bitcos_h_time(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes,
+                  const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
+                  const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
+                  int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst, int reps, uint64_t * ticks) {
     const bitcos_mm_fn fn = bitcos_h_fn(impl);
     if (fn == NULL) {
         return -1;
     }
     static _Thread_local bitcos_h_call call;
-    const int rc = bitcos_h_setup(&call, variant, k, blocks, row_bytes, pool, sign_pos, scale, y, nc, dst, nr);
+    const int rc = bitcos_h_setup(&call, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale,
+                                  scale_stride, scale_row_bytes, block_scale_shift, y, nc, dst, nr);
     if (rc != 0) {
         return rc;
     }
@@ -124,10 +152,12 @@ int bitcos_h_time(int impl, int variant, int64_t k, const uint8_t * blocks, size
 
 // One kernel call (bitcos_h_time with no timed repetition). Returns 0, -1 when impl is not available
 // here, -2 on bad arguments.
-int bitcos_h_mm(int impl, int variant, int64_t k, const uint8_t * blocks, size_t row_bytes,
-                const uint8_t * pool, const uint64_t * sign_pos, float scale, int64_t nr,
-                const bitcos_q8_K * y, int64_t nc, float * dst) {
-    return bitcos_h_time(impl, variant, k, blocks, row_bytes, pool, sign_pos, scale, nr, y, nc, dst, 0, NULL);
+int bitcos_h_mm(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes,
+                const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
+                const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
+                int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst) {
+    return bitcos_h_time(impl, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale, scale_stride,
+                         scale_row_bytes, block_scale_shift, nr, y, nc, dst, 0, NULL);
 }
 
 // The contract's FMA form this library was built with (BITCOS_FMA, the same for every object in it).

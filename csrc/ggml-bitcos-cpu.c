@@ -1,11 +1,13 @@
-// ggml-bitcos CPU glue: BITCOS src0 in ggml-cpu's MUL_MAT and MUL_MAT_ID (docs/FORMAT.md v1).
+// ggml-bitcos CPU glue: BITCOS src0 in ggml-cpu's MUL_MAT and MUL_MAT_ID (docs/FORMAT.md, versions 1 and 2).
 //
 // Both ops run in two phases separated by one barrier:
 //   1. every thread quantizes its share of the src1 rows to Q8_K into the work buffer (rows whose length is
-//      an odd multiple of 128 are quantized from a zero-padded copy: the kernels ignore the padded half);
+//      not a multiple of 256 are quantized from a zero-padded copy: the padding's q are 0, and the kernels
+//      treat the weights past K as absent);
 //   2. the output rows are cut into runs of up to BITCOS_RUN rows; each thread takes a contiguous range of
 //      runs and calls the best kernel of csrc/bitcos-kernels.h once per run and column chunk, with the run's
-//      sign_pos array filled from the companion's row index.
+//      sign_pos array filled from the companion's row index and its scales described for the variant of the
+//      weight's companion header (a row_scale array, or where the fp16 block scales are).
 // Threads split output rows, never K, so every dst value is computed by one kernel call in the contract's
 // order: results do not depend on the thread count.
 #include "ggml-bitcos-cpu.h"
@@ -39,7 +41,9 @@ bool ggml_bitcos_cpu_supports_op(const struct ggml_tensor * op) {
     if (!ggml_bitcos_is_type(src0->type) || src1->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32) {
         return false;
     }
-    if (src1->nb[0] != sizeof(float) || src0->ne[0] % QK_BITCOS != 0) {
+    // K: whole ggml blocks (128 weights for the version-1 types, 32 for GGML_TYPE_BITCOS); the variant's
+    // stricter multiple (B128, B256) was checked against the header when the weight was loaded
+    if (src1->nb[0] != sizeof(float) || src0->ne[0] % ggml_blck_size(src0->type) != 0) {
         return false;
     }
     int64_t row0, step[3];
@@ -112,7 +116,6 @@ struct bitcos_weight {
     const uint8_t * cdata;
     struct ggml_bitcos_header hdr;
     int64_t row0, step[3];
-    int64_t rows_per_mat;  // N of the base tensor (PT scale index = global row / N)
 };
 
 static void bitcos_weight_init(struct bitcos_weight * bw, const struct ggml_tensor * w) {
@@ -123,9 +126,8 @@ static void bitcos_weight_init(struct bitcos_weight * bw, const struct ggml_tens
     bw->cdata = (const uint8_t *) comp->data;
     ggml_bitcos_read_header(bw->cdata, &bw->hdr);
     // cheap consistency check; the full validation ran at load time (ggml_bitcos_validate)
-    GGML_ASSERT(bw->hdr.magic == BITCOS_MAGIC && bw->hdr.n_cols == (uint64_t) w->ne[0] &&
-                bw->hdr.n_mats > 0 && bw->hdr.variant == ggml_bitcos_variant(w->type));
-    bw->rows_per_mat = (int64_t)(bw->hdr.n_rows / bw->hdr.n_mats);
+    GGML_ASSERT(bw->hdr.magic == BITCOS_MAGIC && bw->hdr.n_cols == (uint64_t) w->ne[0] && bw->hdr.n_mats > 0 &&
+                ggml_bitcos_type_has_variant(w->type, bw->hdr.variant));
 }
 
 // dst[c][i - r0] = W(i, i2, i3) . y[c] for rows r0 <= i < r1 of matrix (i2, i3) of the weight (view).
@@ -133,30 +135,45 @@ static void bitcos_run_rows(const struct bitcos_weight * bw, int64_t i2, int64_t
                             const bitcos_q8_K * const * y, float * const * dst, int64_t nc) {
     const struct ggml_tensor * w = bw->w;
     const bitcos_mm_fn kernel = bitcos_mm_best();  // chosen at compile time (bitcos-kernels-generic.c)
-    const int is_pt = ggml_bitcos_variant(w->type) == BITCOS_VARIANT_PT;
+    const int     variant = bw->hdr.variant;
+    const int64_t sblk    = bitcos_variant_scale_block(variant);   // 0: a scale per row / matrix
     uint64_t sign_pos[BITCOS_RUN];
+    float    row_scale[BITCOS_RUN];
     float * dcol[BITCOS_COLS];
     int64_t r = r0;
     while (r < r1) {
+        // base-tensor row of the run's first row; the run's rows are step[0] base rows apart
         const int64_t g0 = bw->row0 + r*bw->step[0] + i2*bw->step[1] + i3*bw->step[2];
-        const int64_t m  = g0 / bw->rows_per_mat;
-        int64_t n = 0;
-        while (r + n < r1 && n < BITCOS_RUN) {
-            const int64_t g = g0 + n*bw->step[0];
-            if (is_pt && g / bw->rows_per_mat != m) {
-                break;  // a run shares one PT scale
+        const int64_t n  = r1 - r < BITCOS_RUN ? r1 - r : BITCOS_RUN;
+        for (int64_t j = 0; j < n; ++j) {
+            const uint64_t g = (uint64_t)(g0 + j*bw->step[0]);
+            sign_pos[j] = ggml_bitcos_sign_pos(bw->cdata, &bw->hdr, g);
+            if (sblk == 0) {
+                row_scale[j] = ggml_bitcos_row_scale(bw->cdata, &bw->hdr, g);
             }
-            sign_pos[n] = ggml_bitcos_sign_pos(bw->cdata, &bw->hdr, (uint64_t) g);
-            n++;
         }
         bitcos_rows rows;
-        rows.variant   = ggml_bitcos_variant(w->type);
-        rows.k         = w->ne[0];
-        rows.blocks    = (const uint8_t *) w->data + r*w->nb[1] + i2*w->nb[2] + i3*w->nb[3];
-        rows.row_bytes = w->nb[1];
-        rows.pool      = bw->cdata + bw->hdr.pool_offset;
-        rows.sign_pos  = sign_pos;
-        rows.scale     = is_pt ? ggml_bitcos_matrix_scale(bw->cdata, &bw->hdr, (uint64_t) m) : 0.0f;
+        memset(&rows, 0, sizeof rows);
+        rows.k          = w->ne[0];
+        rows.bits       = (const uint8_t *) w->data + r*w->nb[1] + i2*w->nb[2] + i3*w->nb[3];
+        rows.unit_bytes = bitcos_block_bytes(variant);
+        rows.row_bytes  = w->nb[1];
+        rows.pool       = bw->cdata + bw->hdr.pool_offset;
+        rows.sign_pos   = sign_pos;
+        if (sblk == 0) {
+            rows.row_scale = row_scale;   // PT / MATRIX: the matrix's scale per row; ROW: each row's own
+        } else if (variant == BITCOS_VARIANT_G128) {
+            // v1: the fp16 scale sits after each 128-weight unit's bitmap, in the weight's blocks
+            rows.block_scale     = rows.bits + offsetof(block_bitcos_g128, d);
+            rows.scale_stride    = sizeof(block_bitcos_g128);
+            rows.scale_row_bytes = rows.row_bytes;
+        } else {
+            // B128 / B256: fp16 scales in the companion, one row of them per base row (views step over rows)
+            rows.block_scale       = ggml_bitcos_block_scales(bw->cdata, &bw->hdr, (uint64_t) g0);
+            rows.scale_stride      = sizeof(uint16_t);
+            rows.scale_row_bytes   = (size_t)(ggml_bitcos_scale_row_bytes(&bw->hdr) * (uint64_t) bw->step[0]);
+            rows.block_scale_shift = variant == BITCOS_VARIANT_B256 ? 1 : 0;
+        }
         for (int64_t c0 = 0; c0 < nc; c0 += BITCOS_COLS) {
             const int64_t cn = nc - c0 < BITCOS_COLS ? nc - c0 : BITCOS_COLS;
             for (int64_t c = 0; c < cn; ++c) {

@@ -1,4 +1,4 @@
-// ggml-bitcos: the BITCOS ternary types inside ggml (format: docs/FORMAT.md, version 1).
+// ggml-bitcos: the BITCOS ternary types inside ggml (format: docs/FORMAT.md, versions 1 and 2).
 //
 // Public header of the patched ggml (copied to ggml/include/ with bitcos-format.h by the ggml-bitcos build).
 // It holds what the llama.cpp loader, the CPU backend and tests need: the companion link, load-time
@@ -25,12 +25,18 @@ extern "C" {
 GGML_API bool ggml_bitcos_is_type(enum ggml_type type);
 
 // Valid scales (FORMAT.md §3.1): finite, sign bit clear (>= +0.0), at most BITCOS_MAX_SCALE. d is an
-// IEEE fp16 bit pattern (G128 block scale), s a PT matrix scale.
+// IEEE fp16 bit pattern (G128 / B128 / B256 block scale), s an fp32 matrix or row scale (PT, MATRIX, ROW).
 GGML_API bool ggml_bitcos_scale_f16_valid(uint16_t d);
 GGML_API bool ggml_bitcos_scale_f32_valid(float s);
 
-// The variant of a BITCOS type (BITCOS_VARIANT_PT for GGML_TYPE_BITCOS_PT, else BITCOS_VARIANT_G128).
-GGML_API enum bitcos_variant ggml_bitcos_variant(enum ggml_type type);
+// The variant a version-1 type implies: BITCOS_VARIANT_G128 / BITCOS_VARIANT_PT for GGML_TYPE_BITCOS_G128 /
+// GGML_TYPE_BITCOS_PT; -1 for GGML_TYPE_BITCOS (its variant, MATRIX / ROW / B128 / B256, is the companion
+// header's `variant`: ggml_bitcos_read_header) and for any other type.
+GGML_API int ggml_bitcos_variant(enum ggml_type type);
+
+// true when a companion header's `variant` belongs to weight type `type` (FORMAT.md §2: 160 -> G128,
+// 161 -> PT, 162 -> MATRIX, ROW, B128, B256).
+GGML_API bool ggml_bitcos_type_has_variant(enum ggml_type type, int variant);
 
 // true when `op` reads or writes a BITCOS tensor; a backend's supports_op then decides with its BITCOS rules
 // alone (a BITCOS weight is only ever src0 of MUL_MAT / MUL_MAT_ID).
@@ -41,7 +47,8 @@ GGML_API struct ggml_tensor * ggml_bitcos_companion(const struct ggml_tensor * w
 
 // The rules every GPU backend's BITCOS support shares (ggml-vulkan, ggml-sycl, ggml-cuda; each adds its device
 // limits): storage ops on a weight (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE) are supported; MUL_MAT /
-// MUL_MAT_ID need a contiguous BITCOS src0 linked to its companion with whole 128-weight blocks, f32
+// MUL_MAT_ID need a contiguous version-1 BITCOS src0 (GGML_TYPE_BITCOS is refused until the GPU backends read
+// its companion scales) linked to its companion with whole 128-weight blocks, f32
 // activations (unit element stride, f32-aligned strides) and a contiguous f32 output; a view of a weight must
 // be consecutive whole rows of a 2-D weight and only under MUL_MAT; MUL_MAT broadcasts as ggml defines it;
 // MUL_MAT_ID needs I32 ids and 3-D (not 4-D) operands. Anything else stays with the CPU backend.
@@ -113,25 +120,44 @@ GGML_API void ggml_bitcos_read_header(const void * cdata, struct ggml_bitcos_hea
 // Pool bit of the first sign of row r (no checks: call after ggml_bitcos_validate).
 GGML_API uint64_t ggml_bitcos_sign_pos(const void * cdata, const struct ggml_bitcos_header * h, uint64_t r);
 
-// PT: the scale of matrix m (no checks: call after ggml_bitcos_validate).
+// Scale accessors (FORMAT.md §4.2; no checks: call after ggml_bitcos_validate, which makes every offset
+// canonical and inside the companion).
+// PT / MATRIX: the fp32 scale of matrix m.
 GGML_API float ggml_bitcos_matrix_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t m);
+// The fp32 scale of row r for the row-scaled variants: PT / MATRIX the scale of r's matrix (r / (R / M)),
+// ROW row r's own; 0 for the block-scaled variants (G128, B128, B256).
+GGML_API float ggml_bitcos_row_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t r);
+// B128 / B256: the fp16 scales of row r in the companion, K / bitcos_variant_scale_block(variant) IEEE fp16
+// values, little-endian, 2 bytes apart; rows are ggml_bitcos_scale_row_bytes(h) apart. (G128's scales are
+// in the weight's blocks: offsetof(block_bitcos_g128, d), 18 bytes apart.)
+GGML_API const uint8_t * ggml_bitcos_block_scales(const void * cdata, const struct ggml_bitcos_header * h, uint64_t r);
+// Bytes of one row's companion block scales: 2 * K / 128 (B128), 2 * K / 256 (B256); 0 for other variants.
+GGML_API uint64_t ggml_bitcos_scale_row_bytes(const struct ggml_bitcos_header * h);
 
-// Full check of a BITCOS weight and its companion after loading (FORMAT.md §4): header fields canonical,
-// row index invariants, pool size and zero tail, valid scales (ggml_bitcos_scale_*_valid). `w` gives type
-// and shape (a leaf, not a view); wdata / cdata are host copies of the weight and companion data, cbytes the
-// companion's size.
+// Full check of a BITCOS weight and its companion after loading (FORMAT.md §3, §3.1, §4): version and
+// variant match the weight type (version 1: 160 / 161 with variant 0 / 1; version 2: 162 with 2..5), K a
+// positive multiple of the variant's (bitcos_variant_k_multiple), header fields canonical (scales section
+// sized by bitcos_scales_bytes), row index invariants against each row's bitmap popcount, pool size and zero
+// tail, valid scales (ggml_bitcos_scale_*_valid; messages name the matrix, the row, or block and row). `w`
+// gives type and shape (a leaf, not a view); wdata is a host copy of the weight data (ggml_nbytes(w) bytes:
+// R * K/8 for GGML_TYPE_BITCOS), cdata of the companion, cbytes the companion's size. Every offset the
+// header holds is checked before it is used: a crafted companion cannot make it read out of bounds.
 // Returns false and writes a message (without the tensor name) into err on the first violation.
 GGML_API bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
                                    const void * cdata, size_t cbytes, char * err, size_t err_size);
 
-// Encoder (tests, tools). codes: n_rows*k int8 values in {-1,0,1}, row-major (row = output channel, rows of
-// matrix m are m*n_rows/n_mats ...). G128: d_fp16 holds one IEEE fp16 scale per block (n_rows*k/128);
-// PT: scales holds one float per matrix (n_mats). Writes the weight blocks to wdst (n_rows*k/128 blocks) and
-// the companion to cdst. Returns the companion size in bytes; when cdst is NULL or cdst_size is too small,
-// writes nothing and only returns the size. Returns 0 on invalid arguments, an invalid scale
-// (ggml_bitcos_scale_*_valid) included: the encoder never writes a file the validator refuses.
-GGML_API size_t ggml_bitcos_encode(enum ggml_type type, int64_t k, int64_t n_rows, int64_t n_mats,
-                                   const int8_t * codes, const uint16_t * d_fp16, const float * scales,
+// Encoder (tests, tools), any variant (enum bitcos_variant; the weight's ggml type is
+// bitcos_variant_type_id(variant)). codes: n_rows*k int8 values in {-1,0,1}, row-major (row = output channel,
+// rows of matrix m are m*n_rows/n_mats ...); k a positive multiple of bitcos_variant_k_multiple(variant).
+// Block-scaled variants (G128, B128, B256): block_scales holds the IEEE fp16 scales, n_rows * k /
+// bitcos_variant_scale_block(variant) of them, row by row; scales is ignored. PT / MATRIX: scales holds one
+// float per matrix (n_mats); ROW: one per row (n_rows); block_scales is ignored. Writes the weight data to
+// wdst (ggml_row_size(type, k) * n_rows bytes: v1 blocks, v2 K/8 bitmap bytes per row) and the companion to
+// cdst. Returns the companion size in bytes; when cdst is NULL or cdst_size is too small, writes nothing and
+// only returns the size. Returns 0 on invalid arguments, an invalid scale (ggml_bitcos_scale_*_valid,
+// -0.0 included) among them: the encoder never writes a file the validator refuses.
+GGML_API size_t ggml_bitcos_encode(int variant, int64_t k, int64_t n_rows, int64_t n_mats,
+                                   const int8_t * codes, const uint16_t * block_scales, const float * scales,
                                    void * wdst, void * cdst, size_t cdst_size);
 
 #ifdef __cplusplus

@@ -70,16 +70,21 @@ def reference_lanes(codes: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def reference_mm(codes: np.ndarray, variant: Variant, y: np.ndarray, *, block_scales: np.ndarray | None = None,
-                 scale: float = 1.0, fma: bool = True) -> np.ndarray:
+                 scale: float = 1.0, row_scales: np.ndarray | None = None, fma: bool = True) -> np.ndarray:
     """Independent numpy evaluation of the kernel contract v2 from the plain codes: dst (nc, nr) float32.
+
+    Scales by variant (FORMAT.md §4.2): G128 / B128 ``block_scales`` fp16 (nr, k/128), B256 fp16 (nr, k/256)
+    (both 128-halves of a 256-block use the one scale); PT / MATRIX ``scale`` (the matrix's) or ``row_scales``;
+    ROW ``row_scales`` (nr,). Any k that is a multiple of 32 for the row-scaled variants.
 
     Integer lane sums in int64 (exact), then every fp32 operation of bitcos-kernels.h in its order,
     vectorised over rows, columns and lanes (each numpy float32 op is one IEEE operation per element, never
     fused; the fused form uses fma_f32).
     """
+    variant = Variant(variant)
     codes = np.asarray(codes, dtype=np.int64)
     nr, k = codes.shape
-    nb = k // QK
+    nb = -(-k // QK)
     nby = n_blocks(k)
     y = as_q8k(y, k)
     nc = y.shape[0]
@@ -87,13 +92,19 @@ def reference_mm(codes: np.ndarray, variant: Variant, y: np.ndarray, *, block_sc
     lanes = reference_lanes(codes, q)                                    # (nc, nr, nby, 2, 8)
     yd = y["d"].astype(np.float32)                                       # (nc, nby)
     acc = np.zeros((nc, nr, 8), dtype=np.float32)
-    if variant == Variant.G128:
-        e = np.ascontiguousarray(np.asarray(block_scales, dtype="<f2").reshape(nr, nb))
+    row_scaled = not variant.scale_block
+    if row_scaled:
+        rs = (np.full(nr, scale, dtype=np.float32) if row_scales is None
+              else np.asarray(row_scales, dtype=np.float32).reshape(nr))
+    else:
+        e = np.ascontiguousarray(np.asarray(block_scales, dtype="<f2").reshape(nr, k // variant.scale_block))
+        if variant.scale_block == 2 * QK:
+            e = np.repeat(e, 2, axis=1)                                  # one scale for both 128-halves
     for b in range(nby):
         both = (lanes[:, :, b, 0] + lanes[:, :, b, 1]).astype(np.float32)        # exact: |L| < 2^24
-        if variant == Variant.PT:
-            d = (yd[:, b] * np.float32(scale)).astype(np.float32)
-            acc = _contract_fma(both, d[:, None, None], acc, fma)
+        if row_scaled:
+            d = (yd[:, b, None] * rs[None, :]).astype(np.float32)               # (nc, nr)
+            acc = _contract_fma(both, d[..., None], acc, fma)
             continue
         e0 = e[:, 2*b]
         e1 = e[:, 2*b + 1] if 2*b + 1 < nb else e0

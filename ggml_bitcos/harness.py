@@ -9,9 +9,12 @@ function here takes ``fma=True`` / ``fma=False`` to choose. A library is found, 
 
     cmake -S . -B build/kernels -DCMAKE_BUILD_TYPE=Release && cmake --build build/kernels
 
-A kernel reads rows of one BITCOS matrix as ``BitcosRows``: the weight's blocks, the companion's sign pool and
-each row's first sign position. ``encode_rows`` makes them with the reference codec (``codec.encode``), so
-the kernels are tested on exactly the bytes a converted file holds. The activations are Q8_K
+A kernel reads rows of one BITCOS matrix as ``BitcosRows``: the weight's rows (bitmaps; v1 G128 with its fp16
+scale after every 128 weights), the companion's sign pool, each row's first sign position and the scales of
+its variant (FORMAT.md §4.2). ``BitcosRows.descriptor`` turns them into the C descriptor ``bitcos_rows``
+(csrc/bitcos-kernels.h: unit stride, row scales or block scales with their stride and granularity) the way
+the CPU glue does for a loaded tensor. ``encode_rows`` makes them with the reference codec
+(``codec.encode``), so the kernels are tested on exactly the bytes a converted file holds. The activations are Q8_K
 (``ggml_bitcos.q8k``); the independent numpy reference of the kernels' arithmetic is ``ggml_bitcos.contract``.
 """
 
@@ -21,19 +24,20 @@ import ctypes
 import functools
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
 import numpy as np
 
 from . import codec
-from .format import Variant
+from .format import BITMAP_BYTES, QK, Variant
 from .q8k import Q8K_DTYPE, as_q8k
 
 IMPLS: Final = ("generic", "avx2", "avx512")
 _IMPL_IDS: Final = {name: i for i, name in enumerate(IMPLS)}
 
+HARNESS_ABI: Final = 2            # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
 _LIB_NAMES: Final = {True: "libbitcos_kernels.so", False: "libbitcos_kernels_nofma.so"}
 _LIB_ENV: Final = {True: "BITCOS_KERNELS_LIB", False: "BITCOS_KERNELS_NOFMA_LIB"}
 
@@ -68,9 +72,9 @@ def load_library(fma: bool = True) -> ctypes.CDLL:
     for path in library_candidates(fma):
         if path.is_file():
             lib = ctypes.CDLL(str(path))
-            if hasattr(lib, "bitcos_h_fma"):
+            if hasattr(lib, "bitcos_h_abi") and lib.bitcos_h_abi() == HARNESS_ABI:
                 break
-            stale.append(str(path))        # a build from before the two FMA forms (contract v1): skip it
+            stale.append(str(path))        # a build of other entry points (before the v2 descriptor): skip it
     else:
         searched = ", ".join(str(p) for p in library_candidates(fma))
         raise KernelLibraryNotFound(
@@ -79,7 +83,9 @@ def load_library(fma: bool = True) -> ctypes.CDLL:
             "`cmake -S . -B build/kernels -DCMAKE_BUILD_TYPE=Release && cmake --build build/kernels` "
             "in the repository, or `pip install .`")
     vp, i64, i32, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
-    call_args = [i32, i32, i64, vp, sz, vp, vp, ctypes.c_float, i64, vp, i64, vp]
+    # impl, then the descriptor (k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale,
+    # scale_stride, scale_row_bytes, block_scale_shift), nr, y, nc, dst
+    call_args = [i32, i64, vp, sz, sz, vp, vp, vp, vp, sz, sz, i32, i64, vp, i64, vp]
     lib.bitcos_h_available.argtypes = [i32]
     lib.bitcos_h_available.restype = i32
     lib.bitcos_h_mm.argtypes = call_args
@@ -108,39 +114,109 @@ def available(impl: str, fma: bool = True) -> bool:
 
 
 @dataclass(frozen=True)
+class Descriptor:
+    """The fields of the C ``bitcos_rows`` (csrc/bitcos-kernels.h) for one call, with the arrays they point
+    into kept alive. ``row_scale`` None selects block scales."""
+
+    k: int
+    bits: np.ndarray                  # uint8 (nr, row_bytes)
+    unit_bytes: int
+    pool: np.ndarray
+    sign_pos: np.ndarray
+    row_scale: np.ndarray | None      # float32 (nr,)
+    block_scale: np.ndarray | None    # the array holding the block scales
+    block_scale_offset: int           # byte offset of row 0's first scale in block_scale
+    scale_stride: int
+    scale_row_bytes: int
+    block_scale_shift: int
+
+    def args(self) -> tuple:
+        """The descriptor's arguments of bitcos_h_mm / bitcos_h_time, in order."""
+        bs = None if self.block_scale is None else _ptr(self.block_scale) + self.block_scale_offset
+        rs = None if self.row_scale is None else _ptr(self.row_scale)
+        return (self.k, _ptr(self.bits), self.unit_bytes, self.bits.shape[1], _ptr(self.pool), _ptr(self.sign_pos),
+                rs, bs, self.scale_stride, self.scale_row_bytes, self.block_scale_shift)
+
+
+@dataclass(frozen=True)
 class BitcosRows:
-    """The arrays a kernel reads for nr rows of one BITCOS matrix (FORMAT.md §3, §4.3, §4.4)."""
+    """The arrays a kernel reads for nr rows of one BITCOS matrix (FORMAT.md §3, §4.2 - §4.4)."""
 
     variant: Variant
     k: int
-    blocks: np.ndarray     # uint8 (nr, row_bytes): per 128 weights bits[16] (+ fp16 d for G128)
+    blocks: np.ndarray     # uint8 (nr, row bytes): the weight's rows (G128: bits[16] + fp16 d per 128; else K/8 bitmap)
     pool: np.ndarray       # uint8: sign bits of all rows back to back, zero tail >= 64 bytes
     sign_pos: np.ndarray   # uint64 (nr,): pool bit of each row's first sign
-    scale: float = 1.0     # PT only: the matrix's scale (the kernels ignore it for G128)
+    scale: float = 1.0     # PT / MATRIX: the matrix's scale (ignored by the other variants)
+    row_scales: np.ndarray | None = None    # ROW: float32 (nr,) (PT / MATRIX: overrides `scale` when given)
+    block_scales: np.ndarray | None = None  # B128 / B256: fp16 (nr, k / scale_block) (G128: in `blocks`)
 
     @property
     def nr(self) -> int:
         return int(self.blocks.shape[0])
 
+    def rows(self, lo: int, hi: int) -> BitcosRows:
+        """Rows lo .. hi of the run, with the same sign pool (how a ggml thread sees its share of a matrix)."""
+        return replace(self, blocks=self.blocks[lo:hi], sign_pos=self.sign_pos[lo:hi],
+                       row_scales=None if self.row_scales is None else self.row_scales[lo:hi],
+                       block_scales=None if self.block_scales is None else self.block_scales[lo:hi])
+
+    def descriptor(self) -> Descriptor:
+        """The C descriptor of these rows (csrc/bitcos-kernels.h ``bitcos_rows``), built as the CPU glue does:
+        v1 G128 reads its scales inside the blocks (stride 18, after each 16-byte bitmap); B128 / B256 from the
+        companion's fp16 array (stride 2, a scale per 128 or per 256 weights); PT / MATRIX repeat the matrix's
+        fp32 scale per row, ROW has its own."""
+        v = Variant(self.variant)
+        nr = self.nr
+        unit_bytes = v.block_bytes if v is Variant.G128 else BITMAP_BYTES
+        bits = np.ascontiguousarray(self.blocks, dtype=np.uint8)
+        if bits.ndim != 2 or bits.shape[1] < self.k // 8:
+            raise ValueError(f"blocks must be uint8 (rows, >= {self.k // 8}) for k = {self.k}")
+        sign_pos = np.ascontiguousarray(self.sign_pos, dtype=np.uint64)
+        if not v.scale_block:
+            rs = (np.full(nr, self.scale, dtype=np.float32) if self.row_scales is None
+                  else np.ascontiguousarray(self.row_scales, dtype=np.float32).reshape(nr))
+            return Descriptor(self.k, bits, unit_bytes, self.pool, sign_pos, rs, None, 0, 0, 0, 0)
+        shift = (v.scale_block // QK).bit_length() - 1                      # 128 -> 0, 256 -> 1
+        if v is Variant.G128:
+            return Descriptor(self.k, bits, unit_bytes, self.pool, sign_pos, None, bits, BITMAP_BYTES,
+                              v.block_bytes, bits.shape[1], shift)
+        e = np.ascontiguousarray(np.asarray(self.block_scales).astype("<f2").reshape(nr, self.k // v.scale_block))
+        return Descriptor(self.k, bits, unit_bytes, self.pool, sign_pos, None, e, 0, e.itemsize, e.strides[0], shift)
+
     @classmethod
     def from_encoded(cls, enc: codec.Encoded) -> BitcosRows:
-        """The kernel's view of a one-matrix encoding: its blocks, and from the companion the sign pool (with
-        the format's zero tail), the row index resolved to sign positions and the PT scale."""
+        """The kernel's view of a one-matrix encoding: its weight rows, and from the companion the sign pool
+        (with the format's zero tail), the row index resolved to sign positions and the scales section."""
         hdr = enc.header
         if hdr.n_mats != 1:
             raise ValueError(f"the harness takes one matrix, the encoding has {hdr.n_mats}")
-        scale = 1.0
-        if enc.variant == Variant.PT:
-            scale = float(enc.companion[hdr.scales_offset:hdr.scales_offset + 4].view("<f4")[0])
-        return cls(enc.variant, hdr.n_cols, enc.blocks, codec.sign_pool(enc.companion, hdr),
-                   codec.sign_positions(enc.companion, hdr), scale)
+        v = Variant(enc.variant)
+        k, nr = hdr.n_cols, hdr.n_rows
+        scale, row_scales, block_scales = 1.0, None, None
+        comp, off = enc.companion, hdr.scales_offset
+        if v in (Variant.PT, Variant.MATRIX):
+            scale = float(comp[off:off + 4].view("<f4")[0])
+        elif v is Variant.ROW:
+            row_scales = comp[off:off + 4 * nr].view("<f4")
+        elif v is not Variant.G128:
+            block_scales = comp[off:off + v.scales_bytes(k, nr, 1)].view("<f2").reshape(nr, k // v.scale_block)
+        return cls(v, k, enc.blocks, codec.sign_pool(comp, hdr), codec.sign_positions(comp, hdr), scale,
+                   row_scales, block_scales)
 
 
 def encode_rows(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | None = None,
-                scale: float = 1.0) -> BitcosRows:
+                scale: float = 1.0, row_scales: np.ndarray | None = None) -> BitcosRows:
     """``BitcosRows`` of ternary codes int8 (nr, k) in {-1, 0, 1}, encoded by ``codec.encode`` as one matrix:
-    G128 with ``block_scales`` (float16-castable (nr, k/128), >= 0), PT with the matrix scale ``scale`` (>= 0)."""
-    enc = codec.encode(codes, variant, block_scales=block_scales, matrix_scales=np.array([scale], np.float32))
+    G128 / B128 / B256 with ``block_scales`` (float16-castable (nr, k / scale_block), >= 0), PT / MATRIX with
+    the matrix scale ``scale`` (>= 0), ROW with ``row_scales`` (nr,)."""
+    v = Variant(variant)
+    if v.scale_block:
+        enc = codec.encode(codes, v, block_scales=block_scales)
+    elif v is Variant.ROW:
+        enc = codec.encode(codes, v, row_scales=row_scales)
+    else:
+        enc = codec.encode(codes, v, matrix_scales=np.array([scale], np.float32))
     return BitcosRows.from_encoded(enc)
 
 
@@ -154,8 +230,8 @@ def mm(impl: str, w: BitcosRows, y: np.ndarray, fma: bool = True) -> np.ndarray:
     y = as_q8k(y, w.k)
     nc = y.shape[0]
     dst = np.full((nc, w.nr), np.nan, dtype=np.float32)
-    rc = lib.bitcos_h_mm(_IMPL_IDS[impl], w.variant, w.k, _ptr(w.blocks), w.blocks.shape[1], _ptr(w.pool),
-                         _ptr(w.sign_pos), w.scale, w.nr, _ptr(y), nc, _ptr(dst))
+    d = w.descriptor()
+    rc = lib.bitcos_h_mm(_IMPL_IDS[impl], *d.args(), w.nr, _ptr(y), nc, _ptr(dst))
     if rc != 0:
         raise RuntimeError(f"bitcos_h_mm({impl}) failed: {rc} ({'unavailable' if rc == -1 else 'bad arguments'})")
     return dst
@@ -168,8 +244,8 @@ def time_mm(impl: str, w: BitcosRows, y: np.ndarray, reps: int, fma: bool = True
     nc = y.shape[0]
     dst = np.empty((nc, w.nr), dtype=np.float32)
     ticks = np.zeros(reps, dtype=np.uint64)
-    rc = lib.bitcos_h_time(_IMPL_IDS[impl], w.variant, w.k, _ptr(w.blocks), w.blocks.shape[1], _ptr(w.pool),
-                           _ptr(w.sign_pos), w.scale, w.nr, _ptr(y), nc, _ptr(dst), reps, _ptr(ticks))
+    d = w.descriptor()
+    rc = lib.bitcos_h_time(_IMPL_IDS[impl], *d.args(), w.nr, _ptr(y), nc, _ptr(dst), reps, _ptr(ticks))
     if rc != 0:
         raise RuntimeError(f"bitcos_h_time({impl}) failed: {rc}")
     return ticks

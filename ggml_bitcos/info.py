@@ -1,6 +1,6 @@
 """``ggml-bitcos info``: the BITCOS view of a GGUF file, in the style of ``gguf-dump``.
 
-For every BITCOS weight: its variant, logical shape, zero density ``z`` (from the companion header:
+For every BITCOS weight: its variant (G128 / PT in version 1; MATRIX / ROW / B128 / B256 in version 2), logical shape, zero density ``z`` (from the companion header:
 ``1 − n_sign_bits / (K·R)``), the bits per weight the file really spends on it (weight blocks + companion,
 i.e. bitmap, scales, row index, sign pool, header and alignment) and the companion's parts; then totals and
 the file's ``bitcos.*`` metadata. Every tensor is validated like the llama.cpp loader validates it
@@ -23,7 +23,7 @@ from gguf_tools import GGUFError, open_gguf, tensor_bytes, tensor_ggml_shape, ty
 
 from . import codec
 from .format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, COMPANION_TYPE, KEY_CONVERTED_FROM, KEY_FORMAT_VERSION,
-                     VERSION, Variant)
+                     VERSIONS, Variant)
 
 
 @dataclass
@@ -37,7 +37,7 @@ class TensorInfo:
     zero_density: float
     weight_bytes: int          # fixed-size blocks: bitmap (+ fp16 d for G128)
     companion_bytes: int
-    scales_bytes: int          # PT: fp32 per matrix (G128: the d inside the weight blocks, counted there)
+    scales_bytes: int          # the companion's scales section (G128: the d inside the weight blocks, counted there)
     index_bytes: int           # row_base + row_delta
     pool_bytes: int            # sign pool incl. its padding and zero tail
     row_group: int             # rows per row_base entry, G = 2^g
@@ -50,6 +50,7 @@ class TensorInfo:
 class FileInfo:
     path: str
     format_version: int | None
+    versions: list[int]        # the companion versions of the file's BITCOS tensors (FORMAT.md §9)
     converted_from: str | None
     file_type: int | None
     n_tensors: int
@@ -71,7 +72,6 @@ def validate_bitcos_tensor(path: Path, w, comp) -> codec.Header:  # noqa: ANN001
     """Validate a BITCOS weight and its companion as the llama.cpp loader does (FORMAT.md §1, §3.1, §4: the
     one implementation behind ``info``, ``stats`` and ``codec.decode``); ``GGUFError`` naming the tensor."""
     name = w.name
-    variant = Variant.from_type_id(int(w.tensor_type))
     if comp is None:
         raise GGUFError(path, "BITCOS weight without its companion tensor "
                               f"'{name + COMPANION_SUFFIX}'", name)
@@ -82,7 +82,7 @@ def validate_bitcos_tensor(path: Path, w, comp) -> codec.Header:  # noqa: ANN001
     if len(ne) < 2:
         raise GGUFError(path, f"BITCOS weight has {len(ne)} dimension(s); it must have 2 or 3", name)
     try:
-        return codec.validate(tensor_bytes(w), tensor_bytes(comp), variant, ne[0], math.prod(ne[1:]),
+        return codec.validate(tensor_bytes(w), tensor_bytes(comp), int(w.tensor_type), ne[0], math.prod(ne[1:]),
                               codec.n_mats_of(ne))
     except codec.FormatError as e:
         raise GGUFError(path, str(e), name) from None
@@ -99,9 +99,9 @@ def tensor_info(path: Path, index: int, w, comp, *, check: bool = True) -> Tenso
     n = k * n_rows
     g = 1 << hdr.row_group_log2
     index_bytes = 8 * ((n_rows + g - 1) // g) + 2 * n_rows
-    scales_bytes = 4 * n_mats if variant == Variant.PT else 0
+    scales_bytes = variant.scales_bytes(k, n_rows, n_mats)
     weight_bytes = int(w.n_bytes)
-    g128_scale_bytes = 2 * (n // 128) if variant == Variant.G128 else 0
+    g128_scale_bytes = 2 * (n // 128) if variant is Variant.G128 else 0
     return TensorInfo(index, name, variant.name, list(ne), n, hdr.n_sign_bits, 1 - hdr.n_sign_bits / n,
                       weight_bytes, int(comp.n_bytes), scales_bytes, index_bytes, hdr.pool_bytes, g,
                       8 * (weight_bytes + int(comp.n_bytes)) / n, 8 * (scales_bytes + g128_scale_bytes) / n,
@@ -117,8 +117,9 @@ def collect(path: Path, *, check: bool = False) -> FileInfo:
         return f.contents() if f is not None else None
 
     version = meta(KEY_FORMAT_VERSION)
-    if version is not None and int(version) > VERSION:
-        raise GGUFError(path, f"{KEY_FORMAT_VERSION} {int(version)} is newer than this tool supports ({VERSION})")
+    if version is not None and int(version) not in VERSIONS:
+        raise GGUFError(path, f"{KEY_FORMAT_VERSION} {int(version)} is not a version this tool supports "
+                              f"({', '.join(map(str, VERSIONS))})")
     by_name = {t.name: t for t in reader.tensors}
     infos: list[TensorInfo] = []
     for i, t in enumerate(reader.tensors):
@@ -130,7 +131,8 @@ def collect(path: Path, *, check: bool = False) -> FileInfo:
             infos.append(tensor_info(path, i, t, by_name.get(t.name + COMPANION_SUFFIX), check=check))
             reader.release_pages()
     ft = meta("general.file_type")
-    return FileInfo(str(path), int(version) if version is not None else None, meta(KEY_CONVERTED_FROM),
+    versions = sorted({Variant[t.variant].version for t in infos})
+    return FileInfo(str(path), int(version) if version is not None else None, versions, meta(KEY_CONVERTED_FROM),
                     int(ft) if ft is not None else None, len(reader.tensors), infos)
 
 
@@ -143,15 +145,17 @@ def format_text(info: FileInfo) -> str:
         out.append(f"* no BITCOS tensors among the {info.n_tensors} tensors (not a converted file)")
         return "\n".join(out)
     by_var = {v.name: sum(1 for t in info.tensors if t.variant == v.name) for v in Variant}
-    out.append(f"* {len(info.tensors)} BITCOS weights ({by_var['PT']} PT, {by_var['G128']} G128) + "
+    counts = ", ".join(f"{n} {name}" for name, n in by_var.items() if n)
+    out.append(f"* {len(info.tensors)} BITCOS weights ({counts}; companion version"
+               f"{'s' if len(info.versions) > 1 else ''} {', '.join(map(str, info.versions))}) + "
                f"{len(info.tensors)} companions of {info.n_tensors} tensors")
     out.append("* bits/w: weight blocks + companion, per weight; scale, index: their share of it")
-    out.append(f"    {'#':>3}: {'weights':>10} | {'ne0':>5}, {'ne1':>5}, {'ne2':>3} | {'var':<4} | {'z':>6} | "
+    out.append(f"    {'#':>3}: {'weights':>10} | {'ne0':>5}, {'ne1':>5}, {'ne2':>3} | {'var':<6} | {'z':>6} | "
                f"{'bits/w':>6} | {'scale':>5} | {'index':>5} | {'weight B':>9} | {'compan. B':>9} | "
                f"{'pool B':>9} | {'G':>2} | name")
     for t in info.tensors:
         ne = list(t.shape) + [1] * (3 - len(t.shape))
-        out.append(f"    {t.index + 1:>3}: {t.n_weights:>10} | {ne[0]:>5}, {ne[1]:>5}, {ne[2]:>3} | {t.variant:<4} | "
+        out.append(f"    {t.index + 1:>3}: {t.n_weights:>10} | {ne[0]:>5}, {ne[1]:>5}, {ne[2]:>3} | {t.variant:<6} | "
                    f"{t.zero_density:>6.4f} | {t.bits_per_weight:>6.4f} | {t.scale_bits_per_weight:>5.3f} | "
                    f"{t.index_bits_per_weight:>5.3f} | {t.weight_bytes:>9} | {t.companion_bytes:>9} | "
                    f"{t.pool_bytes:>9} | {t.row_group:>2} | {t.name}")

@@ -7,7 +7,8 @@ arrays of an upstream vocab-only GGUF), random weights drawn so activations stay
   ``ffn_*_exps`` tensors) are ternary, zero density ``z``, codes t with P(0) = z, P(+1) = P(-1) = (1-z)/2,
   and scale ~ 1/sqrt(K (1 - z)) so each output has unit variance for unit-variance inputs (every
   matmul in llama follows an RMS norm); ``--scale tensor`` uses one scale per matrix (BitNet-style),
-  ``--scale g128`` a different scale per 128 weights (per 256 for TQ1_0/TQ2_0, their native group);
+  ``--scale row`` one per output row (TriLM / ParetoQ-style), ``--scale g128`` a different scale per 128
+  weights (per 256 for TQ1_0/TQ2_0, their native group; per row where K is no multiple of the group);
 * token_embd / output: F16 or Q8_0, N(0, 1) embeddings, output rows scaled so logits are O(3);
 * norms F32 ones; MoE router ``ffn_gate_inp`` F32.
 
@@ -67,6 +68,9 @@ class ModelShape:
 PRESETS: dict[str, ModelShape] = {
     # small enough for tests: hidden and ffn multiples of 256 so TQ1_0/TQ2_0 apply everywhere
     "tiny": ModelShape(n_embd=256, n_ff=768, n_layer=2, n_head=4, n_head_kv=2, n_ctx=512, vocab="llama-spm"),
+    # SmolLM2-135M's widths (hidden 576 = 4.5 x 128, ffn 1536): rows that only version 2 stores (K % 32);
+    # F16 ternary matrices (TQ1_0/TQ2_0 need K % 256), 3 layers
+    "smol": ModelShape(n_embd=576, n_ff=1536, n_layer=3, n_head=9, n_head_kv=3, n_ctx=512, vocab="llama-spm"),
     # BitNet b1.58 2B4T's shape
     "bitnet-2b": ModelShape(n_embd=2560, n_ff=6912, n_layer=30, n_head=20, n_head_kv=5, n_ctx=4096,
                             vocab="llama-bpe", embd_type="q8_0", rope_freq_base=500000.0),
@@ -105,6 +109,8 @@ def ternary_tensor(rng: np.random.Generator, ne: tuple[int, ...], z: float, scal
     if scale_mode == "tensor":
         per_mat = (base * rng.uniform(0.8, 1.2, n_mats)).astype(np.float16)
         d = np.repeat(per_mat, rows // n_mats)[:, None].repeat(k // group, axis=1)
+    elif scale_mode == "row":
+        d = (base * rng.uniform(0.75, 1.25, rows)).astype(np.float16)[:, None].repeat(k // group, axis=1)
     elif scale_mode == "g128":
         d = (base * rng.uniform(0.75, 1.25, (rows, k // group))).astype(np.float16)
     else:
@@ -258,9 +264,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, type=Path, help="output .gguf path")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument("--zero-density", type=float, default=0.4, metavar="Z", help="fraction of zero weights (0..1)")
-    p.add_argument("--scale", choices=["g128", "tensor"], default="tensor",
-                   help="tensor: one scale per matrix (BitNet-style); g128: one per 128 weights "
-                        "(per 256 for TQ1_0/TQ2_0)")
+    p.add_argument("--scale", choices=["g128", "row", "tensor"], default="tensor",
+                   help="tensor: one scale per matrix (BitNet-style); row: one per output row (TriLM-style); "
+                        "g128: one per 128 weights (per 256 for TQ1_0/TQ2_0)")
     p.add_argument("--type", dest="src_type", choices=sorted(SOURCE_TYPES), default="tq2_0",
                    help="storage of the ternary matrices (F16 where K %% 256 != 0)")
     p.add_argument("--embd-type", choices=sorted(EMBD_TYPES), help="token_embd/output type (preset default)")

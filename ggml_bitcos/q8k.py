@@ -31,10 +31,14 @@ def _with_bsums(y: np.ndarray) -> np.ndarray:
 
 
 def random_q8k(rng: np.random.Generator, nc: int, k: int) -> np.ndarray:
-    """Random Q8_K activations (nc, ceil(k/256)): full int8 range (-128 included), positive scales."""
+    """Random Q8_K activations (nc, ceil(k/256)): full int8 range (-128 included), positive scales; the
+    positions past k are 0, as in ggml's quantization of a zero-padded row (the kernels' contract,
+    csrc/bitcos-kernels.h, relies on it when k % 256 != 0)."""
     nby = n_blocks(k)
     y = np.zeros((nc, nby), dtype=Q8K_DTYPE)
-    y["qs"] = rng.integers(-128, 128, size=(nc, nby, QK_K), dtype=np.int8)
+    qs = rng.integers(-128, 128, size=(nc, nby * QK_K), dtype=np.int8)
+    qs[:, k:] = 0
+    y["qs"] = qs.reshape(nc, nby, QK_K)
     y["d"] = rng.uniform(1e-3, 0.05, size=(nc, nby)).astype(np.float32)
     return _with_bsums(y)
 

@@ -1,17 +1,17 @@
 """GGUF reading and writing for ggml-bitcos, on top of gguf-py (PyPI ``gguf``).
 
-Importing this package registers the BITCOS ggml types (160 ``BITCOS_G128``, 161 ``BITCOS_PT``) with
+Importing this package registers the BITCOS ggml types (160 ``BITCOS_G128``, 161 ``BITCOS_PT``, 162 ``BITCOS``) with
 gguf-py, so ``gguf.GGUFReader`` and ``gguf.GGUFWriter`` accept them everywhere in the process.
 """
 
-from .types import (BITCOS_G128, BITCOS_PT, BITCOS_TYPES, bitcos_type, is_known_type, register_bitcos_types,
+from .types import (BITCOS, BITCOS_G128, BITCOS_PT, BITCOS_TYPES, bitcos_type, is_known_type, register_bitcos_types,
                     type_name)
 from .reader import (CheckedGGUFReader, GGUFError, field_value, open_gguf, tensor_bytes,
                      tensor_ggml_shape, tensor_row_bytes, tensor_rows_cols)
 from .writer import GGUFStreamWriter, tensor_nbytes
 
 __all__ = [
-    "BITCOS_G128", "BITCOS_PT", "BITCOS_TYPES", "bitcos_type", "is_known_type", "register_bitcos_types", "type_name",
+    "BITCOS", "BITCOS_G128", "BITCOS_PT", "BITCOS_TYPES", "bitcos_type", "is_known_type", "register_bitcos_types", "type_name",
     "CheckedGGUFReader", "GGUFError", "field_value", "open_gguf", "tensor_bytes", "tensor_ggml_shape",
     "tensor_row_bytes", "tensor_rows_cols", "GGUFStreamWriter", "tensor_nbytes",
 ]

@@ -1,4 +1,4 @@
-"""Teach gguf-py (PyPI ``gguf`` 0.19.0) the two BITCOS ggml types, in one place.
+"""Teach gguf-py (PyPI ``gguf`` 0.19.0) the three BITCOS ggml types, in one place.
 
 gguf-py keeps its type table in two module-level objects that every part of it (reader, writer,
 quants) reads at call time:
@@ -23,10 +23,11 @@ from typing import Final
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ggml_bitcos.format import QK, Variant
+from ggml_bitcos.format import Variant
 
-# name -> (type id, block size in weights, bytes per block); docs/FORMAT.md §2.
-BITCOS_TYPES: Final[dict[str, tuple[int, int, int]]] = {v.type_name: (v.type_id, QK, v.block_bytes) for v in Variant}
+# name -> (type id, block size in weights, bytes per block); docs/FORMAT.md §2: BITCOS_G128 (160), BITCOS_PT (161),
+# BITCOS (162, every version-2 variant).
+BITCOS_TYPES: Final[dict[str, tuple[int, int, int]]] = {v.type_name: (v.type_id, *v.ggml_block) for v in Variant}
 
 
 def _add_enum_member(enum_cls: type[GGMLQuantizationType], name: str, value: int) -> GGMLQuantizationType:
@@ -45,7 +46,7 @@ def _add_enum_member(enum_cls: type[GGMLQuantizationType], name: str, value: int
 
 
 def register_bitcos_types() -> None:
-    """Make ``GGMLQuantizationType.BITCOS_G128`` / ``BITCOS_PT`` and their sizes known to gguf-py."""
+    """Make ``GGMLQuantizationType.BITCOS_G128`` / ``BITCOS_PT`` / ``BITCOS`` and their sizes known to gguf-py."""
     for name, (type_id, block_size, type_size) in BITCOS_TYPES.items():
         existing = GGMLQuantizationType._value2member_map_.get(type_id)
         if existing is None:
@@ -101,6 +102,7 @@ def register_foreign_types() -> list[str]:
 
 BITCOS_G128: Final = GGMLQuantizationType(Variant.G128.type_id)
 BITCOS_PT: Final = GGMLQuantizationType(Variant.PT.type_id)
+BITCOS: Final = GGMLQuantizationType(Variant.MATRIX.type_id)
 
 
 def bitcos_type(variant: Variant) -> GGMLQuantizationType:

@@ -64,17 +64,20 @@ def installed_hook() -> Path:
 
 @pytest.fixture(scope="module")
 def bitcos_files(tmp_path_factory, installed_hook) -> dict[str, Path]:
-    """TQ2_0 source, its PT and G128 conversions (odd zero densities 0 and 1 in a one-layer model too)."""
+    """TQ2_0 sources and their conversions: version 2 (MATRIX from per-matrix scales, B256 from per-256 ones;
+    zero densities 0 and 1) and version 1 (PT, G128: `convert --format-version 1`)."""
     d = tmp_path_factory.mktemp("ggufpy")
     files: dict[str, Path] = {}
-    for name, z, scale in (("pt", "0.42", "tensor"), ("g128", "0.31", "g128"), ("z0", "0", "tensor"),
-                           ("z1", "1", "g128")):
+    for name, z, scale, extra in (("pt", "0.42", "tensor", ()), ("g128", "0.31", "g128", ()),
+                                  ("z0", "0", "tensor", ()), ("z1", "1", "g128", ()),
+                                  ("v1pt", "0.42", "tensor", ("--format-version", "1")),
+                                  ("v1g128", "0.31", "g128", ("--format-version", "1"))):
         src = d / f"{name}-tq2_0.gguf"
         out = d / f"{name}-bitcos.gguf"
         _cli(d, "make-model", "-o", str(src), "--preset", "tiny", "--zero-density", z, "--type", "tq2_0",
              "--scale", scale, "--seed", "7", "-q")
         # z = 0 on 256-wide rows: the row index makes BITCOS larger than TQ2_0, so it takes --force-grow
-        _cli(d, "convert", str(src), "-o", str(out), "-q", *(["--force-grow"] if z == "0" else []))
+        _cli(d, "convert", str(src), "-o", str(out), "-q", *(["--force-grow"] if z == "0" else []), *extra)
         files[name] = out
     return files
 
@@ -86,6 +89,11 @@ def _tensor_map(path: Path) -> dict[str, tuple[int, bytes]]:
 def _raw_tensor_table(path: Path) -> dict[str, tuple[int, tuple[int, ...]]]:
     """name -> (type id, ne) parsed straight from the file's bytes, without gguf-py."""
     return {n: (t.type_id, t.ne) for n, t in read_tensor_table(path).items()}
+
+
+def _bitcos_type_name(type_id: int) -> str:
+    """FORMAT.md §2's name of a BITCOS type id: BITCOS_G128, BITCOS_PT or (every version-2 variant) BITCOS."""
+    return next(v.type_name for v in Variant if v.type_id == type_id)
 
 
 def test_startup_hook_imports_nothing_heavy(installed_hook, tmp_path):
@@ -110,15 +118,15 @@ def test_gguf_reader_without_import(bitcos_files, tmp_path, first_import):
     assert r.returncode == 0, r.stderr
     got = {ln.split()[0]: (int(ln.split()[1]), ln.split()[2]) for ln in r.stdout.splitlines()}
     assert {n: tt for n, (tt, _name) in got.items()} == want
-    assert {name for tt, name in got.values() if tt in BITCOS_TYPE_IDS} == {Variant.PT.type_name}
+    assert {name for tt, name in got.values() if tt in BITCOS_TYPE_IDS} == {"BITCOS"}   # version 2: type 162
     assert r.stderr == ""
 
 
 def test_gguf_imported_before_the_hook_installs(bitcos_files, tmp_path):
     """gguf already imported when install() runs (e.g. by an earlier .pth file): it registers at once."""
-    script = ("import os, gguf\nassert 161 not in gguf.GGMLQuantizationType._value2member_map_\n"
+    script = ("import os, gguf\nassert 160 not in gguf.GGMLQuantizationType._value2member_map_\n"
               "import _ggml_bitcos_gguf_hook as h\nos.environ['GGML_BITCOS_GGUF_HOOK'] = '1'\nh.install()\n"
-              f"r = gguf.GGUFReader({str(bitcos_files['g128'])!r})\n"
+              f"r = gguf.GGUFReader({str(bitcos_files['v1g128'])!r})\n"
               "print(sorted({t.tensor_type.name for t in r.tensors if int(t.tensor_type) >= 160}))")
     r = _run([sys.executable, "-c", script], tmp_path, env={"GGML_BITCOS_GGUF_HOOK": "0"})
     assert r.returncode == 0, r.stderr
@@ -131,7 +139,7 @@ def test_hook_off_fails_like_stock_gguf(bitcos_files, tmp_path):
     assert r.returncode != 0 and "is not a valid GGMLQuantizationType" in r.stderr
 
 
-@pytest.mark.parametrize("name", ["pt", "g128", "z0", "z1"])
+@pytest.mark.parametrize("name", ["pt", "g128", "z0", "z1", "v1pt", "v1g128"])
 def test_gguf_dump(bitcos_files, tmp_path, name):
     f = bitcos_files[name]
     table = _raw_tensor_table(f)
@@ -146,10 +154,11 @@ def test_gguf_dump(bitcos_files, tmp_path, name):
         info = tensors[tname]
         if tt in BITCOS_TYPE_IDS:
             n_bitcos += 1
-            assert info["type"] == Variant.from_type_id(tt).type_name
+            assert info["type"] == _bitcos_type_name(tt)
+            assert (tt == 162) == (not name.startswith("v1"))
             assert tname + COMPANION_SUFFIX in tensors
             # the text listing names the type on the tensor's line
-            assert any(ln.rstrip().endswith(f"| {tname}") and Variant.from_type_id(tt).type_name in ln
+            assert any(ln.rstrip().endswith(f"| {tname}") and f" {_bitcos_type_name(tt)} " in ln
                        for ln in r.stdout.splitlines())
         assert info["shape"] == list(ne)
     assert n_bitcos == 14
@@ -168,14 +177,14 @@ def rewritten(bitcos_files, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
         setm = d / f"{name}-set.gguf"
         shutil.copyfile(f, setm)
         ftype = int(open_gguf(f).get_field("general.file_type").contents())
-        other = Variant.G128 if ftype == Variant.PT.type_id else Variant.PT
-        r = _run([_tool("gguf-set-metadata"), str(setm), "general.file_type", str(other.type_id), "--force"], d)
+        other = Variant.G128.type_id if ftype != Variant.G128.type_id else Variant.PT.type_id
+        r = _run([_tool("gguf-set-metadata"), str(setm), "general.file_type", str(other), "--force"], d)
         assert r.returncode == 0, r.stderr
         out[name] = (new, setm)
     return out
 
 
-@pytest.mark.parametrize("name", ["pt", "g128", "z0", "z1"])
+@pytest.mark.parametrize("name", ["pt", "g128", "z0", "z1", "v1pt", "v1g128"])
 def test_rewritten_tensors_byte_identical(bitcos_files, rewritten, name):
     src = _tensor_map(bitcos_files[name])
     new, setm = rewritten[name]
@@ -193,7 +202,7 @@ def test_rewritten_tensors_byte_identical(bitcos_files, rewritten, name):
                                                                    .get_field("general.file_type").contents())
 
 
-@pytest.mark.parametrize("name", ["pt", "g128"])
+@pytest.mark.parametrize("name", ["pt", "g128", "v1g128"])
 def test_rewritten_files_run_in_llama(bitcos_files, rewritten, patched_llama, name):
     from ggml_bitcos import llama_run
     base = llama_run.greedy_generate(bitcos_files[name], PROMPT, 16, n_threads=2)

@@ -72,7 +72,7 @@ def test_info_matches_independent_reading(converted, capsys):
     raw = out.read_bytes()
     assert main(["info", str(out), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["format_version"] == 1 and info["converted_from"] == "F16"
+    assert info["format_version"] == 2 and info["versions"] == [2] and info["converted_from"] == "F16"
     by_name = {t["name"]: t for t in info["tensors"]}
     assert set(by_name) == {name for name, *_ in SPECS}
     names = list(table)
@@ -83,13 +83,15 @@ def test_info_matches_independent_reading(converted, capsys):
         n = c.size
         nz = int(np.count_nonzero(c))
         wt, comp = table[name], table[name + COMPANION_SUFFIX]
-        variant = Variant.from_type_id(wt.type_id)
+        variant = Variant(raw[comp.offset + 6])          # the companion header's variant byte
+        assert wt.type_id == variant.type_id == 162
         assert t["variant"] == variant.name and t["shape"] == list(ne) and t["index"] == names.index(name)
-        assert variant == (Variant.G128 if per_block and z < 1 else Variant.PT)   # all-zero: PT
+        # random fp16 scales per 128: B128; one scale (or none: all zero): MATRIX (FORMAT.md §7, fewest bytes)
+        assert variant == (Variant.B128 if per_block and z < 1 else Variant.MATRIX)
         assert t["n_weights"] == n and t["n_nonzero"] == nz
         assert t["zero_density"] == pytest.approx(1 - nz / n, abs=0)
         rows, k = math.prod(ne[1:]), ne[0]
-        weight_bytes = rows * k // QK * variant.block_bytes
+        weight_bytes = rows * k // 8                     # version 2: the bitmap alone
         comp_bytes = comp.ne[0]
         assert t["weight_bytes"] == weight_bytes and t["companion_bytes"] == comp_bytes
         assert t["bits_per_weight"] == pytest.approx(8 * (weight_bytes + comp_bytes) / n, rel=1e-12)
@@ -98,7 +100,7 @@ def test_info_matches_independent_reading(converted, capsys):
         assert t["row_group"] == g
         assert t["index_bits_per_weight"] == pytest.approx(8 * (8 * -(-rows // g) + 2 * rows) / n, rel=1e-12)
         m = math.prod(ne[2:]) if len(ne) > 2 else 1
-        scale_bits = 8 * (4 * m if variant == Variant.PT else 2 * n // QK) / n
+        scale_bits = 8 * (4 * m if variant == Variant.MATRIX else 2 * n // QK) / n
         assert t["scale_bits_per_weight"] == pytest.approx(scale_bits, rel=1e-12)
         tot_bytes += weight_bytes + comp_bytes
         tot_w += n
@@ -113,7 +115,7 @@ def test_info_matches_independent_reading(converted, capsys):
         line = next(ln for ln in text.splitlines() if ln.endswith(f"| {name}"))
         assert line.strip().startswith(f"{names.index(name) + 1}:")
         assert f"{by_name[name]['zero_density']:.4f}" in line and f"{by_name[name]['bits_per_weight']:.4f}" in line
-    assert "format version 1" in text and f"{tot_w:,} BITCOS weights" in text
+    assert "format version 2" in text and f"{tot_w:,} BITCOS weights" in text
 
 
 def test_info_on_a_file_without_bitcos(tmp_path, capsys):

@@ -27,6 +27,7 @@ llama = pytest.mark.llama  # tests that need the patched build installed
 
 BITCOS_G128 = Variant.G128.type_id
 BITCOS_PT = Variant.PT.type_id
+BITCOS_BITMAP = Variant.MATRIX.type_id   # 162, every version-2 variant
 TOOLS = llama_tools.TOOLS
 
 
@@ -89,7 +90,9 @@ def test_type_table(ggml_base: ctypes.CDLL) -> None:
     assert ggml_base.ggml_type_name(BITCOS_PT) == b"bitcos_pt"
     assert (ggml_base.ggml_blck_size(BITCOS_G128), ggml_base.ggml_type_size(BITCOS_G128)) == (128, 18)
     assert (ggml_base.ggml_blck_size(BITCOS_PT), ggml_base.ggml_type_size(BITCOS_PT)) == (128, 16)
-    assert ggml_base.ggml_is_quantized(BITCOS_G128) and ggml_base.ggml_is_quantized(BITCOS_PT)
+    assert ggml_base.ggml_type_name(BITCOS_BITMAP) == b"bitcos"
+    assert (ggml_base.ggml_blck_size(BITCOS_BITMAP), ggml_base.ggml_type_size(BITCOS_BITMAP)) == (32, 4)
+    assert all(ggml_base.ggml_is_quantized(t) for t in (BITCOS_G128, BITCOS_PT, BITCOS_BITMAP))
     # ids between upstream's last type and BITCOS are holes
     for hole in (43, 100, 159):
         assert ggml_base.ggml_blck_size(hole) == 0 and ggml_base.ggml_type_name(hole) is None
@@ -114,16 +117,21 @@ def _pad64(x: int) -> int:
 
 def encode_bitcos(codes: np.ndarray, variant: int, d16: np.ndarray | None, scales: np.ndarray | None,
                   n_mats: int) -> tuple[np.ndarray, bytes]:
-    """codes [R, K] int8 in {-1,0,1} -> (weight block bytes [R, K/128*bb] uint8, companion bytes)."""
+    """codes [R, K] int8 in {-1,0,1} -> (weight bytes [R, row bytes] uint8, companion bytes), any variant
+    (FORMAT.md §3, §4). d16: the fp16 block scales (bit patterns) of G128 [R, K/128], B128 [R, K/128] and B256
+    [R, K/256]; scales: f32 per matrix (PT, MATRIX) or per row (ROW)."""
     R, K = codes.shape
-    nb = K // 128
     present = codes != 0
-    bitmap = np.packbits(present.reshape(R, nb, 128), axis=-1, bitorder="little")  # [R, nb, 16]
-    if variant == 0:
-        assert d16 is not None
-        blocks = np.concatenate([bitmap, d16.astype("<u2").reshape(R, nb, 1).view(np.uint8)], axis=-1)
-    else:
-        blocks = bitmap
+    if variant <= 1:  # version 1: blocks of 128 weights, G128's scale after each bitmap
+        nb = K // 128
+        bitmap = np.packbits(present.reshape(R, nb, 128), axis=-1, bitorder="little")  # [R, nb, 16]
+        if variant == 0:
+            assert d16 is not None
+            blocks = np.concatenate([bitmap, d16.astype("<u2").reshape(R, nb, 1).view(np.uint8)], axis=-1)
+        else:
+            blocks = bitmap
+    else:  # version 2: the bitmap alone, K/8 bytes per row
+        blocks = np.packbits(present, axis=-1, bitorder="little")
     pc = present.sum(axis=1).astype(np.uint64)
     sign_pos = np.concatenate([[0], np.cumsum(pc)[:-1]]).astype(np.uint64)
     S = int(pc.sum())
@@ -143,11 +151,20 @@ def encode_bitcos(codes: np.ndarray, variant: int, d16: np.ndarray | None, scale
     packed = np.packbits(signs, bitorder="little")
     pool[: packed.size] = packed
 
+    # the scales section (FORMAT.md §4.2): none for G128; f32 per matrix / row; f16 per 128 / 256 of a row
+    if variant == 0:
+        section = b""
+    elif variant in (1, 2, 3):
+        assert scales is not None and scales.size == (R if variant == 3 else n_mats)
+        section = scales.astype("<f4").tobytes()
+    else:
+        assert d16 is not None and d16.shape == (R, K // (128 if variant == 4 else 256))
+        section = d16.astype("<u2").tobytes()
     pos = 128
     scales_offset = 0
-    if variant == 1:
+    if variant != 0:
         scales_offset = _pad64(pos)
-        pos = scales_offset + 4 * n_mats
+        pos = scales_offset + len(section)
     row_base_offset = _pad64(pos)
     pos = row_base_offset + 8 * row_base.size
     row_delta_offset = _pad64(pos)
@@ -158,12 +175,10 @@ def encode_bitcos(codes: np.ndarray, variant: int, d16: np.ndarray | None, scale
                                       ("n_cols", "<u8"), ("n_rows", "<u8"), ("n_mats", "<u8"), ("S", "<u8"),
                                       ("scales", "<u8"), ("row_base", "<u8"), ("row_delta", "<u8"),
                                       ("pool", "<u8"), ("pool_bytes", "<u8")]))
-    hdr[0] = (0x53435442, 1, variant, g, K, R, n_mats, S, scales_offset, row_base_offset, row_delta_offset,
-              pool_offset, pool_bytes)
+    hdr[0] = (0x53435442, 1 if variant <= 1 else 2, variant, g, K, R, n_mats, S, scales_offset, row_base_offset,
+              row_delta_offset, pool_offset, pool_bytes)
     comp[: hdr.nbytes] = hdr.tobytes()
-    if variant == 1:
-        assert scales is not None
-        comp[scales_offset: scales_offset + 4 * n_mats] = scales.astype("<f4").tobytes()
+    comp[scales_offset: scales_offset + len(section)] = section
     comp[row_base_offset: row_base_offset + 8 * row_base.size] = row_base.tobytes()
     comp[row_delta_offset: row_delta_offset + 2 * R] = row_delta.tobytes()
     comp[pool_offset:] = pool.tobytes()
@@ -179,66 +194,83 @@ class _RawType(int):
 
 
 N_EMBD, N_FF, N_VOCAB, N_HEAD = 128, 384, 64, 2
+# scale -> (variant, n_embd, n_ff): every K of the model a multiple of what the variant allows; MATRIX and ROW
+# get K = 160 and 224, which are not multiples of 128 (partial last 128-weight units)
+SCALES = {"g128": (Variant.G128, 128, 384), "pt": (Variant.PT, 128, 384), "matrix": (Variant.MATRIX, 160, 224),
+          "row": (Variant.ROW, 160, 224), "b128": (Variant.B128, 128, 384), "b256": (Variant.B256, 256, 512)}
 
 
-def _matrices(n_expert: int) -> dict[str, tuple[int, int, int]]:
+def _matrices(n_expert: int, n_embd: int = N_EMBD, n_ff: int = N_FF) -> dict[str, tuple[int, int, int]]:
     """Ternary matrices of the 1-layer model: name -> (experts, N, K); experts = 0 for a 2-D weight."""
-    mats = {"attn_q": (0, N_EMBD, N_EMBD), "attn_k": (0, N_EMBD, N_EMBD), "attn_v": (0, N_EMBD, N_EMBD),
-            "attn_output": (0, N_EMBD, N_EMBD)}
+    mats = {"attn_q": (0, n_embd, n_embd), "attn_k": (0, n_embd, n_embd), "attn_v": (0, n_embd, n_embd),
+            "attn_output": (0, n_embd, n_embd)}
     if n_expert:
-        mats.update({"ffn_gate_exps": (n_expert, N_FF, N_EMBD), "ffn_up_exps": (n_expert, N_FF, N_EMBD),
-                     "ffn_down_exps": (n_expert, N_EMBD, N_FF)})
+        mats.update({"ffn_gate_exps": (n_expert, n_ff, n_embd), "ffn_up_exps": (n_expert, n_ff, n_embd),
+                     "ffn_down_exps": (n_expert, n_embd, n_ff)})
     else:
-        mats.update({"ffn_gate": (0, N_FF, N_EMBD), "ffn_up": (0, N_FF, N_EMBD), "ffn_down": (0, N_EMBD, N_FF)})
+        mats.update({"ffn_gate": (0, n_ff, n_embd), "ffn_up": (0, n_ff, n_embd), "ffn_down": (0, n_embd, n_ff)})
     return mats
+
+
+def _scales(rng: np.random.Generator, variant: int, rows: int, k: int, mats: int
+            ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+    """(fp16 block scales as uint16, f32 matrix / row scales, f32 scale of every weight [rows, k])."""
+    s = np.float16(0.05 + 0.05 * rng.random(mats)).astype(np.float16)  # one per matrix / expert
+    if variant in (1, 2):  # one per matrix
+        return None, s.astype(np.float32), np.repeat(s.astype(np.float32), rows // mats)[:, None] * np.ones((1, k), np.float32)
+    if variant == 3:  # one f32 per row, not fp16 values
+        r = (0.05 + 0.05 * rng.random(rows)).astype(np.float32)
+        return None, r, r[:, None] * np.ones((1, k), np.float32)
+    blk = 256 if variant == 5 else 128
+    # exact fp16 values that vary per block
+    d16 = (np.full((rows, k // blk), s[0]).view(np.uint16) + rng.integers(0, 64, (rows, k // blk))).astype(np.uint16)
+    return d16, None, np.repeat(d16.view(np.float16).astype(np.float32), blk, axis=1)
 
 
 def write_model(path: Path, storage: str, scale: str, seed: int = 7, corrupt: str | None = None,
                 n_expert: int = 0) -> None:
     """A 1-layer llama GGUF whose matrices are ternary. storage: 'f32' (dequantized reference) or 'bitcos';
-    scale: 'g128' (fp16 scale per 128 weights) or 'pt' (one scale per matrix / expert). With n_expert > 0
-    the FFN is a mixture of experts (3-D weights, MUL_MAT_ID), 2 experts used per token."""
+    scale: a key of SCALES, the variant (version 1: 'g128' fp16 scale per 128 weights, 'pt' one scale per
+    matrix / expert; version 2: 'matrix', 'row', 'b128', 'b256'), which also fixes the model's widths. With
+    n_expert > 0 the FFN is a mixture of experts (3-D weights, MUL_MAT_ID), 2 experts used per token."""
     import gguf
 
+    variant, n_embd, n_ff = SCALES[scale]
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(256)
-    writer.add_embedding_length(N_EMBD)
+    writer.add_embedding_length(n_embd)
     writer.add_block_count(1)
-    writer.add_feed_forward_length(N_FF)
+    writer.add_feed_forward_length(n_ff)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD)
-    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_rope_dimension_count(n_embd // N_HEAD)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(N_VOCAB)
     writer.add_tokenizer_model("none")
+    if storage == "bitcos":
+        writer.add_file_type(variant.type_id)   # FORMAT.md §6: LLAMA_FTYPE_MOSTLY_BITCOS* = the type id
     if n_expert:
         writer.add_expert_count(n_expert)
         writer.add_expert_used_count(2)
-        writer.add_tensor("blk.0.ffn_gate_inp.weight", rng.normal(0, 1, (n_expert, N_EMBD)).astype(np.float32))
-    writer.add_tensor("token_embd.weight", rng.normal(0, 1, (N_VOCAB, N_EMBD)).astype(np.float32))
-    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))
-    writer.add_tensor("output.weight", rng.normal(0, 0.2, (N_VOCAB, N_EMBD)).astype(np.float32))
-    writer.add_tensor("blk.0.attn_norm.weight", np.ones(N_EMBD, np.float32))
-    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(N_EMBD, np.float32))
-    for m, (e, n, k) in _matrices(n_expert).items():
+        writer.add_tensor("blk.0.ffn_gate_inp.weight", rng.normal(0, 1, (n_expert, n_embd)).astype(np.float32))
+    writer.add_tensor("token_embd.weight", rng.normal(0, 1, (N_VOCAB, n_embd)).astype(np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+    writer.add_tensor("output.weight", rng.normal(0, 0.2, (N_VOCAB, n_embd)).astype(np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, np.float32))
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, np.float32))
+    for m, (e, n, k) in _matrices(n_expert, n_embd, n_ff).items():
         mats = max(e, 1)
         rows = mats * n
         codes = rng.choice(np.array([-1, 0, 1], np.int8), size=(rows, k), p=[0.3, 0.4, 0.3])
         shape = (e, n, k) if e else (n, k)
         name = f"blk.0.{m}.weight"
-        s = np.float16(0.05 + 0.05 * rng.random(mats)).astype(np.float16)  # one per matrix / expert
-        if scale == "pt":
-            d16 = np.repeat(s, rows // mats * (k // 128)).reshape(rows, k // 128).view(np.uint16)
-        else:  # exact fp16 values that vary per block
-            d16 = np.full((rows, k // 128), s[0]).view(np.uint16)
-            d16 = (d16 + rng.integers(0, 64, d16.shape)).astype(np.uint16)
+        d16, fs, dense_scale = _scales(rng, variant, rows, k, mats)
         if storage == "f32":
-            dense = codes.astype(np.float32) * np.repeat(d16.view(np.float16).astype(np.float32), 128, axis=1)
+            dense = codes.astype(np.float32) * dense_scale
             writer.add_tensor(name, dense.reshape(shape).astype(np.float32))
             continue
-        vid = 0 if scale == "g128" else 1
-        blocks, comp_b = encode_bitcos(codes, vid, d16, s.astype(np.float32), mats)
+        blocks, comp_b = encode_bitcos(codes, variant, d16, fs, mats)
         comp = bytearray(comp_b)
         if corrupt == "row_delta" and m == "attn_q":
             rd = int.from_bytes(comp[56:64], "little")
@@ -246,7 +278,7 @@ def write_model(path: Path, storage: str, scale: str, seed: int = 7, corrupt: st
             comp[rd + 2 * r] ^= 0x01  # sign_pos(1) off by one, or a group head's delta != 0
         if corrupt == "magic" and m == "ffn_down":
             comp[0] ^= 0xFF
-        writer.add_tensor(name, blocks.view(np.int8), raw_shape=shape, raw_dtype=_RawType(BITCOS_G128 + vid))
+        writer.add_tensor(name, blocks.view(np.int8), raw_shape=shape, raw_dtype=_RawType(variant.type_id))
         if corrupt != "missing_companion" or m != "ffn_up":
             writer.add_tensor(name + ".bitcos", np.frombuffer(bytes(comp), np.int8))
     writer.write_header_to_file()
@@ -271,7 +303,7 @@ def _eval_logits(model: Path, out: Path, threads: int = 2) -> subprocess.Complet
 
 @llama
 @pytest.mark.parametrize("n_expert", [0, 4], ids=["dense", "moe"])
-@pytest.mark.parametrize("scale", ["g128", "pt"])
+@pytest.mark.parametrize("scale", list(SCALES))
 def test_bitcos_model_matches_f32(llama_pkg: Path, tmp_path: Path, scale: str, n_expert: int) -> None:
     ref_model, bc_model = tmp_path / "ref.gguf", tmp_path / "bitcos.gguf"
     write_model(ref_model, "f32", scale, n_expert=n_expert)
@@ -297,11 +329,12 @@ def test_bitcos_model_matches_f32(llama_pkg: Path, tmp_path: Path, scale: str, n
     ("missing_companion", "BITCOS tensor 'blk.0.ffn_up.weight' has no companion"),
 ])
 @llama
+@pytest.mark.parametrize("scale", ["g128", "row"])
 @pytest.mark.parametrize("use_mmap", [True, False], ids=["mmap", "read"])
 def test_crafted_file_fails_with_tensor_name(llama_pkg: Path, tmp_path: Path, corrupt: str, message: str,
-                                             use_mmap: bool) -> None:
+                                             use_mmap: bool, scale: str) -> None:
     model = tmp_path / f"bad-{corrupt}.gguf"
-    write_model(model, "bitcos", "g128", corrupt=corrupt)
+    write_model(model, "bitcos", scale, corrupt=corrupt)
     r = subprocess.run([sys.executable, "-c", "import sys\nfrom llama_cpp import Llama\n"
                         f"Llama(sys.argv[1], n_ctx=64, use_mmap={use_mmap}, verbose=True)", str(model)],
                        capture_output=True, text=True, timeout=300)
@@ -311,6 +344,8 @@ def test_crafted_file_fails_with_tensor_name(llama_pkg: Path, tmp_path: Path, co
 
 @pytest.mark.parametrize("variant, k, rows, mats, p_zero", [
     (0, 128, 5, 1, 0.4), (0, 384, 70, 1, 0.0), (1, 2048, 33, 3, 0.5), (1, 256, 200, 2, 1.0), (0, 2048, 300, 1, 0.01),
+    (2, 96, 7, 1, 0.4), (2, 32, 1, 1, 0.0), (3, 160, 33, 3, 0.5), (3, 2048, 300, 1, 0.01), (4, 384, 70, 1, 0.0),
+    (4, 128, 9, 3, 1.0), (5, 512, 41, 1, 0.3), (5, 2048, 300, 2, 0.4),
 ])
 @llama
 def test_c_encoder_matches_spec_writer(ggml_base: ctypes.CDLL, variant: int, k: int, rows: int, mats: int,
@@ -319,14 +354,15 @@ def test_c_encoder_matches_spec_writer(ggml_base: ctypes.CDLL, variant: int, k: 
     rng = np.random.default_rng(k * rows + variant)
     p = [(1 - p_zero) / 2, p_zero, (1 - p_zero) / 2]
     codes = np.ascontiguousarray(rng.choice(np.array([-1, 0, 1], np.int8), size=(rows, k), p=p))
-    d16 = np.ascontiguousarray(np.float16(rng.uniform(0.01, 0.1, (rows, k // 128))).view(np.uint16))
-    scales = np.ascontiguousarray(rng.uniform(0.01, 0.1, mats).astype(np.float32))
+    blk = 256 if variant == 5 else 128
+    d16 = np.ascontiguousarray(np.float16(rng.uniform(0.01, 0.1, (rows, k // blk))).view(np.uint16))
+    scales = np.ascontiguousarray(rng.uniform(0.01, 0.1, rows if variant == 3 else mats).astype(np.float32))
     blocks, comp = encode_bitcos(codes, variant, d16, scales, mats)
     f = ggml_base.ggml_bitcos_encode
     f.restype = ctypes.c_size_t
     f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    args = (BITCOS_G128 + variant, k, rows, mats, codes.ctypes.data, d16.ctypes.data, scales.ctypes.data)
+    args = (variant, k, rows, mats, codes.ctypes.data, d16.ctypes.data, scales.ctypes.data)
     size = f(*args, None, None, 0)
     assert size == len(comp)
     wbuf = np.zeros(blocks.size, np.uint8)
@@ -364,7 +400,8 @@ def patched_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_patch_series_applies(patched_tree: Path) -> None:
     from ggml_bitcos import build
     ggml_h = (patched_tree / "vendor/llama.cpp/ggml/include/ggml.h").read_text()
-    assert "GGML_TYPE_BITCOS_G128 = 160" in ggml_h and "GGML_TYPE_COUNT   = 162" in ggml_h
+    assert "GGML_TYPE_BITCOS_G128 = 160" in ggml_h and "GGML_TYPE_BITCOS      = 162" in ggml_h
+    assert "GGML_TYPE_COUNT   = 163" in ggml_h
     assert (patched_tree / "vendor/llama.cpp/ggml/include/ggml-bitcos.h").is_file()
     assert (patched_tree / build.BITCOS_SRC_DIR / "tests" / "test-bitcos-mm.c").is_file()
     assert '__version__ = "0.3.36+bitcos1"' in (patched_tree / "llama_cpp/__init__.py").read_text()
@@ -497,22 +534,23 @@ def test_patched_gguf_reader_refuses_hole_type_ids(llama_pkg: Path, tmp_path: Pa
 
 
 @llama
-@pytest.mark.parametrize("scale, type_name", [("tensor", "BITCOS_PT"), ("g128", "BITCOS_G128")])
-def test_llama_bench_names_the_measured_bits_per_weight(patched_llama, model_factory, tmp_path: Path, scale: str,
+@pytest.mark.parametrize("scale, type_name", [("pt", "BITCOS_PT"), ("g128", "BITCOS_G128"), ("matrix", "BITCOS"),
+                                              ("row", "BITCOS"), ("b256", "BITCOS")])
+def test_llama_bench_names_the_measured_bits_per_weight(llama_pkg: Path, tmp_path: Path, scale: str,
                                                         type_name: str) -> None:
     """BITCOS is variable-rate, so llama-bench's model column (llama_model_desc) carries the rate measured on
     the file, a number as for every other type: 8 * (blocks + companions) / weights of the BITCOS tensors,
     here computed independently from the file's tensor table."""
     import json
 
-    from ggml_bitcos import convert, llama_run
+    from ggml_bitcos import llama_run
 
     import gguf_tools
 
     out = tmp_path / "m-bitcos.gguf"
-    convert.convert(model_factory(z=0.37, scale=scale, seed=5), out, progress=False)
+    write_model(out, "bitcos", scale)
     reader = gguf_tools.open_gguf(out)
-    bitcos = {gguf_tools.BITCOS_G128, gguf_tools.BITCOS_PT}
+    bitcos = {v.type_id for v in Variant}
     weights = {t.name: t for t in reader.tensors if int(t.tensor_type) in bitcos}
     bits = sum(8 * int(t.n_bytes) for t in weights.values())
     bits += sum(8 * int(t.n_bytes) for t in reader.tensors if t.name.endswith(".bitcos") and t.name[:-7] in weights)
@@ -522,6 +560,7 @@ def test_llama_bench_names_the_measured_bits_per_weight(patched_llama, model_fac
     assert r.returncode == 0, r.stderr[-2000:]
     model_type = json.loads(r.stdout)[0]["model_type"]
     assert f"{type_name} - {bits / n:.2f} bpw ternary" in model_type, (model_type, bits / n)
+    assert "guessed" not in model_type   # general.file_type named it
 
 
 @llama

@@ -7,6 +7,10 @@ rdtsc counts reference cycles at the constant TSC frequency, which equals core c
 runs at its nominal clock (see docs/KERNELS.md).
 
     ggml-bitcos bench kernels [--rows 16] [--k 2048] [--nc 1,4,16] [--z 0,0.4,0.95] [--variant g128] [--no-fma]
+
+Variants (FORMAT.md §4.2): g128 and pt (version 1), matrix, row, b128, b256 (version 2); a comma list times
+several, each on its own table. --k must be a multiple of the variant's row-length multiple (32 for matrix /
+row, whose last 128-weight unit is partial when k % 128 != 0; 128 for g128 / pt / b128; 256 for b256).
     python -m ggml_bitcos.bench.kernels ...
 """
 
@@ -16,14 +20,28 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
+from typing import Final
 
 import numpy as np
 
 from ggml_bitcos import harness
 from ggml_bitcos.bench.common import parse_floats, parse_ints, platform_cpu
-from ggml_bitcos.format import QK, Variant
+from ggml_bitcos.format import Variant
 from ggml_bitcos.q8k import random_q8k
 from ggml_bitcos.ternary import random_codes
+
+
+VARIANT_NAMES: Final = tuple(v.name.lower() for v in Variant)
+
+
+def parse_variants(text: str) -> list[Variant]:
+    """``--variant``: a comma list of variant names (any case), e.g. ``g128`` or ``matrix,b256``."""
+    out: list[Variant] = []
+    for name in (n.strip() for n in text.split(",")):
+        if name.lower() not in VARIANT_NAMES:
+            raise argparse.ArgumentTypeError(f"unknown variant {name!r}; choose from {', '.join(VARIANT_NAMES)}")
+        out.append(Variant[name.upper()])
+    return list(dict.fromkeys(out))
 
 
 @dataclass(frozen=True)
@@ -49,15 +67,19 @@ def measure(impls: list[str], variant: Variant, rows: int, k: int, ncs: list[int
             seed: int = 0, fma: bool = True) -> list[KernelTiming]:
     """Times every (z, nc, impl) on the same random matrix and activations per (z, nc).
 
-    G128 block scales are random, so nearly every Q8_K block has two different half scales (the contract's
-    two-FMA case); a G128 tensor converted from TQ2_0 has equal halves and runs slightly faster."""
+    Block scales (G128, B128, B256) are random, so nearly every Q8_K block of G128 / B128 has two different
+    half scales (the contract's two-FMA case); a tensor converted from TQ2_0 has equal halves and runs slightly
+    faster (B256 always has: one scale per Q8_K block). ROW gets random row scales, PT / MATRIX one scale."""
     rng = np.random.default_rng(seed)
-    vname = Variant(variant).name.lower()
+    variant = Variant(variant)
+    vname = variant.name.lower()
     out: list[KernelTiming] = []
     for z in zs:
         codes = random_codes(rng, (rows, k), z)
-        block_scales = rng.uniform(0.0, 2.0, size=(rows, k // QK)).astype(np.float16)
-        w = harness.encode_rows(codes, variant, block_scales=block_scales, scale=0.5)
+        block_scales = (rng.uniform(0.0, 2.0, size=(rows, k // variant.scale_block)).astype(np.float16)
+                        if variant.scale_block else None)
+        row_scales = rng.uniform(0.05, 2.0, size=rows).astype(np.float32) if variant is Variant.ROW else None
+        w = harness.encode_rows(codes, variant, block_scales=block_scales, scale=0.5, row_scales=row_scales)
         for nc in ncs:
             y = random_q8k(rng, nc, k)
             units = rows * k * nc / 32.0
@@ -113,11 +135,13 @@ def format_table(timings: list[KernelTiming], impls: list[str], stat: str = "med
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `bench kernels` (shared by the subcommand and `python -m`)."""
     p.add_argument("--rows", type=int, default=16, help="rows of the weight matrix (default 16)")
-    p.add_argument("--k", type=int, default=2048, help="weights per row, a multiple of 128 (default 2048)")
+    p.add_argument("--k", type=int, default=2048,
+                   help="weights per row, a multiple of the variant's row-length multiple (default 2048)")
     p.add_argument("--nc", type=parse_ints, default=[1, 4, 16],
                    help="activation columns, comma list (default 1,4,16)")
     p.add_argument("--z", type=parse_floats, default=[0.0, 0.4, 0.95], help="zero densities (default 0,0.4,0.95)")
-    p.add_argument("--variant", choices=("g128", "pt"), default="g128")
+    p.add_argument("--variant", type=parse_variants, default=[Variant.G128],
+                   help=f"comma list of {', '.join(VARIANT_NAMES)} (default g128)")
     p.add_argument("--impl", default="all", help="comma list of generic,avx2,avx512 or 'all' (default)")
     p.add_argument("--reps", type=int, default=400, help="timed calls per configuration (default 400)")
     p.add_argument("--stat", choices=("median", "min"), default="median",
@@ -136,8 +160,10 @@ def run(args: argparse.Namespace) -> int:
     except harness.KernelLibraryNotFound as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.k % QK != 0 or args.k <= 0 or args.rows <= 0:
-        print("error: --k must be a positive multiple of 128 and --rows positive", file=sys.stderr)
+    bad_k = [v.name.lower() for v in args.variant if args.k % v.k_multiple]
+    if args.k <= 0 or bad_k or args.rows <= 0:
+        print(f"error: --k must be a positive multiple of {max(v.k_multiple for v in args.variant)} for "
+              f"{','.join(v.name.lower() for v in args.variant)} and --rows positive", file=sys.stderr)
         return 2
     wanted = list(harness.IMPLS) if args.impl == "all" else [i.strip() for i in args.impl.split(",")]
     unknown = [i for i in wanted if i not in harness.IMPLS]
@@ -146,18 +172,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     impls = [i for i in wanted if harness.available(i, fma)]
     skipped = [i for i in wanted if i not in impls]
-    variant = Variant[args.variant.upper()]
-    timings = measure(impls, variant, args.rows, args.k, args.nc, args.z, args.reps, fma=fma)
+    timings = {v: measure(impls, v, args.rows, args.k, args.nc, args.z, args.reps, fma=fma) for v in args.variant}
     if args.json:
-        print(json.dumps([asdict(t) for t in timings], indent=1))
+        print(json.dumps([asdict(t) for ts in timings.values() for t in ts], indent=1))
         return 0
-    print(f"BITCOS kernels, {args.variant.upper()}, {args.rows} rows x {args.k} weights, "
-          f"TSC ticks per 32 weights per column ({args.stat} of {args.reps} calls; generic "
-          f"{generic_reps(args.reps)}), BITCOS_FMA={int(fma)}")
     print(f"library: {harness.library_path(fma)}  cpu: {platform_cpu()}")
     if skipped:
         print(f"not available on this CPU/library: {', '.join(skipped)}")
-    print(format_table(timings, impls, args.stat))
+    for v, ts in timings.items():
+        print(f"\nBITCOS kernels, {v.name} (format version {v.version}), {args.rows} rows x {args.k} weights, "
+              f"TSC ticks per 32 weights per column ({args.stat} of {args.reps} calls; generic "
+              f"{generic_reps(args.reps)}), BITCOS_FMA={int(fma)}")
+        print(format_table(ts, impls, args.stat))
     return 0
 
 

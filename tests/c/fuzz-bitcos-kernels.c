@@ -7,14 +7,17 @@
 // flags), all with -fsanitize=address,undefined where the compiler has them. This file has no ggml dependency.
 //
 // Each case (seeded: case i of seed s is reproducible alone with --seed s --first i --cases 1):
-//   * a random tensor: variant G128 or PT, k = 128 * (1 .. 48) (odd multiples of 128 included), 1 .. 80 rows,
-//     a zero density drawn per case from {0, 0.01, 0.3, 0.5, 0.95, 0.99, 1, uniform} with whole empty or full
-//     blocks and rows mixed in, G128 fp16 scales (neighbouring halves equal half of the time, zero,
-//     subnormal and 65504 among them), PT scale;
+//   * a random tensor of any variant (version 1: G128, PT; version 2: MATRIX, ROW, B128, B256), k any multiple
+//     the variant allows up to 6144 (for MATRIX / ROW any multiple of 32: partial last 128-weight units of
+//     32, 64, 96), 1 .. 80 rows, a zero density drawn per case from {0, 0.01, 0.3, 0.5, 0.95, 0.99, 1,
+//     uniform} with whole empty or full units and rows mixed in, fp16 block scales (G128 in the blocks,
+//     B128 / B256 in their own buffer; neighbouring 128-halves equal half of the time, zero, subnormal and
+//     65504 among them), fp32 row scales (PT / MATRIX one value for the run, ROW one per row, zero among them);
 //   * a run of consecutive rows [r0, r0 + nr) of it, biased to start mid-tensor and to end at the last row
 //     (whose sign cursor ends exactly at S, the tensor's sign count);
-//   * placed in guard-page buffers (mmap, the page after the buffer PROT_NONE): the run's weight blocks
-//     (exactly nr * row_bytes), the tensor's sign pool with exactly the format's tail (FORMAT.md §4.4:
+//   * placed in guard-page buffers (mmap, the page after the buffer PROT_NONE): the run's weight rows
+//     (exactly nr * row_bytes: a version-2 row is k/8 bytes, so its partial last unit ends at the guard), the
+//     run's block scales (exactly nr * scale_row_bytes) or row scales (nr floats), the tensor's sign pool with exactly the format's tail (FORMAT.md §4.4:
 //     roundup(ceil(S/8), 64) + 64 bytes, every bit past S zero), the run's sign positions (nr u64), each
 //     activation column (ceil(k/256) Q8_K blocks, zero-padded past k as the contract asks) and each
 //     destination column (nr floats), each ending at its guard page; with --front the buffers start right
@@ -129,10 +132,15 @@ typedef struct {
     uint64_t n_signs;
 } case_desc;
 
+static const char * variant_name(int v) {
+    static const char * names[BITCOS_VARIANT_COUNT] = { "G128", "PT", "MATRIX", "ROW", "B128", "B256" };
+    return v >= 0 && v < BITCOS_VARIANT_COUNT ? names[v] : "?";
+}
+
 static void print_case(FILE * f, const case_desc * c) {
     fprintf(f, "case seed=%" PRIu64 " index=%" PRIu64 " variant=%s k=%" PRId64 " rows=%" PRId64 " run=[%" PRId64
                ", %" PRId64 ") nc=%" PRId64 " z=%.3f S=%" PRIu64 " %s\n", c->seed, c->index,
-            c->variant == BITCOS_VARIANT_PT ? "PT" : "G128", c->k, c->rows, c->r0, c->r0 + c->nr, c->nc, c->z,
+            variant_name(c->variant), c->k, c->rows, c->r0, c->r0 + c->nr, c->nc, c->z,
             c->n_signs, g_front ? "front-guard" : "end-guard");
 }
 
@@ -144,9 +152,10 @@ static uint64_t g_nan_cases = 0;
 static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_impls) {
     g_rng = splitmix(seed * 0x100000001b3ull ^ splitmix(index + 1)) | 1;
     case_desc c = { .seed = seed, .index = index };
-    c.variant = (rnd() & 1) ? BITCOS_VARIANT_PT : BITCOS_VARIANT_G128;
-    const int64_t kb = below(4) == 0 ? 1 + (int64_t)below(48) : 1 + (int64_t)below(6);   // 128-blocks per row
-    c.k = kb * QK_BITCOS;
+    c.variant = (int)below(BITCOS_VARIANT_COUNT);
+    const int64_t kmul = bitcos_variant_k_multiple(c.variant);
+    const int64_t kmax = 48 * QK_BITCOS / kmul, ksmall = 6 * QK_BITCOS / kmul;   // up to 48 or 6 units
+    c.k = kmul * (below(4) == 0 ? 1 + (int64_t)below((uint64_t)kmax) : 1 + (int64_t)below((uint64_t)ksmall));
     c.rows = below(3) == 0 ? 1 + (int64_t)below(80) : 1 + (int64_t)below(12);
     static const double zs[] = { 0.0, 0.01, 0.3, 0.5, 0.95, 0.99, 1.0, -1.0 };
     c.z = zs[below(8)];
@@ -159,17 +168,20 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
     static const int64_t ncs[] = { 1, 1, 1, 2, 3, 4, 5, 8, 9, 16, 17, 20 };
     c.nc = ncs[below(12)];
 
-    const size_t bb = bitcos_block_bytes((enum bitcos_variant)c.variant);
-    const size_t row_bytes = (size_t)kb * bb;
-    const int64_t nby = (kb + 1) / 2;
+    const int64_t nu = (c.k + QK_BITCOS - 1) / QK_BITCOS;     // 128-weight units, the last maybe partial
+    const size_t ub = bitcos_block_bytes(c.variant);           // unit stride: 18 (G128), else 16
+    const int v1 = bitcos_variant_version(c.variant) == 1;
+    const size_t row_bytes = v1 ? (size_t)nu * ub : (size_t)(c.k / 8);
+    const int64_t nby = (nu + 1) / 2;
+    const int64_t sblk = bitcos_variant_scale_block(c.variant);   // 0: row scales
 
-    // codes of the whole tensor, with empty / full blocks and rows mixed in
+    // codes of the whole tensor, with empty / full units and rows mixed in
     int8_t * codes = malloc((size_t)(c.rows * c.k));
     for (int64_t r = 0; r < c.rows; ++r) {
-        const int row_mode = (int)below(10);                 // 0: empty row, 1: full row, else per block
-        for (int64_t b = 0; b < kb; ++b) {
+        const int row_mode = (int)below(10);                 // 0: empty row, 1: full row, else per unit
+        for (int64_t b = 0; b < nu; ++b) {
             const int blk_mode = row_mode == 0 ? 0 : row_mode == 1 ? 1 : (int)below(12);
-            for (int j = 0; j < QK_BITCOS; ++j) {
+            for (int64_t j = 0; j < QK_BITCOS && b * QK_BITCOS + j < c.k; ++j) {
                 int8_t t;
                 if (blk_mode == 0) {
                     t = 0;
@@ -208,25 +220,38 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
             }
         }
     }
-    // the run's blocks
+    // the run's weight rows (v1 blocks with G128's scale after each bitmap; v2 plain k/8-byte bitmaps)
     gbuf blocks = galloc((size_t)c.nr * row_bytes);
-    uint16_t prev_d = 0;
+    memset(blocks.p, 0, (size_t)c.nr * row_bytes);
     for (int64_t r = 0; r < c.nr; ++r) {
-        for (int64_t b = 0; b < kb; ++b) {
-            uint8_t * blk = blocks.p + (size_t)r * row_bytes + (size_t)b * bb;
-            memset(blk, 0, BITCOS_BITMAP_BYTES);
-            const int8_t * t = codes + (c.r0 + r) * c.k + b * QK_BITCOS;
-            for (int j = 0; j < QK_BITCOS; ++j) {
-                if (t[j] != 0) {
-                    blk[j >> 3] |= (uint8_t)(1u << (j & 7));
-                }
+        const int8_t * t = codes + (c.r0 + r) * c.k;
+        for (int64_t j = 0; j < c.k; ++j) {
+            if (t[j] != 0) {
+                blocks.p[(size_t)r * row_bytes + (size_t)(j / QK_BITCOS) * ub + (size_t)(j % QK_BITCOS) / 8] |=
+                    (uint8_t)(1u << (j & 7));
             }
-            if (c.variant == BITCOS_VARIANT_G128) {
+        }
+    }
+    // scales: fp16 per 128 (G128 in the blocks, B128 in its own buffer) or per 256 (B256), else fp32 per row
+    const size_t scale_row_bytes = sblk && !v1 ? sizeof(uint16_t) * (size_t)(c.k / sblk) : 0;
+    gbuf sbuf = galloc(sblk ? (v1 ? 0 : (size_t)c.nr * scale_row_bytes) : sizeof(float) * (size_t)c.nr);
+    if (sblk) {
+        uint16_t prev_d = 0;
+        for (int64_t r = 0; r < c.nr; ++r) {
+            for (int64_t b = 0; b < c.k / sblk; ++b) {
                 // the second half of a Q8_K block shares its scale half of the time (the contract's one-D path)
-                const uint16_t d = ((b & 1) && (rnd() & 1)) ? prev_d : rand_fp16_scale();
-                memcpy(blk + BITCOS_BITMAP_BYTES, &d, sizeof d);
+                const uint16_t d = (sblk == QK_BITCOS && (b & 1) && (rnd() & 1)) ? prev_d : rand_fp16_scale();
+                uint8_t * dst = v1 ? blocks.p + (size_t)r * row_bytes + (size_t)b * ub + BITCOS_BITMAP_BYTES
+                                   : sbuf.p + (size_t)r * scale_row_bytes + sizeof(uint16_t) * (size_t)b;
+                memcpy(dst, &d, sizeof d);
                 prev_d = d;
             }
+        }
+    } else {
+        const float s0 = below(10) == 0 ? 0.0f : (float)(unif() * 4.0);
+        for (int64_t r = 0; r < c.nr; ++r) {
+            const float s = c.variant == BITCOS_VARIANT_ROW ? (below(10) == 0 ? 0.0f : (float)(unif() * 4.0)) : s0;
+            memcpy(sbuf.p + sizeof(float) * (size_t)r, &s, sizeof s);
         }
     }
     gbuf spos = galloc(sizeof(uint64_t) * (size_t)c.nr);
@@ -263,13 +288,25 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
     }
 
     bitcos_rows w;
-    w.variant   = c.variant;
-    w.k         = c.k;
-    w.blocks    = blocks.p;
-    w.row_bytes = row_bytes;
-    w.pool      = pool.p;
-    w.sign_pos  = (const uint64_t *)(const void *)spos.p;
-    w.scale     = c.variant == BITCOS_VARIANT_PT ? (below(10) == 0 ? 0.0f : (float)(unif() * 4.0)) : 0.0f;
+    memset(&w, 0, sizeof w);
+    w.k          = c.k;
+    w.bits       = blocks.p;
+    w.unit_bytes = ub;
+    w.row_bytes  = row_bytes;
+    w.pool       = pool.p;
+    w.sign_pos   = (const uint64_t *)(const void *)spos.p;
+    if (!sblk) {
+        w.row_scale = (const float *)(const void *)sbuf.p;
+    } else if (v1) {
+        w.block_scale     = blocks.p + BITCOS_BITMAP_BYTES;
+        w.scale_stride    = ub;
+        w.scale_row_bytes = row_bytes;
+    } else {
+        w.block_scale       = sbuf.p;
+        w.scale_stride      = sizeof(uint16_t);
+        w.scale_row_bytes   = scale_row_bytes;
+        w.block_scale_shift = sblk == 256;
+    }
 
     float * ref = malloc(sizeof(float) * (size_t)(c.nr * c.nc));
     int rc = 0;
@@ -321,6 +358,7 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
         gfree(&ybuf[col]);
     }
     gfree(&spos);
+    gfree(&sbuf);
     gfree(&blocks);
     gfree(&pool);
     free(pos_all);

@@ -13,9 +13,10 @@
 // --cases 1; --save writes it to DIR) takes seed file i % n_seeds and applies 1..6 stacked mutations:
 // companion header fields (interesting values: 0, 1, +-1, +-64, x2, /2, 2^32, 2^63, ~0, other fields),
 // companion row_base / row_delta entries, sign-pool bits (inside the signs: valid; in the tail: invalid),
-// PT scales and G128 fp16 block scales (NaN, inf, negative, -0, 65504, 65505, 1e38, subnormal), bitmap bits
-// (flipped, or moved inside a row: still valid), tensor types (160, 161, I8, F32, TQ2_0, holes 43..159,
-// 162, 2^32-1), shapes (ne and n_dims), data offsets, tensor names (the ".bitcos" suffix, swaps), GGUF header
+// scales of every variant: the companion's fp32 matrix / row scales (PT, MATRIX, ROW) and fp16 block scales
+// (B128, B256), G128's fp16 scales in the weight blocks (NaN, inf, negative, -0, 65504, 65505, 1e38,
+// subnormal), bitmap bits (flipped, or moved inside a 32-weight block: still valid), tensor types (160, 161,
+// 162, I8, F32, TQ2_0, holes 43..159, 2^32-1), shapes (ne and n_dims; +-32 and +-128), data offsets, tensor names (the ".bitcos" suffix, swaps), GGUF header
 // counts, KV values (bitcos.format_version, general.alignment, general.file_type, the shape hyper-parameters), truncation, appended
 // bytes and random byte flips (outside the KV section). The bytes go into a memfd and llama_model_load_from_file() loads
 // /proc/self/fd/N with a random load mode (read, mmap, direct I/O), lazy mode (off, auto, on), check_tensors
@@ -106,7 +107,7 @@ typedef struct {
     size_t   size;       // data bytes (up to the next tensor)
     int      companion;  // 1: name ends in ".bitcos"
     // companion sections (absolute positions; valid only when companion)
-    uint64_t c_rows, c_sign_bits, c_scales, c_row_base, c_row_delta, c_pool, c_pool_bytes, c_mats;
+    uint64_t c_cols, c_rows, c_sign_bits, c_scales, c_row_base, c_row_delta, c_pool, c_pool_bytes, c_mats;
     int      c_variant, c_g;
 } tensor_rec;
 
@@ -229,6 +230,7 @@ static int load_seed(const char * path, seed_file * s) {
             const uint8_t * h = b + t->data;
             t->c_variant    = h[6];
             t->c_g          = h[7];
+            t->c_cols       = get_le(h + 8, 8);
             t->c_rows       = get_le(h + 16, 8);
             t->c_mats       = get_le(h + 24, 8);
             t->c_sign_bits  = get_le(h + 32, 8);
@@ -361,7 +363,7 @@ static const tensor_rec * pick_tensor(int want_companion) {
         const tensor_rec * t = &g_s->t[below((uint64_t)g_s->n_t)];
         if (want_companion < 0) return t;
         if (want_companion == 1 && t->companion) return t;
-        if (want_companion == 0 && (t->type == GGML_TYPE_BITCOS_G128 || t->type == GGML_TYPE_BITCOS_PT)) return t;
+        if (want_companion == 0 && ggml_bitcos_is_type((enum ggml_type) t->type)) return t;
     }
     return &g_s->t[below((uint64_t)g_s->n_t)];
 }
@@ -419,41 +421,60 @@ static void mut_pool(void) {
     if (in_buf(p, 1)) g_buf[p] ^= (uint8_t)(1u << (bit & 7));
 }
 
+// The companion of weight t (NULL if none in the seed).
+static const tensor_rec * companion_of(const tensor_rec * t) {
+    for (int i = 0; i < g_s->n_t; ++i) {
+        const tensor_rec * c = &g_s->t[i];
+        if (c->companion && c->name_len == t->name_len + strlen(BITCOS_COMPANION_SUFFIX) &&
+            !memcmp(c->name, t->name, t->name_len)) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
 static void mut_scale(void) {
     const tensor_rec * t = pick_tensor(0);
-    if (t->type == GGML_TYPE_BITCOS_PT) {
-        // the companion's scales
-        for (int i = 0; i < g_s->n_t; ++i) {
-            const tensor_rec * c = &g_s->t[i];
-            if (c->companion && c->name_len == t->name_len + strlen(BITCOS_COMPANION_SUFFIX) &&
-                !memcmp(c->name, t->name, t->name_len) && c->c_scales) {
-                const size_t p = c->data + c->c_scales + 4 * below(c->c_mats ? c->c_mats : 1);
-                if (in_buf(p, 4)) put_le(g_buf + p, 4, interesting_f32_bits());
-                return;
-            }
-        }
-    } else if (t->type == GGML_TYPE_BITCOS_G128) {
+    if (t->type == GGML_TYPE_BITCOS_G128) {
         const uint64_t nblocks = t->size / BITCOS_BLOCK_BYTES_G128;
         if (nblocks == 0) return;
         const size_t p = t->data + BITCOS_BLOCK_BYTES_G128 * below(nblocks) + BITCOS_BITMAP_BYTES;
         if (in_buf(p, 2)) put_le(g_buf + p, 2, interesting_f16_bits());
+        return;
+    }
+    // every other variant: the companion's scales section (FORMAT.md 4.2), sized from the seed's header
+    const tensor_rec * c = companion_of(t);
+    if (c == NULL || c->c_scales == 0 || c->c_variant < 0 || c->c_variant >= BITCOS_VARIANT_COUNT) return;
+    const uint64_t bytes = bitcos_scales_bytes(c->c_variant, c->c_cols, c->c_rows, c->c_mats);
+    const int f16 = bitcos_variant_scale_block(c->c_variant) != 0;
+    const uint64_t n = bytes / (f16 ? 2 : 4);
+    if (n == 0) return;
+    const size_t p = c->data + c->c_scales + (f16 ? 2 : 4) * below(n);
+    if (f16) {
+        if (in_buf(p, 2)) put_le(g_buf + p, 2, interesting_f16_bits());
+    } else {
+        if (in_buf(p, 4)) put_le(g_buf + p, 4, interesting_f32_bits());
     }
 }
 
 static void mut_bitmap(void) {
     const tensor_rec * t = pick_tensor(0);
-    const size_t bb = t->type == GGML_TYPE_BITCOS_G128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
+    // the unit whose bits may move without changing the row's popcount: a v1 block (128 weights, scale after
+    // the bitmap) or a v2 ggml block (32 weights; a row is whole blocks, so a block never straddles rows)
+    const int v2 = t->type == GGML_TYPE_BITCOS;
+    const size_t bb = v2 ? sizeof(block_bitcos) : t->type == GGML_TYPE_BITCOS_G128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
+    const unsigned nbits = v2 ? QK_BITCOS_BITMAP : QK_BITCOS;
     const uint64_t nblocks = t->size / bb;
     if (nblocks == 0) return;
     const uint64_t blk = below(nblocks);
     const size_t p = t->data + bb * blk;
-    if (!in_buf(p, BITCOS_BITMAP_BYTES)) return;
-    const unsigned a = (unsigned)below(128);
+    if (!in_buf(p, nbits / 8)) return;
+    const unsigned a = (unsigned)below(nbits);
     if (below(2)) {
         g_buf[p + a / 8] ^= (uint8_t)(1u << (a % 8));          // popcount changes: the row index breaks
     } else {
         // move a set bit to a clear position in the same block: popcount (and the index) unchanged, valid
-        const unsigned c = (unsigned)below(128);
+        const unsigned c = (unsigned)below(nbits);
         const int sa = (g_buf[p + a / 8] >> (a % 8)) & 1, sc = (g_buf[p + c / 8] >> (c % 8)) & 1;
         if (sa != sc) {
             g_buf[p + a / 8] ^= (uint8_t)(1u << (a % 8));
@@ -463,7 +484,7 @@ static void mut_bitmap(void) {
 }
 
 static int is_bitcos_related(const tensor_rec * t) {
-    return t->companion || t->type == GGML_TYPE_BITCOS_G128 || t->type == GGML_TYPE_BITCOS_PT;
+    return t->companion || ggml_bitcos_is_type((enum ggml_type) t->type);
 }
 
 // A BITCOS weight or companion gets any type; any other tensor only a BITCOS type (BITCOS where the model
@@ -471,9 +492,9 @@ static int is_bitcos_related(const tensor_rec * t) {
 // types: upstream ggml aborts on, e.g., an I32 norm weight in a binary op at decode (found by this fuzzer,
 // tests/data/fuzz-regressions/upstream/), which is not BITCOS code.
 static void mut_type(void) {
-    static const uint32_t types[] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_I8, GGML_TYPE_F32,
+    static const uint32_t types[] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_BITCOS, GGML_TYPE_I8, GGML_TYPE_F32,
                                       GGML_TYPE_F16, GGML_TYPE_TQ2_0, GGML_TYPE_TQ1_0, GGML_TYPE_Q8_0, GGML_TYPE_I32,
-                                      43, 100, 159, 162, 255, 0xffffffffu, 0x800000a0u };
+                                      43, 100, 159, 163, 255, 0xffffffffu, 0x800000a0u };
     const tensor_rec * t = pick_tensor(-1);
     if (below(4) == 0) {
         // swap the types of two BITCOS weights / companions (a weight and its companion, two variants, ...)
@@ -486,7 +507,8 @@ static void mut_type(void) {
     if (is_bitcos_related(t)) {
         put_le(g_buf + t->type_off, 4, types[below(sizeof types / sizeof types[0])]);
     } else {
-        put_le(g_buf + t->type_off, 4, below(2) ? GGML_TYPE_BITCOS_G128 : GGML_TYPE_BITCOS_PT);
+        static const uint32_t bitcos_types[] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_BITCOS };
+        put_le(g_buf + t->type_off, 4, bitcos_types[below(3)]);
     }
 }
 
@@ -500,13 +522,15 @@ static void mut_shape(void) {
     const uint32_t d = (uint32_t)below(t->ndims);
     const uint64_t v = get_le(g_buf + t->ne_off[d], 8);
     uint64_t nv;
-    switch (below(10)) {
+    switch (below(12)) {
     case 0:  nv = 0; break;
     case 1:  nv = v + 128; break;
     case 2:  nv = v - 128; break;
     case 3:  nv = v + 1; break;
     case 4:  nv = 128; break;
     case 5:  nv = 1; break;
+    case 6:  nv = v + 32; break;    // GGML_TYPE_BITCOS: still whole ggml blocks, maybe not the variant's K
+    case 7:  nv = v - 32; break;
     default: nv = interesting_u64(v); break;
     }
     put_le(g_buf + t->ne_off[d], 8, nv);

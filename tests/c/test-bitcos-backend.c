@@ -12,8 +12,10 @@
 //       codes): bit-identical wherever the device runs both through its mat-vec shaders (<= 8 columns,
 //       <= 8 tokens for MUL_MAT_ID, K % 256 == 0), because the BITCOS shader mirrors TQ2_0's arithmetic;
 //       NMSE <= 5e-4 elsewhere (both then take their matrix-multiply paths, which round differently).
-// Cases: both variants, zero density 0 / 0.4 / 1, K 128 / 384 / 2048 / 4224, 1..70 columns (mat-vec up to 8,
-// the tiled mul_mm beyond), broadcast batches, views of whole rows, MUL_MAT_ID with 4 experts.
+// Cases: every variant the device runs (version 1: G128, PT; version 2: MATRIX, ROW, B128, B256, each
+// skipped with a note while the device's supports_op refuses GGML_TYPE_BITCOS), zero density 0 / 0.4 / 1, K 96
+// (MATRIX, ROW) / 128 / 384 / 2048 / 4224, as far as the variant allows, 1..70 columns (mat-vec up to 8, the
+// tiled mul_mm beyond), broadcast batches, views of whole rows, MUL_MAT_ID with 4 experts.
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -29,24 +31,30 @@
 #include <string.h>
 
 
-// A ternary weight [k, n, mats]: codes, one fp16 scale per 256 weights (both 128-halves share it, so TQ2_0
-// holds it exactly; empty 256-blocks get 0 as TQ2_0's quantizer gives them) or, PT, one per matrix.
+// A ternary weight [k, n, mats]: codes and scales that TQ2_0 holds exactly: one fp16 scale per 256 weights
+// (both 128-halves share it; empty 256-blocks get 0 as TQ2_0's quantizer gives them) for the block-scaled
+// variants, or an fp16-exact scale per matrix (PT, MATRIX) or row (ROW), repeated per 256-block.
 typedef struct {
-    enum ggml_type type;
+    int variant;          // enum bitcos_variant
+    enum ggml_type type;  // bitcos_variant_type_id(variant)
     int64_t k, n, mats, rows;
     int8_t   * codes;     // rows * k
-    uint16_t * d16;       // rows * ceil(k/256): the 256-block scales (G128), or the matrix scale repeated (PT)
-    float    * dmat;      // mats (PT)
+    uint16_t * d16;       // rows * ceil(k/256): the 256-block scales, or the matrix / row scale repeated
+    float    * fscale;    // PT / MATRIX: mats; ROW: rows
 } weight;
 
-static void weight_make(weight * w, enum ggml_type type, int64_t k, int64_t n, int64_t mats, double z) {
-    w->type = type; w->k = k; w->n = n; w->mats = mats; w->rows = n * mats;
+static void weight_make(weight * w, int variant, int64_t k, int64_t n, int64_t mats, double z) {
+    w->variant = variant; w->type = (enum ggml_type) bitcos_variant_type_id(variant);
+    w->k = k; w->n = n; w->mats = mats; w->rows = n * mats;
     const int64_t nb256 = (k + 255) / 256;
-    w->codes = malloc((size_t)(w->rows * k));
-    w->d16   = malloc(sizeof(uint16_t) * (size_t)(w->rows * nb256));
-    w->dmat  = malloc(sizeof(float) * (size_t) mats);
-    for (int64_t m = 0; m < mats; ++m) {
-        w->dmat[m] = ggml_fp16_to_fp32(ggml_fp32_to_fp16((float)(0.01 + 0.05 * rng_unit())));  // fp16-exact
+    const bool per_row = variant == BITCOS_VARIANT_ROW;
+    const bool per_mat = variant == BITCOS_VARIANT_PT || variant == BITCOS_VARIANT_MATRIX;
+    const int64_t nf = per_row ? w->rows : mats;
+    w->codes  = malloc((size_t)(w->rows * k));
+    w->d16    = malloc(sizeof(uint16_t) * (size_t)(w->rows * nb256));
+    w->fscale = malloc(sizeof(float) * (size_t) nf);
+    for (int64_t m = 0; m < nf; ++m) {
+        w->fscale[m] = ggml_fp16_to_fp32(ggml_fp32_to_fp16((float)(0.01 + 0.05 * rng_unit())));  // fp16-exact
     }
     for (int64_t i = 0; i < w->rows * k; ++i) {
         w->codes[i] = rng_unit() < z ? 0 : (rng_u64() & 1 ? 1 : -1);
@@ -57,14 +65,16 @@ static void weight_make(weight * w, enum ggml_type type, int64_t k, int64_t n, i
             for (int64_t j = 256*b; j < 256*(b + 1) && j < k; ++j) {
                 any |= w->codes[r*k + j] != 0;
             }
-            const float d = type == GGML_TYPE_BITCOS_PT ? w->dmat[r / n] : (float)(0.005 + 0.1 * rng_unit());
-            w->d16[r*nb256 + b] = any ? ggml_fp32_to_fp16(d) : 0;
+            const float d = per_row ? w->fscale[r] : per_mat ? w->fscale[r / n] : (float)(0.005 + 0.1 * rng_unit());
+            // a row / matrix scale is the scale of the empty blocks too (the CPU's TQ2_0-exact arithmetic
+            // rounds an all-zero block's lane products with it); a block scale of an empty block is 0
+            w->d16[r*nb256 + b] = any || per_row || per_mat ? ggml_fp32_to_fp16(d) : 0;
         }
     }
 }
 
 static void weight_free(weight * w) {
-    free(w->codes); free(w->d16); free(w->dmat);
+    free(w->codes); free(w->d16); free(w->fscale);
 }
 
 // TQ2_0 blocks of the same codes and scales (k % 256 == 0): qs byte j % 32 + 32 * (j / 128) holds code j + 1
@@ -85,21 +95,42 @@ static void *weight_tq2_0(const weight * w) {
     return out;
 }
 
-// BITCOS weight blocks + companion of the same codes and scales.
+// BITCOS weight data + companion of the same codes and scales.
 static size_t weight_bitcos(const weight * w, void ** blocks, void ** comp) {
-    const int64_t nb128 = w->k / QK_BITCOS, nb256 = (w->k + 255) / 256;
-    uint16_t * d128 = malloc(sizeof(uint16_t) * (size_t)(w->rows * nb128));
+    const int64_t sblk = bitcos_variant_scale_block(w->variant), nb256 = (w->k + 255) / 256;
+    const int64_t nbs = sblk ? w->k / sblk : 0;
+    uint16_t * bs = malloc(sizeof(uint16_t) * (size_t)(w->rows * nbs + 1));
     for (int64_t r = 0; r < w->rows; ++r) {
-        for (int64_t b = 0; b < nb128; ++b) {
-            d128[r*nb128 + b] = w->d16[r*nb256 + b/2];
+        for (int64_t b = 0; b < nbs; ++b) {
+            bs[r*nbs + b] = w->d16[r*nb256 + b * sblk / 256];
         }
     }
     *blocks = malloc(ggml_row_size(w->type, w->k) * (size_t) w->rows);
-    const size_t cbytes = ggml_bitcos_encode(w->type, w->k, w->rows, w->mats, w->codes, d128, w->dmat, *blocks, NULL, 0);
+    const size_t cbytes = ggml_bitcos_encode(w->variant, w->k, w->rows, w->mats, w->codes, bs, w->fscale, *blocks, NULL, 0);
     *comp = malloc(cbytes);
-    ggml_bitcos_encode(w->type, w->k, w->rows, w->mats, w->codes, d128, w->dmat, *blocks, *comp, cbytes);
-    free(d128);
+    ggml_bitcos_encode(w->variant, w->k, w->rows, w->mats, w->codes, bs, w->fscale, *blocks, *comp, cbytes);
+    free(bs);
     return cbytes;
+}
+
+// Whether `dev` runs MUL_MAT with a weight of `variant` (probed on a graph without data).
+static bool device_runs(ggml_backend_t dev, int variant) {
+    struct ggml_init_params ip = { 8 * ggml_tensor_overhead(), NULL, true };
+    struct ggml_context * ctx = ggml_init(ip);
+    const int64_t k = 2 * bitcos_variant_k_multiple(variant) > 256 ? 2 * bitcos_variant_k_multiple(variant) : 256;
+    struct ggml_tensor * W = ggml_new_tensor_2d(ctx, (enum ggml_type) bitcos_variant_type_id(variant), k, 8);
+    struct ggml_tensor * C = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, 4096);
+    char err[256];
+    bool ok = ggml_bitcos_link(W, C, err, sizeof(err));
+    struct ggml_tensor * X = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, 1);
+    ok = ok && ggml_backend_supports_op(dev, ggml_mul_mat(ctx, W, X));
+    ggml_free(ctx);
+    return ok;
+}
+
+static const char * variant_name(int v) {
+    static const char * names[BITCOS_VARIANT_COUNT] = { "G128", "PT", "MATRIX", "ROW", "B128", "B256" };
+    return v >= 0 && v < BITCOS_VARIANT_COUNT ? names[v] : "?";
 }
 
 // One op: dst = mul_mat(W, X) or mul_mat_id(W, X, ids), W as BITCOS or as TQ2_0.
@@ -255,21 +286,30 @@ int main(int argc, char ** argv) {
     ggml_backend_t cpu = ggml_backend_cpu_init();
     printf("device: %s (%s)\n", ggml_backend_dev_name(devd), ggml_backend_dev_description(devd));
 
-    const enum ggml_type types[2] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT };
     const double zs[3] = { 0.0, 0.4, 1.0 };
-    const int64_t ks[4] = { 128, 384, 2048, 4224 };
+    const int64_t ks[5] = { 96, 128, 384, 2048, 4224 };
     const int64_t colss[7] = { 1, 2, 5, 8, 9, 17, 70 };   // > 8: the tiled mul_mm (70: three column tiles)
     char what[160];
-    for (int ti = 0; ti < 2; ++ti) {
+    for (int ti = 0; ti < BITCOS_VARIANT_COUNT; ++ti) {
+        const int variant = ti;
+        if (!device_runs(dev, variant)) {
+            printf("%s does not run BITCOS variant %d (type %s): skipped\n", ggml_backend_name(dev), variant,
+                   ggml_type_name((enum ggml_type) bitcos_variant_type_id(variant)));
+            continue;
+        }
+        const int64_t kmul = bitcos_variant_k_multiple(variant);
         for (int zi = 0; zi < 3; ++zi) {
-            for (int ki = 0; ki < 4; ++ki) {
+            for (int ki = 0; ki < 5; ++ki) {
                 const int64_t k = ks[ki], n = 37 + 16 * ki;
+                if (k % kmul != 0) {
+                    continue;
+                }
                 weight w;
-                weight_make(&w, types[ti], k, n, 1, zs[zi]);
+                weight_make(&w, variant, k, n, 1, zs[zi]);
                 for (int ci = 0; ci < 7; ++ci) {
                     op_case c = { &w, false, colss[ci], 1, 1, 0, 0, NULL, NULL, 0, 0 };
                     c.x = random_x((size_t)(k * c.cols));
-                    snprintf(what, sizeof(what), "%s z=%.1f k=%lld n=%lld cols=%lld", ggml_type_name(w.type), zs[zi],
+                    snprintf(what, sizeof(what), "variant %d z=%.1f k=%lld n=%lld cols=%lld", variant, zs[zi],
                              (long long) k, (long long) n, (long long) c.cols);
                     check_case(dev, cpu, &c, (size_t)(n * c.cols), c.cols <= 8 ? TQ2_EXACT : TQ2_CLOSE, what);
                     free(c.x);
@@ -281,20 +321,20 @@ int main(int argc, char ** argv) {
         // broadcasting; BITCOS runs it), then a single-row matrix
         for (int64_t b3 = 1; b3 <= 3; b3 += 2) {
             weight w;
-            weight_make(&w, types[ti], 512, 45, 2, 0.4);
+            weight_make(&w, variant, 512, 45, 2, 0.4);
             op_case c = { &w, false, 1, 4, b3, 0, 0, NULL, NULL, 0, 0 };
             c.x = random_x((size_t)(512 * 4 * b3));
-            snprintf(what, sizeof(what), "%s broadcast 2 matrices over 4x%lld batches", ggml_type_name(w.type), (long long) b3);
+            snprintf(what, sizeof(what), "%s broadcast 2 matrices over 4x%lld batches", variant_name(w.variant), (long long) b3);
             check_case(dev, cpu, &c, (size_t)(45 * 4 * b3), b3 == 1 ? TQ2_EXACT : TQ2_NONE, what);
             free(c.x);
             weight_free(&w);
         }
         {
             weight w;
-            weight_make(&w, types[ti], 256, 1, 1, 0.4);
+            weight_make(&w, variant, 256, 1, 1, 0.4);
             op_case c1 = { &w, false, 3, 1, 1, 0, 0, NULL, NULL, 0, 0 };
             c1.x = random_x(256 * 3);
-            snprintf(what, sizeof(what), "%s one row", ggml_type_name(w.type));
+            snprintf(what, sizeof(what), "%s one row", variant_name(w.variant));
             check_case(dev, cpu, &c1, 3, TQ2_EXACT, what);
             free(c1.x);
             weight_free(&w);
@@ -304,12 +344,12 @@ int main(int argc, char ** argv) {
         // not storage-buffer aligned, while BITCOS binds the base weight)
         for (int vi = 0; vi < 2; ++vi) {
             weight w;
-            weight_make(&w, types[ti], 512, 61, 1, 0.4);
+            weight_make(&w, variant, 512, 61, 1, 0.4);
             const int64_t cols_v[3] = { 1, 3, 40 };
             for (int ci = 0; ci < 3; ++ci) {
                 op_case c = { &w, false, cols_v[ci], 1, 1, 0, 0, NULL, NULL, vi ? 0 : 5, vi ? 20 : 40 };
                 c.x = random_x((size_t)(512 * c.cols));
-                snprintf(what, sizeof(what), "%s view rows %lld..%lld cols=%lld", ggml_type_name(w.type),
+                snprintf(what, sizeof(what), "%s view rows %lld..%lld cols=%lld", variant_name(w.variant),
                          (long long) c.view_row0, (long long)(c.view_row0 + c.view_rows), (long long) c.cols);
                 check_case(dev, cpu, &c, (size_t)(c.view_rows * c.cols), TQ2_NONE, what);
                 free(c.x);
@@ -321,7 +361,7 @@ int main(int argc, char ** argv) {
             const int64_t tokens = tk == 0 ? 1 : tk == 1 ? 3 : 9;
             for (int bcast = 0; bcast < 2; ++bcast) {
                 weight w;
-                weight_make(&w, types[ti], 768, 40, 4, 0.4);
+                weight_make(&w, variant, 768, 40, 4, 0.4);
                 op_case c = { &w, true, bcast ? 1 : 2, 1, 1, 2, tokens, NULL, NULL, 0, 0 };
                 c.x = random_x((size_t)(768 * c.cols * tokens));
                 c.ids = malloc(sizeof(int32_t) * (size_t)(2 * tokens));
@@ -329,7 +369,7 @@ int main(int argc, char ** argv) {
                     c.ids[2*t]     = (int32_t)(rng_u64() % 4);
                     c.ids[2*t + 1] = (c.ids[2*t] + 1 + (int32_t)(rng_u64() % 3)) % 4;
                 }
-                snprintf(what, sizeof(what), "%s MUL_MAT_ID tokens=%lld ne11=%lld", ggml_type_name(w.type),
+                snprintf(what, sizeof(what), "%s MUL_MAT_ID tokens=%lld ne11=%lld", variant_name(w.variant),
                          (long long) tokens, (long long) c.cols);
                 check_case(dev, cpu, &c, (size_t)(40 * 2 * tokens), tokens <= 8 ? TQ2_EXACT : TQ2_CLOSE, what);
                 free(c.x);

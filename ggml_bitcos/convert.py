@@ -51,7 +51,8 @@ from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, bitcos_t
 
 from . import codec, foreign, ternary, tq
 from .format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, COMPANION_TYPE, KEY_CONVERTED_FROM, KEY_FORMAT_VERSION,
-                     MAX_WEIGHT_NAME, QK, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES, VERSION, Variant)
+                     MAX_WEIGHT_NAME, QK_K, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES, TYPE_ID_BITMAP, VERSION, VERSIONS,
+                     Variant)
 
 FLOAT_SOURCES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 TQ_SOURCES = (GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0)
@@ -59,9 +60,38 @@ SOURCE_TYPES = FLOAT_SOURCES + TQ_SOURCES + tuple(foreign.FOREIGN_TYPES)   # + I
 CHUNK_WEIGHTS = 1 << 23              # rows are processed in chunks of about this many weights
 DEFAULT_CACHE_BYTES = 64 << 20      # encoded tensors kept between pass 1 and 2 up to this total (bytes)
 
+# --scale: the variants each choice may write, per format version, coarse to fine (auto's tie order, §7)
+SCALE_VARIANTS: dict[int, dict[str, tuple[Variant, ...]]] = {
+    2: {"auto": (Variant.MATRIX, Variant.ROW, Variant.B256, Variant.B128), "tensor": (Variant.MATRIX,),
+        "row": (Variant.ROW,), "256": (Variant.B256,), "128": (Variant.B128,)},
+    1: {"auto": (Variant.PT, Variant.G128), "tensor": (Variant.PT,), "128": (Variant.G128,)},
+}
+SCALE_ALIASES = {"g128": "128"}      # the version-1 name, kept for old command lines
+SCALE_CHOICES = ("auto", "tensor", "row", "256", "128", *SCALE_ALIASES)
+
 
 class ConvertError(Exception):
     """A conversion failure; ``str()`` is one line naming the file (and tensor) and the problem."""
+
+
+def scale_variants(scale: str, format_version: int) -> tuple[Variant, ...]:
+    """The variants ``--scale scale`` may write in ``format_version``, coarse to fine; ConvertError when the
+    choice has no form in that version (row / 256 in version 1)."""
+    if format_version not in VERSIONS:
+        raise ConvertError(f"--format-version {format_version}: choose one of {', '.join(map(str, VERSIONS))}")
+    choices = SCALE_VARIANTS[format_version]
+    key = SCALE_ALIASES.get(scale, scale)
+    if key not in choices:
+        if key in SCALE_VARIANTS[VERSION]:
+            raise ConvertError(f"--scale {scale} has no version-{format_version} form (version {format_version} "
+                               f"has --scale {', '.join(choices)})")
+        raise ConvertError(f"--scale {scale}: choose one of {', '.join(SCALE_CHOICES)}")
+    return choices[key]
+
+
+def weight_nbytes(variant: Variant, k: int, n_rows: int) -> int:
+    """Bytes of the weight tensor of ``n_rows`` rows of ``k`` weights in ``variant``."""
+    return n_rows * codec.weight_row_bytes(variant, k)
 
 
 def default_output(src: Path) -> Path:
@@ -133,11 +163,18 @@ class TensorResult:
 class Analysis:
     result: TensorResult
     codes: np.ndarray | None = None
-    block_mag: np.ndarray | None = None
-    pt: np.ndarray | None = None
-    tq_scales: np.ndarray | None = None   # TQ sources: |d| of the source 256-block, per 128 (G128 scales)
+    scales: np.ndarray | None = None       # the chosen variant's scales, as codec.encode takes them
     row_nonzero: np.ndarray | None = None  # non-zero weights per row (sizes the row index and sign pool)
-    g128_ok: bool = False                 # every block magnitude is an fp16 value (G128 is exact)
+    exact_bytes: dict[Variant, int] = field(default_factory=dict)   # every allowed exact variant -> its bytes
+
+    # the version-1 view (``stats`` reads it): PT / G128 exact, i.e. MATRIX / B128 (or PT / G128) exact
+    @property
+    def pt(self) -> bool | None:
+        return True if {Variant.PT, Variant.MATRIX} & self.exact_bytes.keys() else None
+
+    @property
+    def g128_ok(self) -> bool:
+        return bool({Variant.G128, Variant.B128} & self.exact_bytes.keys())
 
 
 def is_candidate(name: str, t: ReaderTensor) -> bool:
@@ -147,8 +184,29 @@ def is_candidate(name: str, t: ReaderTensor) -> bool:
             and not name.endswith(COMPANION_SUFFIX))
 
 
-def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> Analysis:
-    """Decide whether a candidate converts (FORMAT.md §7) and gather its codes and scales."""
+def _tq_block_scales(t: ReaderTensor, start: int, stop: int) -> np.ndarray:
+    """|d| of each source 256-block of rows [start, stop) of a TQ1_0/TQ2_0 tensor, fp16 (rows, K/256)."""
+    bb = TQ2_0_BLOCK_BYTES if t.tensor_type == GGMLQuantizationType.TQ2_0 else TQ1_0_BLOCK_BYTES
+    return np.abs(tq.tq_block_scales(tensor_row_bytes(t)[start:stop], bb))
+
+
+def variant_scales(t: ReaderTensor, variant: Variant, ts: ternary.TensorScales) -> np.ndarray:
+    """The scales ``variant`` stores for tensor ``t``. Block variants from TQ1_0/TQ2_0 keep the source's d of
+    every 256-block, for both 128-halves (B128, G128) and for blocks without a non-zero weight, so that the
+    kernels' lane arithmetic equals TQ2_0's bit for bit (csrc/bitcos-kernels.h, FORMAT.md §3); every other
+    scale is the common non-zero magnitude of its group (0 for an empty one)."""
+    if variant.scale_block and t.tensor_type in TQ_SOURCES:
+        d = np.concatenate([_tq_block_scales(t, s, e) for s, e in iter_row_chunks(ts.n_rows, ts.k)])
+        return np.repeat(d, QK_K // variant.scale_block, axis=1) if variant.scale_block < QK_K else d
+    return ts.scales(variant)
+
+
+def analyze_tensor(t: ReaderTensor, scale: str = "auto", format_version: int = VERSION, *,
+                   want_codes: bool = True) -> Analysis:
+    """Decide whether a candidate converts and in which variant (FORMAT.md §7: among the variants ``scale``
+    allows that hold the values exactly, the fewest bytes; ties to the coarser), and gather its codes and
+    scales."""
+    variants = scale_variants(scale, format_version)
     ne = tensor_ggml_shape(t)
     k = ne[0]
     n_rows = math.prod(ne[1:])
@@ -158,53 +216,58 @@ def analyze_tensor(t: ReaderTensor, scale: str, *, want_codes: bool = True) -> A
     if k == 0 or n_rows == 0:
         res.reason = "empty: a zero dimension (copied unchanged)"
         return Analysis(res)
-    if k % QK:
+    k_multiple = min(v.k_multiple for v in variants)
+    if k % k_multiple:
         looks = all(ternary.is_row_ternary(source_float_rows(t, s, e)) for s, e in iter_row_chunks(n_rows, k))
         res.ternary_looking = looks
-        res.reason = f"row length {k} is not a multiple of {QK}" if looks else "not ternary"
+        res.reason = f"row length {k} is not a multiple of {k_multiple}" if looks else "not ternary"
         return Analysis(res)
 
+    n_mats = codec.n_mats_of(ne)
     codes = np.empty((n_rows, k), dtype=np.int8) if want_codes else None
-    block_mag = np.empty((n_rows, k // QK), dtype=np.float32)
-    # G128 from TQ1_0/TQ2_0 keeps the source's d for both 128-halves of each 256-block, empty halves
-    # included, so the kernels' lane arithmetic equals TQ2_0's bit for bit (csrc/bitcos-kernels.h)
-    tq_scales = np.empty((n_rows, k // QK), dtype=np.float16) if is_tq and want_codes else None
-    tq_block_bytes = TQ2_0_BLOCK_BYTES if t.tensor_type == GGMLQuantizationType.TQ2_0 else TQ1_0_BLOCK_BYTES
+    ts = ternary.TensorScales(n_rows, k, n_mats)
     n_zeros = 0
     row_nonzero = np.empty(n_rows, dtype=np.int64)
     for s, e in iter_row_chunks(n_rows, k):
         ch = ternary.analyze_rows(source_float_rows(t, s, e))
-        if not ch.blocks_uniform:
+        ts.add(s, ch)
+        if not ts.ternary:
             res.ternary_looking = is_tq
             res.reason = "not ternary" if not is_tq else "non-finite scale"
             return Analysis(res)
         if codes is not None:
             codes[s:e] = ch.codes
-        if tq_scales is not None:
-            d = np.abs(tq.tq_block_scales(tensor_row_bytes(t)[s:e], tq_block_bytes))
-            tq_scales[s:e] = np.repeat(d, 2, axis=1)
         row_nonzero[s:e] = np.count_nonzero(ch.codes, axis=1)
         n_zeros += int(ch.codes.size - row_nonzero[s:e].sum())
-        block_mag[s:e] = ch.block_mag
+        del ch
     res.n_zeros = n_zeros
     res.ternary_looking = True
     res.measured = True
-    n_mats = codec.n_mats_of(ne)
-    pt = ternary.pt_scales(block_mag, n_mats) if scale in ("auto", "tensor") else None
-    g128_ok = ternary.g128_representable(block_mag) if scale in ("auto", "g128") else False
 
+    why = {v: ts.why_not(v) for v in variants}
+    exact = [v for v in variants if why[v] is None]
     if not codec.weight_name_ok(t.name):
         res.reason = f"name longer than {MAX_WEIGHT_NAME} bytes (no room for the companion name)"
-    elif scale == "tensor" and pt is None:
-        res.reason = "--scale tensor: non-zero magnitudes differ within a matrix"
-    elif scale == "g128" and not g128_ok:
-        res.reason = "--scale g128: a block magnitude is not exactly representable in fp16"
-    elif scale == "auto" and pt is None and not g128_ok:
-        res.reason = "magnitudes differ within a matrix and are not all fp16-representable"
-    else:
-        res.converted = True
-        res.variant = Variant.PT if pt is not None else Variant.G128
-    return Analysis(res, codes, block_mag, pt, tq_scales, row_nonzero, g128_ok)
+        return Analysis(res)
+    if not exact:
+        if scale != "auto":
+            res.reason = f"--scale {scale}: {why[variants[0]]}"
+        else:
+            res.reason = "no variant holds its scales exactly: " + "; ".join(f"{v.name}: {w}" for v, w in why.items())
+        return Analysis(res)
+    g = codec.choose_row_group_log2(codec.row_sign_positions(row_nonzero))
+    n_sign = res.n_weights - n_zeros
+
+    def nbytes(v: Variant) -> int:
+        return weight_nbytes(v, k, n_rows) + codec.companion_size(v, k, n_rows, n_mats, n_sign, g)
+
+    sizes = {v: nbytes(v) for v in exact}
+    # version 2: the fewest bytes (min keeps the first, coarsest, of equal sizes); version 1 as it always was:
+    # PT whenever exact (for tiny tensors G128 can be smaller: PT's scales section costs 64 bytes)
+    res.variant = min(exact, key=sizes.__getitem__) if format_version >= 2 else exact[0]
+    res.converted = True
+    scales = variant_scales(t, res.variant, ts) if want_codes else None
+    return Analysis(res, codes, scales, row_nonzero, sizes)
 
 
 def encoded_nbytes(a: Analysis) -> tuple[int, int]:
@@ -214,18 +277,21 @@ def encoded_nbytes(a: Analysis) -> tuple[int, int]:
     k, n_rows = r.ne[0], math.prod(r.ne[1:])
     g = codec.choose_row_group_log2(codec.row_sign_positions(a.row_nonzero))
     comp = codec.companion_size(r.variant, k, n_rows, codec.n_mats_of(r.ne), r.n_weights - r.n_zeros, g)
-    return n_rows * (k // QK) * r.variant.block_bytes + comp, comp
+    return weight_nbytes(r.variant, k, n_rows) + comp, comp
 
 
 def encode_analysis(a: Analysis) -> codec.Encoded:
     """The BITCOS encoding of a tensor ``analyze_tensor`` found convertible, in its chosen variant."""
     r = a.result
-    assert r.converted and a.codes is not None and a.block_mag is not None
-    if r.variant == Variant.PT:
-        return codec.encode(a.codes, Variant.PT, matrix_scales=a.pt, n_mats=codec.n_mats_of(r.ne))
-    scales = a.tq_scales if a.tq_scales is not None else a.block_mag.astype(np.float16)
-    return codec.encode(a.codes, Variant.G128, block_scales=scales,
-                        n_mats=codec.n_mats_of(r.ne))
+    assert r.converted and r.variant is not None and a.codes is not None and a.scales is not None
+    v = r.variant
+    if v.scale_block:
+        kw = {"block_scales": a.scales}
+    elif v is Variant.ROW:
+        kw = {"row_scales": a.scales}
+    else:
+        kw = {"matrix_scales": a.scales}
+    return codec.encode(a.codes, v, n_mats=codec.n_mats_of(r.ne), **kw)
 
 
 # --- the conversion --------------------------------------------------------------------------------
@@ -298,6 +364,32 @@ def _merged_converted_from(reader: CheckedGGUFReader, new_types: set[str]) -> st
     return ",".join(sorted(types))
 
 
+def _file_format_version(reader: CheckedGGUFReader, result: ConvertResult) -> int:
+    """bitcos.format_version of the output (FORMAT.md §6): the highest version of its BITCOS tensors, the
+    converted ones and those copied from a source that already held BITCOS."""
+    versions = [r.variant.version for r in result.converted if r.variant is not None]
+    versions += [tensor_format_version(int(t.tensor_type)) for t in reader.tensors
+                 if int(t.tensor_type) in BITCOS_TYPE_IDS]
+    return max(versions)
+
+
+def tensor_format_version(type_id: int) -> int:
+    """The format version of a BITCOS weight of ggml type ``type_id`` (every variant stored as that type has it)."""
+    return next(v.version for v in Variant if v.type_id == type_id)
+
+
+def file_type_of(converted: list[TensorResult]) -> int:
+    """general.file_type of a converted file: LLAMA_FTYPE_MOSTLY_BITCOS (162) / _G128 (160) / _PT (161), the
+    ggml type ids (the file-types patch), of the type most converted weights have, so llama.cpp names the
+    model as BITCOS rather than as its source type; ties to the newer format, then PT."""
+    count: dict[int, int] = {}
+    for r in converted:
+        assert r.variant is not None
+        count[r.variant.type_id] = count.get(r.variant.type_id, 0) + 1
+    order = (TYPE_ID_BITMAP, Variant.PT.type_id, Variant.G128.type_id)
+    return max(order, key=lambda tid: (count.get(tid, 0), -order.index(tid)))
+
+
 def _grows(r: TensorResult) -> bool:
     """The BITCOS form (weight + companion) would take more bytes than the source tensor."""
     return r.out_bytes > r.src_bytes
@@ -343,12 +435,15 @@ def _nothing_to_convert(src: Path, result: ConvertResult, n_bitcos: int) -> str:
 def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: bool = False,
             verify: bool = True, force: bool = False, progress: bool = True,
             cache_bytes: int = DEFAULT_CACHE_BYTES, allow_copy: bool = False,
-            force_grow: bool = False) -> ConvertResult:
+            force_grow: bool = False, format_version: int = VERSION) -> ConvertResult:
     """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``); see the module docstring for the passes.
 
-    Nothing converted is an error (no output) unless ``allow_copy``; a tensor whose BITCOS form would be larger
-    than its source stays as it is unless ``force_grow``; ``strict``: every ternary tensor must end up BITCOS.
+    ``scale``: auto | tensor | row | 256 | 128 (g128), the variants allowed (``SCALE_VARIANTS``) in
+    ``format_version`` (2, or 1 for readers that predate it). Nothing converted is an error (no output) unless
+    ``allow_copy``; a tensor whose BITCOS form would be larger than its source stays as it is unless
+    ``force_grow``; ``strict``: every ternary tensor must end up BITCOS.
     """
+    scale_variants(scale, format_version)         # refuse a bad choice before any work
     src = Path(src)
     out = Path(out) if out is not None else default_output(src)
     check_paths(src, out, force)
@@ -374,7 +469,7 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
     plan: dict[str, tuple[TensorResult, codec.Encoded | None]] = {}
     cached = 0
     for t in candidates:
-        a = analyze_tensor(t, scale)
+        a = analyze_tensor(t, scale, format_version)
         r = a.result
         enc = None
         if r.converted:
@@ -430,14 +525,10 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
                 continue  # replaced below: the file is now mostly BITCOS
             writer.add_kv(key, value, vtype, sub)
         if result.converted:
-            # LLAMA_FTYPE_MOSTLY_BITCOS_G128 / _PT (= the ggml type ids; the file-types patch), by the majority of
-            # converted weights, so llama.cpp names the model as BITCOS rather than as its source type
-            n_pt = sum(1 for r in result.converted if r.variant == Variant.PT)
-            file_type = (Variant.PT if 2 * n_pt >= len(result.converted) else Variant.G128).type_id
-            writer.add_kv("general.file_type", file_type, GGUFValueType.UINT32)
+            writer.add_kv("general.file_type", file_type_of(result.converted), GGUFValueType.UINT32)
         conv_types = {r.src_type for r in result.converted}
         if tag_bitcos:
-            writer.add_kv(KEY_FORMAT_VERSION, VERSION, GGUFValueType.UINT32)
+            writer.add_kv(KEY_FORMAT_VERSION, _file_format_version(reader, result), GGUFValueType.UINT32)
             writer.add_kv(KEY_CONVERTED_FROM, _merged_converted_from(reader, conv_types), GGUFValueType.STRING)
         for t in reader.tensors:
             r, enc = plan.get(t.name, (None, None))
@@ -454,7 +545,7 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
             r, enc = plan.get(t.name, (None, None))
             if r is not None and r.converted:
                 if enc is None:
-                    enc = encode_analysis(analyze_tensor(t, scale))
+                    enc = encode_analysis(analyze_tensor(t, scale, format_version))
                     if enc.companion.nbytes != r.companion_bytes:
                         raise ConvertError(f"{src}: tensor '{t.name}': re-encoding changed the companion size")
                 writer.write_tensor(t.name, enc.blocks)
@@ -544,7 +635,7 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
         raise ConvertError(f"{label}: verification failed: output does not parse: {e.problem}") from None
     out_reader.drop_array_fields()    # the metadata is not compared here; its parsed arrays only cost memory
     out_tensors = {t.name: t for t in out_reader.tensors}
-    conv = {r.name for r in result.converted}
+    conv = {r.name: r for r in result.converted}
     bar = tqdm(total=sum(int(t.n_bytes) for t in src_reader.tensors), desc="verify", unit="B", unit_scale=True,
                disable=None if progress else True)
     for t in src_reader.tensors:
@@ -558,10 +649,14 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
             ne = tensor_ggml_shape(o)
             n_rows, k = math.prod(ne[1:]), ne[0]
             try:
-                dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), Variant.from_type_id(o.tensor_type), k,
-                                   n_rows, codec.n_mats_of(ne))
+                dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), int(o.tensor_type), k, n_rows,
+                                   codec.n_mats_of(ne))
             except codec.FormatError as e:
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: {e}") from None
+            r = conv[t.name]
+            if dec.variant != r.variant:
+                raise ConvertError(f"{label}: tensor '{t.name}': verification failed: written as "
+                                   f"{dec.variant.name}, chosen {r.variant.name}")
             for s, e in iter_row_chunks(n_rows, k):
                 want = source_float_rows(t, s, e)
                 got = dec.to_float(slice(s, e))
@@ -594,12 +689,21 @@ def summarize(result: ConvertResult) -> list[str]:
     n_z = sum(r.n_zeros for r in conv)
     out_b = sum(r.out_bytes for r in conv)
     src_b = sum(r.src_bytes for r in conv)
-    by_var = {v.name: sum(1 for r in conv if r.variant == v) for v in Variant}
-    lines = [f"converted {len(conv)} tensors ({by_var['PT']} PT, {by_var['G128']} G128) of "
+    by_var = {v: [r for r in conv if r.variant == v] for v in Variant}
+    counts = ", ".join(f"{len(rs)} {v.name}" for v, rs in by_var.items() if rs)
+    lines = [f"converted {len(conv)} tensors{f' ({counts})' if counts else ''} of "
              f"{len(result.tensors)}; copied {len(result.tensors) - len(conv)} unchanged"]
     if n_w:
         lines.append(f"ternary weights {n_w:,}: zero density {n_z / n_w:.4f}, "
                      f"{8 * src_b / n_w:.4f} -> {8 * out_b / n_w:.4f} bits per weight (tensor data)")
+    for v, rs in by_var.items():
+        if not rs:
+            continue
+        w = sum(r.n_weights for r in rs)
+        z = sum(r.n_zeros for r in rs) / w
+        lines.append(f"  {v.name} ({v.type_name}, scales {_scale_words(v)}): {len(rs)} tensor(s), {w:,} weights, "
+                     f"z = {z:.4f}: {8 * sum(r.out_bytes for r in rs) / w:.4f} bits per weight (weight + "
+                     f"companion; {8 * sum(r.src_bytes for r in rs) / w:.4f} in the source)")
     grown = [r for r in result.skipped if r.grow_kept]
     if grown:
         lines.append(f"kept in their source type: {len(grown)} tensor(s) that BITCOS would make larger "
@@ -624,6 +728,13 @@ def summarize(result: ConvertResult) -> list[str]:
     return lines
 
 
+def _scale_words(v: Variant) -> str:
+    """A variant's scale granularity in words (the summary)."""
+    if v.scale_block:
+        return f"fp16 per {v.scale_block}"
+    return "fp32 per row" if v is Variant.ROW else "fp32 per matrix"
+
+
 # --- command line --------------------------------------------------------------------------------
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -633,8 +744,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "holding ternary values) as BITCOS; copy everything else unchanged.")
     p.add_argument("input", type=Path, metavar="IN.gguf")
     p.add_argument("-o", "--output", type=Path, metavar="OUT.gguf", help="default: IN-bitcos.gguf")
-    p.add_argument("--scale", choices=["auto", "g128", "tensor"], default="auto",
-                   help="auto: per-tensor scale (PT) when exact, else fp16 per 128 (G128)")
+    p.add_argument("--scale", choices=SCALE_CHOICES, default="auto",
+                   help="the scale granularity: auto (default) picks, per tensor, the one whose exact form takes "
+                        "the fewest bytes (ties to the coarser); tensor (one fp32 per matrix), row (fp32 per row), "
+                        "256 / 128 (fp16 per 256 / 128 weights of a row; g128 = 128) force one, and a tensor it "
+                        "cannot hold exactly stays unconverted")
+    p.add_argument("--format-version", type=int, choices=VERSIONS, default=None,
+                   help=f"BITCOS format version to write (default {VERSION}); 1 for readers that predate version "
+                        "2: types BITCOS_PT / BITCOS_G128, rows a multiple of 128, --scale auto|tensor|128")
     p.add_argument("--strict", action="store_true",
                    help="fail unless every tensor holding ternary weights (TQ1_0/TQ2_0, or F16/BF16/F32 "
                         "holding ternary values) ends up BITCOS; lookup tables (token_embd) are exempt")
@@ -662,9 +779,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.to is not None:
         from . import convert_back
-        if args.scale != "auto" or args.strict or args.allow_copy or args.force_grow:
-            raise ConvertError("--to converts BITCOS back; --scale, --strict, --allow-copy and --force-grow "
-                               "belong to the forward direction")
+        if (args.scale != "auto" or args.strict or args.allow_copy or args.force_grow
+                or args.format_version is not None):
+            raise ConvertError("--to converts BITCOS back; --scale, --format-version, --strict, --allow-copy and "
+                               "--force-grow belong to the forward direction")
         back = convert_back.convert_back(args.input, args.output, to=args.to, fallback=args.fallback,
                                          verify=not args.no_verify, force=args.force, progress=not args.quiet)
         if not args.quiet:
@@ -676,7 +794,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConvertError("--cache-mb must be >= 0")
     res = convert(args.input, args.output, scale=args.scale, strict=args.strict, verify=not args.no_verify,
                   force=args.force, progress=not args.quiet, allow_copy=args.allow_copy,
-                  force_grow=args.force_grow, cache_bytes=args.cache_mb << 20)
+                  force_grow=args.force_grow, cache_bytes=args.cache_mb << 20,
+                  format_version=VERSION if args.format_version is None else args.format_version)
     if not args.quiet:
         for line in summarize(res):
             print(line, file=sys.stderr)

@@ -5,12 +5,14 @@ the BITCOS tensor's dequantized fp32 values (FORMAT.md §5) bit for bit; everyth
 that cannot hold a tensor's values exactly (FORMAT.md §10) is an error naming the tensor and the reason,
 unless ``--fallback`` names another type (or ``keep``: leave it BITCOS) for such tensors:
 
-* TQ2_0 / TQ1_0: one fp16 scale ``d`` per 256 weights, so K must be a multiple of 256; a G128 weight's two
-  128-halves of each 256-block must carry the same ``d`` (a half without non-zero weights takes the other
-  half's; both empty: the first half's, which is what ``convert`` wrote from a TQ source, so TQ2_0 -> BITCOS ->
-  TQ2_0 gives the source's bytes back); a PT weight's fp32 scale must be exactly an fp16 value;
-* F16: every value exactly an fp16 (always for G128; PT: the scale is an fp16 value);
-* BF16: every value exactly a bf16 (G128 scales and PT scales with at most 8 significant bits);
+* TQ2_0 / TQ1_0: one fp16 scale ``d`` per 256 weights, so K must be a multiple of 256; B256 always; a G128 or
+  B128 weight's two 128-halves of each 256-block must carry the same ``d`` (a half without non-zero weights
+  takes the other half's; both empty: the first half's, which is what ``convert`` wrote from a TQ source, so
+  TQ2_0 -> BITCOS -> TQ2_0 gives the source's bytes back); a PT / MATRIX / ROW weight's fp32 matrix (row)
+  scales must be exactly fp16 values;
+* F16: every value exactly an fp16 (always for the fp16 block scales G128, B128, B256; PT / MATRIX / ROW: the
+  scales that multiply a non-zero weight are fp16 values);
+* BF16: every value exactly a bf16 (scales with at most 8 significant bits);
 * F32: always.
 
 Three passes as in ``convert``: decide (decode each weight, check the target, nothing written), write (into a
@@ -38,7 +40,7 @@ from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, field_va
 from . import codec, tq
 from .convert import (ConvertError, aborted_on_failure, bytes_equal, check_bitcos_file, check_paths,
                       release_pages_of, source_float_rows)
-from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_K, Variant
+from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_K
 
 # target name -> (ggml type, llama file type written as general.file_type)
 TARGETS: dict[str, tuple[GGMLQuantizationType, LlamaFileType]] = {
@@ -87,8 +89,8 @@ class ConvertBackResult:
 def _decode(path: Path, w: ReaderTensor, comp: ReaderTensor) -> codec.Decoded:
     ne = tensor_ggml_shape(w)
     try:
-        return codec.decode(tensor_bytes(w), tensor_bytes(comp), Variant.from_type_id(int(w.tensor_type)), ne[0],
-                            math.prod(ne[1:]), codec.n_mats_of(ne))
+        return codec.decode(tensor_bytes(w), tensor_bytes(comp), int(w.tensor_type), ne[0], math.prod(ne[1:]),
+                            codec.n_mats_of(ne))
     except codec.FormatError as e:
         raise ConvertError(f"{path}: tensor '{w.name}': {e}") from None
 
@@ -100,16 +102,21 @@ def tq_scales(dec: codec.Decoded) -> np.ndarray:
         raise NotRepresentable(f"row length {k} is not a multiple of {QK_K} (one TQ block)")
     nb = k // QK_K
     halves = QK_K // QK
-    if dec.variant == Variant.PT:
-        s = dec.matrix_scales.astype(np.float32)
+    if dec.block_scales is None:       # fp32 per matrix (PT, MATRIX) or per row (ROW): each must be an fp16
+        per_matrix = dec.matrix_scales is not None
+        s = (dec.matrix_scales if per_matrix else dec.row_scales).astype(np.float32)
         with np.errstate(over="ignore"):
             s16 = s.astype(np.float16)
         bad = np.flatnonzero(s16.astype(np.float32).view(np.uint32) != s.view(np.uint32))
         if bad.size:
-            m = int(bad[0])
-            raise NotRepresentable(f"matrix {m}: fp32 scale {float(s[m])!r} is not an fp16 value")
-        per_row = np.repeat(s16, n_rows // s16.shape[0])
-        return np.repeat(per_row[:, None], nb, axis=1)
+            i = int(bad[0])
+            raise NotRepresentable(f"{'matrix' if per_matrix else 'row'} {i}: fp32 scale {float(s[i])!r} is not an "
+                                   f"fp16 value ({bad.size} such scales)")
+        if per_matrix:
+            s16 = np.repeat(s16, n_rows // s16.shape[0])
+        return np.ascontiguousarray(np.repeat(s16[:, None], nb, axis=1)).astype("<f2")
+    if dec.block_scales.shape[1] == nb:   # one fp16 scale per 256 (B256): TQ's own granularity
+        return np.ascontiguousarray(dec.block_scales).view("<f2")
     d = dec.block_scales.reshape(n_rows, nb, halves)
     bits = d.view(np.uint16)
     present = dec.codes.reshape(n_rows, nb, halves, QK).any(axis=3)
@@ -175,9 +182,8 @@ def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str |
     bar = tqdm(total=len(weights), desc="check", unit="tensor", disable=None if progress else True)
     for w in weights:
         comp = by_name[w.name + COMPANION_SUFFIX]
-        r = BackResult(w.name, Variant.from_type_id(int(w.tensor_type)).name, tensor_ggml_shape(w),
-                       src_bytes=int(w.n_bytes) + int(comp.n_bytes))
         dec = _decode(src, w, comp)
+        r = BackResult(w.name, dec.variant.name, tensor_ggml_shape(w), src_bytes=int(w.n_bytes) + int(comp.n_bytes))
         for cand in [to] + ([fallback] if fallback else []):
             if cand == KEEP:
                 r.target = KEEP

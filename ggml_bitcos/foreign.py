@@ -10,9 +10,10 @@ formats", has the layouts and where each fact comes from).
 
 Every type decodes to ``x = fp32(code) * fp32(scale)``, one fp32 multiplication, exactly as each source's
 own dequantizer computes it; the converter (``convert.source_float_rows``) reads these floats and decides
-the BITCOS variant from them like for any other source (FORMAT.md §7): I2_S always fits PT (one scale per
-tensor), PQ2_0 and PTQ1_0 fit G128 (PT when their block scales agree), Q2_0 fits G128 when the two
-64-weight halves of every 128-block share one magnitude (else it stays Q2_0, which llama.cpp runs).
+the BITCOS variant from them like for any other source (FORMAT.md §7): I2_S always fits MATRIX (PT in
+version 1; one scale per tensor), PQ2_0 and PTQ1_0 fit B128 (G128; a coarser variant when their block scales
+agree), Q2_0 fits MATRIX, ROW or B128 when its per-64 scales agree at that granularity (else it stays Q2_0,
+which llama.cpp runs).
 
 Per type: ``*_decode(raw)`` -> (codes int8 (R, K), scales at the source's granularity, exact), and
 ``*_encode(codes, scales)`` the inverse, written from the layout description rather than from the decoder
@@ -247,21 +248,25 @@ def explain(t, result) -> None:
     """Make the reason of an unconverted foreign-type tensor ``t`` (its ``convert.TensorResult``) say what
     the source layout holds and why BITCOS cannot hold it exactly."""
     ft = FOREIGN_TYPES.get(int(t.tensor_type))
-    if ft is None or result.converted or result.reason != "not ternary":
+    if ft is None or result.converted or result.grow_kept or not result.reason.startswith(
+            ("not ternary", "no variant holds")):
         return
     raw = np.asarray(t.data).view(np.uint8)
     rows = math.prod(int(x) for x in t.shape[1:])
     if ft.type_id in (Q2_0, PQ2_0):
         codes, d = _q2_decode(raw.reshape(rows, -1), ft.block)
         if np.any(codes == 2):
+            result.ternary_looking = False
             result.reason = f"not ternary: {ft.name} code 3 (+2·d) present"
         elif not np.all(np.isfinite(d)):
+            result.ternary_looking = False
             result.reason = f"not ternary: non-finite {ft.name} block scale"
         elif ft.type_id == Q2_0:
             result.ternary_looking = True
             result.reason = ("Q2_0 block scales (fp16 per 64 weights) differ between the two halves of a "
-                             "128-weight block: neither BITCOS G128 (fp16 per 128) nor PT (one scale per "
-                             "matrix) holds them exactly; kept as Q2_0, which llama.cpp runs")
+                             "128-weight block and within rows: no BITCOS variant (one scale per matrix, per "
+                             "row, per 256 or per 128 weights) holds them exactly; kept as Q2_0, which "
+                             "llama.cpp runs")
     elif ft.type_id == I2_S:
         result.reason = "not ternary: I2_S field 3 (never written by bitnet.cpp) or a non-finite scale"
     elif ft.type_id == PTQ1_0:

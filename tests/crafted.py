@@ -30,18 +30,28 @@ def bitcos_pair(name: str, ne: tuple[int, ...], variant: Variant, rng: np.random
     n_mats = codec.n_mats_of(ne)
     codes = _ternary(rng, rows, k)
     good = 0.05
+    sb = variant.scale_block
     if variant == Variant.G128:
-        enc = codec.encode(codes, variant, block_scales=np.full((rows, k // 128), good, np.float16))
+        enc = codec.encode(codes, variant, block_scales=np.full((rows, k // sb), good, np.float16))
         if scale is not None:
-            blk = enc.blocks.reshape(rows, k // 128, variant.block_bytes)
+            blk = enc.blocks.reshape(rows, k // sb, variant.block_bytes)
             with np.errstate(over="ignore"):  # 1e38 -> inf: a crafted value
-                d16 = np.full((rows, k // 128), scale, np.float32).astype(np.float16)
-            blk[:, :, 16:18] = d16.view(np.uint8).reshape(rows, k // 128, 2)
-    else:
-        enc = codec.encode(codes, variant, matrix_scales=np.full(n_mats, good, np.float32), n_mats=n_mats)
+                d16 = np.full((rows, k // sb), scale, np.float32).astype(np.float16)
+            blk[:, :, 16:18] = d16.view(np.uint8).reshape(rows, k // sb, 2)
+    elif sb:  # B128 / B256: fp16 scales in the companion
+        enc = codec.encode(codes, variant, block_scales=np.full((rows, k // sb), good, np.float16), n_mats=n_mats)
         if scale is not None:
             o = enc.header.scales_offset
-            enc.companion[o:o + 4 * n_mats] = np.full(n_mats, scale, "<f4").view(np.uint8)
+            with np.errstate(over="ignore"):
+                d16 = np.full(rows * (k // sb), scale, np.float32).astype("<f2")
+            enc.companion[o:o + d16.nbytes] = d16.view(np.uint8)
+    else:  # PT / MATRIX: f32 per matrix; ROW: f32 per row
+        n = rows if variant == Variant.ROW else n_mats
+        key = "row_scales" if variant == Variant.ROW else "matrix_scales"
+        enc = codec.encode(codes, variant, n_mats=n_mats, **{key: np.full(n, good, np.float32)})
+        if scale is not None:
+            o = enc.header.scales_offset
+            enc.companion[o:o + 4 * n] = np.full(n, scale, "<f4").view(np.uint8)
     return [(name, bitcos_type(variant), ne, enc.blocks),
             (name + COMPANION_SUFFIX, T.I8, (enc.companion.size,), enc.companion.view(np.int8))]
 

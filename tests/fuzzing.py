@@ -60,10 +60,13 @@ def _bitcos(rng: np.random.Generator, name: str, ne: tuple[int, ...], variant: V
     k, rows = ne[0], int(np.prod(ne[1:]))
     n_mats = codec.n_mats_of(ne)
     codes = _codes(rng, rows, k, z)
-    if variant == Variant.G128:
-        d = rng.uniform(0.01, 0.1, size=(rows, k // 128)).astype(np.float16)
+    if variant.scale_block:        # G128, B128, B256: fp16 per 128 / 256 weights of a row
+        d = rng.uniform(0.01, 0.1, size=(rows, k // variant.scale_block)).astype(np.float16)
         enc = codec.encode(codes, variant, block_scales=d, n_mats=n_mats)
-    else:
+    elif variant == Variant.ROW:   # fp32 per row
+        enc = codec.encode(codes, variant, row_scales=rng.uniform(0.01, 0.1, rows).astype(np.float32),
+                           n_mats=n_mats)
+    else:                          # PT, MATRIX: fp32 per matrix
         enc = codec.encode(codes, variant, matrix_scales=rng.uniform(0.01, 0.1, n_mats).astype(np.float32),
                            n_mats=n_mats)
     return [(name, bitcos_type(variant), ne, enc.blocks),
@@ -71,11 +74,14 @@ def _bitcos(rng: np.random.Generator, name: str, ne: tuple[int, ...], variant: V
 
 
 def _write(path: Path, kv: list, tensors: list, arch: str = "llama", alignment: int | None = None) -> Path:
+    # bitcos.format_version: the highest version of the file's BITCOS tensors (FORMAT.md §6)
+    version_of = {v.type_id: v.version for v in Variant}    # 162 -> 2 (every v2 variant)
+    versions = [version_of[int(tt)] for _n, tt, _ne, _d in tensors if int(tt) in version_of]
     with GGUFStreamWriter(path, arch, overwrite=True, alignment=alignment) as w:
         w.add_kv("general.architecture", arch, STR)
         if alignment is not None:
             w.add_kv("general.alignment", alignment, U32)
-        w.add_kv(KEY_FORMAT_VERSION, 1, U32)
+        w.add_kv(KEY_FORMAT_VERSION, max(versions, default=1), U32)
         for key, value, vtype in kv:
             if vtype == GGUFValueType.ARRAY:
                 w.add_kv(key, value[0], vtype, value[1])
@@ -92,20 +98,23 @@ def _write(path: Path, kv: list, tensors: list, arch: str = "llama", alignment: 
 def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int = 32, n_expert: int = 0,
                variants: dict[str, Variant] | None = None, z: dict[str, float] | None = None,
                bitcos_output: bool = False, bitcos_on: tuple[str, ...] = (), alignment: int | None = None,
-               seed: int = 0) -> Path:
+               seed: int = 0, default: Variant = Variant.G128) -> Path:
     """A 1-layer llama with no tokenizer ("none": n_vocab dummy tokens) whose matrices are BITCOS: tens of KB,
-    loads in milliseconds. variants/z: per short name (attn_q, ffn_down, ...; default G128 / 0.4)."""
+    loads in milliseconds. variants/z: per short name (attn_q, ffn_down, ...; default `default` / 0.4)."""
     rng = np.random.default_rng(seed)
     variants = variants or {}
     z = z or {}
+    shorts = ("attn_q", "attn_k", "attn_v", "attn_output") + (
+        ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if n_expert else ("ffn_gate", "ffn_up", "ffn_down"))
+    used = [variants.get(sh, default).type_id for sh in shorts]
     a = "llama"
     kv = [(f"{a}.context_length", 64, U32), (f"{a}.embedding_length", n_embd, U32), (f"{a}.block_count", 1, U32),
           (f"{a}.feed_forward_length", n_ff, U32), (f"{a}.attention.head_count", 2, U32),
           (f"{a}.attention.head_count_kv", 1, U32), (f"{a}.rope.dimension_count", n_embd // 2, U32),
           (f"{a}.attention.layer_norm_rms_epsilon", 1e-5, F32), (f"{a}.vocab_size", n_vocab, U32),
           ("tokenizer.ggml.model", "none", STR),
-          # LLAMA_FTYPE_MOSTLY_BITCOS_*, as convert writes it (the loader names the model by it)
-          ("general.file_type", 161 if sum(v == Variant.PT for v in variants.values()) > 3 else 160, U32)]
+          # LLAMA_FTYPE_MOSTLY_BITCOS*: the majority type, as convert writes it (the loader names the model by it)
+          ("general.file_type", max(set(used), key=used.count), U32)]
     if n_expert:
         kv += [(f"{a}.expert_count", n_expert, U32), (f"{a}.expert_used_count", 2, U32)]
     mats = {"attn_q": (n_embd, n_embd), "attn_k": (n_embd, n_embd // 2), "attn_v": (n_embd, n_embd // 2),
@@ -133,7 +142,7 @@ def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int =
         tensors.append(("blk.0.ffn_gate_inp.weight", T.F32, (n_embd, n_expert),
                         rng.normal(0, 0.1, (n_expert, n_embd)).astype(np.float32)))
     for short, ne in mats.items():
-        tensors += _bitcos(rng, f"blk.0.{short}.weight", ne, variants.get(short, Variant.G128), z.get(short, 0.4))
+        tensors += _bitcos(rng, f"blk.0.{short}.weight", ne, variants.get(short, default), z.get(short, 0.4))
     return _write(path, kv, tensors, alignment=alignment)
 
 
@@ -180,13 +189,16 @@ def gemma4_seed(path: Path, seed: int = 5, bitcos_ple: bool = False) -> Path:
 
 
 def make_seeds(folder: Path) -> list[Path]:
-    """The loader fuzzer's seed corpus: small valid BITCOS models covering both variants, 2-D and 3-D (MoE)
+    """The loader fuzzer's seed corpus: small valid BITCOS models covering every variant (version 1: G128, PT;
+    version 2: MATRIX, ROW, B128, B256, alone and mixed with version 1 in one file), 2-D and 3-D (MoE)
     weights, row_group_log2 < 6 (ffn_down with K = 2048 at zero density 0: deltas over 16 bits), empty and
-    full tensors, odd K (= 384), a BITCOS output matrix, a gemma4 model whose per_layer_token_embd is read
-    lazily (--lazy-mode), and general.alignment 4 and 8 (companion sections only 4/8-byte aligned in memory
-    under mmap; FORMAT.md promises 32 only for the default alignment)."""
+    full tensors, odd K (= 384; version 2: 160 and 224, partial last 128-weight units), a BITCOS output
+    matrix, a gemma4 model whose per_layer_token_embd is read lazily (--lazy-mode), and general.alignment 4
+    and 8 (companion sections only 4/8-byte aligned in memory under mmap; FORMAT.md promises 32 only for the
+    default alignment)."""
     folder.mkdir(parents=True, exist_ok=True)
     P, G = Variant.PT, Variant.G128
+    M, R, B1, B2 = Variant.MATRIX, Variant.ROW, Variant.B128, Variant.B256
     return [
         llama_seed(folder / "dense-mixed.gguf", variants={"attn_q": P, "attn_v": P, "ffn_up": P, "ffn_down": P},
                    z={"attn_k": 1.0, "attn_v": 0.0, "ffn_gate": 0.95}, seed=1),
@@ -198,6 +210,17 @@ def make_seeds(folder: Path) -> list[Path]:
         gemma4_seed(folder / "gemma4-lazy.gguf"),
         llama_seed(folder / "align4.gguf", alignment=4, variants={"attn_q": P, "ffn_up": P}, seed=11),
         llama_seed(folder / "moe-align8.gguf", n_expert=4, alignment=8, variants={"ffn_up_exps": P}, seed=12),
+        llama_seed(folder / "v2-dense.gguf", n_embd=256, n_ff=512, default=B2,
+                   variants={"attn_q": M, "attn_k": R, "attn_v": B1, "ffn_up": R, "ffn_down": M},
+                   z={"attn_k": 1.0, "attn_v": 0.0, "ffn_gate": 0.95}, seed=21),
+        llama_seed(folder / "v2-odd-k.gguf", n_embd=160, n_ff=224, n_vocab=40, default=M,
+                   variants={"attn_k": R, "ffn_down": R, "ffn_up": R}, seed=22),
+        llama_seed(folder / "v2-moe.gguf", n_expert=4, default=R,
+                   variants={"ffn_up_exps": B1, "ffn_down_exps": M, "attn_q": B1}, seed=23),
+        llama_seed(folder / "v2-mixed-v1.gguf", n_ff=2048, default=M,
+                   variants={"attn_q": G, "attn_v": P, "ffn_down": B2}, z={"ffn_down": 0.0}, seed=24),
+        llama_seed(folder / "v2-align4.gguf", alignment=4, default=R, variants={"attn_q": B1, "ffn_up": M},
+                   seed=25),
     ]
 
 

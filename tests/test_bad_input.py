@@ -131,7 +131,8 @@ def test_output_exists(tmp_path, capsys):
     assert_clean_failure(rc, err, tmp_path, {"m.gguf", "m-bitcos.gguf"}, str(out), "already exists", "--force")
     assert out.read_bytes() == b"precious"
     rc, err = run_cli(["convert", str(f), "--force", "-q"], capsys)
-    assert rc == 0 and open_gguf(out).tensors[0].tensor_type == Variant.PT.type_id
+    # one scale per matrix: version 2's MATRIX (convert's default format version)
+    assert rc == 0 and open_gguf(out).tensors[0].tensor_type == Variant.MATRIX.type_id
 
 
 def test_disk_full_monkeypatched(tmp_path, capsys, monkeypatch):
@@ -214,13 +215,59 @@ def test_unpaired_bitcos_and_newer_version(tmp_path, capsys):
             w.write_tensor(t.name, np.asarray(t.data))
     rc, err = run_cli(["stats", str(bad)], capsys)
     assert rc == 1 and "without its companion" in err and "blk.0.attn_q.weight" in err
-    newer = tmp_path / "v2.gguf"
+    newer = tmp_path / "v3.gguf"
     with GGUFStreamWriter(newer, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
-        w.add_kv(KEY_FORMAT_VERSION, 2, GGUFValueType.UINT32)
+        w.add_kv(KEY_FORMAT_VERSION, 3, GGUFValueType.UINT32)
         w.add_tensor_info("a", T.F32, (4,))
         w.begin()
         w.write_tensor("a", np.zeros(4, np.float32))
     rc, err = run_cli(["convert", str(newer)], capsys)
-    assert rc == 1 and "format_version 2" in err
-    assert not (tmp_path / "v2-bitcos.gguf").exists()
+    assert rc == 1 and "format_version 3" in err
+    assert not (tmp_path / "v3-bitcos.gguf").exists()
+
+
+# --- crafted version-2 companions: refused by the Python reader and the llama.cpp loader, naming the tensor ---
+
+def _v2_model(path: Path, variant: Variant, k: int, header: dict[int, bytes] | None = None) -> Path:
+    """One type-162 weight `blk.0.attn_q.weight` [k, 8] of `variant`; `header`: companion header bytes to
+    overwrite (offset -> bytes), written past the encoder."""
+    rng = np.random.default_rng(1)
+    codes = random_codes(rng, (8, k), 0.4)
+    kw = ({"block_scales": np.full((8, k // variant.scale_block), 0.5, np.float16)} if variant.scale_block else
+          {"row_scales": np.full(8, 0.5, np.float32)} if variant == Variant.ROW else
+          {"matrix_scales": np.full(1, 0.5, np.float32)})
+    enc = codec.encode(codes, variant, **kw)
+    comp = enc.companion.copy()
+    for off, b in (header or {}).items():
+        comp[off:off + len(b)] = np.frombuffer(b, np.uint8)
+    from gguf_tools import bitcos_type
+    with GGUFStreamWriter(path, "llama") as w:
+        w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
+        w.add_kv(KEY_FORMAT_VERSION, 2, GGUFValueType.UINT32)
+        w.add_tensor_info("blk.0.attn_q.weight", bitcos_type(variant), (k, 8))
+        w.add_tensor_info("blk.0.attn_q.weight" + COMPANION_SUFFIX, T.I8, (comp.size,))
+        w.begin()
+        w.write_tensor("blk.0.attn_q.weight", enc.blocks)
+        w.write_tensor("blk.0.attn_q.weight" + COMPANION_SUFFIX, comp.view(np.int8))
+    return path
+
+
+V2_BAD = {   # name -> (variant, K, header bytes, phrase of the Python message)
+    "version-1": (Variant.MATRIX, 96, {4: (1).to_bytes(2, "little")}, "version"),
+    "variant-g128": (Variant.ROW, 128, {6: bytes([0])}, "G128"),
+    "variant-unknown": (Variant.ROW, 128, {6: bytes([9])}, "variant 9"),
+    "reserved": (Variant.B256, 256, {100: bytes([1])}, "reserved"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(V2_BAD))
+def test_crafted_v2_companion_refused_naming_the_tensor(tmp_path, capsys, case: str) -> None:
+    variant, k, header, phrase = V2_BAD[case]
+    good = _v2_model(tmp_path / "good.gguf", variant, k)
+    assert main(["info", "--check", str(good)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    bad = _v2_model(tmp_path / "bad.gguf", variant, k, header)
+    rc, err = run_cli(["info", "--check", str(bad)], capsys)
+    assert rc == 1 and err.count("\n") == 0, err
+    assert str(bad) in err and "blk.0.attn_q.weight" in err and phrase in err, err

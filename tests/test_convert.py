@@ -14,7 +14,7 @@ from gguf.quants import dequantize
 from ggml_bitcos import codec, tq
 from ggml_bitcos.convert import ConvertError, convert, default_output
 from ggml_bitcos.format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, COMPANION_TYPE, KEY_CONVERTED_FROM,
-                                KEY_FORMAT_VERSION, QK, Variant)
+                                KEY_FORMAT_VERSION, QK, TYPE_ID_BITMAP, TYPE_ID_G128, TYPE_ID_PT, Variant)
 from ggml_bitcos.ternary import random_codes
 from gguf_tools import GGUFStreamWriter, open_gguf, tensor_bytes, tensor_ggml_shape
 
@@ -40,7 +40,8 @@ def independent_source_floats(t) -> np.ndarray:
 
 def check_converted(src_path, out_path, expect_variant: Variant | None = None) -> dict[str, Variant]:
     """Every converted tensor decodes to the source's fp32 bits (up to -0.0); every other tensor and
-    every metadata value is copied; companions follow their weights. Returns {name: variant}."""
+    every metadata value is copied; companions follow their weights; general.file_type and
+    bitcos.format_version follow the written types. Returns {name: variant}."""
     src = open_gguf(src_path)
     out = open_gguf(out_path)
     out_list = [t.name for t in out.tensors]
@@ -49,8 +50,6 @@ def check_converted(src_path, out_path, expect_variant: Variant | None = None) -
     for t in src.tensors:
         o = out_t[t.name]
         if o.tensor_type in BITCOS_TYPE_IDS:
-            variant = Variant.from_type_id(o.tensor_type)
-            variants[t.name] = variant
             assert tensor_ggml_shape(o) == tensor_ggml_shape(t)
             comp_name = t.name + COMPANION_SUFFIX
             assert out_list[out_list.index(t.name) + 1] == comp_name       # companion right after
@@ -58,7 +57,10 @@ def check_converted(src_path, out_path, expect_variant: Variant | None = None) -
             assert comp.tensor_type == COMPANION_TYPE and len(tensor_ggml_shape(comp)) == 1
             ne = tensor_ggml_shape(o)
             rows = math.prod(ne[1:])
-            dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), variant, ne[0], rows, codec.n_mats_of(ne))
+            dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), int(o.tensor_type), ne[0], rows,
+                               codec.n_mats_of(ne))
+            variants[t.name] = dec.variant
+            assert int(o.tensor_type) == dec.variant.type_id
             want = independent_source_floats(t)
             got = dec.to_float()
             assert np.array_equal(got, want)                        # IEEE-equal (-0.0 == +0.0)
@@ -76,33 +78,37 @@ def check_converted(src_path, out_path, expect_variant: Variant | None = None) -
         g = out.get_field(key)
         assert g is not None and g.types == f.types, key
         assert all(bytes(a) == bytes(b) for a, b in zip(f.parts, g.parts)), key
-    assert out.get_field(KEY_FORMAT_VERSION).contents() == 1
-    if variants:  # LLAMA_FTYPE_MOSTLY_BITCOS_G128/PT = their type ids, by the majority of converted weights
-        n_pt = sum(1 for v in variants.values() if v == Variant.PT)
-        majority = Variant.PT if 2 * n_pt >= len(variants) else Variant.G128
-        assert out.get_field("general.file_type").contents() == majority.type_id
+    if variants:
+        # the highest version written; LLAMA_FTYPE_MOSTLY_BITCOS* = the type ids, by the majority of converted
+        # tensors (ties: the newer type, then PT)
+        assert out.get_field(KEY_FORMAT_VERSION).contents() == max(v.version for v in variants.values())
+        per_type = [sum(1 for v in variants.values() if v.type_id == tid)
+                    for tid in (TYPE_ID_BITMAP, TYPE_ID_PT, TYPE_ID_G128)]
+        majority = (TYPE_ID_BITMAP, TYPE_ID_PT, TYPE_ID_G128)[per_type.index(max(per_type))]
+        assert out.get_field("general.file_type").contents() == majority
     return variants
 
 
 CASES = [
-    # (source type, scale, moe, expected variant with --scale auto)
-    ("tq2_0", "tensor", 0, Variant.PT),
-    ("tq1_0", "g128", 4, Variant.G128),
-    ("f16", "g128", 0, Variant.G128),
-    pytest.param("f16", "tensor", 4, Variant.PT, marks=pytest.mark.slow),
-    pytest.param("tq2_0", "g128", 4, Variant.G128, marks=pytest.mark.slow),
-    pytest.param("tq1_0", "tensor", 0, Variant.PT, marks=pytest.mark.slow),
+    # (source type, scale, moe, expected variant with --scale auto: version 1, version 2)
+    ("tq2_0", "tensor", 0, Variant.PT, Variant.MATRIX),
+    ("tq1_0", "g128", 4, Variant.G128, Variant.B256),     # TQ's per-256 scales
+    ("f16", "g128", 0, Variant.G128, Variant.B128),       # per-128 scales
+    pytest.param("f16", "tensor", 4, Variant.PT, Variant.MATRIX, marks=pytest.mark.slow),
+    pytest.param("tq2_0", "g128", 4, Variant.G128, Variant.B256, marks=pytest.mark.slow),
+    pytest.param("tq1_0", "tensor", 0, Variant.PT, Variant.MATRIX, marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize("src_type,scale,moe,variant", CASES)
-def test_convert_generated_model(model_factory, tmp_path, src_type, scale, moe, variant):
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("src_type,scale,moe,v1,v2", CASES)
+def test_convert_generated_model(model_factory, tmp_path, src_type, scale, moe, v1, v2, version):
     src = model_factory(src_type=src_type, scale=scale, moe=moe)
     out = tmp_path / "out.gguf"
     # TQ1_0 at z = 0.4 grows as G128 (1.6875 -> ~1.8 bits): force it, the mechanics are under test here
-    res = convert(src, out, progress=False, force_grow=True)
+    res = convert(src, out, progress=False, force_grow=True, format_version=version)
     assert res.verified
-    variants = check_converted(src, out, variant)
+    variants = check_converted(src, out, v1 if version == 1 else v2)
     assert len(variants) == 7 * 2           # 7 projections x 2 layers (MoE: 4 attention + 3 expert tensors)
     names = set(variants)
     assert "token_embd.weight" not in names and "output.weight" not in names
@@ -113,34 +119,67 @@ def test_convert_generated_model(model_factory, tmp_path, src_type, scale, moe, 
     assert conv_from == {"tq2_0": "TQ2_0", "tq1_0": "TQ1_0", "f16": "F16"}[src_type]
 
 
-def test_forced_scale_modes(model_factory, tmp_path):
+@pytest.mark.parametrize("version,forced", [
+    (1, {"g128": Variant.G128, "128": Variant.G128, "tensor": Variant.PT}),
+    (2, {"g128": Variant.B128, "128": Variant.B128, "256": Variant.B256, "row": Variant.ROW,
+         "tensor": Variant.MATRIX}),
+])
+def test_forced_scale_modes(model_factory, tmp_path, version, forced):
+    """Every --scale choice of a version writes its variant where exact (a per-matrix scale is exact at every
+    granularity); a choice that is not exact converts nothing, reported, and --strict makes it an error."""
     src = model_factory(src_type="tq2_0", scale="tensor")
-    out = tmp_path / "g.gguf"
-    convert(src, out, scale="g128", progress=False)
-    check_converted(src, out, Variant.G128)
-    # --scale tensor on per-block scales: nothing converts, reported; --strict makes it an error
+    for scale, variant in forced.items():
+        out = tmp_path / f"{scale}.gguf"
+        convert(src, out, scale=scale, progress=False, format_version=version)
+        check_converted(src, out, variant)
+    # per-256 scales (TQ2_0 blocks): one per matrix never holds them; one per row only where K = 256
     src_g = model_factory(src_type="tq2_0", scale="g128")
-    with pytest.raises(ConvertError, match="nothing to convert.*--scale tensor.*--allow-copy"):
-        convert(src_g, tmp_path / "t.gguf", scale="tensor", progress=False)
-    assert not (tmp_path / "t.gguf").exists()
-    res = convert(src_g, tmp_path / "t.gguf", scale="tensor", progress=False, allow_copy=True)
-    assert not res.converted
-    assert all("--scale tensor" in r.reason for r in res.skipped if r.ternary_looking)
-    with pytest.raises(ConvertError, match="strict"):
-        convert(src_g, tmp_path / "t2.gguf", scale="tensor", strict=True, progress=False)
-    assert not (tmp_path / "t2.gguf").exists()
+    if version == 2:
+        res = convert(src_g, tmp_path / "rows-of-g.gguf", scale="row", progress=False)
+        assert {r.name for r in res.converted} == {r.name for r in res.tensors if r.ne[0] == 256 and r.measured}
+        assert "--scale row: non-zero magnitudes differ within a row" in {
+            r.name: r for r in res.skipped}["blk.0.ffn_down.weight"].reason           # K = 768
+        check_converted(src_g, tmp_path / "rows-of-g.gguf", Variant.ROW)
+    for scale in ("tensor",):
+        with pytest.raises(ConvertError, match=f"nothing to convert.*--scale {scale}.*--allow-copy"):
+            convert(src_g, tmp_path / "t.gguf", scale=scale, progress=False, format_version=version)
+        assert not (tmp_path / "t.gguf").exists()
+        res = convert(src_g, tmp_path / "t.gguf", scale=scale, progress=False, allow_copy=True,
+                      format_version=version)
+        (tmp_path / "t.gguf").unlink()
+        assert not res.converted
+        assert all(f"--scale {scale}" in r.reason for r in res.skipped if r.ternary_looking)
+        with pytest.raises(ConvertError, match="strict"):
+            convert(src_g, tmp_path / "t2.gguf", scale=scale, strict=True, progress=False, format_version=version)
+        assert not (tmp_path / "t2.gguf").exists()
 
 
-def test_k_not_multiple_of_128_reported_and_strict(model_factory, tmp_path):
-    src = model_factory(src_type="tq2_0", n_ff=320)          # ffn_down K = 320: F16 ternary, K % 128 != 0
-    res = convert(src, tmp_path / "o.gguf", progress=False)
+def test_scale_choices_without_a_version_1_form(model_factory, tmp_path):
+    src = model_factory(src_type="tq2_0", scale="tensor")
+    for scale in ("row", "256"):
+        with pytest.raises(ConvertError, match=f"--scale {scale} has no version-1 form"):
+            convert(src, tmp_path / "o.gguf", scale=scale, format_version=1, progress=False)
+    with pytest.raises(ConvertError, match="--format-version 3"):
+        convert(src, tmp_path / "o.gguf", format_version=3, progress=False)
+    assert not (tmp_path / "o.gguf").exists()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_k_not_multiple_of_128(model_factory, tmp_path, version):
+    """ffn_down K = 320 (F16 ternary, K % 128 != 0): version 1 reports it (and --strict fails), version 2
+    converts it (a multiple of 32)."""
+    src = model_factory(src_type="tq2_0", n_ff=320)
+    res = convert(src, tmp_path / "o.gguf", progress=False, format_version=version)
     skipped = {r.name: r for r in res.skipped}
-    assert "blk.0.ffn_down.weight" in skipped
-    assert "multiple of 128" in skipped["blk.0.ffn_down.weight"].reason
     assert "blk.0.ffn_up.weight" in {r.name for r in res.converted}
-    check_converted(src, tmp_path / "o.gguf")
-    with pytest.raises(ConvertError, match=r"blk\.0\.ffn_down\.weight.*multiple of 128"):
+    variants = check_converted(src, tmp_path / "o.gguf")
+    if version == 2:
+        assert variants["blk.0.ffn_down.weight"] == Variant.MATRIX and "blk.0.ffn_down.weight" not in skipped
         convert(src, tmp_path / "o2.gguf", strict=True, progress=False)
+        return
+    assert "multiple of 128" in skipped["blk.0.ffn_down.weight"].reason
+    with pytest.raises(ConvertError, match=r"blk\.0\.ffn_down\.weight.*multiple of 128"):
+        convert(src, tmp_path / "o2.gguf", strict=True, progress=False, format_version=1)
 
 
 def _write_float_model(path, tensors: dict[str, tuple[T, np.ndarray]], alignment: int | None = None) -> None:
@@ -181,15 +220,18 @@ def test_float_sources_bf16_f32_negative_zero_and_non_ternary(tmp_path):
     out = default_output(src)
     assert out.name == "floats-bitcos.gguf" and out.exists()
     variants = check_converted(src, out)
-    assert variants == {"blk.0.ffn_up_exps.weight": Variant.PT, "blk.0.attn_q.weight": Variant.PT}
+    assert variants == {"blk.0.ffn_up_exps.weight": Variant.MATRIX, "blk.0.attn_q.weight": Variant.MATRIX}
+    convert(src, tmp_path / "v1.gguf", progress=False, format_version=1)
+    assert check_converted(src, tmp_path / "v1.gguf") == dict.fromkeys(variants, Variant.PT)
     assert {r.name for r in res.skipped} == {"blk.0.attn_k.weight"}
     r = open_gguf(out)
     assert r.alignment == 64 and r.get_field(KEY_CONVERTED_FROM).contents() == "BF16,F32"
-    # g128 cannot represent 0.1 exactly: reported, and --strict fails
-    res2 = convert(src, tmp_path / "g.gguf", scale="g128", progress=False)
-    assert "blk.0.attn_q.weight" in {t.name for t in res2.skipped}
-    with pytest.raises(ConvertError):
-        convert(src, tmp_path / "g2.gguf", scale="g128", strict=True, progress=False)
+    # fp16 block scales cannot represent 0.1 exactly: reported, and --strict fails
+    for scale in ("g128", "256"):
+        res2 = convert(src, tmp_path / "g.gguf", scale=scale, progress=False, force=True)
+        assert "not an fp16 value" in {t.name: t for t in res2.skipped}["blk.0.attn_q.weight"].reason
+        with pytest.raises(ConvertError):
+            convert(src, tmp_path / "g2.gguf", scale=scale, strict=True, progress=False)
 
 
 def test_cache_budget_recompute_path(model_factory, tmp_path):
@@ -225,15 +267,17 @@ def test_cli_convert(model_factory, tmp_path, capsys):
     assert main(["convert", str(src), "-o", str(out), "--no-verify", "--force", "-q"]) == 0
 
 
-def test_tq_source_keeps_block_scale_of_empty_halves(tmp_path):
-    """A G128 tensor from TQ2_0 keeps the source 256-block's d in both 128-halves, empty ones too (FORMAT §3):
-    the kernels' TQ2_0-exact arithmetic uses d even where all codes are zero."""
+@pytest.mark.parametrize("version,scale,variant", [(1, "auto", Variant.G128), (2, "auto", Variant.B256),
+                                                   (2, "128", Variant.B128)])
+def test_tq_source_keeps_block_scale_of_empty_halves(tmp_path, version, scale, variant):
+    """A block-scaled tensor from TQ2_0 keeps the source 256-block's d, in both 128-halves (G128, B128) and in
+    empty blocks too (FORMAT §3): the kernels' TQ2_0-exact arithmetic uses d even where all codes are zero."""
     rng = np.random.default_rng(5)
     rows, k = 4, 512
     codes = random_codes(rng, (rows, k), 1 / 3)
     codes[0, 128:256] = 0          # an empty second half
     codes[1, 0:256] = 0            # a whole empty 256-block
-    d = rng.uniform(0.01, 1.0, (rows, k // 256)).astype(np.float16)   # per-block scales: G128, not PT
+    d = rng.uniform(0.01, 1.0, (rows, k // 256)).astype(np.float16)   # per-block scales: not per matrix/row
     src = tmp_path / "tq2.gguf"
     with GGUFStreamWriter(src, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
@@ -241,10 +285,18 @@ def test_tq_source_keeps_block_scale_of_empty_halves(tmp_path):
         w.begin()
         w.write_tensor("blk.0.ffn_up.weight", tq.tq2_0_encode(codes, d))
     out = tmp_path / "out.gguf"
-    res = convert(src, out, progress=False, force_grow=True)   # 4 x 512: the companion's fixed bytes dominate
-    assert [r.variant for r in res.converted] == [Variant.G128]
-    t = next(t for t in open_gguf(out).tensors if t.name == "blk.0.ffn_up.weight")
-    blocks = tensor_bytes(t).reshape(rows, k // QK, Variant.G128.block_bytes)
-    stored = np.ascontiguousarray(blocks[:, :, 16:18]).view("<f2").reshape(rows, k // QK)
-    assert np.array_equal(stored, np.repeat(d, 2, axis=1))
-    check_converted(src, out, Variant.G128)
+    res = convert(src, out, progress=False, force_grow=True, scale=scale,   # 4 x 512: the companion's fixed
+                  format_version=version)                                   # bytes dominate
+    assert [r.variant for r in res.converted] == [variant]
+    ts = {t.name: t for t in open_gguf(out).tensors}
+    t, comp = ts["blk.0.ffn_up.weight"], ts["blk.0.ffn_up.weight" + COMPANION_SUFFIX]
+    if variant is Variant.G128:
+        blocks = tensor_bytes(t).reshape(rows, k // QK, Variant.G128.block_bytes)
+        stored = np.ascontiguousarray(blocks[:, :, 16:18]).view("<f2").reshape(rows, k // QK)
+    else:     # the scales section (FORMAT.md §4.2), read at the header's scales_offset
+        c = tensor_bytes(comp).view(np.uint8)
+        off = int(c[40:48].view("<u8")[0])
+        n = rows * (k // variant.scale_block)
+        stored = c[off:off + 2 * n].view("<f2").reshape(rows, -1)
+    assert np.array_equal(stored, d if variant is Variant.B256 else np.repeat(d, 2, axis=1))
+    check_converted(src, out, variant)

@@ -74,12 +74,17 @@ def check_back(src_path, mid_path, back_path, expect_kept: set[str] = frozenset(
 
 # --- TQ2_0 sources: the round trip ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("scale,moe", [("tensor", 0), ("g128", 0), ("tensor", 4)])
-def test_tq2_0_round_trip_byte_identical(model_factory, tmp_path, scale, moe):
-    src = model_factory(src_type="tq2_0", scale=scale, moe=moe, z=0.42)
+@pytest.mark.parametrize("version,model_scale,scale,moe,variant", [
+    (1, "tensor", "auto", 0, Variant.PT), (1, "g128", "auto", 0, Variant.G128), (1, "tensor", "auto", 4, Variant.PT),
+    (2, "tensor", "auto", 0, Variant.MATRIX), (2, "g128", "auto", 0, Variant.B256),
+    (2, "tensor", "auto", 4, Variant.MATRIX), (2, "tensor", "row", 0, Variant.ROW),
+    (2, "g128", "128", 0, Variant.B128)])
+def test_tq2_0_round_trip_byte_identical(model_factory, tmp_path, version, model_scale, scale, moe, variant):
+    """TQ2_0 -> BITCOS (each variant that holds per-matrix / per-256 scales) -> TQ2_0: the source's bytes."""
+    src = model_factory(src_type="tq2_0", scale=model_scale, moe=moe, z=0.42)
     mid, back = tmp_path / "mid.gguf", tmp_path / "back.gguf"
-    res = convert(src, mid, progress=False)
-    assert len(res.converted) == 14
+    res = convert(src, mid, progress=False, scale=scale, format_version=version)
+    assert len(res.converted) == 14 and {r.variant for r in res.converted} == {variant}
     r = convert_back(mid, back, to="tq2_0", progress=False)
     assert r.verified and {t.target for t in r.tensors} == {"tq2_0"}
     s, b = open_gguf(src), open_gguf(back)
@@ -139,22 +144,33 @@ def _float_model(path, seed: int = 9) -> None:
             w.write_tensor(name, x.astype(np.float16) if tt == T.F16 else x)
 
 
-@pytest.fixture(scope="module")
-def float_pair(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["v1", "v2"])
+def float_pair(tmp_path_factory, request):
+    """(source, its conversion in format version 1 / 2, the variant holding per-128 scales)."""
     d = tmp_path_factory.mktemp("back")
     src, mid = d / "src.gguf", d / "mid-bitcos.gguf"
     _float_model(src)
-    res = convert(src, mid, progress=False, force_grow=True)
+    res = convert(src, mid, progress=False, force_grow=True, format_version=request.param)
     variants = {r.name: r.variant for r in res.converted}
-    assert variants["blk.0.attn_output.weight"] == Variant.G128 and variants["blk.0.attn_v.weight"] == Variant.PT
-    assert len(variants) == 7
-    # the empty halves really carry a d of their own (0), unlike their partners: the TQ targets must cope
+    per128, per_matrix, per256 = ((Variant.G128, Variant.PT, Variant.G128) if request.param == 1 else
+                                  (Variant.B128, Variant.MATRIX, Variant.B256))
+    assert variants["blk.0.attn_output.weight"] == per128 and variants["blk.0.attn_v.weight"] == per_matrix
+    assert variants["blk.0.ffn_up.weight"] == per256 and len(variants) == 7
     from gguf_raw import read_tensor_table
-    t = read_tensor_table(mid)["blk.0.ffn_up.weight"]
-    blocks = np.frombuffer(mid.read_bytes(), np.uint8, 3 * 4 * 18, t.offset).reshape(3, 4, 18)
-    d = blocks[:, :, 16:].copy().view("<f2")[:, :, 0]
-    assert d[0, 1] == 0 and d[0, 0] != 0 and d[1, 0] == d[1, 1] == 0
-    return src, mid
+    if request.param == 1:
+        # the empty halves really carry a d of their own (0), unlike their partners: the TQ targets must cope
+        t = read_tensor_table(mid)["blk.0.ffn_up.weight"]
+        blocks = np.frombuffer(mid.read_bytes(), np.uint8, 3 * 4 * 18, t.offset).reshape(3, 4, 18)
+        d = blocks[:, :, 16:].copy().view("<f2")[:, :, 0]
+        assert d[0, 1] == 0 and d[0, 0] != 0 and d[1, 0] == d[1, 1] == 0
+    else:
+        # B256: the 256-block holding only an empty half has its other half's scale; the empty one has 0
+        c = read_tensor_table(mid)["blk.0.ffn_up.weight" + COMPANION_SUFFIX]
+        comp = np.frombuffer(mid.read_bytes(), np.uint8, c.ne[0], c.offset)
+        off = int(comp[40:48].view("<u8")[0])                            # scales_offset (FORMAT.md §4.1)
+        d = comp[off:off + 3 * 2 * 2].view("<f2").reshape(3, 2)
+        assert d[0, 0] != 0 and d[1, 0] == 0
+    return src, mid, per128
 
 
 # (target, tensors it cannot hold, a phrase of the reason)
@@ -172,7 +188,7 @@ IMPOSSIBLE = {
 
 @pytest.mark.parametrize("to", sorted(IMPOSSIBLE))
 def test_float_source_each_target(float_pair, tmp_path, to):
-    src, mid = float_pair
+    src, mid, _per128 = float_pair
     bad = IMPOSSIBLE[to]
     out = tmp_path / f"out-{to}.gguf"
     if bad:
@@ -194,12 +210,12 @@ def test_float_source_each_target(float_pair, tmp_path, to):
 
 
 def test_fallback_keep_and_cli(float_pair, tmp_path, capsys):
-    src, mid = float_pair
+    src, mid, per128 = float_pair
     out = tmp_path / "kept.gguf"
     assert main(["convert", "--to", "tq2_0", "--fallback", "keep", str(mid), "-o", str(out)]) == 0
     err = capsys.readouterr().err
     assert "3 to BITCOS (kept)" in err and "verified bit-exact" in err
-    assert "fallback: blk.0.attn_output.weight (G128) -> BITCOS: not TQ2_0:" in err
+    assert f"fallback: blk.0.attn_output.weight ({per128.name}) -> BITCOS: not TQ2_0:" in err
     kept = set(IMPOSSIBLE["tq2_0"])
     check_back(src, mid, out, expect_kept=kept)
     r = open_gguf(out)
@@ -221,7 +237,7 @@ def test_fallback_keep_and_cli(float_pair, tmp_path, capsys):
 def test_corrupt_bitcos_refused_cleanly(float_pair, tmp_path, capsys):
     import shutil
     from gguf_raw import read_tensor_table
-    _src, mid = float_pair
+    _src, mid, _per128 = float_pair
     comp = read_tensor_table(mid)["blk.0.ffn_up.weight" + COMPANION_SUFFIX]
     bad = tmp_path / "bad.gguf"
     shutil.copyfile(mid, bad)

@@ -63,31 +63,35 @@ def _bitcos_bytes(path) -> dict[str, int]:
     out = {}
     for name, t in table.items():
         if t.type_id in BITCOS_TYPE_IDS:
-            block_bytes = {160: 18, 161: 16}[t.type_id]     # FORMAT.md §2, written out on purpose
-            out[name] = math.prod(t.ne[1:]) * t.ne[0] // 128 * block_bytes + table[name + COMPANION_SUFFIX].ne[0]
+            # FORMAT.md §2/§3, written out on purpose: 18 / 16 bytes per 128 weights (v1), K/8 bytes per row (v2)
+            row_bytes = {160: t.ne[0] // 128 * 18, 161: t.ne[0] // 128 * 16, 162: t.ne[0] // 8}[t.type_id]
+            out[name] = math.prod(t.ne[1:]) * row_bytes + table[name + COMPANION_SUFFIX].ne[0]
     return out
 
 
-@pytest.fixture(scope="module")
-def tq1(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["v1", "v2"])
+def tq1(tmp_path_factory, request):
+    """(source, its --force-grow conversion, BITCOS bytes per tensor, TQ1_0 bytes, the tensors that grow,
+    format version); each format version grows the same tensors: the issue's z = 0.30 one as PT / MATRIX,
+    the varying-scale z = 0.30 one as G128 and as B256 (2.0625 - 0.30 > 1.6875)."""
     d = tmp_path_factory.mktemp("honest")
     src = d / "tq1.gguf"
     _tq1_model(src)
     forced = d / "forced.gguf"
-    convert(src, forced, progress=False, force_grow=True)
+    convert(src, forced, progress=False, force_grow=True, format_version=request.param)
     sizes = _bitcos_bytes(forced)
     assert set(sizes) == {s[0] for s in TQ1_SPECS}
     tq1_bytes = {name: rows * k // QK_K * TQ1_0_BLOCK_BYTES for name, rows, k, *_ in TQ1_SPECS}
     grows = {n for n in sizes if sizes[n] > tq1_bytes[n]}
     # the model must exercise both outcomes, or the test below proves nothing
-    assert grows and set(sizes) - grows and "blk.1.ffn_up.weight" in grows
-    return src, forced, sizes, tq1_bytes, grows
+    assert grows and set(sizes) - grows and {"blk.1.ffn_up.weight", "blk.0.attn_k.weight"} <= grows
+    return src, forced, sizes, tq1_bytes, grows, request.param
 
 
 def test_grow_kept_in_source_type(tq1, tmp_path, capsys):
-    src, _forced, sizes, tq1_bytes, grows = tq1
+    src, _forced, sizes, tq1_bytes, grows, version = tq1
     out = tmp_path / "out.gguf"
-    assert main(["convert", str(src), "-o", str(out)]) == 0
+    assert main(["convert", str(src), "-o", str(out), "--format-version", str(version)]) == 0
     err = capsys.readouterr().err
     table = read_tensor_table(out)
     kept = {n for n, t in table.items() if t.type_id == int(T.TQ1_0)}
@@ -106,13 +110,14 @@ def test_grow_kept_in_source_type(tq1, tmp_path, capsys):
 
 
 def test_strict_means_every_ternary_tensor(tq1, tmp_path, capsys):
-    src, _forced, _sizes, _b, grows = tq1
+    src, _forced, _sizes, _b, grows, version = tq1
     out = tmp_path / "strict.gguf"
-    assert main(["convert", str(src), "-o", str(out), "--strict"]) == 1
+    v = ["--format-version", str(version)]
+    assert main(["convert", str(src), "-o", str(out), "--strict", *v]) == 1
     err = capsys.readouterr().err
     first = next(name for name, *_ in TQ1_SPECS if name in grows)
     assert f"tensor '{first}'" in err and "--force-grow" in err and "--strict" in err and not out.exists()
-    assert main(["convert", str(src), "-o", str(out), "--strict", "--force-grow", "-q"]) == 0
+    assert main(["convert", str(src), "-o", str(out), "--strict", "--force-grow", "-q", *v]) == 0
     assert {t.type_id for n, t in read_tensor_table(out).items()} <= BITCOS_TYPE_IDS | {int(T.I8)}
 
 
@@ -169,31 +174,34 @@ def test_allow_copy_writes_an_untagged_copy(tmp_path, capsys):
     assert int(o.get_field("general.file_type").contents()) == 7
 
 
-def test_cannot_convert_name_with_strict(tmp_path):
-    """A ternary tensor skipped for any reason (here: K % 128) is a --strict error; without it a report."""
+@pytest.mark.parametrize("version,k,multiple", [(1, 320, 128), (2, 80, 32)])
+def test_cannot_convert_name_with_strict(tmp_path, version, k, multiple):
+    """A ternary tensor skipped for any reason (here: its row length) is a --strict error; without it a
+    report."""
     rng = np.random.default_rng(8)
-    x = random_codes(rng, (4, 320), 0.4).astype(np.float16) * np.float16(0.5)
+    x = random_codes(rng, (4, k), 0.4).astype(np.float16) * np.float16(0.5)
     y = random_codes(rng, (4, 256), 0.4).astype(np.float16) * np.float16(0.5)
-    src = tmp_path / "k320.gguf"
+    src = tmp_path / f"k{k}.gguf"
     with GGUFStreamWriter(src, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
-        w.add_tensor_info("blk.0.ffn_down.weight", T.F16, (320, 4))
+        w.add_tensor_info("blk.0.ffn_down.weight", T.F16, (k, 4))
         w.add_tensor_info("blk.0.ffn_up.weight", T.F16, (256, 4))
         w.begin()
         w.write_tensor("blk.0.ffn_down.weight", x)
         w.write_tensor("blk.0.ffn_up.weight", y)
-    res = convert(src, tmp_path / "o.gguf", progress=False)
+    res = convert(src, tmp_path / "o.gguf", progress=False, format_version=version)
     assert [r.name for r in res.converted] == ["blk.0.ffn_up.weight"]
-    with pytest.raises(ConvertError, match=r"ffn_down\.weight.*multiple of 128.*--strict"):
-        convert(src, tmp_path / "o2.gguf", progress=False, strict=True)
+    with pytest.raises(ConvertError, match=rf"ffn_down\.weight.*multiple of {multiple}.*--strict"):
+        convert(src, tmp_path / "o2.gguf", progress=False, strict=True, format_version=version)
     assert not (tmp_path / "o2.gguf").exists()
 
 
+@pytest.mark.parametrize("tq1", [1], indirect=True, ids=["v1"])
 def test_stats_real_bits_per_variant(tq1, tmp_path):
     """stats on the source: each tensor's PT/G128 bits are the bytes a conversion to that variant writes."""
-    src, forced, sizes, tq1_bytes, _grows = tq1
+    src, forced, sizes, tq1_bytes, _grows, _version = tq1
     g128 = tmp_path / "g128.gguf"
-    convert(src, g128, progress=False, force_grow=True, scale="g128")
+    convert(src, g128, progress=False, force_grow=True, scale="g128", format_version=1)
     g_sizes = _bitcos_bytes(g128)
     m = collect(src, progress=False)
     per = {t.name: t for t in m.tensors}

@@ -214,7 +214,7 @@ def _check_bit_exact(src: Path, out: Path, fmt: str) -> dict[str, int]:
     _n, _kv, s_tensors = read_raw(src)
     _n, _kv, o_tensors = read_raw(out)
     o = {n: (ne, tt, raw) for n, ne, tt, raw in o_tensors}
-    types = {}
+    types, variants = {}, {}
     for name, ne, tt, raw in s_tensors:
         ne_o, tt_o, raw_o = o[name]
         types[name] = tt_o
@@ -224,50 +224,71 @@ def _check_bit_exact(src: Path, out: Path, fmt: str) -> dict[str, int]:
         assert tt_o in BITCOS_TYPE_IDS and ne_o == ne, name
         comp = o[name + COMPANION_SUFFIX][2]
         k, rows = ne[0], math.prod(ne[1:])
-        variant = Variant.from_type_id(tt_o)
-        n_blocks = rows * k // 128
-        dec = codec.decode(np.frombuffer(raw_o, np.uint8)[:n_blocks * variant.block_bytes],
-                           np.frombuffer(comp, np.uint8), variant, k, rows, codec.n_mats_of(ne))
+        # the weight's bytes (FORMAT.md §2/§3, written out): 18 / 16 per 128 weights (v1), K/8 per row (v2)
+        n_bytes = {160: rows * k // 128 * 18, 161: rows * k // 128 * 16, 162: rows * k // 8}[tt_o]
+        dec = codec.decode(np.frombuffer(raw_o, np.uint8)[:n_bytes], np.frombuffer(comp, np.uint8), tt_o, k, rows,
+                           codec.n_mats_of(ne))
+        variants[name] = dec.variant
         got = dec.to_float(slice(0, rows)).view(np.uint32)
         want = spec_dequantize(fmt, raw, ne).view(np.uint32)
         want = np.where(want == np.uint32(0x80000000), np.uint32(0), want)      # -0.0 -> +0.0 (FORMAT.md §5)
         assert np.array_equal(got, want), name
-    return types
+    return types, variants
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_convert_bit_exact(tmp_path, fmt):
-    """z = 0.4, 0 and 1, a 3-D tensor, odd row counts: every tensor converts and decodes to the source's values."""
+def test_convert_bit_exact(tmp_path, fmt, version):
+    """z = 0.4, 0 and 1, a 3-D tensor, odd row counts: every tensor converts and decodes to the source's values;
+    I2_S (one scale per tensor) as PT / MATRIX, the per-128 (Q2_0: per-64, equal in pairs) sources as G128 /
+    B128, or ROW where a row is one 128-block (K = 128: one scale per row; ROW and B128 take the same
+    bytes, and auto takes the coarser)."""
     src = build_source(tmp_path / f"{fmt}.gguf", fmt)
     out = tmp_path / f"{fmt}-bitcos.gguf"
     # --force-grow: tensors this small grow by the companion's fixed overhead (Q2_0 would stay as it is; the
     # types llama.cpp cannot load convert regardless)
-    r = run_convert(str(src), "-o", str(out), "-q", *(["--force-grow"] if fmt == "Q2_0" else []))
+    r = run_convert(str(src), "-o", str(out), "-q", "--format-version", str(version),
+                    *(["--force-grow"] if fmt == "Q2_0" else []))
     assert r.returncode == 0, r.stdout
-    types = _check_bit_exact(src, out, fmt)
-    want = Variant.PT if fmt == "I2_S" else Variant.G128
+    _types, variants = _check_bit_exact(src, out, fmt)
+    per_matrix, per_block = (Variant.PT, Variant.G128) if version == 1 else (Variant.MATRIX, Variant.B128)
     for name in SHAPES:
-        # an all-zero tensor (z = 1) has one magnitude (none) per matrix: PT
-        assert types[name] == (Variant.PT if DENSITY[name] == 1.0 else want).type_id, name
+        if DENSITY[name] == 1.0 or fmt == "I2_S":
+            want = per_matrix              # an all-zero tensor (z = 1) has one magnitude (none) per matrix
+        elif SHAPES[name][0] == 128 and version == 2:
+            want = Variant.ROW
+        else:
+            want = per_block
+        assert variants[name] == want, name
 
 
 def test_q2_0_split_scales_stay_q2_0(tmp_path):
-    """Q2_0 halves with different d: no BITCOS variant holds them; the tensor stays Q2_0 (llama.cpp runs it),
-    the summary says why, and --strict refuses."""
+    """Q2_0 (fp16 per 64) converts where one scale per matrix, per row or per 128 holds its scales: a 128-block's
+    halves equal -> B128; one scale per row, K = 576 (no 128-blocks) -> ROW; one per matrix, K = 576 -> MATRIX.
+    Halves with different d: no BITCOS variant holds them; the tensor stays Q2_0 (llama.cpp runs it), the
+    summary says why, and --strict refuses."""
     rng = np.random.default_rng(5)
     codes = random_codes(rng, (4, 256), 0.4)
     d = rng.uniform(0.01, 0.1, (4, 4)).astype(np.float16)           # every 64-half its own scale
     ok_codes = random_codes(rng, (4, 256), 0.4)
     ok_d = np.repeat(rng.uniform(0.01, 0.1, (4, 2)).astype(np.float16), 2, axis=1)
+    row_codes = random_codes(rng, (3, 576), 0.4)
+    row_d = np.repeat(rng.uniform(0.01, 0.1, (3, 1)).astype(np.float16), 9, axis=1)
+    mat_codes = random_codes(rng, (5, 576), 0.3)
+    mat_d = np.full((5, 9), 0.0234375, np.float16)
     src = write_raw(tmp_path / "q2.gguf", 1, _kv_string("general.architecture", "llama"), [
         ("blk.0.attn_q.weight", (256, 4), 42, encode("Q2_0", codes, d)),
-        ("blk.0.attn_k.weight", (256, 4), 42, encode("Q2_0", ok_codes, ok_d))])
+        ("blk.0.attn_k.weight", (256, 4), 42, encode("Q2_0", ok_codes, ok_d)),
+        ("blk.0.attn_v.weight", (576, 3), 42, encode("Q2_0", row_codes, row_d)),
+        ("blk.0.attn_output.weight", (576, 5), 42, encode("Q2_0", mat_codes, mat_d))])
     out = tmp_path / "q2-bitcos.gguf"
     r = run_convert(str(src), "-o", str(out), "--force-grow")
     assert r.returncode == 0, r.stdout
     assert "blk.0.attn_q.weight" in r.stdout and "two halves of a 128-weight block" in r.stdout
-    types = _check_bit_exact(src, out, "Q2_0")
-    assert types["blk.0.attn_q.weight"] == 42 and types["blk.0.attn_k.weight"] in BITCOS_TYPE_IDS
+    types, variants = _check_bit_exact(src, out, "Q2_0")
+    assert types["blk.0.attn_q.weight"] == 42
+    assert variants == {"blk.0.attn_k.weight": Variant.B128, "blk.0.attn_v.weight": Variant.ROW,
+                        "blk.0.attn_output.weight": Variant.MATRIX}
     r = run_convert(str(src), "-o", str(tmp_path / "strict.gguf"), "--strict", "--force-grow")
     assert r.returncode != 0 and "blk.0.attn_q.weight" in r.stdout and not (tmp_path / "strict.gguf").exists()
 
@@ -337,8 +358,9 @@ def _reencode(src: Path, dst: Path, fmt: str) -> Path:
     return write_raw(dst, n_kv, kv, out)
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("fmt,scale", [("I2_S", "tensor"), ("PTQ1_0", "g128"), ("Q2_0", "g128")])
-def test_converted_model_runs_like_tq2_0(tmp_path, patched_llama, fmt, scale):
+def test_converted_model_runs_like_tq2_0(tmp_path, patched_llama, fmt, scale, version):
     """make-model's TQ2_0 model, re-encoded as I2_S (per-tensor scale) or PTQ1_0 / Q2_0 (its per-256 scales
     repeated per 128 / 64), converted: same BITCOS weights as the TQ2_0 file converted, same greedy tokens."""
     from ggml_bitcos import llama_run
@@ -350,12 +372,12 @@ def test_converted_model_runs_like_tq2_0(tmp_path, patched_llama, fmt, scale):
     src = _reencode(tq2, tmp_path / f"{fmt}.gguf", fmt)
     out, ref = tmp_path / f"{fmt}-bitcos.gguf", tmp_path / "tq2-bitcos.gguf"
     for a, b in ((src, out), (tq2, ref)):
-        r = run_convert(str(a), "-o", str(b), "-q")
+        r = run_convert(str(a), "-o", str(b), "-q", "--format-version", str(version))
         assert r.returncode == 0, r.stdout
     got = {n: (tt, raw) for n, _ne, tt, raw in read_raw(out)[2]}
     for name, _ne, tt, raw in read_raw(ref)[2]:
         if tt in BITCOS_TYPE_IDS and scale == "tensor":
-            assert got[name] == (tt, raw), name                      # PT: byte-identical to the TQ2_0 route
+            assert got[name] == (tt, raw), name      # PT / MATRIX: byte-identical to the TQ2_0 route
         elif tt in BITCOS_TYPE_IDS:
             assert got[name][0] == tt, name
     prompt = "The quick brown fox jumps over the lazy dog. Once upon a time"

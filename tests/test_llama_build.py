@@ -517,10 +517,11 @@ def test_unpatched_ggml_refuses_bitcos_file(tmp_path: Path) -> None:
 
 @llama
 def test_patched_gguf_reader_refuses_hole_type_ids(llama_pkg: Path, tmp_path: Path) -> None:
-    """Ids between upstream's last type and BITCOS (43..159) are holes: refused as invalid, like id >= 162."""
+    """Ids between upstream's last type and BITCOS (43..159) are holes: refused as invalid, like ids past the
+    last BITCOS type (>= 163)."""
     import gguf
     lib = sorted((llama_pkg / "lib").glob("libggml-base.so*"))[0]
-    for type_id in (100, 162):
+    for type_id in (100, BITCOS_BITMAP + 1):
         path = tmp_path / f"t{type_id}.gguf"
         writer = gguf.GGUFWriter(str(path), "llama")
         writer.add_tensor("x", np.zeros(256, np.int8), raw_shape=(256,), raw_dtype=_RawType(type_id))

@@ -145,13 +145,17 @@ def _scale_cases() -> list[tuple[str, Variant, float, bool]]:
 
 
 SCALE_CASES = _scale_cases()
-TENSOR = "blk.0.ffn_up.weight"
+
+
+def tensor_of(variant: Variant) -> str:
+    """The crafted tensor: ffn_up (K = 128), or for B256 (K a multiple of 256) ffn_down (K = 256)."""
+    return "blk.0.ffn_down.weight" if variant.k_multiple > 128 else "blk.0.ffn_up.weight"
 
 
 @pytest.fixture(scope="module")
 def scale_models(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("scales")
-    return {name: llama_model(d / f"{name}.gguf", {TENSOR: variant}, scale=s, tokenizer=False)
+    return {name: llama_model(d / f"{name}.gguf", {tensor_of(variant): variant}, scale=s, tokenizer=False)
             for name, variant, s, _ok in SCALE_CASES}
 
 
@@ -165,8 +169,11 @@ def test_scales_refused_by_llama_load(scale_models, patched_llama, verbose: bool
             assert msg is None, f"{name}: {msg}"
             continue
         assert msg is not None, f"{name}: scale {s} was accepted"
-        assert path in msg and f"invalid BITCOS tensor '{TENSOR}'" in msg and "invalid" in msg, msg
-        assert ("fp16 scale" if variant == Variant.G128 else "scale") in msg, msg
+        assert path in msg and f"invalid BITCOS tensor '{tensor_of(variant)}'" in msg and "invalid" in msg, msg
+        # where: "in block B of row R" (fp16 block scales), "of row R" (ROW), "of matrix M" (PT, MATRIX)
+        where = ("fp16 scale", "in block 0 of row 0") if variant.scale_block else \
+            ("scale", "of row 0" if variant == Variant.ROW else "of matrix 0")
+        assert all(w in msg for w in where), msg
 
 
 @pytest.mark.parametrize("name", [c[0] for c in SCALE_CASES])
@@ -174,12 +181,13 @@ def test_scales_refused_by_python_reader(scale_models, capsys, name: str) -> Non
     """`ggml-bitcos info --check` (codec.decode) applies the same rule, naming file and tensor."""
     from ggml_bitcos.cli import main
     ok = {c[0]: c[3] for c in SCALE_CASES}[name]
+    variant = {c[0]: c[1] for c in SCALE_CASES}[name]
     rc = main(["info", "--check", str(scale_models[name])])
     err = capsys.readouterr().err
     if ok:
         assert rc == 0, err
     else:
-        assert rc == 1 and TENSOR in err and "invalid" in err and "scale" in err, err
+        assert rc == 1 and tensor_of(variant) in err and "invalid" in err and "scale" in err, err
         assert err.strip().count("\n") == 0, err  # one line, no traceback
 
 
@@ -220,18 +228,23 @@ def test_c_encoder_refuses_invalid_scales(libs) -> None:
     f.restype = ctypes.c_size_t
     f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    codes = np.ones((2, 128), np.int8)
+    codes = np.ones((2, 256), np.int8)
     for s, ok in [(0.5, True), (0.0, True), (float(MAX_SCALE), True), (-0.0, False), (-1.0, False),
                   (math.nan, False), (math.inf, False), (65505.0, False)]:
-        sc = np.array([s], np.float32)
-        n = f(Variant.PT.type_id, 128, 2, 1, codes.ctypes.data, None, sc.ctypes.data, None, None, 0)
-        assert (n > 0) == ok, s
-        with np.errstate(over="ignore"):
-            d16 = np.full(2, s, np.float32).astype(np.float16).view(np.uint16)   # 65505 rounds to 65504
-        ok16 = not codec.invalid_scales(d16).any()   # the C and the Python rule agree
-        assert ok16 == (ok or s == 65505.0)
-        n = f(Variant.G128.type_id, 128, 2, 1, codes.ctypes.data, d16.ctypes.data, None, None, None, 0)
-        assert (n > 0) == ok16, s
+        sc = np.array([0.25, s], np.float32)   # the bad one last: every scale is checked
+        for v in (Variant.PT, Variant.MATRIX, Variant.ROW):
+            # PT / MATRIX: the scale of matrix 1 of 2; ROW: the scale of row 1
+            n_mats = 1 if v == Variant.ROW else 2
+            n = f(v, 256, 2, n_mats, codes.ctypes.data, None, sc.ctypes.data, None, None, 0)
+            assert (n > 0) == ok, (v.name, s)
+        for v in (Variant.G128, Variant.B128, Variant.B256):
+            nb = 2 * 256 // v.scale_block   # the scales of 2 rows; the bad one last
+            with np.errstate(over="ignore"):
+                d16 = np.array([0.25] * (nb - 1) + [s], np.float32).astype(np.float16).view(np.uint16)  # 65505 -> 65504
+            ok16 = not codec.invalid_scales(d16).any()   # the C and the Python rule agree
+            assert ok16 == (ok or s == 65505.0)
+            n = f(v, 256, 2, 1, codes.ctypes.data, d16.ctypes.data, None, None, None, 0)
+            assert (n > 0) == ok16, (v.name, s)
 
 
 class _InitParams(ctypes.Structure):
@@ -350,10 +363,10 @@ def test_last_error_is_per_thread(libs) -> None:
 
 @pytest.fixture(scope="module")
 def nan_model(tmp_path_factory, patched_llama) -> Path:
-    return llama_model(tmp_path_factory.mktemp("nan") / "nan.gguf", {TENSOR: Variant.PT}, scale=math.nan)
+    return llama_model(tmp_path_factory.mktemp("nan") / "nan.gguf", {tensor_of(Variant.PT): Variant.PT}, scale=math.nan)
 
 
-NAN_MESSAGE = f"invalid BITCOS tensor '{TENSOR}': invalid scale nan of matrix 0"
+NAN_MESSAGE = f"invalid BITCOS tensor '{tensor_of(Variant.PT)}': invalid scale nan of matrix 0"
 
 
 @pytest.mark.parametrize("tool", ["llama-completion", "llama-cli"])

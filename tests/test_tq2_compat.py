@@ -4,8 +4,10 @@ csrc/bitcos-kernels.h).
 The reference is the real thing: ``vec_dot`` of GGML_TYPE_TQ2_0 from the ``libggml-cpu.so`` of the installed
 (patched) llama-cpp-python, called through ctypes on TQ2_0 rows made by ``tq.tq2_0_encode`` and Q8_K
 activations. The same ternary codes and scales go through the BITCOS kernels of the harness library (generic,
-AVX2, AVX-512) as a PT matrix (scale = fp32 of the TQ2_0 fp16 d, one d for the whole matrix) and as a G128
-matrix (both halves of every 256-block get that block's TQ2_0 d). Skipped when llama_cpp is not installed.
+AVX2, AVX-512) in every variant that holds them: a PT / MATRIX matrix (scale = fp32 of the TQ2_0 fp16 d, one d
+for the whole matrix), a ROW matrix (one d per row), a B256 matrix (each 256-block's TQ2_0 d, what convert
+writes from TQ2_0 by default) and a G128 / B128 matrix (both halves of every 256-block get that block's d).
+Skipped when llama_cpp is not installed.
 
 Which form of the contract's FMA matches depends on how ggml was compiled: GCC contracts TQ2_0's
 ``_mm256_add_ps(_mm256_mul_ps(..))`` into vfmadd when the target has FMA (the project's GGML_NATIVE build on
@@ -130,20 +132,25 @@ def mixed_density_codes(rng: np.random.Generator, nr: int, k: int) -> np.ndarray
     return np.concatenate([random_codes(rng, (1, k), float(z)) for z in rng.uniform(0.0, 1.0, nr)])
 
 
-@pytest.mark.parametrize("variant", (Variant.G128, Variant.PT))
+@pytest.mark.parametrize("variant", tuple(Variant))
 @pytest.mark.parametrize("magnitude", ("normal", "large"))
 @pytest.mark.parametrize("k", KS)
 def test_bit_identical_to_tq2_0(tq2_vec_dot, variant: Variant, k: int, magnitude: str) -> None:
-    """G128 with each TQ2_0 block scale in both halves, and PT with one scale for the matrix."""
+    """Block variants with each TQ2_0 block scale (per 256 as it is, per 128 in both halves), ROW with one scale
+    per row, PT / MATRIX with one scale for the matrix."""
     vec_dot, fma, _ = tq2_vec_dot
-    rng = np.random.default_rng(k * (7 if variant == Variant.G128 else 11) + (magnitude == "large"))
+    rng = np.random.default_rng(k * (7 if variant.scale_block else 11) + 3 * int(variant) + (magnitude == "large"))
     nr = 48
     codes = mixed_density_codes(rng, nr, k)
-    if variant == Variant.G128:
+    if variant.scale_block:
         d = rng.uniform(0.0, 3.0, size=(nr, k // QK_K)).astype(np.float16)
         if magnitude == "large":
             d = (d.astype(np.float32) * 1e4).astype(np.float16)
-        w = harness.encode_rows(codes, variant, block_scales=np.repeat(d, 2, axis=1))
+        w = harness.encode_rows(codes, variant, block_scales=np.repeat(d, QK_K // variant.scale_block, axis=1))
+    elif variant is Variant.ROW:
+        d_row = rng.uniform(0.01, 2.0, size=nr) * (1e3 if magnitude == "large" else 1.0)
+        d = np.repeat(d_row.astype(np.float16)[:, None], k // QK_K, axis=1)
+        w = harness.encode_rows(codes, variant, row_scales=d[:, 0].astype(np.float32))
     else:
         d16 = np.float16(rng.uniform(0.01, 2.0) * (1e3 if magnitude == "large" else 1.0))
         d = np.full((nr, k // QK_K), d16, dtype=np.float16)

@@ -27,8 +27,13 @@ from ggml_bitcos.cli import main
 from ggml_bitcos.format import COMPANION_SUFFIX, Variant
 from gguf_tools import GGUFStreamWriter, open_gguf, tensor_bytes
 
-PT_T, G_T = "blk.0.attn_q.weight", "blk.0.ffn_down.weight"
-BITCOS = {PT_T: Variant.PT, G_T: Variant.G128}
+# every variant in one model: version 1 (PT, G128) and version 2 (MATRIX, ROW, B128; B256 on the one weight
+# with K = 256)
+PT_T, G_T = "blk.0.attn_q.weight", "blk.0.ffn_up.weight"
+MAT_T, ROW_T, B128_T, B256_T = ("blk.0.attn_v.weight", "blk.0.attn_k.weight", "blk.0.ffn_gate.weight",
+                                "blk.0.ffn_down.weight")
+BITCOS = {PT_T: Variant.PT, G_T: Variant.G128, MAT_T: Variant.MATRIX, ROW_T: Variant.ROW, B128_T: Variant.B128,
+          B256_T: Variant.B256}
 
 
 def _locate(path: Path, name: str) -> tuple[int, int, codec.Header]:
@@ -72,7 +77,7 @@ def _bitmap_first_row(p: Path, w: int, c: int, h: codec.Header) -> None:  # popc
 
 
 def _bitmap_last_row(p: Path, w: int, c: int, h: codec.Header) -> None:   # only the total count changes
-    row_bytes = h.n_cols // 128 * Variant(h.variant).block_bytes
+    row_bytes = codec.weight_row_bytes(Variant(h.variant), h.n_cols)
     at = w + (h.n_rows - 1) * row_bytes
     b = _read(p, at, 1)[0]
     _patch(p, at, bytes([b ^ 0x01]))
@@ -100,6 +105,24 @@ def _g128_scale(bits: int) -> Mutation:
     return m
 
 
+def _companion_f32(index: int, value: float) -> Mutation:    # scale `index` of the section (matrix or row)
+    def m(p: Path, w: int, c: int, h: codec.Header) -> None:
+        _patch(p, c + h.scales_offset + 4 * index, np.array([value], "<f4").tobytes())
+    return m
+
+
+def _companion_f16(index: int, bits: int) -> Mutation:        # fp16 scale `index` of the section (row-major)
+    def m(p: Path, w: int, c: int, h: codec.Header) -> None:
+        _patch(p, c + h.scales_offset + 2 * index, bits.to_bytes(2, "little"))
+    return m
+
+
+def _header_byte(offset: int, value: int) -> Mutation:
+    def m(p: Path, w: int, c: int, h: codec.Header) -> None:
+        _patch(p, c + offset, bytes([value]))
+    return m
+
+
 def _magic(p: Path, w: int, c: int, h: codec.Header) -> None:
     _patch(p, c, b"XXXX")
 
@@ -123,6 +146,19 @@ CASES: dict[str, tuple[str, Mutation, str]] = {
     "fp16-scale-inf": (G_T, _g128_scale(0x7C00), "invalid fp16 scale"),
     "magic": (PT_T, _magic, "bad companion magic"),
     "n-sign-bits": (PT_T, _n_sign, "canonical"),      # the pool's size no longer matches the header
+    # version 2
+    "v2-row-delta": (ROW_T, _row_delta, "row index"),
+    "v2-bitmap-row0": (B128_T, _bitmap_first_row, "row index"),
+    "v2-bitmap-popcount": (MAT_T, _bitmap_last_row, "non-zero weights"),
+    "v2-pool-tail": (B256_T, _pool_tail, "sign pool bits beyond n_sign_bits"),
+    "v2-matrix-scale-nan": (MAT_T, _companion_f32(0, float("nan")), "invalid scale"),
+    "v2-row-scale-negative": (ROW_T, _companion_f32(5, -0.5), "of row 5"),
+    "v2-row-scale-minus-zero": (ROW_T, _companion_f32(127, -0.0), "of row 127"),
+    "v2-b128-scale-inf": (B128_T, _companion_f16(3, 0x7C00), "in block 0 of row 3"),   # K = 128: 1 per row
+    "v2-b256-scale-neg": (B256_T, _companion_f16(1, 0xB800), "in block 0 of row 1"),
+    "v2-version-1": (ROW_T, _header_byte(4, 1), "version"),          # a version-2 variant with version 1
+    "v2-variant-g128": (B128_T, _header_byte(6, 0), "variant"),      # a version-1 variant on type 162
+    "v2-variant-pt": (MAT_T, _header_byte(6, 1), "variant"),
 }
 ZERO_DIM = "zero-dim"          # a BITCOS weight of ggml shape (128, 0)
 

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from ggml_bitcos import llama_run, llama_tools
-from ggml_bitcos.format import TYPE_ID_BITMAP
+from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, TYPE_ID_BITMAP
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 N_TOKENS = 32
@@ -186,10 +186,13 @@ def test_offloaded_bitcos_close_to_cpu(vk_models, tmp_path: Path, name: str) -> 
     seed-11 models, both TQ2_0 and BITCOS prompt logits differ from the CPU's by 1.35-1.55e-2 of the largest
     logit, measured 2026-11-30; the seed-7 models of test_e2e give 1.7-3.1e-2 and a token flip at step 4
     for TQ2_0 too), so: the first 4 tokens identical, the prompt's logits within 2e-2 of the largest.
-    dense-matrix-k288: every BITCOS matmul of the version-2 model on the device, none left to the CPU."""
+    Every BITCOS weight is in the device's buffer (a backend refusing its type would leave it on the CPU)."""
     _, out = vk_models[name]
     t_gpu, l_gpu, log = _generate(out, tmp_path / "gpu.npz", ngl=-1, n_tokens=4)
     assert "offloaded 3/3 layers" in log, log[-3000:]
+    cpu = sum(float(m) for m in re.findall(r"CPU_Mapped model buffer size =\s*([0-9.]+) MiB", log))
+    embd, bitcos = _file_mib(out, "token_embd.weight"), _bitcos_mib(out)
+    assert cpu <= embd + bitcos / 2, (cpu, embd, bitcos)     # the CPU keeps the embeddings, no BITCOS weight
     t_cpu, l_cpu, _ = _generate(out, tmp_path / "cpu.npz", ngl=0, n_tokens=4)
     assert t_gpu.tolist() == t_cpu.tolist()
     assert float(np.abs(l_gpu[0] - l_cpu[0]).max()) <= 2e-2 * float(np.abs(l_cpu[0]).max())
@@ -204,6 +207,20 @@ def test_partial_offload_and_no_mmap(vk_models, tmp_path: Path, name: str) -> No
     t_out, _, log = _generate(out, tmp_path / "b.npz", ngl=1, n_tokens=16, mmap=False)
     assert "offloaded 1/3 layers" in log, log[-3000:]
     assert t_src.tolist() == t_out.tolist()
+
+
+def _bitcos_mib(model: Path) -> float:
+    """MiB of the model's BITCOS weights and their companions in the file (all in layers)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(model).tensors
+               if int(t.tensor_type) in BITCOS_TYPE_IDS or t.name.endswith(COMPANION_SUFFIX)) / 2**20
+
+
+def _file_mib(model: Path, name: str) -> float:
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(model).tensors if t.name == name) / 2**20
 
 
 def _device_model_bytes(log: str) -> float:

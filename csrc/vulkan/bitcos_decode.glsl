@@ -25,7 +25,8 @@ uint row_u16(const uint k) {
 
 // Bitmap word w (0..3) of 128-weight unit u of the row whose first u16 is data_a[row_blk], 0 past the row's
 // n_words 32-weight words: a version-2 row (any K % 32) may end in a partial unit, whose missing words
-// belong to the next row.
+// belong to the next row (or, for the tensor's last row, lie past it). Their weights would meet only the
+// activations past K, which the shaders read as 0, but their bits must not be read at all.
 uint unit_word(const uint row_blk, const uint u, const uint w, const uint n_words) {
     return 4*u + w < n_words ? bitmap_word(row_blk + u*BITCOS_BLOCK_U16, w) : 0u;
 }

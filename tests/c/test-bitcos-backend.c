@@ -66,9 +66,10 @@ static void weight_make(weight * w, int variant, int64_t k, int64_t n, int64_t m
                 any |= w->codes[r*k + j] != 0;
             }
             const float d = per_row ? w->fscale[r] : per_mat ? w->fscale[r / n] : (float)(0.005 + 0.1 * rng_unit());
-            // a row / matrix scale is the scale of the empty blocks too (the CPU's TQ2_0-exact arithmetic
-            // rounds an all-zero block's lane products with it); a block scale of an empty block is 0
-            w->d16[r*nb256 + b] = any || per_row || per_mat ? ggml_fp32_to_fp16(d) : 0;
+            // an empty 256-block gets d = 0 in TQ2_0 (its quantizer's choice), whatever BITCOS's scale: both then
+            // give exactly 0 on a GPU (the CPU, whose TQ2_0-exact arithmetic rounds the lane products of an
+            // all-zero block with the scale, would differ there from BITCOS's row / matrix scale)
+            w->d16[r*nb256 + b] = any ? ggml_fp32_to_fp16(d) : 0;
         }
     }
 }

@@ -101,9 +101,11 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows) {
             // signs before superblock i, and the step's total for the next step
             uint before = sign0[n];
             uint step_total = 0;
+            uint own = 0;                       // non-zero weights of superblock i
             for (uint s = i0; s < i0 + it_size && s < nsb; ++s) {
                 const uint c = superblock_popcount(row_blk, s, n_words);
                 before += s < i ? c : 0;
+                own = s == i ? c : own;
                 step_total += c;
             }
             sign0[n] += step_total;
@@ -134,16 +136,15 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows) {
                 count += bitCount(word);
             }
 
-            // The scale as stored, also where the superblock holds no non-zero weight: there every q = 1 and the
-            // fma chains leave a rounding residual (sumq - sumb != 0), which TQ2_0 holding the same codes and
-            // scales multiplies by its d as well (a row / matrix scale is every block's d; an empty block's
-            // fp16 scale is whatever the file stores, TQ2_0's quantizer writes 0), as the CPU kernels do.
+            // An empty superblock contributes exactly 0, as in TQ2_0, whose quantizer stores d = 0 there, and as
+            // on the CPU (whose integer lanes are exactly 0 there): with the stored scale (a row / matrix scale is
+            // never 0) the fma chains' rounding residual (sumq - sumb != 0 when every q = 1) would leak in.
 #if defined(BITCOS_G128)
-            const FLOAT_TYPE d = FLOAT_TYPE(unpackHalf2x16(uint(data_a[row_blk + u*BITCOS_BLOCK_U16 + BITCOS_SCALE_U16])).x);
+            const FLOAT_TYPE d = own == 0 ? FLOAT_TYPE(0) : FLOAT_TYPE(unpackHalf2x16(uint(data_a[row_blk + u*BITCOS_BLOCK_U16 + BITCOS_SCALE_U16])).x);
 #elif defined(BITCOS_PT)
-            const FLOAT_TYPE d = FLOAT_TYPE(uintBitsToFloat(data_c[(scales >> 2) + (row0 + n) / rows_per_mat]));
+            const FLOAT_TYPE d = own == 0 ? FLOAT_TYPE(0) : FLOAT_TYPE(uintBitsToFloat(data_c[(scales >> 2) + (row0 + n) / rows_per_mat]));
 #else
-            const FLOAT_TYPE d = FLOAT_TYPE(v2_block_scaled(variant)
+            const FLOAT_TYPE d = own == 0 ? FLOAT_TYPE(0) : FLOAT_TYPE(v2_block_scaled(variant)
                 ? v2_unit_scale(variant, scales, K, row0 + n, u) : v2_row_scale(variant, scales, rows_per_mat, row0 + n));
 #endif
             const uint y_idx = i * 256 + y_offset;

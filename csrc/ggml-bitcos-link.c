@@ -95,11 +95,11 @@ bool ggml_bitcos_gpu_supports_op(const struct ggml_tensor * op) {
     }
     const struct ggml_tensor * src0 = op->src[0];
     const struct ggml_tensor * src1 = op->src[1];
-    // GGML_TYPE_BITCOS (format version 2) is not run by the GPU backends yet: their kernels read version-1
-    // blocks and the PT scale only; it stays with the CPU backend
-    if (src0 == NULL || src1 == NULL || !ggml_bitcos_is_type(src0->type) || src0->type == GGML_TYPE_BITCOS ||
-        ggml_bitcos_companion(src0) == NULL || !ggml_is_contiguous(src0) ||
-        src0->ne[0] % bitcos_variant_k_multiple(ggml_bitcos_variant(src0->type)) != 0) {
+    // every BITCOS type: version 1 (whole 128-weight blocks) and version 2 (GGML_TYPE_BITCOS, rows of whole
+    // 32-weight blocks; the GPU kernels read the variant and its scales from the companion header and stop a
+    // row's partial last 128-weight unit at K)
+    if (src0 == NULL || src1 == NULL || !ggml_bitcos_is_type(src0->type) || ggml_bitcos_companion(src0) == NULL ||
+        !ggml_is_contiguous(src0) || src0->ne[0] % ggml_blck_size(src0->type) != 0) {
         return false;
     }
     if (src0->view_src != NULL) {

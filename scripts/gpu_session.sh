@@ -60,7 +60,7 @@ run)
     tail -3 "$OUT/test-bitcos-backend.txt"
     python3 -m ggml_bitcos bench gpu --device Vulkan0 --workdir /tmp/bitcos-gpu --json "$OUT/bench-gpu.json" \
         | tee "$OUT/bench-gpu.md"
-    # (3) the CUDA kernel against the numpy reference on the H200 (both variants, the SYCL test's cases)
+    # (3) the CUDA kernel against the numpy reference on the H200 (every variant, v1 and v2: the SYCL test's cases)
     BITCOS_CUDA_TEST_EXE=$PWD/.gpu/test-bitcos-cuda python3 -m pytest -q tests/test_cuda.py -k matches \
         2>&1 | tee "$OUT/test-cuda.txt" | tail -3
     export BITCOS_KERNELS_LIB=$PWD/.gpu/kernels/libbitcos_kernels.so BITCOS_KERNELS_NOFMA_LIB=$PWD/.gpu/kernels/libbitcos_kernels_nofma.so

@@ -90,11 +90,11 @@ def nvcc_or_prebuilt() -> str | None:
     return exe
 
 
-@pytest.mark.parametrize("variant", [Variant.G128, Variant.PT], ids=["g128", "pt"])
+@pytest.mark.parametrize("variant", list(Variant), ids=[v.name.lower() for v in Variant])
 def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
-    """On a CUDA device: mat-vec of both variants, z 0 / 0.4 / 1, K 128 … 4224, odd row counts, 1-17 columns,
-    runs starting mid-tensor and a 3-D PT tensor, within fp32 accumulation error of the float64 product
-    (the same cases as the SYCL test, from the reference codec)."""
+    """On a CUDA device: mat-vec of every variant of both format versions, the SYCL test's cases (z 0 / 0.4 /
+    1, odd shapes, MATRIX / ROW rows ending in a partial 128-weight unit, 1-17 columns, runs starting
+    mid-tensor, 3-D tensors with per-matrix scales), within fp32 accumulation error of the float64 product."""
     if not cuda_device_present():
         pytest.skip("no CUDA device (runs on a lent GPU machine: scripts/gpu_session.sh)")
     import test_sycl as ref
@@ -104,18 +104,7 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
     if not prebuilt:
         compile_cuda(nvcc_or_prebuilt, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", exe, "native",
                      [ROOT / "csrc", ROOT / "csrc" / "cuda"], link=True)
-    rng = np.random.default_rng(31 + int(variant))
-    cases = []
-    for z in (0.0, 0.4, 1.0):
-        for rows, k, n_x, row0, n_rows in ((1, 128, 1, 0, 1), (37, 384, 3, 0, 37), (19, 4224, 1, 5, 13),
-                                           (64, 2048, 17, 0, 64)):
-            c = ref.make_case(rng, variant, rows, k, z, n_x)
-            c.update(row0=row0, n_rows=n_rows, wg=0)
-            cases.append(c)
-    if variant == Variant.PT:
-        c = ref.make_case(rng, variant, 24, 640, 0.4, 2, n_mats=3)
-        c.update(row0=0, n_rows=24, wg=0)
-        cases.append(c)
+    cases = ref.variant_cases(np.random.default_rng(31 + int(variant)), variant)
     inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
     ref.write_cases(inp, cases)
     r = subprocess.run([str(exe), str(inp), str(out)], capture_output=True, text=True, timeout=600)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from ggml_bitcos import codec
-from ggml_bitcos.format import QK, Variant
+from ggml_bitcos.format import Variant
 from ggml_bitcos.ternary import random_codes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,19 +65,58 @@ def make_case(rng: np.random.Generator, variant: Variant, rows: int, k: int, z: 
     """A random ternary tensor encoded by the reference codec, its activations and its exact fp32 values
     (computed here from the codes and scales, not by the codec's decoder)."""
     codes = random_codes(rng, (rows, k), z)
-    if variant == Variant.G128:
-        # fp16 scales with varied exponents; about half of the 256-blocks get two different halves
-        scales = (rng.uniform(0.01, 2.0, (rows, k // QK)) * 2.0 ** rng.integers(-6, 4, (rows, k // QK)))
+    if variant.scale_block:
+        # G128 / B128 / B256: fp16 scales with varied exponents; G128 and B128 get about half of their
+        # 256-blocks with two different halves
+        nb = k // variant.scale_block
+        scales = rng.uniform(0.01, 2.0, (rows, nb)) * 2.0 ** rng.integers(-6, 4, (rows, nb))
         scales = scales.astype(np.float16)
         enc = codec.encode(codes, variant, block_scales=scales)
-        values = codes.astype(np.float32).reshape(rows, k // QK, QK) * scales.astype(np.float32)[:, :, None]
+        per_weight = np.repeat(scales.astype(np.float32), variant.scale_block, axis=1)
+    elif variant is Variant.ROW:
+        scales = (rng.uniform(0.001, 3.0, rows) * 2.0 ** rng.integers(-4, 4, rows)).astype(np.float32)
+        enc = codec.encode(codes, variant, row_scales=scales, n_mats=n_mats)
+        per_weight = scales[:, None]
     else:
         mats = rng.uniform(0.001, 3.0, n_mats).astype(np.float32)
         enc = codec.encode(codes, variant, matrix_scales=mats, n_mats=n_mats)
-        values = codes.astype(np.float32) * np.repeat(mats, rows // n_mats)[:, None]
+        per_weight = np.repeat(mats, rows // n_mats)[:, None]
+    values = codes.astype(np.float32) * per_weight           # one fp32 multiplication per weight (§5)
     x = rng.standard_normal((n_x, k)).astype(np.float32)
     return {"blocks": enc.blocks, "companion": enc.companion, "values": values.reshape(rows, k), "x": x,
             "codes": codes}
+
+
+# (rows, K, activation columns, first row, rows run, work-group) per variant: odd row counts, work-groups
+# smaller and larger than the row count, 1, 3 and 17 columns (one decode serves up to 8), runs starting
+# mid-tensor. Version 1 and B128 rows are multiples of 128, B256 of 256; MATRIX / ROW take any multiple of 32,
+# so their K include rows ending in a partial 128-weight unit (32, 96, 160, 576, 4256).
+SHAPES_128 = ((1, 128, 1, 0, 1, 16), (37, 384, 3, 0, 37, 16), (19, 4224, 1, 5, 13, 64), (64, 2048, 17, 0, 64, 32))
+SHAPES = {
+    Variant.G128: SHAPES_128, Variant.PT: SHAPES_128, Variant.B128: SHAPES_128 + ((9, 640, 2, 0, 9, 16),),
+    Variant.B256: ((1, 256, 1, 0, 1, 16), (37, 768, 3, 0, 37, 16), (19, 4352, 1, 5, 13, 64),
+                   (64, 1536, 17, 0, 64, 32)),
+}
+SHAPES[Variant.MATRIX] = SHAPES[Variant.ROW] = (
+    (1, 32, 1, 0, 1, 16), (37, 96, 3, 0, 37, 16), (19, 576, 1, 5, 13, 64), (23, 160, 17, 0, 23, 32),
+    (64, 2048, 9, 0, 64, 32), (5, 4256, 2, 1, 4, 16))
+VARIANT_IDS = [v.name.lower() for v in Variant]
+
+
+def variant_cases(rng: np.random.Generator, variant: Variant) -> list[dict]:
+    """A variant's test cases (zero densities 0 / 0.4 / 1 for every shape of SHAPES), plus for per-matrix and
+    per-row scales a 3-D tensor whose matrices / rows have their own scales (the rows MUL_MAT_ID reads)."""
+    cases = []
+    for z in (0.0, 0.4, 1.0):
+        for rows, k, n_x, row0, n_rows, wg in SHAPES[variant]:
+            c = make_case(rng, variant, rows, k, z, n_x)
+            c.update(row0=row0, n_rows=n_rows, wg=wg)
+            cases.append(c)
+    if not variant.scale_block:
+        c = make_case(rng, variant, 24, 640 if variant.version == 1 else 608, 0.4, 2, n_mats=3)
+        c.update(row0=0, n_rows=24, wg=16)
+        cases.append(c)
+    return cases
 
 
 def write_cases(path: Path, cases: list[dict]) -> None:
@@ -129,37 +168,28 @@ def check(case: dict, mv: np.ndarray, dq: np.ndarray) -> None:
         np.max(np.abs(mv - ref) / (mag + 1e-30))
 
 
-@pytest.mark.parametrize("variant", [Variant.G128, Variant.PT], ids=["g128", "pt"])
+@pytest.mark.parametrize("variant", list(Variant), ids=VARIANT_IDS)
 def test_sycl_kernels_match_the_reference(sycl_host, tmp_path, variant):
-    """Both variants, zero densities 0 / 0.4 / 1, K = 128 … 4224, odd row counts, work-groups smaller and
-    larger than the row count, 1, 3 and 17 activation columns (one decode serves up to 8), a run of rows
-    starting mid-tensor (row0 > 0),
-    and a 3-D PT tensor whose matrices have their own scales (the rows MUL_MAT_ID reads)."""
+    """Every variant of both format versions (variant_cases: zero densities 0 / 0.4 / 1, odd shapes, partial
+    last 128-weight units for MATRIX / ROW, 3-D tensors with per-matrix scales), mat-vec and dequantization."""
     rng = np.random.default_rng(21 + int(variant))
-    cases = []
-    for z in (0.0, 0.4, 1.0):
-        for rows, k, n_x, row0, n_rows, wg in ((1, 128, 1, 0, 1, 16), (37, 384, 3, 0, 37, 16),
-                                                (19, 4224, 1, 5, 13, 64), (64, 2048, 17, 0, 64, 32)):
-            c = make_case(rng, variant, rows, k, z, n_x)
-            c.update(row0=row0, n_rows=n_rows, wg=wg)
-            cases.append(c)
-    if variant == Variant.PT:
-        c = make_case(rng, variant, 24, 640, 0.4, 2, n_mats=3)
-        c.update(row0=0, n_rows=24, wg=16)
-        cases.append(c)
+    cases = variant_cases(rng, variant)
     for case, (mv, dq) in zip(cases, run_cases(sycl_host, tmp_path, cases)):
         check(case, mv, dq)
 
 
-def test_sycl_kernels_see_a_single_sign(sycl_host, tmp_path):
+@pytest.mark.parametrize("variant, k, nth", [(Variant.PT, 512, 7), (Variant.MATRIX, 96, -1)], ids=["pt", "matrix-k96"])
+def test_sycl_kernels_see_a_single_sign(sycl_host, tmp_path, variant, k, nth):
     """Flipping the stored sign of one present weight (in the companion's pool) changes exactly that row's
-    mat-vec result and exactly that weight's dequantized value: the kernels read the sign stream."""
+    mat-vec result and exactly that weight's dequantized value: the kernels read the sign stream (K = 96: the
+    last present weight of a row that ends in a partial unit, whose sign the next row's stream follows)."""
     rng = np.random.default_rng(5)
-    case = make_case(rng, Variant.PT, 9, 512, 0.4, 1)
+    case = make_case(rng, variant, 9, k, 0.4, 1)
     case.update(row0=0, n_rows=9, wg=16)
     hdr = codec.parse_header(case["companion"].view(np.uint8))
-    row, col = 4, int(np.flatnonzero(case["codes"][4])[7])            # the 8th present weight of row 4
-    pos = int(codec.sign_positions(case["companion"].view(np.uint8), hdr)[row]) + 7
+    present = np.flatnonzero(case["codes"][4])
+    row, col = 4, int(present[nth])                                   # a present weight of row 4
+    pos = int(codec.sign_positions(case["companion"].view(np.uint8), hdr)[row]) + (nth % len(present))
     flipped = dict(case, companion=case["companion"].copy())
     flipped["companion"].view(np.uint8)[hdr.pool_offset + pos // 8] ^= np.uint8(1 << (pos % 8))
     (mv0, dq0), (mv1, dq1) = run_cases(sycl_host, tmp_path, [case, flipped])

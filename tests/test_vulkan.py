@@ -6,9 +6,11 @@ is a failure. The device is chosen as llama.cpp documents it: GGML_VK_VISIBLE_DE
 lavapipe is a CPU-type device, which ggml-vulkan only uses when named).
 
 - op level: llama_cpp/bin/test-bitcos-backend (tests/c/test-bitcos-backend.c): BITCOS MUL_MAT / MUL_MAT_ID on
-  the device against the CPU backend (NMSE <= 5e-4) and bit for bit against TQ2_0 on the same device;
-- end to end: tiny dense and MoE models, TQ2_0 source vs its BITCOS conversion, both offloaded: identical
-  greedy tokens and logits; BITCOS offloaded vs BITCOS on the CPU: same first tokens, logits close;
+  the device against the CPU backend (NMSE <= 5e-4) and bit for bit against TQ2_0 on the same device, every
+  variant of format versions 1 and 2;
+- end to end: tiny dense and MoE models, TQ2_0 source vs its BITCOS conversion (version 1: G128, PT; version
+  2: B256, MATRIX), both offloaded: identical greedy tokens and logits; BITCOS offloaded vs BITCOS on the CPU:
+  same first tokens, logits close (also a version-2 MATRIX model whose rows end in partial 128-weight units);
   partial offload and --no-mmap; the device memory of the weights, BITCOS vs TQ2_0.
 """
 
@@ -26,6 +28,7 @@ import numpy as np
 import pytest
 
 from ggml_bitcos import llama_run, llama_tools
+from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, TYPE_ID_BITMAP
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 N_TOKENS = 32
@@ -61,10 +64,12 @@ def vulkan_build(patched_llama) -> Path:
 
 def test_op_level_against_cpu_and_tq2_0(vulkan_build: Path) -> None:
     r = subprocess.run([str(vulkan_build / "test-bitcos-backend"), "Vulkan0"], env=_vulkan_env(),
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     m = re.search(r"(\d+) checks, 0 failures", r.stdout)
     assert m and int(m.group(1)) > 200, r.stdout[-2000:]
+    # the device runs every variant, version 2's too: none skipped for want of support
+    assert "skipped" not in r.stdout, r.stdout[-3000:]
 
 
 _GENERATE = textwrap.dedent("""
@@ -91,26 +96,64 @@ def _generate(model: Path, out: Path, ngl: int, n_tokens: int = N_TOKENS, mmap: 
     return z["tokens"], z["logits"], r.stderr
 
 
+# name: (make-model options, convert options). Version 1 (`--format-version 1`): G128, PT; version 2 (the
+# default): a TQ2_0 source with block scales converts to B256 (its one fp16 scale per 256 weights), one with a
+# scale per matrix to MATRIX. "dense-matrix-k288": F16 source rows of 288 and 608 weights (attention and FFN
+# inputs), so every version-2 weight ends in a partial 128-weight unit (32 and 96 weights); no TQ2_0 twin.
+VK_MODELS = {
+    "dense-g128": (["--type", "tq2_0", "--scale", "g128"], ["--format-version", "1", "--scale", "128"]),
+    "dense-pt": (["--type", "tq2_0", "--scale", "tensor"], ["--format-version", "1", "--scale", "tensor"]),
+    "moe-g128": (["--type", "tq2_0", "--scale", "g128", "--moe", "4"], ["--format-version", "1", "--scale", "128"]),
+    "dense-b256": (["--type", "tq2_0", "--scale", "g128"], ["--scale", "256"]),
+    "dense-matrix": (["--type", "tq2_0", "--scale", "tensor"], ["--scale", "tensor"]),
+    "moe-b256": (["--type", "tq2_0", "--scale", "g128", "--moe", "4"], ["--scale", "256"]),
+    "dense-matrix-k288": (["--type", "f16", "--scale", "tensor", "--n-embd", "288", "--n-ff", "608"],
+                          ["--scale", "tensor"]),
+}
+
+
 @pytest.fixture(scope="session")
 def vk_models(tmp_path_factory, vulkan_build) -> dict[str, tuple[Path, Path]]:
-    """(TQ2_0 source, BITCOS conversion): tiny llama, z = 0.42, G128 and PT; and an MoE (G128)."""
+    """(source, BITCOS conversion) per VK_MODELS entry: tiny llama, z = 0.42, seed 11. Built on first use."""
     d = tmp_path_factory.mktemp("vk")
-    pairs = {}
-    for name, extra in {"dense-g128": ["--scale", "g128"], "dense-pt": ["--scale", "tensor"],
-                        "moe-g128": ["--scale", "g128", "--moe", "4"]}.items():
-        src, out = d / f"{name}-tq2_0.gguf", d / f"{name}-bitcos.gguf"
-        for args in (["make-model", "-o", str(src), "--preset", "tiny", "--zero-density", "0.42", "--type", "tq2_0",
-                      "--seed", "11", *extra], ["convert", str(src), "-o", str(out)]):
-            r = subprocess.run([sys.executable, "-m", "ggml_bitcos", *args], capture_output=True, text=True)
-            assert r.returncode == 0, r.stdout + r.stderr
-        pairs[name] = (src, out)
-    return pairs
+
+    class Lazy(dict):
+        def __missing__(self, name: str) -> tuple[Path, Path]:
+            make, conv = VK_MODELS[name]
+            src, out = d / f"{name}-src.gguf", d / f"{name}-bitcos.gguf"
+            for args in (["make-model", "-o", str(src), "--preset", "tiny", "--zero-density", "0.42", "--seed", "11",
+                          *make], ["convert", str(src), "-o", str(out), *conv]):
+                r = subprocess.run([sys.executable, "-m", "ggml_bitcos", *args], capture_output=True, text=True)
+                assert r.returncode == 0, r.stdout + r.stderr
+            self[name] = (src, out)
+            return self[name]
+
+    return Lazy()
 
 
-@pytest.mark.parametrize("name", ["dense-g128", "dense-pt", "moe-g128"])
+def _weight_types(model: Path) -> set[int]:
+    """ggml type ids of the model's 2-D / 3-D tensors."""
+    from gguf import GGUFReader
+
+    return {int(t.tensor_type) for t in GGUFReader(model).tensors if len(t.shape) >= 2}
+
+
+TQ2_0_PAIRS = ["dense-g128", "dense-pt", "moe-g128", "dense-b256", "dense-matrix", "moe-b256"]
+
+
+def test_v2_models_hold_version_2_weights(vk_models) -> None:
+    """The version-2 conversions really are version 2 (type BITCOS), the version-1 ones version 1."""
+    for name in ("dense-b256", "dense-matrix", "dense-matrix-k288"):
+        assert TYPE_ID_BITMAP in _weight_types(vk_models[name][1]), name
+    for name in ("dense-g128", "dense-pt"):
+        assert TYPE_ID_BITMAP not in _weight_types(vk_models[name][1]), name
+
+
+@pytest.mark.parametrize("name", TQ2_0_PAIRS)
 def test_offloaded_decode_identical_to_tq2_0(vk_models, tmp_path: Path, name: str) -> None:
     """With a one-token prompt every matmul is a mat-vec (MUL_MAT and MUL_MAT_ID with one column), where the
-    BITCOS shader mirrors TQ2_0's arithmetic: the same tokens and bit-identical logits on the device."""
+    BITCOS shader mirrors TQ2_0's arithmetic: the same tokens and bit-identical logits on the device (version
+    2 B256 and MATRIX as version 1 G128 and PT)."""
     src, out = vk_models[name]
     t_src, l_src, _ = _generate(src, tmp_path / "a.npz", ngl=-1, prompt="")
     t_out, l_out, log_out = _generate(out, tmp_path / "b.npz", ngl=-1, prompt="")
@@ -120,7 +163,7 @@ def test_offloaded_decode_identical_to_tq2_0(vk_models, tmp_path: Path, name: st
     assert len(set(t_src.tolist())) > 3      # not degenerate
 
 
-@pytest.mark.parametrize("name", ["dense-g128", "dense-pt", "moe-g128"])
+@pytest.mark.parametrize("name", TQ2_0_PAIRS)
 def test_offloaded_prompt_close_to_tq2_0(vk_models, tmp_path: Path, name: str) -> None:
     """A 16-token prompt takes TQ2_0 through ggml-vulkan's matrix-multiply path (fp16 tiles on lavapipe) but
     BITCOS through its tiled fp32 matmul (mul_mm_bitcos.comp), so the prompt's logits, and the KV cache,
@@ -137,27 +180,47 @@ def test_offloaded_prompt_close_to_tq2_0(vk_models, tmp_path: Path, name: str) -
     assert err_bitcos <= 1.1 * err_tq2 + 1e-3 * scale, (err_bitcos, err_tq2, scale)
 
 
-@pytest.mark.parametrize("name", ["dense-pt", "moe-g128"])
+@pytest.mark.parametrize("name", ["dense-pt", "moe-g128", "dense-matrix", "moe-b256", "dense-matrix-k288"])
 def test_offloaded_bitcos_close_to_cpu(vk_models, tmp_path: Path, name: str) -> None:
     """Offloaded vs on the CPU: every op of the graph rounds differently on the device (on lavapipe, for these
     seed-11 models, both TQ2_0 and BITCOS prompt logits differ from the CPU's by 1.35-1.55e-2 of the largest
     logit, measured 2026-11-30; the seed-7 models of test_e2e give 1.7-3.1e-2 and a token flip at step 4
-    for TQ2_0 too), so: the first 4 tokens identical, the prompt's logits within 2e-2 of the largest."""
+    for TQ2_0 too), so: the first 4 tokens identical, the prompt's logits within 2e-2 of the largest.
+    Every BITCOS weight is in the device's buffer (a backend refusing its type would leave it on the CPU)."""
     _, out = vk_models[name]
-    t_gpu, l_gpu, _ = _generate(out, tmp_path / "gpu.npz", ngl=-1, n_tokens=4)
+    t_gpu, l_gpu, log = _generate(out, tmp_path / "gpu.npz", ngl=-1, n_tokens=4)
+    assert "offloaded 3/3 layers" in log, log[-3000:]
+    cpu = sum(float(m) for m in re.findall(r"CPU_Mapped model buffer size =\s*([0-9.]+) MiB", log))
+    embd, bitcos = _file_mib(out, "token_embd.weight"), _bitcos_mib(out)
+    assert cpu <= embd + bitcos / 2, (cpu, embd, bitcos)     # the CPU keeps the embeddings, no BITCOS weight
     t_cpu, l_cpu, _ = _generate(out, tmp_path / "cpu.npz", ngl=0, n_tokens=4)
     assert t_gpu.tolist() == t_cpu.tolist()
     assert float(np.abs(l_gpu[0] - l_cpu[0]).max()) <= 2e-2 * float(np.abs(l_cpu[0]).max())
 
 
-def test_partial_offload_and_no_mmap(vk_models, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["moe-g128", "moe-b256"])
+def test_partial_offload_and_no_mmap(vk_models, tmp_path: Path, name: str) -> None:
     """One of two layers on the device (the other, with its BITCOS weights, on the CPU), and weights read
     into buffers instead of mmap: the same tokens as the TQ2_0 source offloaded the same way."""
-    src, out = vk_models["moe-g128"]
+    src, out = vk_models[name]
     t_src, _, _ = _generate(src, tmp_path / "a.npz", ngl=1, n_tokens=16, mmap=False)
     t_out, _, log = _generate(out, tmp_path / "b.npz", ngl=1, n_tokens=16, mmap=False)
     assert "offloaded 1/3 layers" in log, log[-3000:]
     assert t_src.tolist() == t_out.tolist()
+
+
+def _bitcos_mib(model: Path) -> float:
+    """MiB of the model's BITCOS weights and their companions in the file (all in layers)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(model).tensors
+               if int(t.tensor_type) in BITCOS_TYPE_IDS or t.name.endswith(COMPANION_SUFFIX)) / 2**20
+
+
+def _file_mib(model: Path, name: str) -> float:
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(model).tensors if t.name == name) / 2**20
 
 
 def _device_model_bytes(log: str) -> float:

@@ -3,8 +3,9 @@
 //
 // Design (why):
 //  * A warp per row, lanes per 32-bit bitmap word. The weight blocks are row-major, so the 32 lanes of a
-//    warp read 32 consecutive bitmap words of one row (128 B, coalesced for PT; G128's 18-byte blocks are
-//    read as 16-bit halves), i.e. 1024 weights per warp step.
+//    warp read 32 consecutive bitmap words of one row (128 B, coalesced for PT and version 2; G128's 18-byte
+//    blocks are read as 16-bit halves), i.e. 1024 weights per warp step. A version-2 row (any K % 32) is
+//    K/32 such words, so a partial last 128-weight unit needs no special case.
 //  * Sign offsets by a warp prefix sum. Each lane's first sign is the row cursor plus the exclusive
 //    prefix sum of the popcounts of the lanes before it (__shfl_up), so no lane walks another's bits; the
 //    cursor advances by the warp total (__shfl).
@@ -12,8 +13,8 @@
 //    nibble and the next 4 sign bits; a 256-entry table in shared memory returns the 4 codes as packed int8
 //    (one 32-bit load), and the lane's 32-bit sign window (a funnel shift of two pool words) shifts by the
 //    nibble's popcount. 8 lookups per 32 weights.
-//  * fp32 activations and accumulation, per 128-weight block scaled by G128's d, by the PT matrix scale at
-//    the end; a warp reduction (__shfl_xor) per row. Up to BITCOS_CUDA_MAX_COLS columns share one decode.
+//  * fp32 activations and accumulation, each 32-weight word's sum scaled by its fp16 scale (G128, B128, B256),
+//    the row's sum by its matrix's or row's scale (PT, MATRIX, ROW) at the end; a warp reduction (__shfl_xor) per row. Up to BITCOS_CUDA_MAX_COLS columns share one decode.
 // Instruction count, not bandwidth, limits such a decode on big GPUs (../shared BRIEF §5: ~2.7 instructions
 // per weight for a similar table decode vs ~1.4 affordable on an H200); this kernel is written for
 // correctness and coalescing first and is measured by scripts/gpu_session.sh where a GPU is lent.
@@ -65,13 +66,57 @@ __device__ __forceinline__ uint64_t bitcos_cuda_row_sign_pos(const uint8_t * com
     return base + delta;
 }
 
-// PT: the matrix scale of global row r; G128: 1 (its scales are per block).
-__device__ __forceinline__ float bitcos_cuda_row_scale(const uint8_t * comp, uint64_t r) {
-    if (comp[BITCOS_HDR_VARIANT] != BITCOS_VARIANT_PT) {
-        return 1.0f;
+// Where a weight's bitmap words and scales are, from its companion header (uniform: every thread reads the
+// same header; the host glue reads no device memory per op). Version 1: rows of 128-weight blocks (G128 18
+// bytes with d after the bitmap, PT 16), K % 128 == 0. Version 2 (type 162): a row is its K/8 bitmap bytes, any
+// K % 32 == 0, so a row is simply K/32 bitmap words (a partial last 128-weight unit has fewer of them); scales
+// in the companion per matrix (MATRIX, as PT), per row (ROW), or fp16 per 128 / 256 weights of a row (B128 /
+// B256).
+struct bitcos_cuda_layout {
+    int       variant;
+    uint64_t  k;               // weights per row
+    uint64_t  n_words;         // 32-weight bitmap words per row
+    uint64_t  row_bytes;
+    const uint8_t * scales;    // the companion's scales section (unused by G128)
+    uint64_t  rows_per_mat;    // PT / MATRIX
+    uint64_t  scales_per_row;  // B128 / B256
+    unsigned  word_shift;      // B128 / B256: word w of a row has scale w >> word_shift of the row
+};
+
+// bitcos-format.h's helpers are host-only C functions to nvcc; the two the layout needs, for device code (built
+// from the same constants: bitcos_block_bytes, bitcos_variant_scale_block).
+__device__ __forceinline__ uint64_t bitcos_cuda_block_bytes(int variant) {
+    return variant == BITCOS_VARIANT_G128 ? sizeof(block_bitcos_g128) : sizeof(block_bitcos_pt);
+}
+__device__ __forceinline__ uint64_t bitcos_cuda_scale_block(int variant) {
+    return (variant == BITCOS_VARIANT_G128 || variant == BITCOS_VARIANT_B128) ? QK_BITCOS
+         : variant == BITCOS_VARIANT_B256 ? 2 * QK_BITCOS : 0;
+}
+
+__device__ __forceinline__ bitcos_cuda_layout bitcos_cuda_read_layout(const uint8_t * comp) {
+    bitcos_cuda_layout l;
+    l.variant = comp[BITCOS_HDR_VARIANT];
+    l.k       = bitcos_cuda_u64(comp, BITCOS_HDR_N_COLS);
+    l.n_words = l.k / QK_BITCOS_BITMAP;
+    l.row_bytes = l.variant <= BITCOS_VARIANT_PT ? l.k / QK_BITCOS * bitcos_cuda_block_bytes(l.variant) : l.k / 8;
+    l.scales  = comp + bitcos_cuda_u64(comp, BITCOS_HDR_SCALES_OFFSET);
+    const uint64_t n_mats = bitcos_cuda_u64(comp, BITCOS_HDR_N_MATS);
+    l.rows_per_mat = bitcos_cuda_u64(comp, BITCOS_HDR_N_ROWS) / (n_mats ? n_mats : 1);
+    const uint64_t sb = bitcos_cuda_scale_block(l.variant);
+    l.scales_per_row = sb ? l.k / sb : 0;
+    l.word_shift = sb == 2 * QK_BITCOS ? 3u : 2u;      // words per scale: 4 (128 weights), 8 (256)
+    return l;
+}
+
+// The scale of a whole global row r: PT / MATRIX its matrix's, ROW its own; 1 for the block-scaled variants.
+__device__ __forceinline__ float bitcos_cuda_row_scale(const bitcos_cuda_layout & l, uint64_t r) {
+    const float * s = reinterpret_cast<const float *>(l.scales);
+    switch (l.variant) {
+        case BITCOS_VARIANT_PT:
+        case BITCOS_VARIANT_MATRIX: return s[r / l.rows_per_mat];
+        case BITCOS_VARIANT_ROW:    return s[r];
+        default:                    return 1.0f;
     }
-    const uint64_t per_mat = bitcos_cuda_u64(comp, BITCOS_HDR_N_ROWS) / bitcos_cuda_u64(comp, BITCOS_HDR_N_MATS);
-    return reinterpret_cast<const float *>(comp + bitcos_cuda_u64(comp, BITCOS_HDR_SCALES_OFFSET))[r / per_mat];
 }
 
 // 32 sign bits from pool bit pos (two aligned 32-bit pool words, funnel-shifted; the pool's zero tail, FORMAT.md
@@ -81,18 +126,28 @@ __device__ __forceinline__ uint32_t bitcos_cuda_sign_window(const uint32_t * poo
     return __funnelshift_r(lo, hi, (uint32_t) (pos & 31));
 }
 
-// Bitmap word q (0..3, weights 32q .. 32q+31) of 128-weight block b of a row, for either variant (G128 blocks
-// are 18 bytes, so 16-bit reads).
-__device__ __forceinline__ uint32_t bitcos_cuda_bitmap_word(const uint8_t * row, uint64_t b, int q, int g128) {
-    if (!g128) {
-        return reinterpret_cast<const uint32_t *>(row + b * sizeof(block_bitcos_pt))[q];
+// Bitmap word w (weights 32w .. 32w + 31) of a row: G128 blocks are 18 bytes, so 16-bit reads there; every
+// other layout is 16-byte units back to back, i.e. the row's words in order.
+__device__ __forceinline__ uint32_t bitcos_cuda_bitmap_word(const bitcos_cuda_layout & l, const uint8_t * row, uint64_t w) {
+    if (l.variant != BITCOS_VARIANT_G128) {
+        return reinterpret_cast<const uint32_t *>(row)[w];
     }
-    const uint16_t * h = reinterpret_cast<const uint16_t *>(row + b * sizeof(block_bitcos_g128) + 4 * q);
+    const uint16_t * h = reinterpret_cast<const uint16_t *>(row + (w / 4) * sizeof(block_bitcos_g128) + 4 * (w % 4));
     return (uint32_t) h[0] | (uint32_t) h[1] << 16;
 }
 
-__device__ __forceinline__ float bitcos_cuda_g128_scale(const uint8_t * row, uint64_t b) {
-    const uint16_t d = *reinterpret_cast<const uint16_t *>(row + b * sizeof(block_bitcos_g128) + offsetof(block_bitcos_g128, d));
+// The fp16 scale of the weights of bitmap word w of global row r for the block-scaled variants (G128 in the
+// block, B128 / B256 in the companion's f16[R][K / block]); 1 for the row-scaled ones (bitcos_cuda_row_scale).
+__device__ __forceinline__ float bitcos_cuda_word_scale(const bitcos_cuda_layout & l, const uint8_t * row, uint64_t r,
+                                                        uint64_t w) {
+    uint16_t d;
+    if (l.variant == BITCOS_VARIANT_G128) {
+        d = *reinterpret_cast<const uint16_t *>(row + (w / 4) * sizeof(block_bitcos_g128) + offsetof(block_bitcos_g128, d));
+    } else if (l.scales_per_row != 0) {
+        d = reinterpret_cast<const uint16_t *>(l.scales)[r * l.scales_per_row + (w >> l.word_shift)];
+    } else {
+        return 1.0f;
+    }
     return __half2float(__ushort_as_half(d));
 }
 
@@ -102,20 +157,17 @@ __device__ __forceinline__ void bitcos_cuda_row_dot(const uint8_t * blocks, cons
                                                     const float * x, uint64_t x_stride, int nc,
                                                     const uint32_t * lut, float * out) {
     const int      lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
-    const int      g128 = comp[BITCOS_HDR_VARIANT] == BITCOS_VARIANT_G128;
-    const uint64_t k    = bitcos_cuda_u64(comp, BITCOS_HDR_N_COLS);
-    const uint64_t nb   = k / QK_BITCOS;
-    const size_t   bb   = g128 ? sizeof(block_bitcos_g128) : sizeof(block_bitcos_pt);
-    const uint8_t  * row  = blocks + r * nb * bb;
+    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
+    const uint8_t  * row  = blocks + r * l.row_bytes;
     const uint32_t * pool = reinterpret_cast<const uint32_t *>(comp + bitcos_cuda_u64(comp, BITCOS_HDR_POOL_OFFSET));
     uint64_t cursor = bitcos_cuda_row_sign_pos(comp, r);
     float acc[BITCOS_CUDA_MAX_COLS];
     for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) acc[c] = 0.0f;
-    const uint64_t n_words = k / 32;
+    const uint64_t n_words = l.n_words;
     for (uint64_t w0 = 0; w0 < n_words; w0 += BITCOS_CUDA_WARP) {
         const uint64_t w = w0 + lane;                 // this lane's 32-weight word of the row
         const bool active = w < n_words;
-        const uint32_t word = active ? bitcos_cuda_bitmap_word(row, w / 4, (int) (w % 4), g128) : 0u;
+        const uint32_t word = active ? bitcos_cuda_bitmap_word(l, row, w) : 0u;
         const int n = __popc(word);
         int before = n;                               // inclusive warp prefix sum of the popcounts
         for (int o = 1; o < BITCOS_CUDA_WARP; o <<= 1) {
@@ -140,12 +192,12 @@ __device__ __forceinline__ void bitcos_cuda_row_dot(const uint8_t * blocks, cons
                     }
                 }
             }
-            const float d = g128 ? bitcos_cuda_g128_scale(row, w / 4) : 1.0f;
+            const float d = bitcos_cuda_word_scale(l, row, r, w);
             for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) acc[c] += part[c] * d;
         }
         cursor += (uint64_t) total;
     }
-    const float scale = bitcos_cuda_row_scale(comp, r);
+    const float scale = bitcos_cuda_row_scale(l, r);
     for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) {
         float v = acc[c];
         for (int o = BITCOS_CUDA_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

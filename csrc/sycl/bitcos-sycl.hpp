@@ -17,8 +17,10 @@
 //  * Refill per 32 weights. A 32-weight bitmap word consumes at most 32 signs, so the 64-bit window is
 //    topped up with one aligned 32-bit pool word before each bitmap word whenever it holds fewer than 32
 //    valid bits; the pool's zero tail (FORMAT.md §4.4) makes the last refill safe.
-//  * Scales as stored. G128 multiplies each 128-weight block's sum by fp32(d); PT multiplies the row's sum
-//    by the matrix scale once. (The CPU kernels reproduce TQ2_0's integer lanes instead; SYCL has no TQ2_0
+//  * Scales as stored. The block-scaled variants (v1 G128, v2 B128 / B256) multiply each 128-weight unit's
+//    sum by fp32 of its fp16 scale; PT / MATRIX / ROW multiply the row's sum by the matrix's or row's scale
+//    once. Version-2 rows (any K % 32) are walked 32-bit bitmap word by word, so a partial last unit just has
+//    fewer words. (The CPU kernels reproduce TQ2_0's integer lanes instead; SYCL has no TQ2_0
 //    to agree with, so these kernels accumulate in fp32 and are compared against the exact reference
 //    within fp32 rounding.)
 #pragma once
@@ -78,14 +80,83 @@ inline uint64_t row_sign_pos(const uint8_t * comp, uint64_t r) {
            comp_u16(comp, comp_u64(comp, BITCOS_HDR_ROW_DELTA_OFFSET) + 2 * r);
 }
 
-// The scale of a whole row for PT (matrix r / n_rows_per_mat), 1 for G128 (whose scales are per block).
-inline float row_scale(const uint8_t * comp, uint64_t r) {
-    if (comp[BITCOS_HDR_VARIANT] != BITCOS_VARIANT_PT) {
-        return 1.0f;
+// Where a weight's bitmap words and scales are, from its companion header (every work-item of a kernel reads
+// the same header, so every branch on the variant is uniform; the host glue needs no per-op header read).
+// Version 1: rows of 128-weight blocks (G128 18 bytes with the fp16 d after the bitmap, PT 16 bytes), K % 128
+// == 0. Version 2 (type 162): a row is its K/8 bitmap bytes, K % 32 == 0, so the last 128-weight unit may be
+// partial (32, 64 or 96 weights: only its first (K % 128) / 8 bytes belong to the row); the scales are in the
+// companion per matrix (MATRIX, as PT), per row (ROW) or per 128 / 256 weights of a row (B128 / B256, fp16).
+struct weight_layout {
+    int             variant;
+    uint64_t        k;              // weights per row
+    uint64_t        n_words;        // 32-weight bitmap words per row (k / 32)
+    uint64_t        n_units;        // 128-weight units per row, the last maybe partial
+    size_t          unit_bytes;     // bytes from one unit's bitmap to the next
+    size_t          row_bytes;
+    const uint8_t * scales;         // the companion's scales section (unused by G128)
+    uint64_t        rows_per_mat;   // PT / MATRIX
+    uint64_t        scales_per_row; // B128 / B256: fp16 scales per row
+    unsigned        unit_shift;     // B128 / B256: the scale of unit u is scale u >> unit_shift of the row
+};
+
+inline weight_layout read_layout(const uint8_t * comp) {
+    weight_layout l;
+    l.variant    = comp[BITCOS_HDR_VARIANT];
+    l.k          = comp_u64(comp, BITCOS_HDR_N_COLS);
+    l.n_words    = l.k / QK_BITCOS_BITMAP;
+    l.n_units    = (l.k + QK_BITCOS - 1) / QK_BITCOS;
+    l.unit_bytes = bitcos_block_bytes(l.variant);
+    l.row_bytes  = l.variant <= BITCOS_VARIANT_PT ? (size_t)(l.k / QK_BITCOS) * l.unit_bytes : (size_t)(l.k / 8);
+    l.scales     = comp + comp_u64(comp, BITCOS_HDR_SCALES_OFFSET);
+    const uint64_t n_mats = comp_u64(comp, BITCOS_HDR_N_MATS);
+    l.rows_per_mat = comp_u64(comp, BITCOS_HDR_N_ROWS) / (n_mats ? n_mats : 1);
+    const int64_t sb = bitcos_variant_scale_block(l.variant);
+    l.scales_per_row = sb ? l.k / (uint64_t) sb : 0;
+    l.unit_shift     = sb > QK_BITCOS ? 1u : 0u;      // B256: two 128-weight units per scale
+    return l;
+}
+
+// Bitmap word q (weights 32q .. 32q + 31) of 128-weight unit u of a row (byte reads: v1 G128 units are 18
+// bytes, so words are only 2-byte aligned there).
+inline uint32_t bitmap_word(const weight_layout & l, const uint8_t * row, uint64_t u, int q) {
+    const uint8_t * p = row + u * l.unit_bytes + 4 * q;
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+// 32-bit bitmap words of unit u (4, fewer in a partial last unit).
+inline int unit_words(const weight_layout & l, uint64_t u) {
+    const uint64_t left = l.n_words - 4 * u;
+    return left < 4 ? (int) left : 4;
+}
+
+inline float half_bits_to_float(uint16_t h) {
+    return (float)sycl::bit_cast<sycl::half>(h);
+}
+
+// true for the variants with an fp16 scale per 128 / 256 weights (G128, B128, B256), whose sums are scaled per
+// unit; the others (PT, MATRIX, ROW) scale a whole row once (row_scale).
+inline bool block_scaled(const weight_layout & l) {
+    return bitcos_variant_scale_block(l.variant) != 0;
+}
+
+// The fp16 scale of unit u of global row r (block-scaled variants only): G128 in the block, B128 / B256 in the
+// companion's f16[R][K / block] section.
+inline float unit_scale(const weight_layout & l, const uint8_t * row, uint64_t r, uint64_t u) {
+    const uint8_t * p = l.variant == BITCOS_VARIANT_G128
+        ? row + u * l.unit_bytes + offsetof(block_bitcos_g128, d)
+        : l.scales + 2 * (r * l.scales_per_row + (u >> l.unit_shift));
+    return half_bits_to_float((uint16_t)(p[0] | p[1] << 8));
+}
+
+// The scale of a whole global row r: PT / MATRIX its matrix's, ROW its own; 1 for the block-scaled variants.
+inline float row_scale(const weight_layout & l, uint64_t r) {
+    const float * s = reinterpret_cast<const float *>(l.scales);
+    switch (l.variant) {
+        case BITCOS_VARIANT_PT:
+        case BITCOS_VARIANT_MATRIX: return s[r / l.rows_per_mat];
+        case BITCOS_VARIANT_ROW:    return s[r];
+        default:                    return 1.0f;
     }
-    const uint64_t per_mat = comp_u64(comp, BITCOS_HDR_N_ROWS) / comp_u64(comp, BITCOS_HDR_N_MATS);
-    const float * scales = reinterpret_cast<const float *>(comp + comp_u64(comp, BITCOS_HDR_SCALES_OFFSET));
-    return scales[r / per_mat];
 }
 
 // A row's compacted sign stream as a 64-bit window with `n` valid bits, refilled from 32-bit pool words.
@@ -125,41 +196,28 @@ inline void decode_word32(uint32_t word, sign_window & w, const uint16_t * lut, 
     }
 }
 
-inline float half_bits_to_float(uint16_t h) {
-    return (float)sycl::bit_cast<sycl::half>(h);
-}
-
-// Bytes of one 128-weight block of a row of the given variant, and of its bitmap.
-inline size_t block_bytes(int variant) {
-    return variant == BITCOS_VARIANT_G128 ? sizeof(block_bitcos_g128) : sizeof(block_bitcos_pt);
-}
-
 // Columns one decode of a row serves (the batched path: a decoded 4-weight group meets up to this many
 // activation columns before the next group is decoded).
 constexpr int MAX_COLS = 8;
 
 // out[c] = sum_k W[r][k] * x[c * x_stride + k] for c < nc (1 <= nc <= MAX_COLS), global row r of a BITCOS
-// tensor (blocks: the weight data, comp: its companion), k = n_cols weights (a multiple of 128), x: fp32
-// activations. fp32 accumulation: per 128-weight block a partial sum per column, scaled by the block's fp16
-// d (G128), then by the matrix scale (PT). The row is decoded once for all nc columns.
+// tensor (blocks: the weight data, comp: its companion), k = n_cols weights, x: fp32 activations. fp32
+// accumulation: per 128-weight unit a partial sum per column, scaled by the unit's fp16 scale (G128, B128,
+// B256), then by the row's scale (PT, MATRIX, ROW). The row is decoded once for all nc columns.
 inline void rows_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, const float * x, uint64_t x_stride,
                      int nc, const uint16_t * lut, float * out) {
-    const int      variant = comp[BITCOS_HDR_VARIANT];
-    const uint64_t k       = comp_u64(comp, BITCOS_HDR_N_COLS);
-    const size_t   bb      = block_bytes(variant);
-    const uint64_t nb      = k / QK_BITCOS;
-    const uint8_t * row = blocks + r * nb * bb;
+    const weight_layout l = read_layout(comp);
+    const bool per_unit = block_scaled(l);
+    const uint8_t * row = blocks + r * l.row_bytes;
     sign_window w;
     w.start(comp, row_sign_pos(comp, r));
     float acc[MAX_COLS] = {};
-    for (uint64_t b = 0; b < nb; ++b) {
-        const uint8_t * blk = row + b * bb;
+    for (uint64_t u = 0; u < l.n_units; ++u) {
         float s[MAX_COLS] = {};
-        for (int q = 0; q < QK_BITCOS / 32; ++q) {
-            const uint32_t word = (uint32_t)blk[4*q] | (uint32_t)blk[4*q + 1] << 8 |
-                                  (uint32_t)blk[4*q + 2] << 16 | (uint32_t)blk[4*q + 3] << 24;
-            const uint64_t k0 = b * QK_BITCOS + 32 * q;
-            decode_word32(word, w, lut, [&](int j, const uint16_t * code) {
+        const int nq = unit_words(l, u);
+        for (int q = 0; q < nq; ++q) {
+            const uint64_t k0 = u * QK_BITCOS + 32 * q;
+            decode_word32(bitmap_word(l, row, u, q), w, lut, [&](int j, const uint16_t * code) {
                 const float c0 = half_bits_to_float(code[0]), c1 = half_bits_to_float(code[1]);
                 const float c2 = half_bits_to_float(code[2]), c3 = half_bits_to_float(code[3]);
                 for (int c = 0; c < MAX_COLS; ++c) {
@@ -170,16 +228,12 @@ inline void rows_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, c
                 }
             });
         }
-        float d = 1.0f;
-        if (variant == BITCOS_VARIANT_G128) {
-            d = half_bits_to_float((uint16_t)(blk[offsetof(block_bitcos_g128, d)] |
-                                              blk[offsetof(block_bitcos_g128, d) + 1] << 8));
-        }
+        const float d = per_unit ? unit_scale(l, row, r, u) : 1.0f;
         for (int c = 0; c < MAX_COLS; ++c) {
-            acc[c] += variant == BITCOS_VARIANT_G128 ? s[c] * d : s[c];
+            acc[c] += per_unit ? s[c] * d : s[c];
         }
     }
-    const float scale = row_scale(comp, r);
+    const float scale = row_scale(l, r);
     for (int c = 0; c < MAX_COLS; ++c) {
         if (c < nc) {
             out[c] = acc[c] * scale;
@@ -199,26 +253,18 @@ inline float row_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, c
 // FORMAT.md §5 defines it (the batched path: dequantized tiles feed the backend's matrix multiply).
 inline void dequantize_row(const uint8_t * blocks, const uint8_t * comp, uint64_t r, float * y,
                            const uint16_t * lut) {
-    const int      variant = comp[BITCOS_HDR_VARIANT];
-    const uint64_t k       = comp_u64(comp, BITCOS_HDR_N_COLS);
-    const size_t   bb      = block_bytes(variant);
-    const uint64_t nb      = k / QK_BITCOS;
-    const uint8_t * row = blocks + r * nb * bb;
-    const float pt = row_scale(comp, r);
+    const weight_layout l = read_layout(comp);
+    const bool per_unit = block_scaled(l);
+    const uint8_t * row = blocks + r * l.row_bytes;
+    const float rs = row_scale(l, r);
     sign_window w;
     w.start(comp, row_sign_pos(comp, r));
-    for (uint64_t b = 0; b < nb; ++b) {
-        const uint8_t * blk = row + b * bb;
-        float scale = pt;
-        if (variant == BITCOS_VARIANT_G128) {
-            scale = half_bits_to_float((uint16_t)(blk[offsetof(block_bitcos_g128, d)] |
-                                                  blk[offsetof(block_bitcos_g128, d) + 1] << 8));
-        }
-        for (int q = 0; q < QK_BITCOS / 32; ++q) {
-            const uint32_t word = (uint32_t)blk[4*q] | (uint32_t)blk[4*q + 1] << 8 |
-                                  (uint32_t)blk[4*q + 2] << 16 | (uint32_t)blk[4*q + 3] << 24;
-            float * yq = y + b * QK_BITCOS + 32 * q;
-            decode_word32(word, w, lut, [&](int j, const uint16_t * c) {
+    for (uint64_t u = 0; u < l.n_units; ++u) {
+        const float scale = per_unit ? unit_scale(l, row, r, u) : rs;
+        const int nq = unit_words(l, u);
+        for (int q = 0; q < nq; ++q) {
+            float * yq = y + u * QK_BITCOS + 32 * q;
+            decode_word32(bitmap_word(l, row, u, q), w, lut, [&](int j, const uint16_t * c) {
                 for (int i = 0; i < 4; ++i) {
                     yq[4*j + i] = half_bits_to_float(c[i]) * scale;
                 }

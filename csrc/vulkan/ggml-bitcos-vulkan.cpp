@@ -23,24 +23,35 @@ namespace {
      {#PREFIX "_subgroup", PREFIX##_subgroup_len, PREFIX##_subgroup_data},                                   \
      {#PREFIX "_subgroup_no_shmem", PREFIX##_subgroup_no_shmem_len, PREFIX##_subgroup_no_shmem_data}}
 
-const ggml_vk_bitcos_shader mat_vec_shaders[2][2][SHADER_REDUCTION_MODE_COUNT] = {  // [variant][id][reduc]
+// The shader sets, one per BITCOS type: v1 G128, v1 PT, v2 BITCOS (whose shaders read the variant, MATRIX / ROW
+// / B128 / B256, from the companion header: one ggml type, so one pipeline, for all four).
+constexpr size_t N_TYPES = 3;
+
+size_t type_index(ggml_type type) {
+    GGML_ASSERT(ggml_bitcos_is_type(type));
+    return type == GGML_TYPE_BITCOS_G128 ? 0 : type == GGML_TYPE_BITCOS_PT ? 1 : 2;
+}
+
+const ggml_vk_bitcos_shader mat_vec_shaders[N_TYPES][2][SHADER_REDUCTION_MODE_COUNT] = {  // [type][id][reduc]
     {BITCOS_VK_SHADERS(mul_mat_vec_bitcos_g128_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_f32_f32)},
     {BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_f32_f32),   BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_f32_f32)},
+    {BITCOS_VK_SHADERS(mul_mat_vec_bitcos_f32_f32),      BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_f32_f32)},
 };
 
 #undef BITCOS_VK_SHADERS
 
-const ggml_vk_bitcos_shader mul_mm_shaders[2] = {
+const ggml_vk_bitcos_shader mul_mm_shaders[N_TYPES] = {
     {"mul_mm_bitcos_g128", mul_mm_bitcos_g128_len, mul_mm_bitcos_g128_data},
     {"mul_mm_bitcos_pt",   mul_mm_bitcos_pt_len,   mul_mm_bitcos_pt_data},
+    {"mul_mm_bitcos",      mul_mm_bitcos_len,      mul_mm_bitcos_data},
 };
 
 constexpr uint32_t MUL_MM_TILE = 32;   // rows and columns per workgroup (mul_mm_bitcos.comp's TM, TN)
 
-// The mul_mm pipelines live here rather than in vk_device_struct (whose layout is upstream's), one pair per
+// The mul_mm pipelines live here rather than in vk_device_struct (whose layout is upstream's), one per type and
 // device, created by ggml_vk_load_shaders through ggml_vk_bitcos_mul_mm_pipeline().
 std::mutex mul_mm_mutex;
-std::map<const vk_device_struct *, std::array<vk_pipeline, 2>> mul_mm_pipelines;
+std::map<const vk_device_struct *, std::array<vk_pipeline, N_TYPES>> mul_mm_pipelines;
 
 // The first fused op's operand (bias of ADD / ADD_ID, scale of MUL) and the second's, as ggml-vulkan's
 // mat-vec paths bind them; unused bindings get D.
@@ -83,19 +94,18 @@ bool fits_shader(const vk_device & device, const ggml_tensor * t) {
 }  // namespace
 
 ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc) {
-    GGML_ASSERT(ggml_bitcos_is_type(type) && reduc < SHADER_REDUCTION_MODE_COUNT);
-    return mat_vec_shaders[ggml_bitcos_variant(type) == BITCOS_VARIANT_PT][id][reduc];
+    GGML_ASSERT(reduc < SHADER_REDUCTION_MODE_COUNT);
+    return mat_vec_shaders[type_index(type)][id][reduc];
 }
 
 ggml_vk_bitcos_shader ggml_vk_bitcos_mul_mm_shader(ggml_type type) {
-    GGML_ASSERT(ggml_bitcos_is_type(type));
-    return mul_mm_shaders[ggml_bitcos_variant(type) == BITCOS_VARIANT_PT];
+    return mul_mm_shaders[type_index(type)];
 }
 
 vk_pipeline & ggml_vk_bitcos_mul_mm_pipeline(const vk_device & device, ggml_type type) {
-    GGML_ASSERT(ggml_bitcos_is_type(type));
+    const size_t t = type_index(type);
     std::lock_guard<std::mutex> lock(mul_mm_mutex);
-    return mul_mm_pipelines[device.get()][ggml_bitcos_variant(type) == BITCOS_VARIANT_PT];  // map nodes stay put
+    return mul_mm_pipelines[device.get()][t];  // map nodes stay put
 }
 
 bool ggml_vk_bitcos_supports_op(const vk_device & device, const ggml_tensor * op) {

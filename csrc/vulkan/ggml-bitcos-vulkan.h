@@ -10,6 +10,10 @@
 #include <cstdint>
 #include <functional>
 
+// The BITCOS types this backend has pipelines for (ggml_vk_load_shaders creates them for each): version 1's two
+// and version 2's one, whose shaders read the variant from the weight's companion.
+static constexpr ggml_type ggml_vk_bitcos_types[] = {GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_BITCOS};
+
 // SPIR-V of the mat-vec shader for a BITCOS type (id: the MUL_MAT_ID form) in reduction mode `reduc`
 // (shader_reduction_mode: shared memory, hybrid, subgroup).
 struct ggml_vk_bitcos_shader {

@@ -9,8 +9,10 @@
 // (t * scale as f32; each row's sign cursor lives in shared memory and advances by the chunk's popcount),
 // stages 32 columns of B beside it, and every thread accumulates a 4 x 4 block of outputs in f32. So the
 // weight is decoded once per 32 columns instead of once per column as in the mat-vec shader.
-// Defines from the generator (bitcos-vulkan-shaders-gen.inc): BITCOS_G128 or BITCOS_PT, BITCOS_BLOCK_U16,
-// BITCOS_SCALE_U16, BITCOS_HDR_*.
+// Version 2 (BITCOS_V2, type 162): any K % 32 (words and activations past K are 0), scales by the header's
+// variant (MATRIX / ROW per row, B128 / B256 per unit, from the companion).
+// Defines from the generator (bitcos-vulkan-shaders-gen.inc): BITCOS_G128, BITCOS_PT or BITCOS_V2,
+// BITCOS_BLOCK_U16, BITCOS_SCALE_U16, BITCOS_HDR_*, BITCOS_VARIANT_*.
 
 #define TM 32   // rows per tile
 #define TN 32   // columns per tile
@@ -44,11 +46,15 @@ void main() {
     const uint tid  = gl_LocalInvocationID.x;
     const uint m0   = gl_WorkGroupID.x * TM;
     const uint n0   = gl_WorkGroupID.y * TN;
-    const uint nblk = p.k / 128;
+    const uint n_words = p.k / 32;        // 32-weight bitmap words per row
+    const uint rb   = row_u16(p.k);       // a row's u16 in data_a
     const uint pool_word0 = comp_u32(BITCOS_HDR_POOL_OFFSET) >> 2;
-#if defined(BITCOS_PT)
+#if defined(BITCOS_PT) || defined(BITCOS_V2)
     const uint rows_per_mat = comp_u32(BITCOS_HDR_N_ROWS) / comp_u32(BITCOS_HDR_N_MATS);
-    const uint scales = comp_u32(BITCOS_HDR_SCALES_OFFSET) >> 2;
+    const uint scales = comp_u32(BITCOS_HDR_SCALES_OFFSET);
+#endif
+#if defined(BITCOS_V2)
+    const uint variant = comp_u8(BITCOS_HDR_VARIANT);   // the same for every invocation: uniform branches
 #endif
 
     // decode role: row lr of the tile, 32 of the step's 64 weights (half h); B role: column lr, half h
@@ -60,7 +66,9 @@ void main() {
         cursor[lr] = r < p.rows ? row_sign_pos(gr) : 0u;
     }
 #if defined(BITCOS_PT)
-    const float d_row = r < p.rows ? uintBitsToFloat(data_c[scales + gr / rows_per_mat]) : 0.0;
+    const float d_row = r < p.rows ? uintBitsToFloat(data_c[(scales >> 2) + gr / rows_per_mat]) : 0.0;
+#elif defined(BITCOS_V2)
+    const float d_row = r < p.rows ? v2_row_scale(variant, scales, rows_per_mat, gr) : 0.0;
 #endif
     // compute role: 4 rows x 4 columns
     const uint tr = (tid >> 3) * 4;
@@ -76,13 +84,16 @@ void main() {
     for (uint k0 = 0; k0 < p.k; k0 += TK) {
         uint step_count = 0;   // non-zero weights of row lr in this step (h == 0 advances the cursor)
         if (r < p.rows) {
-            const uint blk = (gr * nblk + k0 / 128) * BITCOS_BLOCK_U16;
+            const uint u   = k0 / 128;                 // the step's 128-weight unit
             const uint w0  = (k0 % 128) / 32;          // first of the step's two 32-bit bitmap words
-            const uint lo  = bitmap_word(blk, w0);
-            const uint hi  = bitmap_word(blk, w0 + 1);
+            // v2: a row ending in a partial unit has no words past K (unit_word gives 0 there)
+            const uint lo  = unit_word(gr * rb, u, w0, n_words);
+            const uint hi  = unit_word(gr * rb, u, w0 + 1, n_words);
             const uint word = h == 0 ? lo : hi;
 #if defined(BITCOS_G128)
-            const float d = unpackHalf2x16(uint(data_a[blk + BITCOS_SCALE_U16])).x;
+            const float d = unpackHalf2x16(uint(data_a[gr * rb + u * BITCOS_BLOCK_U16 + BITCOS_SCALE_U16])).x;
+#elif defined(BITCOS_V2)
+            const float d = v2_block_scaled(variant) ? v2_unit_scale(variant, scales, p.k, gr, u) : d_row;
 #else
             const float d = d_row;
 #endif
@@ -103,7 +114,8 @@ void main() {
         }
         const uint c = n0 + lr;
         for (uint i = 0; i < 32; ++i) {
-            sb[lr][32*h + i] = c < p.cols ? data_b[c * p.stride_b + k0 + 32*h + i] : 0.0;
+            // (v2: K % 64 may be 32, then the last step's second half lies past the row: 0)
+            sb[lr][32*h + i] = c < p.cols && k0 + 32*h < p.k ? data_b[c * p.stride_b + k0 + 32*h + i] : 0.0;
         }
         barrier();
         if (h == 0) {

@@ -47,8 +47,8 @@ GGML_API struct ggml_tensor * ggml_bitcos_companion(const struct ggml_tensor * w
 
 // The rules every GPU backend's BITCOS support shares (ggml-vulkan, ggml-sycl, ggml-cuda; each adds its device
 // limits): storage ops on a weight (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE) are supported; MUL_MAT /
-// MUL_MAT_ID need a contiguous version-1 BITCOS src0 (GGML_TYPE_BITCOS is refused until the GPU backends read
-// its companion scales) linked to its companion with whole 128-weight blocks, f32
+// MUL_MAT_ID need a contiguous BITCOS src0 of any of the three types linked to its companion with whole ggml
+// blocks (128 weights in version 1, 32 in version 2), f32
 // activations (unit element stride, f32-aligned strides) and a contiguous f32 output; a view of a weight must
 // be consecutive whole rows of a 2-D weight and only under MUL_MAT; MUL_MAT broadcasts as ggml defines it;
 // MUL_MAT_ID needs I32 ids and 3-D (not 4-D) operands. Anything else stays with the CPU backend.

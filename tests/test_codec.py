@@ -29,6 +29,18 @@ def _roundup(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
+def ref_row_index(codes: list[list[int]]) -> tuple[list[int], int, int]:
+    """FORMAT.md §4.3 by hand: each row's first sign bit, the number of signs, and the largest row-group log2
+    g <= 6 whose deltas fit in 16 bits."""
+    sign_pos, acc = [], 0
+    for row in codes:
+        sign_pos.append(acc)
+        acc += sum(1 for v in row if v != 0)
+    g = next(c for c in range(6, -1, -1)
+             if all(sign_pos[r] - sign_pos[(r >> c) << c] <= 0xFFFF for r in range(len(codes))))
+    return sign_pos, acc, g
+
+
 def ref_encode(codes: list[list[int]], variant: Variant, block_d: list[list[float]] | None,
                mat_scales: list[float] | None, n_mats: int) -> tuple[bytes, bytes, int]:
     rows, k = len(codes), len(codes[0])
@@ -42,17 +54,7 @@ def ref_encode(codes: list[list[int]], variant: Variant, block_d: list[list[floa
             weight += bits
             if variant == Variant.G128:
                 weight += struct.pack("<e", block_d[r][b])      # stored as given, even when empty
-    counts = [sum(1 for v in row if v != 0) for row in codes]
-    sign_pos, acc = [], 0
-    for c in counts:
-        sign_pos.append(acc)
-        acc += c
-    n_sign = acc
-    g = 0
-    for cand in range(6, -1, -1):
-        if all(sign_pos[r] - sign_pos[(r >> cand) << cand] <= 0xFFFF for r in range(rows)):
-            g = cand
-            break
+    sign_pos, n_sign, g = ref_row_index(codes)
     n_groups = -(-rows // (1 << g))
     off = 128
     scales_off = 0
@@ -314,14 +316,7 @@ def ref_encode_v2(codes: list[list[int]], variant: Variant, scales: list, n_mats
         section = b"".join(struct.pack("<f", s) for s in scales)
     else:
         section = b"".join(struct.pack("<e", d) for row in scales for d in row)
-    counts = [sum(1 for v in row if v != 0) for row in codes]
-    sign_pos, acc = [], 0
-    for c in counts:
-        sign_pos.append(acc)
-        acc += c
-    n_sign = acc
-    g = next(c for c in range(6, -1, -1)
-             if all(sign_pos[r] - sign_pos[(r >> c) << c] <= 0xFFFF for r in range(rows)))
+    sign_pos, n_sign, g = ref_row_index(codes)
     n_groups = -(-rows // (1 << g))
     scales_off = 128
     base_off = _roundup(scales_off + len(section), 64)

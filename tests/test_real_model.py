@@ -126,7 +126,6 @@ def q8_0_form(src: Path, dst: Path) -> Path:
     from gguf import quants
     from gguf.constants import GGMLQuantizationType as GT
 
-    from gguf_tools import GGUFStreamWriter, field_value
     r = open_gguf(src)
     plan = []
     for t in r.tensors:
@@ -137,8 +136,15 @@ def q8_0_form(src: Path, dst: Path) -> Path:
                                                                GT.Q8_0)))
         else:
             plan.append((t.name, t.tensor_type, ne, data))
+    return write_plan(dst, r.fields.items(), plan)
+
+
+def write_plan(dst: Path, fields, plan: list) -> Path:  # noqa: ANN001 (gguf-py ReaderField pairs)
+    """A GGUF at ``dst`` with the metadata ``fields`` ((key, ReaderField) pairs; gguf's own GGUF.* keys are the
+    writer's) and the tensors of ``plan`` ((name, type, ne, data) in order)."""
+    from gguf_tools import GGUFStreamWriter, field_value
     with GGUFStreamWriter(dst, "llama") as w:
-        for key, fld in r.fields.items():
+        for key, fld in fields:
             if not key.startswith("GGUF."):
                 w.add_kv(key, *field_value(fld))
         for name, tt, ne, _ in plan:
@@ -211,7 +217,6 @@ def smollm2_tq2_hybrid(smollm2_src, tmp_path_factory, request):
     """(TQ2_0-ternarized source, the same file with only its TQ2_0 tensors (ffn_down, K = 1536) replaced by
     their version-2 BITCOS forms (MATRIX / ROW), the variant): the F16 tensors (K = 576) stay as they are in
     both, so the two files must compute the same to the bit (B256 / MATRIX / ROW equal TQ2_0's arithmetic)."""
-    from gguf_tools import GGUFStreamWriter, field_value
     d = tmp_path_factory.mktemp(f"smollm2-tq2-{request.param}")
     tq2 = d / "smollm2-tq2_0.gguf"
     ternarize(smollm2_src, tq2, "tq2_0", log=lambda *_: None, scale=request.param)
@@ -231,17 +236,8 @@ def smollm2_tq2_hybrid(smollm2_src, tmp_path_factory, request):
         else:
             plan.append((t.name, t.tensor_type, tensor_ggml_shape(t), np.asarray(t.data)))
     hybrid = d / "smollm2-hybrid.gguf"
-    with GGUFStreamWriter(hybrid, "llama") as w:
-        for key, fld in src.fields.items():
-            if not key.startswith("GGUF."):
-                w.add_kv(key, *field_value(fld))
-        for key, value in ((f for f in open_gguf(full).fields.items() if f[0].startswith("bitcos."))):
-            w.add_kv(key, *field_value(value))
-        for name, tt, ne, _ in plan:
-            w.add_tensor_info(name, tt, ne)
-        w.begin()
-        for name, _, _, data in plan:
-            w.write_tensor(name, data)
+    bitcos_keys = [f for f in open_gguf(full).fields.items() if f[0].startswith("bitcos.")]
+    write_plan(hybrid, [*src.fields.items(), *bitcos_keys], plan)
     return tq2, hybrid, variant
 
 

@@ -63,13 +63,15 @@ def compile_cuda(nvcc_exe: str, source: Path, out: Path, arch: str, include: lis
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch):
     """The ggml-cuda glue (its kernels instantiated, device code through ptxas) and the standalone test
-    program compile warning-free for each architecture; the glue's object holds both kernels."""
+    program compile warning-free for each architecture; the glue's object holds the mat-vec, MUL_MAT_ID,
+    activation-quantization and batched tensor-core kernels."""
     inc = [ggml_include, ROOT / "csrc", ROOT / "csrc" / "cuda"]
     obj = tmp_path / f"ggml-bitcos-cuda-{arch}.o"
     compile_cuda(nvcc_path, ROOT / "csrc" / "cuda" / "ggml-bitcos-cuda.cu", obj, arch, inc, link=False)
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
     for name in ("ggml_cuda_bitcos_supports_op", "ggml_cuda_bitcos_mul_mat(", "ggml_cuda_bitcos_mul_mat_id(",
-                 "bitcos_cuda_mul_mat_kernel", "bitcos_cuda_mul_mat_id_kernel"):
+                 "bitcos_cuda_mul_mat_kernel", "bitcos_cuda_mul_mat_id_kernel", "bitcos_cuda_quantize_q8_kernel",
+                 "bitcos_cuda_mul_mat_mmq_kernel"):
         assert name in syms, name
     compile_cuda(nvcc_path, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", tmp_path / f"test-{arch}", arch,
                  [ROOT / "csrc", ROOT / "csrc" / "cuda"], link=True)
@@ -90,11 +92,69 @@ def nvcc_or_prebuilt() -> str | None:
     return exe
 
 
+# The batched path's cases (besides the SYCL test's, which it also runs): 1 / 8 / 9 / 33 / 64 / 65 columns (a
+# second 64-column tile), odd row counts and rows past a 32-row tile, K of each variant including MATRIX / ROW
+# rows ending in a partial 128-weight unit (32, 96, 576).
+BATCHED_K = {Variant.G128: (128, 384, 2048), Variant.PT: (128, 384, 2048), Variant.B128: (128, 640, 2048),
+             Variant.B256: (256, 768, 1536), Variant.MATRIX: (32, 96, 576, 2048), Variant.ROW: (32, 96, 576, 2048)}
+BATCHED_SHAPES = ((37, 33), (19, 64), (33, 9), (5, 8), (3, 1), (45, 65))     # (rows, columns)
+
+
+def batched_cases(rng: np.random.Generator, variant: Variant) -> list[dict]:
+    import test_sycl as ref
+
+    cases = []
+    for z in (0.0, 0.4, 1.0):
+        for i, k in enumerate(BATCHED_K[variant]):
+            for rows, n_x in BATCHED_SHAPES[i % 2::2]:
+                c = ref.make_case(rng, variant, rows, k, z, n_x)
+                c.update(row0=0, n_rows=rows, wg=16)
+                cases.append(c)
+    return cases
+
+
+def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bitcos_cuda_quantize_q8_kernel in numpy (IEEE fp32 division and round-half-even as on the device):
+    per 32 values d = amax / 127, q = rint(x / d); returns (q, d) with q (n_x, k) and d (n_x, k / 32)."""
+    n_x, k = x.shape
+    xb = x.astype(np.float32).reshape(n_x, k // 32, 32)
+    amax = np.abs(xb).max(axis=2)
+    d = (amax / np.float32(127.0)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(amax[:, :, None] > 0, np.rint(xb / d[:, :, None]), 0)
+    return np.clip(q, -127, 127).reshape(n_x, k), d
+
+
+def check_batched(c: dict, mm: np.ndarray) -> None:
+    """The batched path: (1) the error bound of bitcos-cuda.cuh's comment against the exact fp64 product,
+    |err| <= M (1/254 (1 + 2^-12) + (K/32 + 4) 2^-23), M = sum over 32-blocks b of (sum_b |W|) * amax_b(x)
+    (int8 rounding moves a value by at most amax_b / 254; the rest is fp32 rounding of the per-block products
+    and their K/32-term sum); (2) tighter, against the fp64 product with the same quantized activations, within
+    that fp32 part alone (catches tile index errors that the int8 bound could hide)."""
+    n_x, k = c["x"].shape
+    values = c["values"][c["row0"]:c["row0"] + c["n_rows"]].astype(np.float64)
+    x = c["x"].astype(np.float64)
+    nb = k // 32
+    amax = np.abs(x).reshape(n_x, nb, 32).max(axis=2)
+    wsum = np.abs(values).reshape(-1, nb, 32).sum(axis=2)
+    m = amax @ wsum.T
+    fp32 = (nb + 4) * 2.0 ** -23
+    assert np.all(np.isfinite(mm))
+    err = np.abs(mm - x @ values.T)
+    assert np.all(err <= m * (1 / 254 * (1 + 2.0 ** -12) + fp32) + 1e-30), float(np.max(err / (m + 1e-30)))
+    q, d = quantize_q8(c["x"])
+    xq = q.astype(np.float64) * np.repeat(d.astype(np.float64), 32, axis=1)
+    mq = np.abs(xq).reshape(n_x, nb, 32).max(axis=2) @ wsum.T
+    assert np.all(np.abs(mm - xq @ values.T) <= mq * fp32 + 1e-30)
+
+
 @pytest.mark.parametrize("variant", list(Variant), ids=[v.name.lower() for v in Variant])
 def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
     """On a CUDA device: mat-vec of every variant of both format versions, the SYCL test's cases (z 0 / 0.4 /
     1, odd shapes, MATRIX / ROW rows ending in a partial 128-weight unit, 1-17 columns, runs starting
-    mid-tensor, 3-D tensors with per-matrix scales), within fp32 accumulation error of the float64 product."""
+    mid-tensor, 3-D tensors with per-matrix scales), within fp32 accumulation error of the float64 product;
+    the batched path (int8 activations, tensor cores) on those cases and batched_cases' (1-65 columns) within
+    its int8 bound (check_batched)."""
     if not cuda_device_present():
         pytest.skip("no CUDA device (runs on a lent GPU machine: scripts/gpu_session.sh)")
     import test_sycl as ref
@@ -104,7 +164,8 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
     if not prebuilt:
         compile_cuda(nvcc_or_prebuilt, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", exe, "native",
                      [ROOT / "csrc", ROOT / "csrc" / "cuda"], link=True)
-    cases = ref.variant_cases(np.random.default_rng(31 + int(variant)), variant)
+    rng = np.random.default_rng(31 + int(variant))
+    cases = ref.variant_cases(rng, variant) + batched_cases(rng, variant)
     inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
     ref.write_cases(inp, cases)
     r = subprocess.run([str(exe), str(inp), str(out)], capture_output=True, text=True, timeout=600)
@@ -119,4 +180,7 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
         exact = c["x"].astype(np.float64) @ values.T
         mag = np.abs(c["x"].astype(np.float64)) @ np.abs(values.T)
         assert np.all(np.abs(mv - exact) <= 4 * np.finfo(np.float32).eps * np.sqrt(k) * mag + 1e-30)
+        mm = data[off:off + n_x * c["n_rows"]].reshape(n_x, c["n_rows"])
+        off += mm.size
+        check_batched(c, mm)
     assert off == data.size

@@ -1,8 +1,10 @@
-// Runs the BITCOS CUDA mat-vec kernel (csrc/cuda/bitcos-cuda.cuh) on a GPU for tests/test_cuda.py, which
-// writes the inputs with the project's reference codec and checks the outputs against numpy. Same input
-// format as tests/sycl/test-bitcos-sycl.cpp (tests/gpu-cases.hpp; the work-group field is ignored):
+// Runs the BITCOS CUDA kernels (csrc/cuda/bitcos-cuda.cuh: the mat-vec, and the batched path: activation
+// quantization + the tensor-core tile kernel) on a GPU for tests/test_cuda.py, which writes the inputs with the
+// project's reference codec and checks the outputs against numpy. Same input format as
+// tests/sycl/test-bitcos-sycl.cpp (tests/gpu-cases.hpp; the work-group field is ignored):
 //
-//   test-bitcos-cuda IN.bin OUT.bin        (OUT: per case n_x * n_rows f32, rows row0 .. row0 + n_rows)
+//   test-bitcos-cuda IN.bin OUT.bin        (OUT: per case the mat-vec's n_x * n_rows f32, then the batched
+//                                           path's n_x * n_rows f32; rows row0 .. row0 + n_rows)
 //
 // Built by nvcc (`nvcc -std=c++17 -arch=sm_80 -Icsrc -Icsrc/cuda ...`); tests/test_cuda.py compiles it for
 // sm_80 and sm_90 everywhere nvcc exists and runs it where a CUDA device exists.
@@ -49,8 +51,24 @@ int main(int argc, char ** argv) {
             CHECK(cudaGetLastError());
             std::vector<float> dst(n_x * n_rows);
             CHECK(cudaMemcpy(dst.data(), d_dst, 4 * dst.size(), cudaMemcpyDeviceToHost));
-            for (void * p : {(void *) d_blk, (void *) d_comp, (void *) d_x, (void *) d_dst}) CHECK(cudaFree(p));
             out.write(reinterpret_cast<const char *>(dst.data()), 4 * dst.size());
+            // the batched path on the same case, whatever its column count (the glue takes it above 8 columns)
+            const int64_t k_pad = bitcos_cuda_mmq_k_pad((int64_t) k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
+            int8_t * d_q; float * d_d;
+            CHECK(cudaMalloc(&d_q, n_x * k_pad));
+            CHECK(cudaMalloc(&d_d, 4 * n_x * nqb));
+            CHECK(cudaMemset(d_dst, 0xFF, 4 * n_x * n_rows));      // NaN: an unwritten output fails the check
+            bitcos_cuda_quantize_q8_kernel<<<dim3((unsigned) n_x, (unsigned) ((nqb + 3) / 4)), dim3(BITCOS_CUDA_WARP, 4)>>>(
+                d_x, d_q, d_d, (int64_t) k, k_pad, (int64_t) k);
+            CHECK(cudaGetLastError());
+            const dim3 mgrid((unsigned) ((n_rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
+                             (unsigned) ((n_x + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN));
+            bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS>>>(d_blk, d_comp, d_q, d_d, d_dst,
+                (int64_t) row0, (int64_t) n_rows, (int64_t) n_x, k_pad, (int64_t) n_rows);
+            CHECK(cudaGetLastError());
+            CHECK(cudaMemcpy(dst.data(), d_dst, 4 * dst.size(), cudaMemcpyDeviceToHost));
+            out.write(reinterpret_cast<const char *>(dst.data()), 4 * dst.size());
+            for (void * p : {(void *) d_blk, (void *) d_comp, (void *) d_x, (void *) d_dst, (void *) d_q, (void *) d_d}) CHECK(cudaFree(p));
         }
         if (!out) throw std::runtime_error("cannot write output");
         return 0;

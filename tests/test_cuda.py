@@ -100,11 +100,11 @@ BATCHED_K = {Variant.G128: (128, 384, 2048), Variant.PT: (128, 384, 2048), Varia
 BATCHED_SHAPES = ((37, 33), (19, 64), (33, 9), (5, 8), (3, 1), (45, 65))     # (rows, columns)
 
 
-def batched_cases(rng: np.random.Generator, variant: Variant) -> list[dict]:
+def batched_cases(rng: np.random.Generator, variant: Variant, zs: tuple[float, ...] = (0.0, 0.4, 1.0)) -> list[dict]:
     import test_sycl as ref
 
     cases = []
-    for z in (0.0, 0.4, 1.0):
+    for z in zs:
         for i, k in enumerate(BATCHED_K[variant]):
             for rows, n_x in BATCHED_SHAPES[i % 2::2]:
                 c = ref.make_case(rng, variant, rows, k, z, n_x)
@@ -184,3 +184,29 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
         off += mm.size
         check_batched(c, mm)
     assert off == data.size
+
+
+@pytest.mark.parametrize("variant", list(Variant), ids=[v.name.lower() for v in Variant])
+def test_mmq_tile_emulation(variant):
+    """Everywhere (numpy, no GPU): tests/cuda/mmq_emulation.py, a statement-by-statement CPU emulation of the
+    batched kernel's index math (thread roles, width-4 prefix sums and sign cursors, k-slab tiles, wmma
+    fragment mapping, per-32 scales) on the encoded bytes, decodes every tile to the codec's exact codes and
+    passes check_batched: on batched_cases at z 0.4 (1-65 columns, partial 128-weight units, rows past a
+    32-row tile) and the SYCL cases with runs starting mid-tensor and per-matrix / per-row scales of 3-D
+    tensors."""
+    import sys
+
+    import test_sycl as ref
+
+    sys.path.insert(0, str(ROOT / "tests" / "cuda"))
+    import mmq_emulation as emu
+
+    rng = np.random.default_rng(97 + int(variant))
+    cases = batched_cases(rng, variant, zs=(0.4,))
+    cases += [c for c in ref.variant_cases(rng, variant) if (c["row0"] or c["n_rows"] == 24) and c["x"].shape[1] <= 4352]
+    for c in cases:
+        rows, k = c["n_rows"], c["x"].shape[1]
+        codes = np.zeros((rows, k), np.int8)
+        out = emu.emulate(c["blocks"], c["companion"], c["x"], c["row0"], rows, codes)
+        assert np.array_equal(codes, c["codes"][c["row0"]:c["row0"] + rows])
+        check_batched(c, out)

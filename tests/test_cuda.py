@@ -110,7 +110,44 @@ def batched_cases(rng: np.random.Generator, variant: Variant, zs: tuple[float, .
                 c = ref.make_case(rng, variant, rows, k, z, n_x)
                 c.update(row0=0, n_rows=rows, wg=16)
                 cases.append(c)
+    if not variant.scale_block:     # MUL_MAT_ID: 3 experts of 19 rows, 300 columns (more than a 64-slot tile each)
+        c = ref.make_case(rng, variant, 57, 384 if variant.version == 1 else 96, 0.4, 300, n_mats=3)
+        c.update(row0=0, n_rows=57, wg=16)
+        cases.append(c)
     return cases
+
+
+def id_layout(c: dict) -> tuple[int, int, int, np.ndarray] | None:
+    """tests/cuda/test-bitcos-cuda.cu's MUL_MAT_ID run of a case whose tensor has n_mats = E > 1 matrices:
+    (E, rows per expert, ne11, ids (n_tok, 2)), ne11 = 2 for an even column count (else 1), ids[t][u] =
+    (t + 2 u) % (E + 1) (E: out of range); None for a single matrix."""
+    comp = np.ascontiguousarray(c["companion"]).view(np.uint8).reshape(-1)
+    e = int(comp[24:32].view("<u8")[0])
+    if e <= 1:
+        return None
+    n_x = c["x"].shape[0]
+    ne11 = 2 if n_x % 2 == 0 else 1
+    t = np.arange(n_x // ne11)[:, None]
+    return e, c["n_rows"] // e, ne11, (t + 2 * np.arange(2)[None, :]) % (e + 1)
+
+
+def check_id(c: dict, res: np.ndarray, batched: bool) -> None:
+    """MUL_MAT_ID outputs (n_tok, n_used, rows per expert): NaN (untouched) for out-of-range ids, else the
+    mat-vec's fp32 bound or check_batched per expert."""
+    n_exp, rows_e, ne11, ids = id_layout(c)
+    k = c["x"].shape[1]
+    assert np.all(np.isnan(res[ids == n_exp]))
+    for e in range(n_exp):
+        t, u = np.nonzero(ids == e)
+        cols = c["x"][t * ne11 + u % ne11]
+        got = res[t, u]
+        values = c["values"][e * rows_e:(e + 1) * rows_e].astype(np.float64)
+        if batched:
+            check_batched({"x": cols, "values": values, "row0": 0, "n_rows": rows_e}, got)
+        else:
+            exact = cols.astype(np.float64) @ values.T
+            mag = np.abs(cols.astype(np.float64)) @ np.abs(values.T)
+            assert np.all(np.abs(got - exact) <= 4 * np.finfo(np.float32).eps * np.sqrt(k) * mag + 1e-30)
 
 
 def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,7 +191,8 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
     1, odd shapes, MATRIX / ROW rows ending in a partial 128-weight unit, 1-17 columns, runs starting
     mid-tensor, 3-D tensors with per-matrix scales), within fp32 accumulation error of the float64 product;
     the batched path (int8 activations, tensor cores) on those cases and batched_cases' (1-65 columns) within
-    its int8 bound (check_batched)."""
+    its int8 bound (check_batched); MUL_MAT_ID, mat-vec and batched, on the tensors of several matrices
+    (check_id)."""
     if not cuda_device_present():
         pytest.skip("no CUDA device (runs on a lent GPU machine: scripts/gpu_session.sh)")
     import test_sycl as ref
@@ -183,6 +221,12 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
         mm = data[off:off + n_x * c["n_rows"]].reshape(n_x, c["n_rows"])
         off += mm.size
         check_batched(c, mm)
+        lay = id_layout(c)
+        if lay is not None:
+            n_ids = lay[3].size * lay[1]
+            for batched in (False, True):
+                check_id(c, data[off:off + n_ids].reshape(*lay[3].shape, lay[1]), batched)
+                off += n_ids
     assert off == data.size
 
 
@@ -193,7 +237,7 @@ def test_mmq_tile_emulation(variant):
     fragment mapping, per-32 scales) on the encoded bytes, decodes every tile to the codec's exact codes and
     passes check_batched: on batched_cases at z 0.4 (1-65 columns, partial 128-weight units, rows past a
     32-row tile) and the SYCL cases with runs starting mid-tensor and per-matrix / per-row scales of 3-D
-    tensors."""
+    tensors; for the tensors of several matrices also MUL_MAT_ID (slot grouping, expert blocks, check_id)."""
     import sys
 
     import test_sycl as ref
@@ -210,3 +254,7 @@ def test_mmq_tile_emulation(variant):
         out = emu.emulate(c["blocks"], c["companion"], c["x"], c["row0"], rows, codes)
         assert np.array_equal(codes, c["codes"][c["row0"]:c["row0"] + rows])
         check_batched(c, out)
+        lay = id_layout(c)
+        if lay is not None:
+            n_exp, rows_e, ne11, ids = lay
+            check_id(c, emu.emulate_id(c["blocks"], c["companion"], c["x"], n_exp, rows_e, ne11, ids, rng), True)

@@ -290,21 +290,24 @@ static __host__ __device__ __forceinline__ int64_t bitcos_cuda_mmq_k_pad(int64_t
     return (k + BITCOS_CUDA_MMQ_BK - 1) / BITCOS_CUDA_MMQ_BK * BITCOS_CUDA_MMQ_BK;
 }
 
-// x (ncols columns of k fp32, x_col_stride floats apart) -> q (int8, column c at q + c * k_pad) and d (fp32,
-// column c's k_pad / 32 scales at d + c * (k_pad / 32)). Grid (ncols, ceil(k_pad / 32 / 4)), block (32, 4): warp
-// y of block (c, by) quantizes the 32-block b = by * 4 + y of column c; values past k are 0.
+// x (ncols columns of k fp32: column c at x + (c / cols_per_batch) * x_batch_stride + (c % cols_per_batch) *
+// x_col_stride) -> q (int8, column c at q + c * k_pad) and d (fp32, column c's k_pad / 32 scales at d + c *
+// (k_pad / 32)). Grid (ncols, ceil(k_pad / 32 / 4)), block (32, 4): warp y of block (c, by) quantizes the
+// 32-block b = by * 4 + y of column c; values past k are 0.
 static __global__ void bitcos_cuda_quantize_q8_kernel(const float * __restrict__ x, int8_t * __restrict__ q,
                                                       float * __restrict__ d, int64_t k, int64_t k_pad,
-                                                      int64_t x_col_stride) {
+                                                      int64_t x_col_stride, int64_t cols_per_batch,
+                                                      int64_t x_batch_stride) {
     const int lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
     const int64_t c = blockIdx.x;
+    const float * xc = x + (c / cols_per_batch) * x_batch_stride + (c % cols_per_batch) * x_col_stride;
     const int64_t b = (int64_t) blockIdx.y * blockDim.y + threadIdx.y;
     const int64_t nb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
     if (b >= nb) {
         return;                                       // whole warps only: b is uniform in a warp
     }
     const int64_t i = b * BITCOS_CUDA_MMQ_QBLOCK + lane;
-    const float v = i < k ? x[c * x_col_stride + i] : 0.0f;
+    const float v = i < k ? xc[i] : 0.0f;
     float amax = fabsf(v);
     for (int o = BITCOS_CUDA_WARP / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float dq = amax / 127.0f;
@@ -316,10 +319,43 @@ static __global__ void bitcos_cuda_quantize_q8_kernel(const float * __restrict__
     }
 }
 
+// MUL_MAT_ID's columns for the batched kernel: expert e's slots (t * n_used + u for token t, slot u) at
+// slots[e * slot_cap ..], counts[e] of them (bitcos_cuda_mmq_id_slots_kernel); slot (t, u) reads quantized
+// column t * ne11 + u % ne11 and writes dst + t * dst_tok_stride + u * dst_slot_stride. slots == nullptr: plain
+// MUL_MAT (tile column c is quantized column c, written at dst + c * dst_col_stride).
+struct bitcos_cuda_mmq_ids {
+    const int32_t * slots;
+    const int32_t * counts;
+    int64_t slot_cap, n_used, ne11, dst_slot_stride, dst_tok_stride;
+};
+
+// Groups MUL_MAT_ID's (token, slot) pairs by expert: one thread per pair, counts zeroed before; out-of-range
+// ids are skipped (never read as rows). The order within an expert is arbitrary, which changes nothing: every
+// output column's arithmetic is independent of the others in its tile.
+static __global__ void bitcos_cuda_mmq_id_slots_kernel(const int32_t * __restrict__ ids, int32_t * __restrict__ slots,
+                                                       int32_t * __restrict__ counts, int64_t n_experts,
+                                                       int64_t n_used, int64_t n_tokens, int64_t ids_stride,
+                                                       int64_t slot_cap) {
+    const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_used * n_tokens) {
+        return;
+    }
+    const int64_t t = i / n_used, u = i % n_used;
+    const int32_t e = ids[t * ids_stride + u];
+    if (e < 0 || e >= n_experts) {
+        return;
+    }
+    const int pos = atomicAdd(&counts[e], 1);
+    slots[e * slot_cap + pos] = (int32_t) i;
+}
+
 // dst[c * dst_col_stride + r] = row r (global row row0 + r) of W times column c of the quantized activations
 // (q, d as bitcos_cuda_quantize_q8_kernel wrote them, k_pad = bitcos_cuda_mmq_k_pad(K)), r < rows, c < ncols.
 // Grid (ceil(rows / BM), ceil(ncols / BN)), block (BITCOS_CUDA_MMQ_THREADS). Needs sm_72+ (int8 wmma); on an
 // older device the host glue keeps the mat-vec kernel (this body traps there).
+// MUL_MAT_ID (ids.slots set): grid (ceil(rows / BM), ceil(ids.slot_cap / BN), n_experts); block z takes expert
+// z (global rows row0 + z * rows ..) and its ids.counts[z] slots as the tile columns (bitcos_cuda_mmq_ids);
+// blocks past the count exit at once.
 //
 // Shared tiles are k-slabs of 16 (tile[slab][row or column][16 bytes]) so that every wmma fragment pointer is
 // 32-byte aligned (wmma's load_matrix_sync requirement) with ldm = 16: A (W codes, row-major 16 x 16 per
@@ -336,10 +372,10 @@ static __global__ void __launch_bounds__(BITCOS_CUDA_MMQ_THREADS)
 bitcos_cuda_mul_mat_mmq_kernel(const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp,
                                const int8_t * __restrict__ q, const float * __restrict__ d,
                                float * __restrict__ dst, int64_t row0, int64_t rows, int64_t ncols,
-                               int64_t k_pad, int64_t dst_col_stride) {
+                               int64_t k_pad, int64_t dst_col_stride, bitcos_cuda_mmq_ids ids) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 720
     (void) blocks; (void) comp; (void) q; (void) d; (void) dst; (void) row0; (void) rows; (void) ncols;
-    (void) k_pad; (void) dst_col_stride;
+    (void) k_pad; (void) dst_col_stride; (void) ids;
     __trap();
 #else
     using namespace nvcuda;
@@ -352,6 +388,27 @@ bitcos_cuda_mul_mat_mmq_kernel(const uint8_t * __restrict__ blocks, const uint8_
     __shared__ __align__(128) int         Cs[BITCOS_CUDA_MMQ_THREADS / BITCOS_CUDA_WARP][16 * 16];
     __shared__ float Ws[BM][WORDS];                   // weight scale of (tile row, word of the step)
     __shared__ float Xs[BN][WORDS];                   // activation scale of (tile column, block of the step)
+    const int32_t * slots = nullptr;                 // MUL_MAT_ID: this block's expert's slots
+    if (ids.slots != nullptr) {
+        const int64_t e = blockIdx.z;
+        ncols = ids.counts[e];
+        row0 += e * rows;
+        slots = ids.slots + e * ids.slot_cap;
+        if ((int64_t) blockIdx.y * BITCOS_CUDA_MMQ_BN >= ncols) {
+            return;                                   // uniform in the block, before its first barrier
+        }
+    }
+    // quantized activation column and output column offset of tile column c (< ncols)
+    auto q_col = [&](int64_t c) -> int64_t {
+        if (slots == nullptr) return c;
+        const int64_t sl = slots[c];
+        return (sl / ids.n_used) * ids.ne11 + (sl % ids.n_used) % ids.ne11;
+    };
+    auto dst_col = [&](int64_t c) -> int64_t {
+        if (slots == nullptr) return c * dst_col_stride;
+        const int64_t sl = slots[c];
+        return (sl / ids.n_used) * ids.dst_tok_stride + (sl % ids.n_used) * ids.dst_slot_stride;
+    };
     bitcos_cuda_lut_fill(lut);
 
     const int tid = threadIdx.x, lane = tid & (BITCOS_CUDA_WARP - 1), warp = tid / BITCOS_CUDA_WARP;
@@ -409,13 +466,13 @@ bitcos_cuda_mul_mat_mmq_kernel(const uint8_t * __restrict__ blocks, const uint8_
             const int cn = i / SLABS, slab = i % SLABS;
             const int64_t c = c0 + cn;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (c < ncols) v = *reinterpret_cast<const uint4 *>(q + c * k_pad + k0 + 16 * slab);
+            if (c < ncols) v = *reinterpret_cast<const uint4 *>(q + q_col(c) * k_pad + k0 + 16 * slab);
             *reinterpret_cast<uint4 *>(Bs + slab * BN * 16 + cn * 16) = v;
         }
         for (int i = tid; i < BN * WORDS; i += BITCOS_CUDA_MMQ_THREADS) {
             const int cn = i / WORDS, b = i % WORDS;
             const int64_t c = c0 + cn;
-            Xs[cn][b] = c < ncols ? d[c * nqb + (int64_t) w0 + b] : 0.0f;
+            Xs[cn][b] = c < ncols ? d[q_col(c) * nqb + (int64_t) w0 + b] : 0.0f;
         }
         __syncthreads();
 
@@ -449,7 +506,7 @@ bitcos_cuda_mul_mat_mmq_kernel(const uint8_t * __restrict__ blocks, const uint8_
             const int e = lane + BITCOS_CUDA_WARP * j;
             const int64_t r = r0 + wm * 16 + e / 16, c = c0 + wn * 32 + f * 16 + e % 16;
             if (r < rows && c < ncols) {
-                dst[c * dst_col_stride + r] = acc[f][j] * bitcos_cuda_row_scale(l, (uint64_t) (row0 + r));
+                dst[dst_col(c) + r] = acc[f][j] * bitcos_cuda_row_scale(l, (uint64_t) (row0 + r));
             }
         }
     }

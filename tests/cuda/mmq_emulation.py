@@ -106,11 +106,59 @@ def emulate(blocks: np.ndarray, comp: np.ndarray, x: np.ndarray, row0: int, rows
     n_x, k = x.shape
     k_pad = (k + BK - 1) // BK * BK
     q, d = quantize_q8(x, k_pad)
-    qf, df = q.reshape(-1), d.reshape(-1)
-    nqb = k_pad // 32
     dst = np.full((n_x, rows), np.nan, np.float32)
+
+    def put(c: int, r: int, v: np.float32) -> None:
+        dst[c, r] = v
+
+    _block_rows(L, q.reshape(-1), d.reshape(-1), k_pad, row0, rows, n_x, lambda c: c, put, codes_out)
+    return dst
+
+
+def emulate_id(blocks: np.ndarray, comp: np.ndarray, x: np.ndarray, n_experts: int, rows: int, ne11: int,
+               ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """MUL_MAT_ID through the batched kernel: x (n_tok * ne11, k) (column t * ne11 + j: token t's column j), ids
+    (n_tok, n_used); bitcos_cuda_mmq_id_slots_kernel's grouping (in a random order, as atomics give) and the tile
+    kernel's block z loop; dst (n_tok, n_used, rows), NaN where an id is out of range."""
+    L = Comp(blocks, comp)
+    n_tok, n_used = ids.shape
+    k = x.shape[1]
+    k_pad = (k + BK - 1) // BK * BK
+    q, d = quantize_q8(x, k_pad)
+    cap = n_used * n_tok
+    slots = np.zeros((n_experts, cap), np.int64)
+    counts = np.zeros(n_experts, np.int64)
+    for i in rng.permutation(cap):
+        t, u = divmod(int(i), n_used)
+        e = int(ids[t, u])
+        if 0 <= e < n_experts:
+            slots[e, counts[e]] = i
+            counts[e] += 1
+    dst = np.full((n_tok, n_used, rows), np.nan, np.float32)
+    for e in range(n_experts):
+        sl = slots[e]
+
+        def q_col(c: int, sl: np.ndarray = sl) -> int:
+            return (int(sl[c]) // n_used) * ne11 + (int(sl[c]) % n_used) % ne11
+
+        def put(c: int, r: int, v: np.float32, sl: np.ndarray = sl) -> None:
+            t, u = divmod(int(sl[c]), n_used)
+            dst[t, u, r] = v
+
+        _block_rows(L, q.reshape(-1), d.reshape(-1), k_pad, e * rows, rows, int(counts[e]), q_col, put, None,
+                    n_y=(cap + BN - 1) // BN)
+    return dst
+
+
+def _block_rows(L: Comp, qf: np.ndarray, df: np.ndarray, k_pad: int, row0: int, rows: int, n_x: int, q_col, put,
+                codes_out: np.ndarray | None, n_y: int | None = None) -> None:
+    """The tile kernel's blocks (x, y) for one z: n_x tile columns, column c reading quantized column q_col(c),
+    output (c, r) going to put(c, r, value)."""
+    nqb = k_pad // 32
     for bx in range((rows + BM - 1) // BM):
-        for by in range((n_x + BN - 1) // BN):
+        for by in range(n_y if n_y is not None else (n_x + BN - 1) // BN):
+            if by * BN >= n_x:
+                continue                                              # the kernel's early exit (ID mode)
             r0, c0 = bx * BM, by * BN
             cursor, row_ok, gr, rowp = [0] * THREADS, [False] * THREADS, [0] * THREADS, [0] * THREADS
             for tid in range(THREADS):
@@ -162,11 +210,11 @@ def emulate(blocks: np.ndarray, comp: np.ndarray, x: np.ndarray, row0: int, rows
                     cn, slab = i // SLABS, i % SLABS
                     c = c0 + cn
                     if c < n_x:
-                        Bs[slab * BN * 16 + cn * 16:][:16] = qf[c * k_pad + k0 + 16 * slab:][:16].view(np.uint8)
+                        Bs[slab * BN * 16 + cn * 16:][:16] = qf[q_col(c) * k_pad + k0 + 16 * slab:][:16].view(np.uint8)
                 for i in range(BN * WORDS):
                     cn, b = i // WORDS, i % WORDS
                     c = c0 + cn
-                    Xs[cn][b] = df[c * nqb + w0 + b] if c < n_x else 0
+                    Xs[cn][b] = df[q_col(c) * nqb + w0 + b] if c < n_x else 0
                 if codes_out is not None:
                     for dr in range(BM):
                         if r0 + dr < rows:
@@ -201,5 +249,4 @@ def emulate(blocks: np.ndarray, comp: np.ndarray, x: np.ndarray, row0: int, rows
                             e = lane + 32 * j
                             r, c = r0 + wm * 16 + e // 16, c0 + wn * 32 + f * 16 + e % 16
                             if r < rows and c < n_x:
-                                dst[c, r] = np.float32(acc[warp, lane, f, j] * L.row_scale(row0 + r))
-    return dst
+                                put(c, r, np.float32(acc[warp, lane, f, j] * L.row_scale(row0 + r)))

@@ -51,9 +51,10 @@ def ggml_include(tmp_path_factory) -> Path:
     return tree / "vendor" / "llama.cpp" / "ggml" / "include"
 
 
-def compile_cuda(nvcc_exe: str, source: Path, out: Path, arch: str, include: list[Path], link: bool) -> None:
+def compile_cuda(nvcc_exe: str, source: Path, out: Path, arch: str, include: list[Path], link: bool,
+                 extra: tuple[str, ...] = ()) -> None:
     cmd = [nvcc_exe, "-std=c++17", "-O2", f"-arch={arch}", "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
-           *(f"-I{p}" for p in include), str(source), "-o", str(out)]
+           *extra, *(f"-I{p}" for p in include), str(source), "-o", str(out)]
     if not link:
         cmd.insert(1, "-c")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -67,7 +68,9 @@ def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch)
     activation-quantization and batched tensor-core kernels."""
     inc = [ggml_include, ROOT / "csrc", ROOT / "csrc" / "cuda"]
     obj = tmp_path / f"ggml-bitcos-cuda-{arch}.o"
-    compile_cuda(nvcc_path, ROOT / "csrc" / "cuda" / "ggml-bitcos-cuda.cu", obj, arch, inc, link=False)
+    # the glue with ggml-cuda's own CUDA_FLAGS (its CMakeLists.txt: -use_fast_math -extended-lambda)
+    compile_cuda(nvcc_path, ROOT / "csrc" / "cuda" / "ggml-bitcos-cuda.cu", obj, arch, inc, link=False,
+                 extra=("-use_fast_math", "-extended-lambda"))
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
     for name in ("ggml_cuda_bitcos_supports_op", "ggml_cuda_bitcos_mul_mat(", "ggml_cuda_bitcos_mul_mat_id(",
                  "bitcos_cuda_mul_mat_kernel", "bitcos_cuda_mul_mat_id_kernel", "bitcos_cuda_quantize_q8_kernel",

@@ -310,8 +310,10 @@ static __global__ void bitcos_cuda_quantize_q8_kernel(const float * __restrict__
     const float v = i < k ? xc[i] : 0.0f;
     float amax = fabsf(v);
     for (int o = BITCOS_CUDA_WARP / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float dq = amax / 127.0f;
-    int qi = amax > 0.0f ? __float2int_rn(v / dq) : 0;
+    // __fdiv_rn: IEEE divisions also under ggml-cuda's -use_fast_math, so the glue quantizes exactly as the
+    // device test (built without it) and its numpy mirror do
+    const float dq = __fdiv_rn(amax, 127.0f);
+    int qi = amax > 0.0f ? __float2int_rn(__fdiv_rn(v, dq)) : 0;
     qi = qi > 127 ? 127 : (qi < -127 ? -127 : qi);
     q[c * k_pad + i] = (int8_t) qi;
     if (lane == 0) {

@@ -13,7 +13,8 @@
 # run:     unpacks both, picks the NVIDIA Vulkan driver, then (1) test-bitcos-backend on the GPU: BITCOS vs
 #          the CPU backend and bit for bit vs TQ2_0 on the same device; (2) `ggml-bitcos bench gpu`: mat-vec
 #          32768x16384 and 4096x14336 at z 0.3/0.4/0.5 with the device copy bandwidth, llama-bench -ngl 99 on
-#          the bitnet-2b shape, device memory of the weights; (3) the CUDA kernel (csrc/cuda/) against numpy
+#          the bitnet-2b shape, device memory of the weights; (3) the CUDA kernels (csrc/cuda/: mat-vec,
+#          batched tensor-core path, MUL_MAT_ID both ways; tests/cuda/test-bitcos-cuda.cu) against numpy
 #          through tests/test_cuda.py with a test program built here; (4) `ggml-bitcos bench bandwidth` on the
 #          machine's 16 CPU cores: one compute core with 0/1/3/7/15 traffic generators beside it, the many-core
 #          regime (a few GB/s per core) that a 2-core VM cannot reach (issue 11). Results go to $OUT (the
@@ -60,7 +61,8 @@ run)
     tail -3 "$OUT/test-bitcos-backend.txt"
     python3 -m ggml_bitcos bench gpu --device Vulkan0 --workdir /tmp/bitcos-gpu --json "$OUT/bench-gpu.json" \
         | tee "$OUT/bench-gpu.md"
-    # (3) the CUDA kernel against the numpy reference on the H200 (every variant, v1 and v2: the SYCL test's cases)
+    # (3) the CUDA kernels against the numpy reference on the H200 (every variant, v1 and v2: the SYCL test's cases
+    # and the batched path's; mat-vec, batched int8 wmma, MUL_MAT_ID; a few seconds)
     BITCOS_CUDA_TEST_EXE=$PWD/.gpu/test-bitcos-cuda python3 -m pytest -q tests/test_cuda.py -k matches \
         2>&1 | tee "$OUT/test-cuda.txt" | tail -3
     export BITCOS_KERNELS_LIB=$PWD/.gpu/kernels/libbitcos_kernels.so BITCOS_KERNELS_NOFMA_LIB=$PWD/.gpu/kernels/libbitcos_kernels_nofma.so

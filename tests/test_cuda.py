@@ -51,9 +51,10 @@ def ggml_include(tmp_path_factory) -> Path:
     return tree / "vendor" / "llama.cpp" / "ggml" / "include"
 
 
-def compile_cuda(nvcc_exe: str, source: Path, out: Path, arch: str, include: list[Path], link: bool) -> None:
+def compile_cuda(nvcc_exe: str, source: Path, out: Path, arch: str, include: list[Path], link: bool,
+                 extra: tuple[str, ...] = ()) -> None:
     cmd = [nvcc_exe, "-std=c++17", "-O2", f"-arch={arch}", "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
-           *(f"-I{p}" for p in include), str(source), "-o", str(out)]
+           *extra, *(f"-I{p}" for p in include), str(source), "-o", str(out)]
     if not link:
         cmd.insert(1, "-c")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -63,13 +64,17 @@ def compile_cuda(nvcc_exe: str, source: Path, out: Path, arch: str, include: lis
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch):
     """The ggml-cuda glue (its kernels instantiated, device code through ptxas) and the standalone test
-    program compile warning-free for each architecture; the glue's object holds both kernels."""
+    program compile warning-free for each architecture; the glue's object holds the mat-vec, MUL_MAT_ID,
+    activation-quantization and batched tensor-core kernels."""
     inc = [ggml_include, ROOT / "csrc", ROOT / "csrc" / "cuda"]
     obj = tmp_path / f"ggml-bitcos-cuda-{arch}.o"
-    compile_cuda(nvcc_path, ROOT / "csrc" / "cuda" / "ggml-bitcos-cuda.cu", obj, arch, inc, link=False)
+    # the glue with ggml-cuda's own CUDA_FLAGS (its CMakeLists.txt: -use_fast_math -extended-lambda)
+    compile_cuda(nvcc_path, ROOT / "csrc" / "cuda" / "ggml-bitcos-cuda.cu", obj, arch, inc, link=False,
+                 extra=("-use_fast_math", "-extended-lambda"))
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
     for name in ("ggml_cuda_bitcos_supports_op", "ggml_cuda_bitcos_mul_mat(", "ggml_cuda_bitcos_mul_mat_id(",
-                 "bitcos_cuda_mul_mat_kernel", "bitcos_cuda_mul_mat_id_kernel"):
+                 "bitcos_cuda_mul_mat_kernel", "bitcos_cuda_mul_mat_id_kernel", "bitcos_cuda_quantize_q8_kernel",
+                 "bitcos_cuda_mul_mat_mmq_kernel"):
         assert name in syms, name
     compile_cuda(nvcc_path, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", tmp_path / f"test-{arch}", arch,
                  [ROOT / "csrc", ROOT / "csrc" / "cuda"], link=True)
@@ -90,11 +95,107 @@ def nvcc_or_prebuilt() -> str | None:
     return exe
 
 
+# The batched path's cases (besides the SYCL test's, which it also runs): 1 / 8 / 9 / 33 / 64 / 65 columns (a
+# second 64-column tile), odd row counts and rows past a 32-row tile, K of each variant including MATRIX / ROW
+# rows ending in a partial 128-weight unit (32, 96, 576).
+BATCHED_K = {Variant.G128: (128, 384, 2048), Variant.PT: (128, 384, 2048), Variant.B128: (128, 640, 2048),
+             Variant.B256: (256, 768, 1536), Variant.MATRIX: (32, 96, 576, 2048), Variant.ROW: (32, 96, 576, 2048)}
+BATCHED_SHAPES = ((37, 33), (19, 64), (33, 9), (5, 8), (3, 1), (45, 65))     # (rows, columns)
+
+
+def batched_cases(rng: np.random.Generator, variant: Variant, zs: tuple[float, ...] = (0.0, 0.4, 1.0)) -> list[dict]:
+    import test_sycl as ref
+
+    cases = []
+    for z in zs:
+        for i, k in enumerate(BATCHED_K[variant]):
+            for rows, n_x in BATCHED_SHAPES[i % 2::2]:
+                c = ref.make_case(rng, variant, rows, k, z, n_x)
+                c.update(row0=0, n_rows=rows, wg=16)
+                cases.append(c)
+    if not variant.scale_block:     # MUL_MAT_ID: 3 experts of 19 rows, 300 columns (more than a 64-slot tile each)
+        c = ref.make_case(rng, variant, 57, 384 if variant.version == 1 else 96, 0.4, 300, n_mats=3)
+        c.update(row0=0, n_rows=57, wg=16)
+        cases.append(c)
+    return cases
+
+
+def id_layout(c: dict) -> tuple[int, int, int, np.ndarray] | None:
+    """tests/cuda/test-bitcos-cuda.cu's MUL_MAT_ID run of a case whose tensor has n_mats = E > 1 matrices:
+    (E, rows per expert, ne11, ids (n_tok, 2)), ne11 = 2 for an even column count (else 1), ids[t][u] =
+    (t + 2 u) % (E + 1) (E: out of range); None for a single matrix."""
+    comp = np.ascontiguousarray(c["companion"]).view(np.uint8).reshape(-1)
+    e = int(comp[24:32].view("<u8")[0])
+    if e <= 1:
+        return None
+    n_x = c["x"].shape[0]
+    ne11 = 2 if n_x % 2 == 0 else 1
+    t = np.arange(n_x // ne11)[:, None]
+    return e, c["n_rows"] // e, ne11, (t + 2 * np.arange(2)[None, :]) % (e + 1)
+
+
+def check_id(c: dict, res: np.ndarray, batched: bool) -> None:
+    """MUL_MAT_ID outputs (n_tok, n_used, rows per expert): NaN (untouched) for out-of-range ids, else the
+    mat-vec's fp32 bound or check_batched per expert."""
+    n_exp, rows_e, ne11, ids = id_layout(c)
+    k = c["x"].shape[1]
+    assert np.all(np.isnan(res[ids == n_exp]))
+    for e in range(n_exp):
+        t, u = np.nonzero(ids == e)
+        cols = c["x"][t * ne11 + u % ne11]
+        got = res[t, u]
+        values = c["values"][e * rows_e:(e + 1) * rows_e].astype(np.float64)
+        if batched:
+            check_batched({"x": cols, "values": values, "row0": 0, "n_rows": rows_e}, got)
+        else:
+            exact = cols.astype(np.float64) @ values.T
+            mag = np.abs(cols.astype(np.float64)) @ np.abs(values.T)
+            assert np.all(np.abs(got - exact) <= 4 * np.finfo(np.float32).eps * np.sqrt(k) * mag + 1e-30)
+
+
+def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bitcos_cuda_quantize_q8_kernel in numpy (IEEE fp32 division and round-half-even as on the device):
+    per 32 values d = amax / 127, q = rint(x / d); returns (q, d) with q (n_x, k) and d (n_x, k / 32)."""
+    n_x, k = x.shape
+    xb = x.astype(np.float32).reshape(n_x, k // 32, 32)
+    amax = np.abs(xb).max(axis=2)
+    d = (amax / np.float32(127.0)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(amax[:, :, None] > 0, np.rint(xb / d[:, :, None]), 0)
+    return np.clip(q, -127, 127).reshape(n_x, k), d
+
+
+def check_batched(c: dict, mm: np.ndarray) -> None:
+    """The batched path: (1) the error bound of bitcos-cuda.cuh's comment against the exact fp64 product,
+    |err| <= M (1/254 (1 + 2^-12) + (K/32 + 4) 2^-23), M = sum over 32-blocks b of (sum_b |W|) * amax_b(x)
+    (int8 rounding moves a value by at most amax_b / 254; the rest is fp32 rounding of the per-block products
+    and their K/32-term sum); (2) tighter, against the fp64 product with the same quantized activations, within
+    that fp32 part alone (catches tile index errors that the int8 bound could hide)."""
+    n_x, k = c["x"].shape
+    values = c["values"][c["row0"]:c["row0"] + c["n_rows"]].astype(np.float64)
+    x = c["x"].astype(np.float64)
+    nb = k // 32
+    amax = np.abs(x).reshape(n_x, nb, 32).max(axis=2)
+    wsum = np.abs(values).reshape(-1, nb, 32).sum(axis=2)
+    m = amax @ wsum.T
+    fp32 = (nb + 4) * 2.0 ** -23
+    assert np.all(np.isfinite(mm))
+    err = np.abs(mm - x @ values.T)
+    assert np.all(err <= m * (1 / 254 * (1 + 2.0 ** -12) + fp32) + 1e-30), float(np.max(err / (m + 1e-30)))
+    q, d = quantize_q8(c["x"])
+    xq = q.astype(np.float64) * np.repeat(d.astype(np.float64), 32, axis=1)
+    mq = np.abs(xq).reshape(n_x, nb, 32).max(axis=2) @ wsum.T
+    assert np.all(np.abs(mm - xq @ values.T) <= mq * fp32 + 1e-30)
+
+
 @pytest.mark.parametrize("variant", list(Variant), ids=[v.name.lower() for v in Variant])
 def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
     """On a CUDA device: mat-vec of every variant of both format versions, the SYCL test's cases (z 0 / 0.4 /
     1, odd shapes, MATRIX / ROW rows ending in a partial 128-weight unit, 1-17 columns, runs starting
-    mid-tensor, 3-D tensors with per-matrix scales), within fp32 accumulation error of the float64 product."""
+    mid-tensor, 3-D tensors with per-matrix scales), within fp32 accumulation error of the float64 product;
+    the batched path (int8 activations, tensor cores) on those cases and batched_cases' (1-65 columns) within
+    its int8 bound (check_batched); MUL_MAT_ID, mat-vec and batched, on the tensors of several matrices
+    (check_id)."""
     if not cuda_device_present():
         pytest.skip("no CUDA device (runs on a lent GPU machine: scripts/gpu_session.sh)")
     import test_sycl as ref
@@ -104,7 +205,15 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
     if not prebuilt:
         compile_cuda(nvcc_or_prebuilt, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", exe, "native",
                      [ROOT / "csrc", ROOT / "csrc" / "cuda"], link=True)
-    cases = ref.variant_cases(np.random.default_rng(31 + int(variant)), variant)
+    rng = np.random.default_rng(31 + int(variant))
+    run_and_check(exe, tmp_path, ref.variant_cases(rng, variant) + batched_cases(rng, variant))
+
+
+def run_and_check(exe: Path, tmp_path: Path, cases: list[dict]) -> None:
+    """Runs a test program (tests/cuda/test-bitcos-cuda.cu on a GPU, or tests/cuda/host-emulation.cpp) on the
+    cases and checks its outputs: mat-vec, batched, and for tensors of several matrices MUL_MAT_ID both ways."""
+    import test_sycl as ref
+
     inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
     ref.write_cases(inp, cases)
     r = subprocess.run([str(exe), str(inp), str(out)], capture_output=True, text=True, timeout=600)
@@ -119,4 +228,75 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
         exact = c["x"].astype(np.float64) @ values.T
         mag = np.abs(c["x"].astype(np.float64)) @ np.abs(values.T)
         assert np.all(np.abs(mv - exact) <= 4 * np.finfo(np.float32).eps * np.sqrt(k) * mag + 1e-30)
+        mm = data[off:off + n_x * c["n_rows"]].reshape(n_x, c["n_rows"])
+        off += mm.size
+        check_batched(c, mm)
+        lay = id_layout(c)
+        if lay is not None:
+            n_ids = lay[3].size * lay[1]
+            for batched in (False, True):
+                check_id(c, data[off:off + n_ids].reshape(*lay[3].shape, lay[1]), batched)
+                off += n_ids
     assert off == data.size
+
+
+@pytest.fixture(scope="module")
+def host_emulation(tmp_path_factory) -> Path:
+    """tests/cuda/host-emulation.cpp built with the host C++ compiler (C++20: std::barrier)."""
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path_factory.mktemp("cuda-host") / "host-emulation"
+    r = subprocess.run([cxx, "-std=c++20", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
+                        f"-I{ROOT / 'tests' / 'cuda' / 'host-shim'}", f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'csrc' / 'cuda'}",
+                        str(ROOT / "tests" / "cuda" / "host-emulation.cpp"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return exe
+
+
+@pytest.mark.parametrize("variant", list(Variant), ids=[v.name.lower() for v in Variant])
+def test_cuda_kernels_in_host_emulation(host_emulation, tmp_path, variant):
+    """Everywhere (no GPU): the kernels' own source (mat-vec, MUL_MAT_ID, quantization, slot grouping, the
+    batched tile kernel in both modes) run on the CPU through tests/cuda/host-shim (a thread per CUDA thread,
+    real barriers and shuffles, wmma with its alignment rules) and checked as on a GPU, on a small set: the
+    batched cases at z 0.4 with K <= 640 (1-65 columns, partial units, rows past a tile) and, for PT / MATRIX /
+    ROW, the SYCL test's 3-matrix tensor through MUL_MAT_ID (its 300-column one, which fills several slot
+    tiles per expert, only in test_mmq_tile_emulation: too slow here). scripts/gpu_session.sh runs the full
+    set on a GPU."""
+    import test_sycl as ref
+
+    rng = np.random.default_rng(53 + int(variant))
+    cases = [c for c in batched_cases(rng, variant, zs=(0.4,)) if c["x"].shape[1] <= 640 and id_layout(c) is None]
+    cases += [c for c in ref.variant_cases(rng, variant) if id_layout(c) is not None]
+    run_and_check(host_emulation, tmp_path, cases)
+
+
+@pytest.mark.parametrize("variant", list(Variant), ids=[v.name.lower() for v in Variant])
+def test_mmq_tile_emulation(variant):
+    """Everywhere (numpy, no GPU): tests/cuda/mmq_emulation.py, a statement-by-statement CPU emulation of the
+    batched kernel's index math (thread roles, width-4 prefix sums and sign cursors, k-slab tiles, wmma
+    fragment mapping, per-32 scales) on the encoded bytes, decodes every tile to the codec's exact codes and
+    passes check_batched: on batched_cases at z 0.4 (1-65 columns, partial 128-weight units, rows past a
+    32-row tile) and the SYCL cases with runs starting mid-tensor and per-matrix / per-row scales of 3-D
+    tensors; for the tensors of several matrices also MUL_MAT_ID (slot grouping, expert blocks, check_id)."""
+    import sys
+
+    import test_sycl as ref
+
+    sys.path.insert(0, str(ROOT / "tests" / "cuda"))
+    import mmq_emulation as emu
+
+    rng = np.random.default_rng(97 + int(variant))
+    cases = batched_cases(rng, variant, zs=(0.4,))
+    cases += [c for c in ref.variant_cases(rng, variant) if (c["row0"] or c["n_rows"] == 24) and c["x"].shape[1] <= 4352]
+    for c in cases:
+        rows, k = c["n_rows"], c["x"].shape[1]
+        codes = np.zeros((rows, k), np.int8)
+        out = emu.emulate(c["blocks"], c["companion"], c["x"], c["row0"], rows, codes)
+        assert np.array_equal(codes, c["codes"][c["row0"]:c["row0"] + rows])
+        check_batched(c, out)
+        lay = id_layout(c)
+        if lay is not None:
+            n_exp, rows_e, ne11, ids = lay
+            check_id(c, emu.emulate_id(c["blocks"], c["companion"], c["x"], n_exp, rows_e, ne11, ids, rng), True)

@@ -13,9 +13,11 @@
 // within the kernels' grid limits.
 bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op);
 
-// dst = src0 * src1 for a BITCOS src0: one warp per row, one decode per 8 columns, batches broadcast as
-// ggml's MUL_MAT defines them (one launch per batch).
+// dst = src0 * src1 for a BITCOS src0, batches broadcast as ggml's MUL_MAT defines them (one launch per batch):
+// up to 8 columns one warp per row, one decode per 8 columns (fp32); more columns (compute capability 7.2+)
+// activations quantized per 32 to int8 and 32 x 64 output tiles on tensor cores, one decode per 64 columns.
 void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst);
 
-// MUL_MAT_ID with a BITCOS expert tensor: one launch, expert ids read on the device.
+// MUL_MAT_ID with a BITCOS expert tensor, expert ids read on the device: up to 8 tokens one mat-vec launch; more
+// tokens (compute capability 7.2+) the batched kernel over the (token, slot) pairs grouped by expert.
 void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst);

@@ -1,0 +1,107 @@
+// tests/cuda/test-bitcos-cuda.cu's runs, with the kernels of csrc/cuda/bitcos-cuda.cuh compiled for the host
+// against tests/cuda/host-shim (a thread per CUDA thread, barriers for __syncthreads / __syncwarp, shuffles
+// through a per-warp buffer, wmma on whole 16 x 16 matrices with its alignment rules checked). Same input and
+// output as the device program, so tests/test_cuda.py checks both with the same code; it runs here, in CI,
+// where no GPU is: the kernels' source, index math and barrier structure execute, the GPU does not.
+//
+//   g++ -std=c++20 -O1 -pthread -Itests/cuda/host-shim -Icsrc -Icsrc/cuda tests/cuda/host-emulation.cpp
+#include "bitcos-cuda.cuh"
+
+#include "../gpu-cases.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
+
+using cuda_shim::launch;
+
+namespace {
+
+// 256-byte aligned host copies, as cudaMalloc's
+template <class T> T * dev_alloc(size_t n) {
+    void * p = std::aligned_alloc(256, (n * sizeof(T) + 255) / 256 * 256 + 256);
+    if (!p) throw std::runtime_error("out of memory");
+    std::memset(p, 0, (n * sizeof(T) + 255) / 256 * 256 + 256);
+    return static_cast<T *>(p);
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    if (argc != 3) {
+        std::fprintf(stderr, "usage: %s IN.bin OUT.bin\n", argv[0]);
+        return 2;
+    }
+    try {
+        const std::vector<bitcos_gpu_case> cases = bitcos_read_cases(bitcos_read_file(argv[1]));
+        std::ofstream out(argv[2], std::ios::binary);
+        auto write = [&](const float * p, size_t n) { out.write(reinterpret_cast<const char *>(p), 4 * n); };
+        for (const bitcos_gpu_case & c : cases) {
+            const uint64_t n_rows = c.n_rows, k = c.k, n_x = c.n_x, row0 = c.row0;
+            uint8_t * d_blk = dev_alloc<uint8_t>(c.blocks.size() + 1);
+            uint8_t * d_comp = dev_alloc<uint8_t>(c.comp.size());
+            float * d_x = dev_alloc<float>(n_x * k);
+            float * d_dst = dev_alloc<float>(n_x * n_rows);
+            std::memcpy(d_blk, c.blocks.data(), c.blocks.size());
+            std::memcpy(d_comp, c.comp.data(), c.comp.size());
+            std::memcpy(d_x, c.x.data(), c.x.size());
+            const int warps = 4;
+            launch(dim3((unsigned) ((n_rows + warps - 1) / warps), (unsigned) ((n_x + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS)),
+                   dim3(BITCOS_CUDA_WARP, warps), [&] {
+                bitcos_cuda_mul_mat_kernel(d_blk, d_comp, d_x, d_dst, (int64_t) row0, (int64_t) n_rows, (int64_t) k,
+                                           (int64_t) n_x, (int64_t) k, (int64_t) n_rows);
+            });
+            write(d_dst, n_x * n_rows);
+            const int64_t k_pad = bitcos_cuda_mmq_k_pad((int64_t) k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
+            int8_t * d_q = dev_alloc<int8_t>(n_x * k_pad);
+            float * d_d = dev_alloc<float>(n_x * nqb);
+            std::memset(d_dst, 0xFF, 4 * n_x * n_rows);
+            launch(dim3((unsigned) n_x, (unsigned) ((nqb + 3) / 4)), dim3(BITCOS_CUDA_WARP, 4), [&] {
+                bitcos_cuda_quantize_q8_kernel(d_x, d_q, d_d, (int64_t) k, k_pad, (int64_t) k, (int64_t) n_x, 0);
+            });
+            launch(dim3((unsigned) ((n_rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
+                        (unsigned) ((n_x + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN)), dim3(BITCOS_CUDA_MMQ_THREADS), [&] {
+                bitcos_cuda_mul_mat_mmq_kernel(d_blk, d_comp, d_q, d_d, d_dst, (int64_t) row0, (int64_t) n_rows,
+                                               (int64_t) n_x, k_pad, (int64_t) n_rows, bitcos_cuda_mmq_ids{});
+            });
+            write(d_dst, n_x * n_rows);
+            uint64_t n_mats;
+            std::memcpy(&n_mats, c.comp.data() + BITCOS_HDR_N_MATS, 8);
+            if (n_mats > 1) {                         // as test-bitcos-cuda.cu
+                const int64_t E = (int64_t) n_mats, rows_e = (int64_t) n_rows / E, n_used = 2;
+                const int64_t ne11 = n_x % 2 == 0 ? 2 : 1, n_tok = (int64_t) n_x / ne11, cap = n_tok * n_used;
+                int32_t * d_ids = dev_alloc<int32_t>(cap);
+                for (int64_t t = 0; t < n_tok; ++t)
+                    for (int64_t u = 0; u < n_used; ++u) d_ids[t * n_used + u] = (int32_t) ((t + 2 * u) % (E + 1));
+                int32_t * d_slots = dev_alloc<int32_t>(cap * E);
+                int32_t * d_counts = dev_alloc<int32_t>(E);
+                float * d_out = dev_alloc<float>(cap * rows_e);
+                std::memset(d_out, 0xFF, 4 * cap * rows_e);
+                launch(dim3((unsigned) ((rows_e + warps - 1) / warps), (unsigned) cap), dim3(BITCOS_CUDA_WARP, warps), [&] {
+                    bitcos_cuda_mul_mat_id_kernel(d_blk, d_comp, d_x, d_ids, d_out, rows_e, E, n_used, n_used, ne11,
+                                                  (int64_t) k, ne11 * (int64_t) k, rows_e, n_used * rows_e);
+                });
+                write(d_out, cap * rows_e);
+                std::memset(d_out, 0xFF, 4 * cap * rows_e);
+                launch(dim3((unsigned) ((cap + 255) / 256)), dim3(256), [&] {
+                    bitcos_cuda_mmq_id_slots_kernel(d_ids, d_slots, d_counts, E, n_used, n_tok, n_used, cap);
+                });
+                const bitcos_cuda_mmq_ids map = {d_slots, d_counts, cap, n_used, ne11, rows_e, n_used * rows_e};
+                launch(dim3((unsigned) ((rows_e + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
+                            (unsigned) ((cap + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN), (unsigned) E),
+                       dim3(BITCOS_CUDA_MMQ_THREADS), [&] {
+                    bitcos_cuda_mul_mat_mmq_kernel(d_blk, d_comp, d_q, d_d, d_out, 0, rows_e, 0, k_pad, 0, map);
+                });
+                write(d_out, cap * rows_e);
+                for (void * p : {(void *) d_ids, (void *) d_slots, (void *) d_counts, (void *) d_out}) std::free(p);
+            }
+            for (void * p : {(void *) d_blk, (void *) d_comp, (void *) d_x, (void *) d_dst, (void *) d_q, (void *) d_d}) std::free(p);
+        }
+        if (!out) throw std::runtime_error("cannot write output");
+        return 0;
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "host-emulation: %s\n", e.what());
+        return 1;
+    }
+}

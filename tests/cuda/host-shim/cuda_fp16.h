@@ -1,0 +1,3 @@
+// host shim (tests/cuda/host-shim/cuda_host_shim.hpp)
+#pragma once
+#include "cuda_host_shim.hpp"

@@ -72,39 +72,59 @@ BITCOS_STATIC_ASSERT(sizeof(block_bitcos) == QK_BITCOS_BITMAP / 8, "wrong block_
 #define BITCOS_BLOCK_BYTES_G128 sizeof(block_bitcos_g128)
 #define BITCOS_BLOCK_BYTES_PT   sizeof(block_bitcos_pt)
 
+// The helpers below are the format's arithmetic for host and device code alike: under nvcc they are
+// __host__ __device__ (else CUDA kernels could not call them and would need copies); elsewhere plain C.
+#if defined(__CUDACC__)
+#define BITCOS_FORMAT_FN static inline __host__ __device__
+#else
+#define BITCOS_FORMAT_FN static inline
+#endif
+
 // Bytes from one 128-weight unit's bitmap to the next within a row: 18 for v1 G128 (the scale sits between),
 // 16 for every other variant.
-static inline size_t bitcos_block_bytes(int variant) {
+BITCOS_FORMAT_FN size_t bitcos_block_bytes(int variant) {
     return variant == BITCOS_VARIANT_G128 ? sizeof(block_bitcos_g128) : sizeof(block_bitcos_pt);
 }
 
 // Format version of a variant: 1 for G128 / PT, 2 for the rest.
-static inline int bitcos_variant_version(int variant) {
+BITCOS_FORMAT_FN int bitcos_variant_version(int variant) {
     return variant <= BITCOS_VARIANT_PT ? 1 : 2;
 }
 
 // ggml type id a variant is stored as.
-static inline int bitcos_variant_type_id(int variant) {
+BITCOS_FORMAT_FN int bitcos_variant_type_id(int variant) {
     return variant == BITCOS_VARIANT_G128 ? BITCOS_TYPE_ID_G128
          : variant == BITCOS_VARIANT_PT   ? BITCOS_TYPE_ID_PT : BITCOS_TYPE_ID_BITMAP;
 }
 
 // Row length K must be a positive multiple of this: 128 (v1, B128), 256 (B256), 32 (MATRIX, ROW).
-static inline int64_t bitcos_variant_k_multiple(int variant) {
+BITCOS_FORMAT_FN int64_t bitcos_variant_k_multiple(int variant) {
     return variant == BITCOS_VARIANT_B256 ? 256
          : (variant == BITCOS_VARIANT_MATRIX || variant == BITCOS_VARIANT_ROW) ? QK_BITCOS_BITMAP : QK_BITCOS;
 }
 
 // Weights per scale along a row for block-scaled variants (G128, B128: 128; B256: 256); 0 for the variants
 // with one scale per row or matrix (PT, MATRIX, ROW).
-static inline int64_t bitcos_variant_scale_block(int variant) {
+BITCOS_FORMAT_FN int64_t bitcos_variant_scale_block(int variant) {
     return (variant == BITCOS_VARIANT_G128 || variant == BITCOS_VARIANT_B128) ? 128
          : variant == BITCOS_VARIANT_B256 ? 256 : 0;
 }
 
+// Bytes of one row of the weight tensor (FORMAT.md §3): K/128 blocks of the variant's size in version 1, the
+// K/8-byte bitmap in version 2.
+BITCOS_FORMAT_FN uint64_t bitcos_weight_row_bytes(int variant, uint64_t n_cols) {
+    return bitcos_variant_version(variant) == 1 ? n_cols / QK_BITCOS * bitcos_block_bytes(variant) : n_cols / 8;
+}
+
+// Index of row r's fp32 scale in the companion's scales section (FORMAT.md §4.2) for the row-scaled variants:
+// PT / MATRIX its matrix's (r / rows per matrix), ROW its own. Block-scaled variants have no row scale.
+BITCOS_FORMAT_FN uint64_t bitcos_row_scale_index(int variant, uint64_t r, uint64_t rows_per_mat) {
+    return variant == BITCOS_VARIANT_ROW ? r : r / rows_per_mat;
+}
+
 // Bytes of the companion's scales section (FORMAT.md §4.2): PT / MATRIX f32[M], ROW f32[R], B128 / B256
 // f16[R][K / block]; 0 for G128 (its scales are in the weight blocks).
-static inline uint64_t bitcos_scales_bytes(int variant, uint64_t n_cols, uint64_t n_rows, uint64_t n_mats) {
+BITCOS_FORMAT_FN uint64_t bitcos_scales_bytes(int variant, uint64_t n_cols, uint64_t n_rows, uint64_t n_mats) {
     switch (variant) {
         case BITCOS_VARIANT_PT:
         case BITCOS_VARIANT_MATRIX: return 4 * n_mats;

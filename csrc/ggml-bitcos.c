@@ -119,12 +119,11 @@ float ggml_bitcos_matrix_scale(const void * cdata, const struct ggml_bitcos_head
 }
 
 float ggml_bitcos_row_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t r) {
-    switch (h->variant) {
-        case BITCOS_VARIANT_PT:
-        case BITCOS_VARIANT_MATRIX: return ggml_bitcos_matrix_scale(cdata, h, r / (h->n_rows / h->n_mats));
-        case BITCOS_VARIANT_ROW:    return rd_f32((const uint8_t *) cdata + h->scales_offset + sizeof(float)*r);
-        default:                    return 0.0f;
+    if (bitcos_variant_scale_block(h->variant) != 0) {
+        return 0.0f;   // block-scaled: no row scale
     }
+    const uint64_t i = bitcos_row_scale_index(h->variant, r, h->n_rows / h->n_mats);
+    return rd_f32((const uint8_t *) cdata + h->scales_offset + sizeof(float)*i);
 }
 
 uint64_t ggml_bitcos_scale_row_bytes(const struct ggml_bitcos_header * h) {
@@ -166,9 +165,6 @@ static bool bitcos_layout_of(int variant, uint64_t n_cols, uint64_t n_rows, uint
 
 // Where a row's bitmap lies in the weight data: row r starts at r*row_bytes; 128-weight unit u of it at
 // u*unit_bytes (v1: blocks of 18 / 16 bytes; v2: the plain K/8-byte bitmap, so u*16).
-static size_t bitcos_row_bytes(int variant, int64_t k) {
-    return bitcos_variant_version(variant) == 1 ? (size_t)(k / QK_BITCOS) * bitcos_block_bytes(variant) : (size_t)(k / 8);
-}
 
 // Non-zero weights of a row of k weights: the popcount of its bitmap bytes (the bitmap part of each v1 block).
 static uint64_t popcount_row(const uint8_t * row, int variant, int64_t k) {
@@ -273,7 +269,7 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
         }
     }
     // row index invariants: sign_pos(0) = 0, sign_pos(r+1) = sign_pos(r) + popcount(row r), end = S
-    const size_t   row_size = bitcos_row_bytes(variant, k);
+    const size_t   row_size = (size_t) bitcos_weight_row_bytes(variant, (uint64_t) k);
     const uint8_t * wb      = (const uint8_t *) wdata;
     const uint64_t gmask    = ((uint64_t)1 << h.row_group_log2) - 1;
     uint64_t expect = 0;
@@ -413,7 +409,7 @@ size_t ggml_bitcos_encode(int variant, int64_t k, int64_t n_rows, int64_t n_mats
         }
     }
     const size_t  ub       = bitcos_block_bytes(variant);
-    const size_t  row_size = bitcos_row_bytes(variant, k);
+    const size_t  row_size = (size_t) bitcos_weight_row_bytes(variant, (uint64_t) k);
     uint8_t * wb   = (uint8_t *) wdst;
     uint8_t * pool = c + L.pool_offset;
     uint64_t  pos  = 0;

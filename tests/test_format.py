@@ -45,8 +45,9 @@ class CHeader:
     """The constants of a C header: object-like ``#define``s, enum constants (with the field width named in a
     trailing ``// u8`` … ``// u64`` comment, where there is one) and the sizes of its ``typedef struct``s.
 
-    A ``#define`` whose value is a lone name defined nowhere in the header (``#define X_STATIC_ASSERT
-    _Static_assert``) spells C, not a constant, and is left out; every other one must evaluate.
+    A ``#define`` whose value is names alone, none defined in the header (``#define X_STATIC_ASSERT
+    _Static_assert``, ``#define BITCOS_FORMAT_FN static inline``) spells C, not a constant, and is left out;
+    every other one must evaluate.
     """
 
     def __init__(self, text: str):
@@ -63,7 +64,8 @@ class CHeader:
                     if m.group(3) in FIELD_WIDTHS:
                         self.widths[m.group(1)] = FIELD_WIDTHS[m.group(3)]
         self.raw = {name: value for name, value in self.raw.items()
-                    if not (re.fullmatch(r"[A-Za-z_]\w*", value) and value not in self.raw)}
+                    if not (re.fullmatch(r"[A-Za-z_]\w*(\s+[A-Za-z_]\w*)*", value)
+                            and not any(word in self.raw for word in value.split()))}
         self.structs: dict[str, type[ctypes.Structure]] = {}
         for body, name in re.findall(r"typedef\s+struct\s*\{(.*?)\}\s*(\w+)\s*;", code, re.S):
             members = []

@@ -83,26 +83,16 @@ struct bitcos_cuda_layout {
     unsigned  word_shift;      // B128 / B256: word w of a row has scale w >> word_shift of the row
 };
 
-// bitcos-format.h's helpers are host-only C functions to nvcc; the two the layout needs, for device code (built
-// from the same constants: bitcos_block_bytes, bitcos_variant_scale_block).
-__device__ __forceinline__ uint64_t bitcos_cuda_block_bytes(int variant) {
-    return variant == BITCOS_VARIANT_G128 ? sizeof(block_bitcos_g128) : sizeof(block_bitcos_pt);
-}
-__device__ __forceinline__ uint64_t bitcos_cuda_scale_block(int variant) {
-    return (variant == BITCOS_VARIANT_G128 || variant == BITCOS_VARIANT_B128) ? QK_BITCOS
-         : variant == BITCOS_VARIANT_B256 ? 2 * QK_BITCOS : 0;
-}
-
 __device__ __forceinline__ bitcos_cuda_layout bitcos_cuda_read_layout(const uint8_t * comp) {
     bitcos_cuda_layout l;
     l.variant = comp[BITCOS_HDR_VARIANT];
     l.k       = bitcos_cuda_u64(comp, BITCOS_HDR_N_COLS);
     l.n_words = l.k / QK_BITCOS_BITMAP;
-    l.row_bytes = l.variant <= BITCOS_VARIANT_PT ? l.k / QK_BITCOS * bitcos_cuda_block_bytes(l.variant) : l.k / 8;
+    l.row_bytes = bitcos_weight_row_bytes(l.variant, l.k);
     l.scales  = comp + bitcos_cuda_u64(comp, BITCOS_HDR_SCALES_OFFSET);
     const uint64_t n_mats = bitcos_cuda_u64(comp, BITCOS_HDR_N_MATS);
     l.rows_per_mat = bitcos_cuda_u64(comp, BITCOS_HDR_N_ROWS) / (n_mats ? n_mats : 1);
-    const uint64_t sb = bitcos_cuda_scale_block(l.variant);
+    const uint64_t sb = (uint64_t) bitcos_variant_scale_block(l.variant);
     l.scales_per_row = sb ? l.k / sb : 0;
     l.word_shift = sb == 2 * QK_BITCOS ? 3u : 2u;      // words per scale: 4 (128 weights), 8 (256)
     return l;
@@ -110,13 +100,8 @@ __device__ __forceinline__ bitcos_cuda_layout bitcos_cuda_read_layout(const uint
 
 // The scale of a whole global row r: PT / MATRIX its matrix's, ROW its own; 1 for the block-scaled variants.
 __device__ __forceinline__ float bitcos_cuda_row_scale(const bitcos_cuda_layout & l, uint64_t r) {
-    const float * s = reinterpret_cast<const float *>(l.scales);
-    switch (l.variant) {
-        case BITCOS_VARIANT_PT:
-        case BITCOS_VARIANT_MATRIX: return s[r / l.rows_per_mat];
-        case BITCOS_VARIANT_ROW:    return s[r];
-        default:                    return 1.0f;
-    }
+    return bitcos_variant_scale_block(l.variant) != 0 ? 1.0f
+         : reinterpret_cast<const float *>(l.scales)[bitcos_row_scale_index(l.variant, r, l.rows_per_mat)];
 }
 
 // 32 sign bits from pool bit pos (two aligned 32-bit pool words, funnel-shifted; the pool's zero tail, FORMAT.md

@@ -106,7 +106,7 @@ inline weight_layout read_layout(const uint8_t * comp) {
     l.n_words    = l.k / QK_BITCOS_BITMAP;
     l.n_units    = (l.k + QK_BITCOS - 1) / QK_BITCOS;
     l.unit_bytes = bitcos_block_bytes(l.variant);
-    l.row_bytes  = l.variant <= BITCOS_VARIANT_PT ? (size_t)(l.k / QK_BITCOS) * l.unit_bytes : (size_t)(l.k / 8);
+    l.row_bytes  = (size_t) bitcos_weight_row_bytes(l.variant, l.k);
     l.scales     = comp + comp_u64(comp, BITCOS_HDR_SCALES_OFFSET);
     const uint64_t n_mats = comp_u64(comp, BITCOS_HDR_N_MATS);
     l.rows_per_mat = comp_u64(comp, BITCOS_HDR_N_ROWS) / (n_mats ? n_mats : 1);
@@ -150,13 +150,8 @@ inline float unit_scale(const weight_layout & l, const uint8_t * row, uint64_t r
 
 // The scale of a whole global row r: PT / MATRIX its matrix's, ROW its own; 1 for the block-scaled variants.
 inline float row_scale(const weight_layout & l, uint64_t r) {
-    const float * s = reinterpret_cast<const float *>(l.scales);
-    switch (l.variant) {
-        case BITCOS_VARIANT_PT:
-        case BITCOS_VARIANT_MATRIX: return s[r / l.rows_per_mat];
-        case BITCOS_VARIANT_ROW:    return s[r];
-        default:                    return 1.0f;
-    }
+    return bitcos_variant_scale_block(l.variant) != 0 ? 1.0f
+         : reinterpret_cast<const float *>(l.scales)[bitcos_row_scale_index(l.variant, r, l.rows_per_mat)];
 }
 
 // A row's compacted sign stream as a 64-bit window with `n` valid bits, refilled from 32-bit pool words.

@@ -50,8 +50,7 @@ int main(void) {
             scales[i] = 0.25f * (float)(1 + i % 3);
         }
         const size_t cb = ggml_bitcos_encode(variant, k, rows, mats, codes, d, scales, NULL, NULL, 0);
-        const size_t row_bytes = bitcos_variant_version(variant) == 1 ? (size_t)(k / QK_BITCOS) * bitcos_block_bytes(variant)
-                                                                      : (size_t)(k / 8);
+        const size_t row_bytes = (size_t) bitcos_weight_row_bytes(variant, (uint64_t) k);
         const size_t wb_size = (size_t) rows * row_bytes;
         uint8_t * wb = malloc(wb_size);
         uint8_t * cd = malloc(cb);

@@ -41,6 +41,38 @@ def ref_row_index(codes: list[list[int]]) -> tuple[list[int], int, int]:
     return sign_pos, acc, g
 
 
+def ref_companion(codes: list[list[int]], version: int, variant: int, n_mats: int,
+                  section: bytes | None) -> tuple[bytes, int]:
+    """FORMAT.md §4 by hand: the companion (header, the scales ``section`` when the variant has one, row index,
+    sign pool) of ``codes``, and its row-group log2."""
+    rows, k = len(codes), len(codes[0])
+    sign_pos, n_sign, g = ref_row_index(codes)
+    n_groups = -(-rows // (1 << g))
+    scales_off = 128 if section is not None else 0
+    base_off = _roundup(128 + len(section or b""), 64)
+    delta_off = _roundup(base_off + 8 * n_groups, 64)
+    pool_off = _roundup(delta_off + 2 * rows, 64)
+    pool_bytes = _roundup(-(-n_sign // 8), 64) + 64
+    comp = bytearray(pool_off + pool_bytes)
+    comp[0:128] = struct.pack("<IHBBQQQQQQQQQ", 0x53435442, version, variant, g, k, rows, n_mats, n_sign,
+                              scales_off, base_off, delta_off, pool_off, pool_bytes) + bytes(48)
+    if section is not None:
+        comp[scales_off:scales_off + len(section)] = section
+    for grp in range(n_groups):
+        comp[base_off + 8 * grp:base_off + 8 * grp + 8] = struct.pack("<Q", sign_pos[grp << g])
+    for r in range(rows):
+        comp[delta_off + 2 * r:delta_off + 2 * r + 2] = struct.pack("<H", sign_pos[r] - sign_pos[(r >> g) << g])
+    bit = 0
+    for r in range(rows):
+        assert bit == sign_pos[r]
+        for v in codes[r]:
+            if v != 0:
+                if v < 0:
+                    comp[pool_off + bit // 8] |= 1 << (bit % 8)
+                bit += 1
+    return bytes(comp), g
+
+
 def ref_encode(codes: list[list[int]], variant: Variant, block_d: list[list[float]] | None,
                mat_scales: list[float] | None, n_mats: int) -> tuple[bytes, bytes, int]:
     rows, k = len(codes), len(codes[0])
@@ -54,38 +86,9 @@ def ref_encode(codes: list[list[int]], variant: Variant, block_d: list[list[floa
             weight += bits
             if variant == Variant.G128:
                 weight += struct.pack("<e", block_d[r][b])      # stored as given, even when empty
-    sign_pos, n_sign, g = ref_row_index(codes)
-    n_groups = -(-rows // (1 << g))
-    off = 128
-    scales_off = 0
-    if variant == Variant.PT:
-        scales_off = off
-        off = _roundup(off + 4 * n_mats, 64)
-    base_off = off
-    off = _roundup(off + 8 * n_groups, 64)
-    delta_off = off
-    off = _roundup(off + 2 * rows, 64)
-    pool_off = off
-    pool_bytes = _roundup(-(-n_sign // 8), 64) + 64
-    comp = bytearray(pool_off + pool_bytes)
-    comp[0:128] = struct.pack("<IHBBQQQQQQQQQ", 0x53435442, 1, variant, g, k, rows, n_mats, n_sign, scales_off,
-                              base_off, delta_off, pool_off, pool_bytes) + bytes(48)
-    if variant == Variant.PT:
-        for m, s in enumerate(mat_scales):
-            comp[scales_off + 4 * m:scales_off + 4 * m + 4] = struct.pack("<f", s)
-    for grp in range(n_groups):
-        comp[base_off + 8 * grp:base_off + 8 * grp + 8] = struct.pack("<Q", sign_pos[grp << g])
-    for r in range(rows):
-        comp[delta_off + 2 * r:delta_off + 2 * r + 2] = struct.pack("<H", sign_pos[r] - sign_pos[(r >> g) << g])
-    bit = 0
-    for r in range(rows):
-        assert bit == sign_pos[r]
-        for v in codes[r]:
-            if v != 0:
-                if v < 0:
-                    comp[pool_off + bit // 8] |= 1 << (bit % 8)
-                bit += 1
-    return bytes(weight), bytes(comp), g
+    section = b"".join(struct.pack("<f", s) for s in mat_scales) if variant == Variant.PT else None
+    comp, g = ref_companion(codes, 1, int(variant), n_mats, section)
+    return bytes(weight), comp, g
 
 
 @pytest.mark.parametrize("variant", [Variant.G128, Variant.PT])
@@ -316,29 +319,8 @@ def ref_encode_v2(codes: list[list[int]], variant: Variant, scales: list, n_mats
         section = b"".join(struct.pack("<f", s) for s in scales)
     else:
         section = b"".join(struct.pack("<e", d) for row in scales for d in row)
-    sign_pos, n_sign, g = ref_row_index(codes)
-    n_groups = -(-rows // (1 << g))
-    scales_off = 128
-    base_off = _roundup(scales_off + len(section), 64)
-    delta_off = _roundup(base_off + 8 * n_groups, 64)
-    pool_off = _roundup(delta_off + 2 * rows, 64)
-    pool_bytes = _roundup(-(-n_sign // 8), 64) + 64
-    comp = bytearray(pool_off + pool_bytes)
-    comp[0:128] = struct.pack("<IHBBQQQQQQQQQ", 0x53435442, 2, int(variant), g, k, rows, n_mats, n_sign,
-                              scales_off, base_off, delta_off, pool_off, pool_bytes) + bytes(48)
-    comp[scales_off:scales_off + len(section)] = section
-    for grp in range(n_groups):
-        comp[base_off + 8 * grp:base_off + 8 * grp + 8] = struct.pack("<Q", sign_pos[grp << g])
-    for r in range(rows):
-        comp[delta_off + 2 * r:delta_off + 2 * r + 2] = struct.pack("<H", sign_pos[r] - sign_pos[(r >> g) << g])
-    bit = 0
-    for r in range(rows):
-        for v in codes[r]:
-            if v != 0:
-                if v < 0:
-                    comp[pool_off + bit // 8] |= 1 << (bit % 8)
-                bit += 1
-    return bytes(weight), bytes(comp)
+    comp, _g = ref_companion(codes, 2, int(variant), n_mats, section)
+    return bytes(weight), comp
 
 
 def v2_scales(rng: np.random.Generator, variant: Variant, rows: int, k: int, n_mats: int) -> dict[str, np.ndarray]:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_bench_gemv_small(tmp_path, patched_llama):
     out = tmp_path / "gemv.json"
@@ -90,7 +92,7 @@ def test_tables_and_plots_do_not_mutate_their_inputs(tmp_path):
     passed in are left exactly as they were (so one set of records can feed any of them, in any order)."""
     import copy
 
-    from ggml_bitcos.bench import e2e, gemv, roofline
+    from ggml_bitcos.bench import e2e, gemv, gpu, roofline
 
     gemv_res, rows, breakdown = _gemv_results(), _llama_bench_rows(), _breakdown()
     rf = {"beta_gb_s": {1: 20.0}, "gamma_cycles_per_32": {"tq2_0": 2.5, "bitcos_pt": 2.0}, "tsc_ghz": 3.0,
@@ -121,10 +123,27 @@ def test_tables_and_plots_do_not_mutate_their_inputs(tmp_path):
     assert (tmp_path / "gemv.png").stat().st_size > 0 and (tmp_path / "e2e.png").stat().st_size > 0
 
 
+def test_bench_gpu_common_quant_references(tmp_path, patched_llama):
+    """`bench gpu --refs q4_0,q8_0`: the references of a backend without TQ2_0 (ggml-cuda), here on the CPU
+    backend device: one record per reference and per BITCOS z, each with its bytes (Q8_0: 34 per 32 weights,
+    Q4_0: 18) and a result, and a ratio column per reference."""
+    out = tmp_path / "gpu.json"
+    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "gpu", "--device", "CPU", "--refs", "q4_0,q8_0",
+                        "--shapes", "128x512", "--z", "0.4", "--reps", "2", "--copy-mib", "8", "--no-e2e",
+                        "--workdir", str(tmp_path / "w"), "--json", str(out)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "| vs Q4_0 | vs Q8_0 |" in r.stdout and "| bitcos_pt | 0.40 |" in r.stdout, r.stdout
+    recs = {(x["type"], x["z"]): x for x in json.loads(out.read_text())["matvec"]}
+    assert set(recs) == {("q4_0", None), ("q8_0", None), ("bitcos_pt", 0.4)}
+    assert (recs[("q8_0", None)]["bytes"], recs[("q4_0", None)]["bytes"]) == (128 * 512 // 32 * 34, 128 * 512 // 32 * 18)
+    assert all(x["median_us"] > 0 and x["checksum"] != 0 for x in recs.values())
+
+
 def test_bench_cli_options():
     """`bench gemv|roofline|e2e` parse their comma lists and point at their module's handler."""
     from ggml_bitcos import cli
-    from ggml_bitcos.bench import e2e, gemv, roofline
+    from ggml_bitcos.bench import e2e, gemv, gpu, roofline
 
     parser = cli.build_parser()
     args = parser.parse_args(["bench", "gemv", "--z", "0,0.5,", "--threads", "1,4", "--order", "grouped"])
@@ -133,6 +152,11 @@ def test_bench_cli_options():
     assert (args.func, args.z, args.reps) == (roofline.run, [0.4], 7)
     args = parser.parse_args(["bench", "e2e", "--preset", "tiny", "--no-breakdown"])
     assert (args.func, args.preset, args.no_breakdown, args.rounds) == (e2e.run, "tiny", True, 3)
+    args = parser.parse_args(["bench", "gpu", "--device", "CUDA0", "--refs", "Q4_0,q8_0", "--e2e-types", "bitcos"])
+    assert (args.func, args.refs, args.e2e_types) == (gpu.run, ["q4_0", "q8_0"], ["bitcos"])
+    assert parser.parse_args(["bench", "gpu"]).refs == ["tq2_0"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "gpu", "--refs", "q4_k"])
 
 
 def test_bench_kernels_small(kernel_library):

@@ -50,10 +50,11 @@ def _encoded_tensors(codes: np.ndarray, t: str, scale: np.float16) -> list[tuple
         encode = tq2_0_encode if t == "tq2_0" else tq1_0_encode
         gt = T.TQ2_0 if t == "tq2_0" else T.TQ1_0
         return [(f"w.{t}", gt, ne, encode(codes, np.full((rows, k // QK_K), scale)))]
-    if t == "q4_0":
-        parts = [quants.quantize(codes[i:i + 1024].astype(np.float32) * np.float32(scale), T.Q4_0)
+    if t in ("q4_0", "q8_0"):   # ggml's common quant types, the references of backends without TQ2_0 (ggml-cuda)
+        gt = T.Q4_0 if t == "q4_0" else T.Q8_0
+        parts = [quants.quantize(codes[i:i + 1024].astype(np.float32) * np.float32(scale), gt)
                  for i in range(0, rows, 1024)]
-        return [(f"w.{t}", T.Q4_0, ne, np.concatenate(parts, axis=0))]
+        return [(f"w.{t}", gt, ne, np.concatenate(parts, axis=0))]
     # bitcos_<variant>: bitcos_pt / bitcos_g128 (format version 1), bitcos_matrix / _row / _b128 / _b256 (version
     # 2, ggml type BITCOS: needs a llama.cpp built with it); every scale is `scale`
     variant = Variant.__members__.get(t[len("bitcos_"):].upper()) if t.startswith("bitcos_") else None

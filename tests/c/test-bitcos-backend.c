@@ -12,6 +12,7 @@
 //       codes): bit-identical wherever the device runs both through its mat-vec shaders (<= 8 columns,
 //       <= 8 tokens for MUL_MAT_ID, K % 256 == 0), because the BITCOS shader mirrors TQ2_0's arithmetic;
 //       NMSE <= 5e-4 elsewhere (both then take their matrix-multiply paths, which round differently).
+//       Only on a device with a TQ2_0 MUL_MAT (ggml-vulkan); on ggml-cuda / ggml-sycl (1) alone.
 // Cases: every variant the device runs (version 1: G128, PT; version 2: MATRIX, ROW, B128, B256, each
 // skipped with a note while the device's supports_op refuses GGML_TYPE_BITCOS), zero density 0 / 0.4 / 1, K 96
 // (MATRIX, ROW) / 128 / 384 / 2048 / 4224, as far as the variant allows, 1..70 columns (mat-vec up to 8, the
@@ -129,6 +130,20 @@ static bool device_runs(ggml_backend_t dev, int variant) {
     return ok;
 }
 
+// Whether the device runs TQ2_0 MUL_MAT at all (ggml-vulkan does; ggml-cuda and ggml-sycl have no TQ2_0 kernel):
+// without it the (2) checks have nothing to compare with and BITCOS is checked against the CPU backend only.
+static bool device_runs_tq2_0(ggml_backend_t dev) {
+    struct ggml_init_params ip = { 4 * ggml_tensor_overhead(), NULL, true };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * W = ggml_new_tensor_2d(ctx, GGML_TYPE_TQ2_0, 256, 8);
+    struct ggml_tensor * X = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1);
+    const bool ok = ggml_backend_supports_op(dev, ggml_mul_mat(ctx, W, X));
+    ggml_free(ctx);
+    return ok;
+}
+
+static bool g_dev_tq2_0 = true;   // set in main: device_runs_tq2_0
+
 static const char * variant_name(int v) {
     static const char * names[BITCOS_VARIANT_COUNT] = { "G128", "PT", "MATRIX", "ROW", "B128", "B256" };
     return v >= 0 && v < BITCOS_VARIANT_COUNT ? names[v] : "?";
@@ -236,7 +251,7 @@ static void check_case(ggml_backend_t dev, ggml_backend_t cpu, const op_case * c
     float * h = run(cpu, c, false);
     const double e = nmse(d, h, n_out);
     CHECK(e <= 5e-4, "%s: device vs CPU NMSE %g", what, e);
-    if (c->w->k % 256 == 0 && tq2 != TQ2_NONE) {
+    if (c->w->k % 256 == 0 && tq2 != TQ2_NONE && g_dev_tq2_0) {
         float * t = run(dev, c, true);
         if (tq2 == TQ2_EXACT) {
             size_t diff = 0;
@@ -286,6 +301,10 @@ int main(int argc, char ** argv) {
     ggml_backend_t dev = ggml_backend_dev_init(devd, NULL);
     ggml_backend_t cpu = ggml_backend_cpu_init();
     printf("device: %s (%s)\n", ggml_backend_dev_name(devd), ggml_backend_dev_description(devd));
+    g_dev_tq2_0 = device_runs_tq2_0(dev);
+    if (!g_dev_tq2_0) {
+        printf("%s has no TQ2_0 MUL_MAT: BITCOS is checked against the CPU backend only\n", ggml_backend_dev_name(devd));
+    }
 
     const double zs[3] = { 0.0, 0.4, 1.0 };
     const int64_t ks[5] = { 96, 128, 384, 2048, 4224 };

@@ -1,40 +1,78 @@
 #!/usr/bin/env bash
-# BITCOS on a lent GPU machine (the `device` tool: an NVIDIA H200 with no package index), in two steps.
+# BITCOS on a lent GPU machine (the `device` tool: one NVIDIA H200, 16 cores, nvcc 13.0 and PyTorch's pip
+# cuBLAS, no package index), in two steps.
 #
-#   scripts/gpu_session.sh prepare     # HERE, on the CPU dev machine (~5 min cold): builds what the GPU
-#                                      # machine cannot (it has no glslc, no Vulkan headers, no PyPI)
-#   scripts/gpu_session.sh run         # THERE, as the device command, with carry [".gpu", ".gl"]:
-#                                      #   device run: carry=[".gpu",".gl"], command="bash scripts/gpu_session.sh run"
+#   scripts/gpu_session.sh prepare     # HERE, on the CPU dev machine: builds what the GPU machine cannot or
+#                                      # should not spend its minutes on (~10 min Vulkan + ~45 min CUDA cold on 2
+#                                      # cores; incremental afterwards)
+#   scripts/gpu_session.sh run [PART...]   # THERE, as the device command, with carry [".gpu", ".gl"]:
+#       device run: carry=[".gpu",".gl"], timeout_s=590, command="bash scripts/gpu_session.sh run"
 #
-# prepare: a portable (GGML_NATIVE=OFF) Vulkan build of the patched llama-cpp-python, installed into .gpu/py
-#          and packed as .gpu/llama_cpp.tar.xz (the carry limit is 64 MiB; the SPIR-V packs well), the pure-
-#          Python wheels the package needs that the GPU image lacks (.gpu/wheels), and the Vulkan loader
-#          packages the device notes name (.gl/*.deb).
-# run:     unpacks both, picks the NVIDIA Vulkan driver, then (1) test-bitcos-backend on the GPU: BITCOS vs
-#          the CPU backend and bit for bit vs TQ2_0 on the same device; (2) `ggml-bitcos bench gpu`: mat-vec
-#          32768x16384 and 4096x14336 at z 0.3/0.4/0.5 with the device copy bandwidth, llama-bench -ngl 99 on
-#          the bitnet-2b shape, device memory of the weights; (3) the CUDA kernels (csrc/cuda/: mat-vec,
-#          batched tensor-core path, MUL_MAT_ID both ways; tests/cuda/test-bitcos-cuda.cu) against numpy
-#          through tests/test_cuda.py with a test program built here; (4) `ggml-bitcos bench bandwidth` on the
-#          machine's 16 CPU cores: one compute core with 0/1/3/7/15 traffic generators beside it, the many-core
-#          regime (a few GB/s per core) that a 2-core VM cannot reach (issue 11). Results go to $OUT (the
-#          device tool returns it).
+# prepare: (a) a portable (GGML_NATIVE=OFF) Vulkan build of the patched llama-cpp-python (.gpu/llama_cpp_vulkan.tar.xz);
+#          (b) a portable ggml-cuda build of it for the H200 only (sm_90, flash-attention kernels off, cuBLAS from
+#          NVIDIA's pip wheel: scripts/cuda_toolkit_root.sh) (.gpu/llama_cpp_cuda.tar.xz), and the patched source
+#          tree, trimmed (.gpu/llama-src.tar.xz), from which `run` rebuilds the CUDA package there when the
+#          carried one does not start on the machine's image; (c) the kernel harness, the standalone CUDA kernel
+#          test program (sm_90), the pure-Python wheels the package needs that the GPU image lacks, and the
+#          Vulkan loader packages the device notes name (.gl/*.deb). All of it must stay under the tool's 64 MiB
+#          carry limit (prepare prints the total).
+# run:     the PARTs in this order of priority (default: all), each step under its own time limit and inside the
+#          session's budget ($GPU_SESSION_SECONDS, default 540 s of the 10-minute command limit), a failed or
+#          timed-out step recorded and the next one run:
+#   cuda      (1) test-bitcos-backend CUDA0: BITCOS MUL_MAT / MUL_MAT_ID in ggml-cuda against the CPU backend;
+#             (2) tests/test_cuda_backend.py: greedy tokens and logits of the tiny models, all layers on the GPU vs
+#             the CPU, and the device memory of their weights; (3) `ggml-bitcos bench gpu --device CUDA0 --refs
+#             q4_0,q8_0 --e2e-types bitcos`: mat-vec 32768x16384 and 4096x14336 at z 0.3/0.4/0.5 next to Q4_0 and
+#             Q8_0 and the device copy, llama-bench -ngl 99 on the bitnet-2b shape, device model buffer vs TQ2_0's
+#             file bytes;
+#   kernels   the standalone CUDA kernel test (csrc/cuda/ against numpy: tests/test_cuda.py -k matches);
+#   vulkan    test-bitcos-backend Vulkan0 (BITCOS vs the CPU and bit for bit vs TQ2_0), `bench gpu --device
+#             Vulkan0` (BITCOS vs TQ2_0 on one backend; reuses the CUDA part's weights and models);
+#   bandwidth `ggml-bitcos bench bandwidth` on the 16 CPU cores (issue 11's many-core regime).
+# Results: $OUT/summary.md (one line per step: exit status, seconds, the end of its output) and
+# $OUT/gpu-session-logs.tar.gz (every step's whole output and JSON), both rewritten after each step, so what
+# has run comes back even when the command is killed; the markdown tables also go to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step=${1:-}
+[ $# -gt 0 ] && shift
+
+# the CUDA build: H200 only (sm_90), no flash-attention kernels (they are most of ggml-cuda's compile time and
+# BITCOS does not touch them), no VMM pool (it links libcuda.so, which a machine without the driver lacks; the
+# legacy pool allocates with cudaMalloc), no NCCL (one GPU)
+CUDA_CMAKE_ARGS="-DGGML_CUDA=ON -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_FA=OFF \
+-DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_NCCL=OFF"
+SRC_TOPDIR=llama_cpp_python-0.3.36
+# what the tools and tests of the session need from the CUDA build (the device rebuild builds only these)
+CUDA_TARGETS="llama test-bitcos-backend llama-bitcos-bench llama-bench llama-completion"
 
 case "$step" in
 prepare)
     mkdir -p .gpu/wheels .gl
+    # (a) Vulkan
     CMAKE_ARGS="-DGGML_VULKAN=ON -DGGML_NATIVE=OFF ${CMAKE_ARGS:-}" python3 scripts/build_llama.py \
-        --work-dir "$HOME/.cache/ggml-bitcos-portable" --target .gpu/py
-    tar -C .gpu/py -cJf .gpu/llama_cpp.tar.xz llama_cpp
-    rm -rf .gpu/py
-    # the kernel harness (its traffic generator drives bench bandwidth; its CPU dispatch is run-time)
+        --work-dir "$HOME/.cache/ggml-bitcos-portable" --target .gpu/vulkan-py
+    tar -C .gpu/vulkan-py -cJf .gpu/llama_cpp_vulkan.tar.xz llama_cpp
+    rm -rf .gpu/vulkan-py
+    # (b) CUDA: a toolkit root with cuBLAS (pip wheel), the package built against it, the source for a rebuild
+    # there. The root's path is part of the build's CMake arguments: keep it ($CUDA_TOOLKIT_ROOT_DIR) from one
+    # prepare to the next, or the CMake cache starts afresh and ninja recompiles everything.
+    root=$(scripts/cuda_toolkit_root.sh "${CUDA_TOOLKIT_ROOT_DIR:-$HOME/.cache/ggml-bitcos-cuda-toolkit}")
+    launcher=""
+    command -v ccache >/dev/null && launcher="-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+    CMAKE_ARGS="$CUDA_CMAKE_ARGS -DCUDAToolkit_ROOT=$root -DCMAKE_CUDA_COMPILER=$root/bin/nvcc $launcher" \
+        python3 scripts/build_llama.py --work-dir "$HOME/.cache/ggml-bitcos-cuda" --target .gpu/cuda-py -j 2
+    tar -C .gpu/cuda-py -cJf .gpu/llama_cpp_cuda.tar.xz llama_cpp
+    rm -rf .gpu/cuda-py
+    # the patched tree without what no build reads (docs, models, web UI, benchmark logs, git packs, media)
+    tar -C "$HOME/.cache/ggml-bitcos-cuda/src" -cJf .gpu/llama-src.tar.xz --exclude=.git --exclude='*.mp4' \
+        --exclude='*.webp' --exclude='*.png' --exclude="$SRC_TOPDIR/llama_cpp/lib" \
+        --exclude="$SRC_TOPDIR/vendor/llama.cpp/"{docs,models,media,benches,gguf-py} "$SRC_TOPDIR"
+    # (c) the kernel harness (its traffic generator drives bench bandwidth; its CPU dispatch is run-time)
     cmake -S . -B .gpu/kernels-build -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build .gpu/kernels-build -j2 >/dev/null
     mkdir -p .gpu/kernels && cp .gpu/kernels-build/libbitcos_kernels*.so .gpu/kernels/ && rm -rf .gpu/kernels-build
-    # the CUDA kernel's test program for the H200 (sm_90; the GPU machine has no nvcc) and pytest to drive it
+    # the CUDA kernels' standalone test program for the H200 (sm_90), driven there by tests/test_cuda.py
     nvcc -std=c++17 -O2 -arch=sm_90 -Icsrc -Icsrc/cuda tests/cuda/test-bitcos-cuda.cu -o .gpu/test-bitcos-cuda
     python3 -m pip download -q --no-deps -d .gpu/wheels pytest pluggy iniconfig packaging
     python3 -m pip download -q --no-deps -d .gpu/wheels "gguf==0.19.0" tqdm
@@ -42,38 +80,159 @@ prepare)
     mkdir -p /tmp/amd64/partial
     apt-get $o update -qq
     (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
-    du -sh .gpu .gl
+    du -sh .gpu/* .gl
+    total=$(du -scm .gpu .gl | tail -1 | cut -f1)
+    echo "carried: ${total} MiB of the device tool's 64 MiB (with the tracked tree)"
     ;;
 run)
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
+    parts=${*:-cuda kernels vulkan bandwidth}
+    export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
+    mkdir -p "$OUT"
+    logs=/tmp/gpu-session-logs
+    rm -rf "$logs" && mkdir -p "$logs"
+    t0=$(date +%s)
+    budget=${GPU_SESSION_SECONDS:-540}
+    summary=$OUT/summary.md
+    echo "# GPU session $(date -u +%FT%TZ), parts: $parts, budget ${budget} s" > "$summary"
+
+    # pack_logs: what has run so far, in the two files that come back ($OUT holds at most 8)
+    pack_logs() { tar -C "$logs" -czf "$OUT/gpu-session-logs.tar.gz" . || true; }
+    # step NAME LIMIT_S COMMAND...: COMMAND (a function of this script, run in a child bash) under a time limit
+    # no longer than the session has left, its output in $logs/NAME.txt; failure recorded, never fatal
+    step() {
+        local name=$1 limit=$2 left rc s
+        shift 2
+        left=$(( budget - ($(date +%s) - t0) ))
+        if [ "$left" -lt 15 ]; then
+            echo "- $name: NOT RUN (session budget spent)" | tee -a "$summary"
+            return 0
+        fi
+        if [ "$limit" -gt "$left" ]; then limit=$left; fi
+        echo "== $name (limit ${limit} s)"
+        s=$(date +%s)
+        set +e
+        timeout -k 10 "$limit" bash -c "set -o pipefail; $*" > "$logs/$name.txt" 2>&1
+        rc=$?
+        set -e
+        local verdict
+        case "$rc" in
+        0) verdict=ok ;;
+        124|137) verdict="TIMED OUT after ${limit} s" ;;
+        *) verdict="FAILED rc=$rc" ;;
+        esac
+        { echo "- $name: $verdict, $(( $(date +%s) - s )) s"; echo '```'; tail -n 25 "$logs/$name.txt"; echo '```'; } \
+            >> "$summary"
+        echo "-- $name: $verdict"; tail -n 40 "$logs/$name.txt"
+        pack_logs
+    }
+
+    # setup (in this shell: the environment carries into the steps). GPU_SESSION_DRY_RUN=1 (a rehearsal on a
+    # machine without the GPU) leaves the system alone: the loader packages are unpacked into / on the lent
+    # machine only.
+    if [ "${GPU_SESSION_DRY_RUN:-0}" != 1 ]; then
+        for f in .gl/*.deb; do dpkg -x "$f" /; done
+        ldconfig
+    fi
     if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
         export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
     fi
-    mkdir -p .gpu/py
-    tar -C .gpu/py -xJf .gpu/llama_cpp.tar.xz
-    python3 -m pip install -q --no-index --no-deps --target .gpu/py .gpu/wheels/*.whl
-    export PYTHONPATH="$PWD:$PWD/.gpu/py" OUT=${OUT:-/tmp/out}
-    mkdir -p "$OUT"
-    bin=.gpu/py/llama_cpp/bin
-    "$bin/test-bitcos-backend" --list | tee "$OUT/devices.txt"
-    "$bin/test-bitcos-backend" Vulkan0 > "$OUT/test-bitcos-backend.txt" 2>&1 || echo "test-bitcos-backend FAILED"
-    tail -3 "$OUT/test-bitcos-backend.txt"
-    python3 -m ggml_bitcos bench gpu --device Vulkan0 --workdir /tmp/bitcos-gpu --json "$OUT/bench-gpu.json" \
-        | tee "$OUT/bench-gpu.md"
-    # (3) the CUDA kernels against the numpy reference on the H200 (every variant, v1 and v2: the SYCL test's cases
-    # and the batched path's; mat-vec, batched int8 wmma, MUL_MAT_ID; a few seconds)
-    BITCOS_CUDA_TEST_EXE=$PWD/.gpu/test-bitcos-cuda python3 -m pytest -q tests/test_cuda.py -k matches \
-        2>&1 | tee "$OUT/test-cuda.txt" | tail -3
+    python3 -m pip install -q --no-index --no-deps --target .gpu/pydeps .gpu/wheels/*.whl
+    nvidia-smi > "$logs/nvidia-smi.txt" 2>&1 || true
     export BITCOS_KERNELS_LIB=$PWD/.gpu/kernels/libbitcos_kernels.so BITCOS_KERNELS_NOFMA_LIB=$PWD/.gpu/kernels/libbitcos_kernels_nofma.so
-    ncpu=$(nproc)
-    levels=none
-    for n in 1 3 7 15; do [ "$n" -lt "$ncpu" ] && levels="$levels,copy*$n"; done
-    python3 -m ggml_bitcos bench bandwidth --levels "$levels" --kernel-impl avx2 --workdir /tmp/bitcos-bw \
-        --json "$OUT/bench-bandwidth.json" --plot "$OUT/bandwidth.png" | tee "$OUT/bench-bandwidth.md"
+    pydeps=$PWD/.gpu/pydeps
+
+    # the tools each step runs (each in a child bash, PYTHONPATH naming the llama_cpp package of its backend)
+    cuda_env() { export PYTHONPATH="$PWD:$PWD/.gpu/cuda-py:$pydeps"; }
+    vulkan_env() { export PYTHONPATH="$PWD:$PWD/.gpu/vulkan-py:$pydeps"; }
+    cuda_rebuild() {
+        # the carried CUDA package does not start here: build it from the carried source with this machine's
+        # nvcc and cuBLAS (PyTorch's nvidia-cublas), only the targets the session runs, on every core
+        local root
+        root=$(scripts/cuda_toolkit_root.sh /tmp/cuda-toolkit)
+        rm -rf /tmp/llama-src /tmp/cuda-build && mkdir -p /tmp/llama-src
+        tar -C /tmp/llama-src -xJf .gpu/llama-src.tar.xz
+        cmake -S "/tmp/llama-src/$SRC_TOPDIR" -B /tmp/cuda-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+            -DLLAMA_CURL=OFF -DGGML_RPC=ON $CUDA_CMAKE_ARGS -DCUDAToolkit_ROOT="$root" \
+            -DCMAKE_CUDA_COMPILER="$root/bin/nvcc"
+        time cmake --build /tmp/cuda-build -j "$(nproc)" --target $CUDA_TARGETS
+        # over the carried package: its Python bindings stay, the libraries and programs are this build's
+        find /tmp/cuda-build -name 'lib*.so*' \( -type f -o -type l \) -exec cp -P {} .gpu/cuda-py/llama_cpp/lib/ \;
+        for t in $CUDA_TARGETS; do
+            exe=$(find /tmp/cuda-build -type f -name "$t" -perm -u+x | head -1)
+            [ -n "$exe" ] && cp "$exe" .gpu/cuda-py/llama_cpp/bin/
+        done
+        ls -la .gpu/cuda-py/llama_cpp/lib .gpu/cuda-py/llama_cpp/bin
+    }
+    cuda_devices() { .gpu/cuda-py/llama_cpp/bin/test-bitcos-backend --list; }
+    cuda_op() { .gpu/cuda-py/llama_cpp/bin/test-bitcos-backend CUDA0; }
+    cuda_e2e() { cuda_env; BITCOS_REQUIRE_CUDA=1 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda_backend.py; }
+    cuda_bench() {
+        cuda_env
+        python3 -m ggml_bitcos bench gpu --device CUDA0 --refs q4_0,q8_0 --e2e-types bitcos --workdir /tmp/bitcos-gpu \
+            --json "$logs/bench-gpu-cuda.json"
+    }
+    kernels() {
+        BITCOS_CUDA_TEST_EXE=$PWD/.gpu/test-bitcos-cuda PYTHONPATH="$PWD:$pydeps" \
+            python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k matches
+    }
+    vulkan_op() { .gpu/vulkan-py/llama_cpp/bin/test-bitcos-backend --list; .gpu/vulkan-py/llama_cpp/bin/test-bitcos-backend Vulkan0; }
+    vulkan_bench() {
+        vulkan_env
+        python3 -m ggml_bitcos bench gpu --device Vulkan0 --workdir /tmp/bitcos-gpu --json "$logs/bench-gpu-vulkan.json"
+    }
+    bandwidth() {
+        export PYTHONPATH="$PWD:$PWD/.gpu/vulkan-py:$pydeps"
+        local levels=none n
+        for n in 1 3 7 15; do [ "$n" -lt "$(nproc)" ] && levels="$levels,copy*$n"; done
+        python3 -m ggml_bitcos bench bandwidth --levels "$levels" --kernel-impl avx2 --workdir /tmp/bitcos-bw \
+            --json "$logs/bench-bandwidth.json" --plot "$logs/bandwidth.png"
+    }
+    export -f cuda_env vulkan_env cuda_rebuild cuda_devices cuda_op cuda_e2e cuda_bench kernels vulkan_op \
+        vulkan_bench bandwidth
+    export pydeps logs SRC_TOPDIR CUDA_CMAKE_ARGS CUDA_TARGETS
+
+    for part in $parts; do
+        case "$part" in
+        cuda)
+            mkdir -p .gpu/cuda-py && tar -C .gpu/cuda-py -xJf .gpu/llama_cpp_cuda.tar.xz
+            # libggml-cuda.so needs libcublas.so.13: the image's nvidia-cublas (PyTorch's), or $CUBLAS_LIB
+            cublas_lib=${CUBLAS_LIB:-$(python3 -c 'import importlib.util, os
+s = importlib.util.find_spec("nvidia.cu13")
+print(next((os.path.join(d, "lib") for d in (s.submodule_search_locations if s else [])
+            if os.path.exists(os.path.join(d, "lib", "libcublas.so.13"))), ""))' 2>/dev/null || true)}
+            if [ -z "$cublas_lib" ]; then
+                cublas_lib=$(find /opt /usr -name libcublas.so.13 2>/dev/null | head -1)
+                cublas_lib=${cublas_lib%/*}
+            fi
+            export LD_LIBRARY_PATH="$cublas_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            echo "cuBLAS: $cublas_lib" | tee -a "$summary"
+            ldd .gpu/cuda-py/llama_cpp/lib/libggml-cuda.so > "$logs/ldd-ggml-cuda.txt" 2>&1 || true
+            step cuda-devices 60 cuda_devices
+            if ! grep -q '^CUDA0' "$logs/cuda-devices.txt"; then
+                # the carried build does not see the GPU (another glibc / libstdc++, a missing library): rebuild
+                step cuda-rebuild "${CUDA_REBUILD_SECONDS:-420}" cuda_rebuild
+                step cuda-devices-rebuilt 60 cuda_devices
+            fi
+            step cuda-op 180 cuda_op
+            step cuda-e2e 240 cuda_e2e
+            step cuda-bench 330 cuda_bench
+            ;;
+        kernels) step kernels 120 kernels ;;
+        vulkan)
+            mkdir -p .gpu/vulkan-py && tar -C .gpu/vulkan-py -xJf .gpu/llama_cpp_vulkan.tar.xz
+            step vulkan-op 180 vulkan_op
+            step vulkan-bench 300 vulkan_bench
+            ;;
+        bandwidth) step bandwidth 300 bandwidth ;;
+        *) echo "unknown part $part (cuda, kernels, vulkan, bandwidth)" | tee -a "$summary" ;;
+        esac
+    done
+    echo "total $(( $(date +%s) - t0 )) s" | tee -a "$summary"
+    pack_logs
     ;;
 *)
-    echo "usage: $0 prepare|run" >&2
+    echo "usage: $0 prepare | run [cuda] [kernels] [vulkan] [bandwidth]" >&2
     exit 2
     ;;
 esac

@@ -55,17 +55,21 @@ def bench_matvec(device: str, shapes: list[tuple[int, int]], zs: list[float], re
     """One gemv-device run over every shape's files: the reference types `refs` (default TQ2_0; z = 0.4, their
     speed does not depend on z) and BITCOS PT per z. Records carry "z" (None for the references) and "shape".
     With `ref_device` (a backend without TQ2_0, e.g. SYCL0, measured against TQ2_0 on Vulkan0 of the same GPU)
-    the references run there in a second run."""
+    the references run there in a second run. A file already in `workdir` is reused (its name says what it
+    holds; it is written whole or not at all), so a second device's run over the same --workdir (the GPU
+    session's CUDA and Vulkan runs) spends no time making the same weights again."""
     refs = refs or ["tq2_0"]
     workdir.mkdir(parents=True, exist_ok=True)
     files: list[tuple[tuple[int, int], float | None, Path]] = []
     for rows, k in shapes:
         p = workdir / f"gpu-ref-{'-'.join(refs)}-{rows}x{k}.gguf"
-        write_gemv_gguf(p, rows, k, 0.4, refs)
+        if not p.exists():
+            write_gemv_gguf(p, rows, k, 0.4, refs)
         files.append(((rows, k), None, p))
         for z in zs:
             p = workdir / f"gpu-bitcos-{rows}x{k}-z{z:.2f}.gguf"
-            write_gemv_gguf(p, rows, k, z, ["bitcos_pt"], seed=1)
+            if not p.exists():
+                write_gemv_gguf(p, rows, k, z, ["bitcos_pt"], seed=1)
             files.append(((rows, k), z, p))
     if ref_device is None or ref_device == device:
         records = run_tool(["gemv-device", ",".join(str(p) for _, _, p in files), device, str(reps), "1"])

@@ -16,7 +16,8 @@
 # nvcc itself is copied, not linked: it finds its headers relative to its own file (nvcc.profile's $(_HERE_)),
 # so the copy compiles against DEST/include, cuBLAS included.
 # Environment: CUDA_HOME (default: the first of /usr/local/cuda, /usr/local/cuda-* holding bin/nvcc).
-# At run time the programs built need libcublas.so.13 / libcublasLt.so.13 on the loader's path: DEST/lib.
+# Linking executables against libggml-cuda.so needs -Wl,-rpath-link,DEST/lib (DEST/lib is on no search path of
+# the linker); at run time they need libcublas.so.13 / libcublasLt.so.13 on the loader's path (DEST/lib).
 set -euo pipefail
 dest=${1:?usage: $0 DEST}
 NVIDIA_CUBLAS_VERSION=${NVIDIA_CUBLAS_VERSION:-13.0.2.14}

@@ -39,12 +39,29 @@ step=${1:-}
 
 # the CUDA build: H200 only (sm_90), no flash-attention kernels (they are most of ggml-cuda's compile time and
 # BITCOS does not touch them), no VMM pool (it links libcuda.so, which a machine without the driver lacks; the
-# legacy pool allocates with cudaMalloc), no NCCL (one GPU)
+# legacy pool allocates with cudaMalloc), no NCCL (one GPU). Each build adds the toolkit root of
+# cuda_toolkit_root.sh and -Wl,-rpath-link to its lib/: executables linking libggml-cuda.so must resolve its
+# libcublas.so.13 there, and a toolkit assembled from pip wheels is not on the linker's search path (a system
+# CUDA install is, through ld.so.conf)
 CUDA_CMAKE_ARGS="-DGGML_CUDA=ON -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_FA=OFF \
 -DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_NCCL=OFF"
 SRC_TOPDIR=llama_cpp_python-0.3.36
 # what the tools and tests of the session need from the CUDA build (the device rebuild builds only these)
 CUDA_TARGETS="llama test-bitcos-backend llama-bitcos-bench llama-bench llama-completion"
+
+# relink_libs PKGDIR: a wheel cannot hold symbolic links, so an installed llama_cpp/lib holds libX.so and
+# libX.so.N as byte copies of libX.so.N.M.P (libggml-cuda: 3 x 33 MB); make them links again before packing
+relink_libs() {
+    local f base alias
+    for f in "$1"/llama_cpp/lib/lib*.so.*.*; do
+        base=${f##*/}
+        for alias in "${f%%.so.*}.so" "${f%.*.*}"; do
+            if [ "$alias" != "$f" ] && [ -f "$alias" ] && [ ! -L "$alias" ] && cmp -s "$alias" "$f"; then
+                ln -sf "$base" "$alias"
+            fi
+        done
+    done
+}
 
 case "$step" in
 prepare)
@@ -52,6 +69,7 @@ prepare)
     # (a) Vulkan
     CMAKE_ARGS="-DGGML_VULKAN=ON -DGGML_NATIVE=OFF ${CMAKE_ARGS:-}" python3 scripts/build_llama.py \
         --work-dir "$HOME/.cache/ggml-bitcos-portable" --target .gpu/vulkan-py
+    relink_libs .gpu/vulkan-py
     tar -C .gpu/vulkan-py -cJf .gpu/llama_cpp_vulkan.tar.xz llama_cpp
     rm -rf .gpu/vulkan-py
     # (b) CUDA: a toolkit root with cuBLAS (pip wheel), the package built against it, the source for a rebuild
@@ -60,8 +78,13 @@ prepare)
     root=$(scripts/cuda_toolkit_root.sh "${CUDA_TOOLKIT_ROOT_DIR:-$HOME/.cache/ggml-bitcos-cuda-toolkit}")
     launcher=""
     command -v ccache >/dev/null && launcher="-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
-    CMAKE_ARGS="$CUDA_CMAKE_ARGS -DCUDAToolkit_ROOT=$root -DCMAKE_CUDA_COMPILER=$root/bin/nvcc $launcher" \
+    CMAKE_ARGS="$CUDA_CMAKE_ARGS -DCUDAToolkit_ROOT=$root -DCMAKE_CUDA_COMPILER=$root/bin/nvcc $launcher \
+-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$root/lib" \
         python3 scripts/build_llama.py --work-dir "$HOME/.cache/ggml-bitcos-cuda" --target .gpu/cuda-py -j 2
+    # libggml-cuda.so loads libcudart.so.13 through its RUNPATH ($ORIGIN): the toolkit's runtime travels with it
+    # (0.7 MB; the driver there runs any CUDA 13.0 runtime). cuBLAS (0.6 GB) does not: `run` finds the image's.
+    cp -L "$root"/lib/libcudart.so.13 .gpu/cuda-py/llama_cpp/lib/
+    relink_libs .gpu/cuda-py
     tar -C .gpu/cuda-py -cJf .gpu/llama_cpp_cuda.tar.xz llama_cpp
     rm -rf .gpu/cuda-py
     # the patched tree without what no build reads (docs, models, web UI, benchmark logs, git packs, media)
@@ -154,7 +177,7 @@ run)
         cmake -S "/tmp/llama-src/$SRC_TOPDIR" -B /tmp/cuda-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
             -DLLAMA_CURL=OFF -DGGML_RPC=ON $CUDA_CMAKE_ARGS -DCUDAToolkit_ROOT="$root" \
-            -DCMAKE_CUDA_COMPILER="$root/bin/nvcc"
+            -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$root/lib"
         time cmake --build /tmp/cuda-build -j "$(nproc)" --target $CUDA_TARGETS
         # over the carried package: its Python bindings stay, the libraries and programs are this build's
         find /tmp/cuda-build -name 'lib*.so*' \( -type f -o -type l \) -exec cp -P {} .gpu/cuda-py/llama_cpp/lib/ \;

@@ -103,7 +103,7 @@ def weight_bytes(model: Path) -> int:
     """Bytes of a model's ternary weights and BITCOS companions: what -ngl 99 puts on the device for them."""
     import gguf_tools
 
-    ternary = {"TQ1_0", "TQ2_0", "BITCOS_G128", "BITCOS_PT", "I8"}   # I8: the companions
+    ternary = {"TQ1_0", "TQ2_0", "BITCOS_G128", "BITCOS_PT", "BITCOS", "I8"}   # I8: the companions
     reader = gguf_tools.open_gguf(model)
     return sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type.name in ternary)
 
@@ -115,7 +115,8 @@ def device_buffer_mib(model: Path, device: str, timeout: float = 600) -> float:
     from ggml_bitcos import llama_run
 
     cmd = [str(llama_run.tool_path("llama-completion")), "-m", str(model), "-p", "Hello", "-n", "1", "-ngl", "99",
-           "-dev", device, "--temp", "0", "-no-cnv", "--no-warmup", "-c", "256"]
+           "-dev", device, "--temp", "0", "-no-cnv", "--no-warmup", "-c", "256",
+           "-lv", "4"]   # the load log's buffer sizes are printed from verbosity 4 on (0.00 in the fitting dry run)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     if r.returncode != 0:

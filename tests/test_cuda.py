@@ -68,9 +68,11 @@ def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch)
     activation-quantization and batched tensor-core kernels."""
     inc = [ggml_include, ROOT / "csrc", ROOT / "csrc" / "cuda"]
     obj = tmp_path / f"ggml-bitcos-cuda-{arch}.o"
-    # the glue with ggml-cuda's own CUDA_FLAGS (its CMakeLists.txt: -use_fast_math -extended-lambda)
+    # the glue with ggml-cuda's own CUDA_FLAGS (its CMakeLists.txt: -use_fast_math -extended-lambda) and the host
+    # warnings ggml adds for its C++ (-Wmissing-declarations caught the whole build's only warnings in the glue)
     compile_cuda(nvcc_path, ROOT / "csrc" / "cuda" / "ggml-bitcos-cuda.cu", obj, arch, inc, link=False,
-                 extra=("-use_fast_math", "-extended-lambda"))
+                 extra=("-use_fast_math", "-extended-lambda", "-Xcompiler",
+                        "-Wmissing-declarations,-Wmissing-noreturn,-Wcast-qual,-Wextra-semi"))
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
     for name in ("ggml_cuda_bitcos_supports_op", "ggml_cuda_bitcos_mul_mat(", "ggml_cuda_bitcos_mul_mat_id(",
                  "bitcos_cuda_mul_mat_kernel", "bitcos_cuda_mul_mat_id_kernel", "bitcos_cuda_quantize_q8_kernel",

@@ -12,26 +12,28 @@
 
 #include <algorithm>
 
+// static as well as in the anonymous namespace: nvcc gives that namespace a name in the host code it hands
+// to the host compiler, which then asks for a previous declaration (ggml-cuda's -Wmissing-declarations)
 namespace {
 
 constexpr int WARPS_PER_BLOCK = 4;
 
 // A failed launch aborts with CUDA's reason, as ggml-cuda's CUDA_CHECK does.
-void check_launch() {
+static void check_launch() {
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) {
         GGML_ABORT("BITCOS CUDA kernel launch failed: %s", cudaGetErrorString(err));
     }
 }
 
-void check_cuda(cudaError_t err, const char * what) {
+static void check_cuda(cudaError_t err, const char * what) {
     if (err != cudaSuccess) {
         GGML_ABORT("BITCOS CUDA %s failed: %s", what, cudaGetErrorString(err));
     }
 }
 
 // The batched kernel's int8 wmma needs compute capability 7.2+ (queried per call: two attribute reads).
-bool mmq_available() {
+static bool mmq_available() {
     int dev = 0, major = 0, minor = 0;
     check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
@@ -40,7 +42,7 @@ bool mmq_available() {
 }
 
 // The BITCOS weight a (view of a) tensor reads: its base tensor, and the base row of the view's first row.
-const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
+static const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
     int64_t step[3];
     GGML_ASSERT(ggml_bitcos_row_map(w, row0, step));
     return w->view_src ? w->view_src : w;

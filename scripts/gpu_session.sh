@@ -105,15 +105,18 @@ prepare)
     (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
     du -sh .gpu/* .gl
     total=$(du -scm .gpu .gl | tail -1 | cut -f1)
-    echo "carried: ${total} MiB of the device tool's 64 MiB (with the tracked tree)"
+    echo "carried: ${total} MiB (.gpu, .gl) + the tracked tree ($(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes), of the device tool's 64 MiB"
     ;;
 run)
     parts=${*:-cuda kernels vulkan bandwidth}
     export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
     mkdir -p "$OUT"
     logs=/tmp/gpu-session-logs
-    rm -rf "$logs" && mkdir -p "$logs"
+    # the packages unpacked and the wheels installed: outside the checkout, so nothing of a run is carried next time
+    pkgs=/tmp/gpu-session
+    rm -rf "$logs" "$pkgs" && mkdir -p "$logs" "$pkgs"
     t0=$(date +%s)
+    last_rc=0
     budget=${GPU_SESSION_SECONDS:-540}
     summary=$OUT/summary.md
     echo "# GPU session $(date -u +%FT%TZ), parts: $parts, budget ${budget} s" > "$summary"
@@ -137,6 +140,7 @@ run)
         timeout -k 10 "$limit" bash -c "set -o pipefail; $*" > "$logs/$name.txt" 2>&1
         rc=$?
         set -e
+        last_rc=$rc
         local verdict
         case "$rc" in
         0) verdict=ok ;;
@@ -159,14 +163,14 @@ run)
     if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
         export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
     fi
-    python3 -m pip install -q --no-index --no-deps --target .gpu/pydeps .gpu/wheels/*.whl
+    python3 -m pip install -q --no-index --no-deps --target "$pkgs/pydeps" .gpu/wheels/*.whl
     nvidia-smi > "$logs/nvidia-smi.txt" 2>&1 || true
     export BITCOS_KERNELS_LIB=$PWD/.gpu/kernels/libbitcos_kernels.so BITCOS_KERNELS_NOFMA_LIB=$PWD/.gpu/kernels/libbitcos_kernels_nofma.so
-    pydeps=$PWD/.gpu/pydeps
+    pydeps=$pkgs/pydeps
 
     # the tools each step runs (each in a child bash, PYTHONPATH naming the llama_cpp package of its backend)
-    cuda_env() { export PYTHONPATH="$PWD:$PWD/.gpu/cuda-py:$pydeps"; }
-    vulkan_env() { export PYTHONPATH="$PWD:$PWD/.gpu/vulkan-py:$pydeps"; }
+    cuda_env() { export PYTHONPATH="$PWD:$pkgs/cuda-py:$pydeps"; }
+    vulkan_env() { export PYTHONPATH="$PWD:$pkgs/vulkan-py:$pydeps"; }
     cuda_rebuild() {
         # the carried CUDA package does not start here: build it from the carried source with this machine's
         # nvcc and cuBLAS (PyTorch's nvidia-cublas), only the targets the session runs, on every core
@@ -180,15 +184,15 @@ run)
             -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$root/lib"
         time cmake --build /tmp/cuda-build -j "$(nproc)" --target $CUDA_TARGETS
         # over the carried package: its Python bindings stay, the libraries and programs are this build's
-        find /tmp/cuda-build -name 'lib*.so*' \( -type f -o -type l \) -exec cp -P {} .gpu/cuda-py/llama_cpp/lib/ \;
+        find /tmp/cuda-build -name 'lib*.so*' \( -type f -o -type l \) -exec cp -P {} $pkgs/cuda-py/llama_cpp/lib/ \;
         for t in $CUDA_TARGETS; do
             exe=$(find /tmp/cuda-build -type f -name "$t" -perm -u+x | head -1)
-            [ -n "$exe" ] && cp "$exe" .gpu/cuda-py/llama_cpp/bin/
+            [ -n "$exe" ] && cp "$exe" $pkgs/cuda-py/llama_cpp/bin/
         done
-        ls -la .gpu/cuda-py/llama_cpp/lib .gpu/cuda-py/llama_cpp/bin
+        ls -la $pkgs/cuda-py/llama_cpp/lib $pkgs/cuda-py/llama_cpp/bin
     }
-    cuda_devices() { .gpu/cuda-py/llama_cpp/bin/test-bitcos-backend --list; }
-    cuda_op() { .gpu/cuda-py/llama_cpp/bin/test-bitcos-backend CUDA0; }
+    cuda_devices() { $pkgs/cuda-py/llama_cpp/bin/test-bitcos-backend --list; }
+    cuda_op() { $pkgs/cuda-py/llama_cpp/bin/test-bitcos-backend CUDA0; }
     cuda_e2e() { cuda_env; BITCOS_REQUIRE_CUDA=1 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda_backend.py; }
     cuda_bench() {
         cuda_env
@@ -199,13 +203,13 @@ run)
         BITCOS_CUDA_TEST_EXE=$PWD/.gpu/test-bitcos-cuda PYTHONPATH="$PWD:$pydeps" \
             python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k matches
     }
-    vulkan_op() { .gpu/vulkan-py/llama_cpp/bin/test-bitcos-backend --list; .gpu/vulkan-py/llama_cpp/bin/test-bitcos-backend Vulkan0; }
+    vulkan_op() { $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend --list; $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend Vulkan0; }
     vulkan_bench() {
         vulkan_env
         python3 -m ggml_bitcos bench gpu --device Vulkan0 --workdir /tmp/bitcos-gpu --json "$logs/bench-gpu-vulkan.json"
     }
     bandwidth() {
-        export PYTHONPATH="$PWD:$PWD/.gpu/vulkan-py:$pydeps"
+        export PYTHONPATH="$PWD:$pkgs/vulkan-py:$pydeps"
         local levels=none n
         for n in 1 3 7 15; do [ "$n" -lt "$(nproc)" ] && levels="$levels,copy*$n"; done
         python3 -m ggml_bitcos bench bandwidth --levels "$levels" --kernel-impl avx2 --workdir /tmp/bitcos-bw \
@@ -213,12 +217,12 @@ run)
     }
     export -f cuda_env vulkan_env cuda_rebuild cuda_devices cuda_op cuda_e2e cuda_bench kernels vulkan_op \
         vulkan_bench bandwidth
-    export pydeps logs SRC_TOPDIR CUDA_CMAKE_ARGS CUDA_TARGETS
+    export pkgs pydeps logs SRC_TOPDIR CUDA_CMAKE_ARGS CUDA_TARGETS
 
     for part in $parts; do
         case "$part" in
         cuda)
-            mkdir -p .gpu/cuda-py && tar -C .gpu/cuda-py -xJf .gpu/llama_cpp_cuda.tar.xz
+            mkdir -p $pkgs/cuda-py && tar -C $pkgs/cuda-py -xJf .gpu/llama_cpp_cuda.tar.xz
             # libggml-cuda.so needs libcublas.so.13: the image's nvidia-cublas (PyTorch's), or $CUBLAS_LIB
             cublas_lib=${CUBLAS_LIB:-$(python3 -c 'import importlib.util, os
 s = importlib.util.find_spec("nvidia.cu13")
@@ -229,11 +233,13 @@ print(next((os.path.join(d, "lib") for d in (s.submodule_search_locations if s e
                 cublas_lib=${cublas_lib%/*}
             fi
             export LD_LIBRARY_PATH="$cublas_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-            echo "cuBLAS: $cublas_lib" | tee -a "$summary"
-            ldd .gpu/cuda-py/llama_cpp/lib/libggml-cuda.so > "$logs/ldd-ggml-cuda.txt" 2>&1 || true
+            echo "cuBLAS: ${cublas_lib:-not found (no nvidia-cublas in python3, no libcublas.so.13 under /opt, /usr)}" \
+                | tee -a "$summary"
+            ldd $pkgs/cuda-py/llama_cpp/lib/libggml-cuda.so > "$logs/ldd-ggml-cuda.txt" 2>&1 || true
             step cuda-devices 60 cuda_devices
-            if ! grep -q '^CUDA0' "$logs/cuda-devices.txt"; then
-                # the carried build does not see the GPU (another glibc / libstdc++, a missing library): rebuild
+            # rebuild there when the carried build cannot start (another glibc / libstdc++, a missing library) or
+            # its CUDA runtime is newer than the driver; not when it starts and the machine simply has no GPU
+            if [ "$last_rc" -ne 0 ] || grep -q 'driver version is insufficient' "$logs/cuda-devices.txt"; then
                 step cuda-rebuild "${CUDA_REBUILD_SECONDS:-420}" cuda_rebuild
                 step cuda-devices-rebuilt 60 cuda_devices
             fi
@@ -243,7 +249,7 @@ print(next((os.path.join(d, "lib") for d in (s.submodule_search_locations if s e
             ;;
         kernels) step kernels 120 kernels ;;
         vulkan)
-            mkdir -p .gpu/vulkan-py && tar -C .gpu/vulkan-py -xJf .gpu/llama_cpp_vulkan.tar.xz
+            mkdir -p $pkgs/vulkan-py && tar -C $pkgs/vulkan-py -xJf .gpu/llama_cpp_vulkan.tar.xz
             step vulkan-op 180 vulkan_op
             step vulkan-bench 300 vulkan_bench
             ;;

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #define BITCOS_CUDA_LUT_ENTRIES 256
 #define BITCOS_CUDA_MAX_COLS    8
@@ -136,18 +137,94 @@ __device__ __forceinline__ float bitcos_cuda_word_scale(const bitcos_cuda_layout
     return __half2float(__ushort_as_half(d));
 }
 
-// Warp-cooperative: out[c] (valid in every lane) = sum_k W[r][k] * x[c * x_stride + k] for c < nc, global row
-// r of a BITCOS tensor (blocks: the weight data, comp: its companion).
-__device__ __forceinline__ void bitcos_cuda_row_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r,
-                                                    const float * x, uint64_t x_stride, int nc,
-                                                    const uint32_t * lut, float * out) {
+// ---------------------------------------------------------------------------------------------------------
+// Mat-vec (up to BITCOS_CUDA_MAX_COLS columns: decode), on activations quantized per 32 to int8 by
+// bitcos_cuda_quantize_q8_kernel (below), as ggml-cuda's mmvq quantizes src1 to q8_1 for every quant type: the
+// codes meet the activations in dp4a, so the arithmetic is the batched path's (its error bound below holds for
+// both: y = s_r * sum_b fl32((float) P_rb * (w_rb * d_b)), P_rb the exact int32 dot of block b).
+//
+// Why this decode (scripts/cuda_sass_count.py measures it; docs/PERFORMANCE.md §5c): on a big GPU a BITCOS
+// GEMV is instruction-bound, not memory-bound, unless the decode costs about one instruction per weight; the
+// integer ALU pipe (logic, shifts, byte permutes) issues at half the scheduler's rate and POPC at an eighth,
+// so the decode keeps both off the per-weight path:
+//  * A lane's 32-weight word is 4 presence bytes; each byte is two 4-weight groups, each decoded by one
+//    shared-memory load of 4 int8 codes from a table keyed by (presence nibble, 4 sign bits), fed to dp4a.
+//  * Two tables, so that no sign cursor moves inside a byte: the low group's key takes the 4 signs starting
+//    at the byte's first sign ("leading" table: rank r <-> sign bit r), the high group's the 4 signs ending at
+//    the byte's last sign ("trailing" table: rank r of k <-> sign bit 4 - k + r). Both windows are one funnel
+//    shift of the lane's sign word at the byte boundaries, whose offsets are popcounts of the presence word's
+//    low 8 / 16 / 24 bits (3 POPC per 32 weights).
+//  * Key = one PRMT + one LOP3: X_B (the sign word shifted so that the 4 signs after boundary B sit at bits
+//    12..15 and the 4 before it at bits 8..11) and P (the presence byte at bits 8..15, the lane's table copy
+//    at bits 2..6, from one byte permute) merge into the byte address (key << 8 | table << 7 | copy << 2).
+//  * One table copy per lane (bank = lane), so a warp's 32 loads are one shared-memory wavefront: 2 x 256
+//    entries x 32 copies x 4 bytes = 64 KiB of dynamic shared memory per block (BITCOS_CUDA_GEMV_LUT_BYTES;
+//    devices whose blocks cannot have 64 KiB take 8 copies, 16 KiB, and some bank conflicts).
+#define BITCOS_CUDA_GEMV_MAX_COPIES 32
+
+template <int COPIES> struct bitcos_cuda_gemv_lut {
+    static_assert(COPIES == 32 || COPIES == 8, "table copies: 32 (64 KiB) or 8 (16 KiB)");
+    static constexpr int SHIFT = COPIES == 32 ? 0 : 2;            // address bits dropped by the 8-copy layout
+    static constexpr int BYTES = (2 * 256 * BITCOS_CUDA_GEMV_MAX_COPIES * 4) >> SHIFT;
+};
+
+// Codes (4 int8, weight i in byte i) of a 4-weight group with presence nibble m and 4 sign bits s (1 =
+// negative), s read as the leading or the trailing window (see above).
+__device__ __forceinline__ uint32_t bitcos_cuda_gemv_lut_entry(uint32_t m, uint32_t s, bool trailing) {
+    const int k = __popc(m);
+    uint32_t e = 0;
+    int rank = 0;
+    for (int i = 0; i < 4; ++i) {
+        if ((m >> i) & 1) {
+            const int bit = trailing ? 4 - k + rank : rank;
+            e |= (((s >> bit) & 1) ? 0xFFu : 0x01u) << (8 * i);
+            ++rank;
+        }
+    }
+    return e;
+}
+
+// Fills the block's tables (all threads must call it; ends with a barrier). Word index (key << 6 | table << 5
+// | copy) >> SHIFT, leading key = m | s << 4, trailing key = s | m << 4; 16-byte stores of 4 copies.
+template <int COPIES> __device__ __forceinline__ void bitcos_cuda_gemv_lut_fill(uint8_t * lut) {
+    const int n = bitcos_cuda_gemv_lut<COPIES>::BYTES / 16;
+    for (int i = threadIdx.x + threadIdx.y * blockDim.x; i < n; i += blockDim.x * blockDim.y) {
+        const int word = 4 * i;                        // first of the 4 copies this store writes
+        const int key = word / (2 * COPIES), trailing = (word / COPIES) & 1;
+        const uint32_t e = trailing ? bitcos_cuda_gemv_lut_entry(key >> 4, key & 15, true)
+                                    : bitcos_cuda_gemv_lut_entry(key & 15, key >> 4, false);
+        reinterpret_cast<uint4 *>(lut)[i] = make_uint4(e, e, e, e);
+    }
+    __syncthreads();
+}
+
+// a . b + c on 4 signed bytes (dp4a; sm_61+, a loop before)
+__device__ __forceinline__ int bitcos_cuda_dp4a(uint32_t a, uint32_t b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    return __dp4a((int) a, (int) b, c);
+#else
+    for (int i = 0; i < 4; ++i) c += (int) (int8_t) (a >> 8 * i) * (int) (int8_t) (b >> 8 * i);
+    return c;
+#endif
+}
+
+// Warp-cooperative: out[c] (valid in every lane) = row r of W times quantized column c, c < NC: q (int8) + c *
+// q_stride, d (fp32 per 32) + c * d_stride (bitcos_cuda_quantize_q8_kernel's layout); global row r of a BITCOS
+// tensor (blocks: the weight data, comp: its companion); lut: the block's tables.
+template <int NC, int COPIES>
+__device__ __forceinline__ void bitcos_cuda_row_dot_q8(const uint8_t * blocks, const uint8_t * comp, uint64_t r,
+                                                       const int8_t * q, int64_t q_stride, const float * d,
+                                                       int64_t d_stride, const uint8_t * lut, float * out) {
+    constexpr int SHIFT = bitcos_cuda_gemv_lut<COPIES>::SHIFT;
     const int      lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
     const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
     const uint8_t  * row  = blocks + r * l.row_bytes;
     const uint32_t * pool = reinterpret_cast<const uint32_t *>(comp + bitcos_cuda_u64(comp, BITCOS_HDR_POOL_OFFSET));
+    // the lane's table copy, at address bits 2..6 of the 64 KiB layout (the 8-copy one drops bits 0..1 later)
+    const uint32_t copy_bits = (uint32_t) (lane % COPIES) << (2 + SHIFT);
     uint64_t cursor = bitcos_cuda_row_sign_pos(comp, r);
-    float acc[BITCOS_CUDA_MAX_COLS];
-    for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) acc[c] = 0.0f;
+    float acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
     const uint64_t n_words = l.n_words;
     for (uint64_t w0 = 0; w0 < n_words; w0 += BITCOS_CUDA_WARP) {
         const uint64_t w = w0 + lane;                 // this lane's 32-weight word of the row
@@ -161,83 +238,118 @@ __device__ __forceinline__ void bitcos_cuda_row_dot(const uint8_t * blocks, cons
         }
         const int total = __shfl_sync(0xffffffffu, before, BITCOS_CUDA_WARP - 1);
         if (active) {
-            uint32_t s = bitcos_cuda_sign_window(pool, cursor + (uint64_t) (before - n));
-            float part[BITCOS_CUDA_MAX_COLS];
-            for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) part[c] = 0.0f;
-            for (int j = 0; j < 8; ++j) {
-                const uint32_t m = (word >> (4 * j)) & 15u;
-                const uint32_t e = lut[m | (s & 15u) << 4];
-                s >>= __popc(m);
-                const float c0 = (float) (int8_t) (e & 0xFF), c1 = (float) (int8_t) ((e >> 8) & 0xFF);
-                const float c2 = (float) (int8_t) ((e >> 16) & 0xFF), c3 = (float) (int8_t) (e >> 24);
-                for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) {
-                    if (c < nc) {
-                        const float * xg = x + c * x_stride + w * 32 + 4 * j;
-                        part[c] += c0 * xg[0] + c1 * xg[1] + c2 * xg[2] + c3 * xg[3];
-                    }
-                }
+            const uint32_t s = bitcos_cuda_sign_window(pool, cursor + (uint64_t) (before - n));
+            // X_B = bits 32.. of (s << 12) >> B as a 64-bit value, B = the sign offset of a byte boundary:
+            // bits 12..15 the 4 signs from B, bits 8..11 the 4 before it (zeros before the word's first sign)
+            const uint32_t lo = s << 12, hi = s >> 20;
+            uint32_t x_b[5];
+            x_b[0] = lo;
+            x_b[1] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 24));
+            x_b[2] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 16));
+            x_b[3] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 8));
+            x_b[4] = __funnelshift_rc(lo, hi, (uint32_t) n);
+            uint32_t codes[8];
+            for (int j = 0; j < 4; ++j) {
+                // presence byte j at bits 8..15, the copy bits below
+                const uint32_t p = __byte_perm(word, copy_bits, 0x5504u | (uint32_t) j << 8);
+                const uint32_t lead  = (p & ~0xF000u) | (x_b[j] & 0xF000u);        // m_lo | s << 4
+                const uint32_t trail = (p & ~0x0F00u) | (x_b[j + 1] & 0x0F00u);    // s | m_hi << 4
+                codes[2 * j]     = *reinterpret_cast<const uint32_t *>(lut + (lead >> SHIFT));
+                codes[2 * j + 1] = *reinterpret_cast<const uint32_t *>(lut + (128 >> SHIFT) + (trail >> SHIFT));
             }
-            const float d = bitcos_cuda_word_scale(l, row, r, w);
-            for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) acc[c] += part[c] * d;
+            const float ws = bitcos_cuda_word_scale(l, row, r, w);
+            for (int c = 0; c < NC; ++c) {
+                const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + (int64_t) w * 32);
+                const uint4 x0 = xq[0], x1 = xq[1];
+                int dot = 0;
+                dot = bitcos_cuda_dp4a(codes[0], x0.x, dot);
+                dot = bitcos_cuda_dp4a(codes[1], x0.y, dot);
+                dot = bitcos_cuda_dp4a(codes[2], x0.z, dot);
+                dot = bitcos_cuda_dp4a(codes[3], x0.w, dot);
+                dot = bitcos_cuda_dp4a(codes[4], x1.x, dot);
+                dot = bitcos_cuda_dp4a(codes[5], x1.y, dot);
+                dot = bitcos_cuda_dp4a(codes[6], x1.z, dot);
+                dot = bitcos_cuda_dp4a(codes[7], x1.w, dot);
+                acc[c] += (float) dot * (ws * d[c * d_stride + (int64_t) w]);
+            }
         }
         cursor += (uint64_t) total;
     }
     const float scale = bitcos_cuda_row_scale(l, r);
-    for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) {
+    for (int c = 0; c < NC; ++c) {
         float v = acc[c];
         for (int o = BITCOS_CUDA_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         out[c] = v * scale;
     }
 }
 
-// Kernel bodies (templates so that ggml-cuda's glue and the test program instantiate the same code).
-// Mat-vec / small batch: grid (ceil(rows / warps per block), column groups * batches), block (32, warps):
-// warp y of block x decodes global row row0 + blockIdx.x * blockDim.y + y for columns c0 .. c0 + nc.
-static __global__ void bitcos_cuda_mul_mat_kernel(const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp,
-                                           const float * __restrict__ x, float * __restrict__ dst,
-                                           int64_t row0, int64_t rows, int64_t k, int64_t ncols,
-                                           int64_t x_col_stride, int64_t dst_col_stride) {
-    __shared__ uint32_t lut[BITCOS_CUDA_LUT_ENTRIES];
-    bitcos_cuda_lut_fill(lut);
-    const int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y;
-    if (r >= rows) {
-        return;
+// Calls f(std::integral_constant<int, NC>{}) for NC = nc (1 .. BITCOS_CUDA_MAX_COLS): the launchers' switch from a
+// column count to the kernel instance that keeps NC accumulators.
+template <class F> __host__ __forceinline__ void bitcos_cuda_with_cols(int nc, F && f) {
+    switch (nc) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        default: f(std::integral_constant<int, 8>{}); break;
     }
-    const int64_t c0 = (int64_t) blockIdx.y * BITCOS_CUDA_MAX_COLS;
-    const int nc = (int) (ncols - c0 < BITCOS_CUDA_MAX_COLS ? ncols - c0 : BITCOS_CUDA_MAX_COLS);
-    float out[BITCOS_CUDA_MAX_COLS];
-    bitcos_cuda_row_dot(blocks, comp, (uint64_t) (row0 + r), x + c0 * x_col_stride, (uint64_t) x_col_stride, nc, lut, out);
-    if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
-        for (int c = 0; c < nc; ++c) dst[(c0 + c) * dst_col_stride + r] = out[c];
-    }
-    (void) k;
 }
 
-// MUL_MAT_ID: grid (ceil(rows / warps per block), n_used * n_tokens); slot (t, u) reads its expert id on the
-// device (ids: n_used int32 per token, ids_stride int32 between tokens), activation column u % ne11 of token
-// t, and writes dst[t * dst_tok_stride + u * dst_slot_stride + r]. Out-of-range ids are skipped, never read.
-static __global__ void bitcos_cuda_mul_mat_id_kernel(const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp,
-                                                     const float * __restrict__ x, const int32_t * __restrict__ ids,
-                                                     float * __restrict__ dst, int64_t rows, int64_t n_experts,
-                                                     int64_t n_used, int64_t ids_stride, int64_t ne11,
-                                                     int64_t x_col_stride, int64_t x_tok_stride,
-                                                     int64_t dst_slot_stride, int64_t dst_tok_stride) {
-    __shared__ uint32_t lut[BITCOS_CUDA_LUT_ENTRIES];
-    bitcos_cuda_lut_fill(lut);
-    const int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y;
-    if (r >= rows) {
-        return;
+// Dynamic shared memory (the host emulation's shim defines its own stand-in)
+#ifndef BITCOS_CUDA_EXTERN_SHARED
+#define BITCOS_CUDA_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
+// Mat-vec / small batch on quantized activations: NC columns (q + c * k_pad int8, d + c * (k_pad / 32) scales),
+// dst[c * dst_col_stride + r] for r < rows (global row row0 + r). Block (32, warps) with
+// bitcos_cuda_gemv_lut<COPIES>::BYTES of dynamic shared memory; any grid.x: warp y of block x takes rows
+// x * warps + y, then every gridDim.x * warps-th (the glue sizes the grid to what the device holds at once,
+// so that each block fills its tables once for many rows).
+template <int NC, int COPIES>
+static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_kernel(
+        const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp, const int8_t * __restrict__ q,
+        const float * __restrict__ d, float * __restrict__ dst, int64_t row0, int64_t rows, int64_t k_pad,
+        int64_t dst_col_stride) {
+    BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
+    bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
+    for (int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y; r < rows; r += (int64_t) gridDim.x * blockDim.y) {
+        float out[NC];
+        bitcos_cuda_row_dot_q8<NC, COPIES>(blocks, comp, (uint64_t) (row0 + r), q, k_pad, d, k_pad / 32,
+                                           bitcos_cuda_smem, out);
+        if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
+            for (int c = 0; c < NC; ++c) dst[c * dst_col_stride + r] = out[c];
+        }
     }
+}
+
+// MUL_MAT_ID on quantized activations: grid (any, n_used * n_tokens); slot (t, u) = blockIdx.y reads its expert
+// id on the device (ids: n_used int32 per token, ids_stride int32 between tokens), quantized column t * ne11 +
+// u % ne11, and writes dst[t * dst_tok_stride + u * dst_slot_stride + r]; rows as bitcos_cuda_mul_mat_vec_kernel.
+// Out-of-range ids are skipped, never read.
+template <int COPIES>
+static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_id_kernel(
+        const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp, const int8_t * __restrict__ q,
+        const float * __restrict__ d, const int32_t * __restrict__ ids, float * __restrict__ dst, int64_t rows,
+        int64_t n_experts, int64_t n_used, int64_t ids_stride, int64_t ne11, int64_t k_pad,
+        int64_t dst_slot_stride, int64_t dst_tok_stride) {
     const int64_t u = (int64_t) blockIdx.y % n_used, t = (int64_t) blockIdx.y / n_used;
     const int32_t e = ids[t * ids_stride + u];
     if (e < 0 || e >= n_experts) {
-        return;
+        return;                                       // uniform in the block, before its barrier
     }
-    float out[BITCOS_CUDA_MAX_COLS];
-    bitcos_cuda_row_dot(blocks, comp, (uint64_t) (e * rows + r), x + t * x_tok_stride + (u % ne11) * x_col_stride, 0,
-                        1, lut, out);
-    if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
-        dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
+    BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
+    bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
+    const int64_t col = t * ne11 + u % ne11;
+    for (int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y; r < rows; r += (int64_t) gridDim.x * blockDim.y) {
+        float out[1];
+        bitcos_cuda_row_dot_q8<1, COPIES>(blocks, comp, (uint64_t) (e * rows + r), q + col * k_pad, 0,
+                                          d + col * (k_pad / 32), 0, bitcos_cuda_smem, out);
+        if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
+            dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
+        }
     }
 }
 

@@ -251,7 +251,7 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_q8(const uint8_t * blocks, c
             uint32_t codes[8];
             for (int j = 0; j < 4; ++j) {
                 // presence byte j at bits 8..15, the copy bits below
-                const uint32_t p = __byte_perm(word, copy_bits, 0x5504u | (uint32_t) j << 8);
+                const uint32_t p = __byte_perm(word, copy_bits, 0x5504u | (uint32_t) j << 4);
                 const uint32_t lead  = (p & ~0xF000u) | (x_b[j] & 0xF000u);        // m_lo | s << 4
                 const uint32_t trail = (p & ~0x0F00u) | (x_b[j + 1] & 0x0F00u);    // s | m_hi << 4
                 codes[2 * j]     = *reinterpret_cast<const uint32_t *>(lut + (lead >> SHIFT));

@@ -214,6 +214,7 @@ class Report:
     by_class: dict[str, float]
     inner_loops: list[tuple[str, int, int]]       # (header label, instructions per trip, trips)
     branches_in_body: int
+    alternatives: list[tuple[float, str]] = field(default_factory=list)
 
     @property
     def per_weight(self) -> float:
@@ -238,22 +239,29 @@ def loop_weights(ins: list[Instr], blocks: list[Block], loops: list[Loop], hot: 
 
 def count_hot_loop(ins: list[Instr], labels: dict[str, int], marker: str, per_unit: int, weights: int,
                    kernel: str, trips_override: dict[str, int]) -> Report:
-    """The hot loop is the loop running the most `marker` instructions per iteration (the innermost such);
-    it covers (markers per iteration / per_unit) units of `weights` weights per lane (nvcc may unroll it)."""
+    """The hot loop is the loop running the most `marker` instructions per iteration; of several such (a
+    kernel specialized per layout has one each) the one issuing the fewest instructions, the others reported
+    as alternatives. It covers (markers per iteration / per_unit) units of `weights` weights per lane (nvcc
+    may unroll it)."""
     blocks, of = build_blocks(ins, labels)
     loops = find_loops(blocks)
     best = None
+    others = []                                       # (markers, instructions) of every loop with markers
     for lp in loops:
         try:
             w, rep = loop_weights(ins, blocks, loops, lp, kernel, trips_override)
         except SystemExit:
             continue                                  # holds a loop of unknown trip count (a row loop, say)
         n = sum(w[of[i]] for i, x in enumerate(ins) if of[i] in lp.body and x.op.startswith(marker))
-        if n and (best is None or n > best[0] or (n == best[0] and len(lp.body) < len(best[1].body))):
-            best = (n, lp, w, rep)
+        if n:
+            others.append((n, sum(w[bi] * (blocks[bi].end - blocks[bi].start) for bi in lp.body),
+                           blocks[lp.header].label))
+        cnt = sum(w[bi] * (blocks[bi].end - blocks[bi].start) for bi in lp.body)
+        if n and (best is None or n > best[0] or (n == best[0] and cnt < best[4])):
+            best = (n, lp, w, rep, cnt)
     if best is None:
         raise SystemExit(f"{kernel}: no loop runs a {marker} instruction")
-    n_mark, hot, weight, inner_rep = best
+    n_mark, hot, weight, inner_rep, _ = best
     if n_mark % per_unit:
         raise SystemExit(f"{kernel}: {n_mark} {marker} per iteration, not a multiple of {per_unit}")
     by_class: Counter[str] = Counter()
@@ -264,7 +272,9 @@ def count_hot_loop(ins: list[Instr], labels: dict[str, int], marker: str, per_un
             if ins[i].op.startswith("BRA") and not (bi == hot.latch and i == blocks[bi].end - 1):
                 n_branch += 1
     total = sum(by_class.values())
-    return Report(kernel, weights * n_mark // per_unit, total, dict(by_class), inner_rep, n_branch)
+    # the other loops doing the same work (a kernel specialized per layout has one each), per weight
+    alt = sorted((cnt / (weights * n // per_unit), lab) for n, cnt, lab in others if n == n_mark and lab != blocks[hot.header].label)
+    return Report(kernel, weights * n_mark // per_unit, total, dict(by_class), inner_rep, n_branch, alt)
 
 
 def find_disassembler(fetch: bool) -> tuple[str, str] | None:
@@ -318,17 +328,20 @@ TARGETS = {
     # (16 dp4a)
     # The kernel: the first mangled-name prefix that matches (the one-column, 32-copy instance of the mat-vec
     # template; before it, the untemplated kernel of commit fa24b23 and earlier).
-    "bitcos": ("tests/cuda/test-bitcos-cuda.cu", ("_Z30bitcos_cuda_mul_mat_vec_kernelILi1ELi32EEv",
-                                                  "_Z26bitcos_cuda_mul_mat_kernelP"), "SHFL.UP", 5, 32,
+    # The weights per unit go with the kernel: the mat-vec's lanes take two words per prefix sum, the kernel
+    # of fa24b23 one.
+    "bitcos": ("tests/cuda/test-bitcos-cuda.cu", (("_Z30bitcos_cuda_mul_mat_vec_kernelILi1ELi32EEv", 64),
+                                                  ("_Z26bitcos_cuda_mul_mat_kernelP", 32)), "SHFL.UP", 5,
                "BITCOS mat-vec, 1 column"),
-    "tq2": ("tests/cuda/tq2-reference.cu", ("_Z18tq2_reference_gemvP",), "IDP", 16, 64, "TQ2_0-like 2-bit GEMV (dp4a)"),
+    "tq2": ("tests/cuda/tq2-reference.cu", (("_Z18tq2_reference_gemvP", 64),), "IDP", 16,
+            "TQ2_0-like 2-bit GEMV (dp4a)"),
 }
 NVCC_FLAGS = ("-std=c++17", "-O3", "-use_fast_math", "-extended-lambda")     # ggml-cuda's, plus its -O3
 
 
 def measure(target: str, tree: Path, arch: str, dis: tuple[str, str], nvcc: str,
             trips_override: dict[str, int], keep: Path | None = None) -> Report:
-    src, kre, marker, per_unit, weights, _ = TARGETS[target]
+    src, kernels, marker, per_unit, _ = TARGETS[target]
     with tempfile.TemporaryDirectory() as td:
         cubin = Path(td) / f"{target}.cubin"
         cmd = [nvcc, *NVCC_FLAGS, f"-arch={arch}", "-cubin", f"-I{tree / 'csrc'}", f"-I{tree / 'csrc' / 'cuda'}",
@@ -340,9 +353,9 @@ def measure(target: str, tree: Path, arch: str, dis: tuple[str, str], nvcc: str,
     if keep is not None:
         keep.write_text(sass)
     funcs = parse_functions(sass)
-    name = next((n for pre in kre for n in funcs if n.startswith(pre)), None)
+    name, weights = next(((n, wt) for pre, wt in kernels for n in funcs if n.startswith(pre)), (None, 0))
     if name is None:
-        raise SystemExit(f"{target}: no kernel named {' or '.join(kre)}... in {src}; kernels: {list(funcs)}")
+        raise SystemExit(f"{target}: no kernel named {' or '.join(p for p, _ in kernels)}... in {src}; kernels: {list(funcs)}")
     ins, labels = funcs[name]
     return count_hot_loop(ins, labels, marker, per_unit, weights, name, trips_override)
 
@@ -394,16 +407,20 @@ def main() -> int:
                               "instructions_per_iteration": r.instructions_per_iter,
                               "instructions_per_weight": r.per_weight,
                               "by_class_per_weight": {k: v / r.weights_per_iter for k, v in sorted(r.by_class.items())},
-                              "inner_loops": r.inner_loops, "branches_in_body": r.branches_in_body}
+                              "inner_loops": r.inner_loops, "branches_in_body": r.branches_in_body,
+                              "other_loops_per_weight": [v for v, _ in r.alternatives]}
                           for t, r in results.items()}, indent=1))
         return 0
     for t, r in results.items():
-        print(f"{t}: {TARGETS[t][5]} ({a.arch}{', ' + a.rev if a.rev else ''})")
+        print(f"{t}: {TARGETS[t][4]} ({a.arch}{', ' + a.rev if a.rev else ''})")
         print(f"  kernel {r.kernel}")
         inner = "; ".join(f"inner loop {l}: {n} instructions x {k}" for l, n, k in r.inner_loops)
         print(f"  hot loop: {r.instructions_per_iter:.0f} instructions per iteration of {r.weights_per_iter} weights per lane"
               f"{' (' + inner + ')' if inner else ''}; {r.branches_in_body} forward branches inside")
         print(f"  instructions per weight per lane: {r.per_weight:.3f}")
+        if r.alternatives:
+            print("  other loops doing the same work (per weight): " +
+                  ", ".join(f"{v:.3f} ({lab})" for v, lab in r.alternatives))
         for k, v in sorted(r.by_class.items(), key=lambda kv: -kv[1]):
             print(f"    {k:12s} {v / r.weights_per_iter:6.3f}  ({v:.0f} per iteration)")
     return 0

@@ -101,6 +101,9 @@ def nvcc_or_prebuilt() -> str | None:
 BATCHED_K = {Variant.G128: (128, 384, 2048), Variant.PT: (128, 384, 2048), Variant.B128: (128, 640, 2048),
              Variant.B256: (256, 768, 1536), Variant.MATRIX: (32, 96, 576, 2048), Variant.ROW: (32, 96, 576, 2048)}
 BATCHED_SHAPES = ((37, 33), (19, 64), (33, 9), (5, 8), (3, 1), (45, 65))     # (rows, columns)
+# K past two of the mat-vec's 64-word warp steps, ending in a partial one (odd for MATRIX / ROW)
+LONG_K = {Variant.G128: 4224, Variant.PT: 4224, Variant.B128: 4224, Variant.B256: 4352, Variant.MATRIX: 4192,
+          Variant.ROW: 4192}
 
 
 def batched_cases(rng: np.random.Generator, variant: Variant, zs: tuple[float, ...] = (0.0, 0.4, 1.0)) -> list[dict]:
@@ -251,7 +254,8 @@ def test_cuda_kernels_in_host_emulation(host_emulation, tmp_path, variant):
     """Everywhere (no GPU): the kernels' own source (mat-vec, MUL_MAT_ID, quantization, slot grouping, the
     batched tile kernel in both modes) run on the CPU through tests/cuda/host-shim (a thread per CUDA thread,
     real barriers and shuffles, wmma with its alignment rules) and checked as on a GPU, on a small set: the
-    batched cases at z 0.4 with K <= 640 (1-65 columns, partial units, rows past a tile) and, for PT / MATRIX /
+    batched cases at z 0.4 with K <= 640 (1-65 columns, partial units, rows past a tile), one case with K past
+    two whole mat-vec warp steps (LONG_K) and, for PT / MATRIX /
     ROW, the SYCL test's 3-matrix tensor through MUL_MAT_ID (its 300-column one, which fills several slot
     tiles per expert, only in test_mmq_tile_emulation: too slow here). scripts/gpu_session.sh runs the full
     set on a GPU."""
@@ -260,6 +264,11 @@ def test_cuda_kernels_in_host_emulation(host_emulation, tmp_path, variant):
     rng = np.random.default_rng(53 + int(variant))
     cases = [c for c in batched_cases(rng, variant, zs=(0.4,)) if c["x"].shape[1] <= 640 and id_layout(c) is None]
     cases += [c for c in ref.variant_cases(rng, variant) if id_layout(c) is not None]
+    # rows long enough for the mat-vec's whole 2048-weight warp steps before a partial one (an odd word count
+    # where the variant allows it: a lane with one word of two)
+    c = ref.make_case(rng, variant, 6, LONG_K[variant], 0.4, 3)
+    c.update(row0=0, n_rows=6, wg=16)
+    cases.append(c)
     run_and_check(host_emulation, tmp_path, cases)
 
 

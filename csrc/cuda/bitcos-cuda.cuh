@@ -208,78 +208,194 @@ __device__ __forceinline__ int bitcos_cuda_dp4a(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
+// Inclusive warp prefix sum. On the device each step is a shuffle whose "source lane in range" predicate guards
+// the add (2 instructions a step; the C++ form costs a compare and a select more).
+__device__ __forceinline__ int bitcos_cuda_warp_scan(int v) {
+#if defined(__CUDA_ARCH__)
+    asm("{\n\t.reg .s32 t;\n\t.reg .pred p;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 1, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 2, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 4, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 8, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 16, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t}"
+        : "+r"(v));
+    return v;
+#else
+    const int lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
+    for (int o = 1; o < BITCOS_CUDA_WARP; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+#endif
+}
+
+// (a & mask) | (b & ~mask) in one LOP3 (ptxas splits the C++ form into two when a feeds several masks)
+__device__ __forceinline__ uint32_t bitcos_cuda_bitselect(uint32_t a, uint32_t b, uint32_t mask) {
+#if defined(__CUDA_ARCH__)
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(r) : "r"(a), "r"(b), "r"(mask));
+    return r;
+#else
+    return (a & mask) | (b & ~mask);
+#endif
+}
+
+// Where a row's bitmap words and word scales are, specialized so that the hot loop has no variant branch:
+// WORDS32 (PT, MATRIX, ROW: 32-bit words, no word scale), WORDS32_F16 (B128, B256: fp16 per 4 or 8 words in the
+// companion), G128 (18-byte blocks: 16-bit halves, the fp16 scale after each block's 16 bitmap bytes).
+enum bitcos_cuda_row_kind { BITCOS_CUDA_WORDS32, BITCOS_CUDA_WORDS32_F16, BITCOS_CUDA_G128 };
+
+// 32-bit shared-memory load at byte offset off of lut. On the device through the shared window's 32-bit
+// address, so that ptxas keeps the table's base in a uniform register folded into the load (in C++ it adds
+// it to every address: an instruction per lookup).
+__device__ __forceinline__ uint32_t bitcos_cuda_lds(const uint8_t * lut, uint32_t off) {
+#if defined(__CUDA_ARCH__)
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"((uint32_t) __cvta_generic_to_shared(lut) + off));
+    return v;
+#else
+    return *reinterpret_cast<const uint32_t *>(lut + off);
+#endif
+}
+
+// The 8 dp4a operands (int8 codes of weights 4i .. 4i + 3) of a 32-weight bitmap word whose first sign is bit 0 of
+// s (lut: the block's tables; copy_bits: this lane's table copy at address bits 2..6 of the 64 KiB layout).
+template <int COPIES>
+__device__ __forceinline__ void bitcos_cuda_decode_word(uint32_t word, uint32_t s, const uint8_t * lut,
+                                                        uint32_t copy_bits, uint32_t codes[8]) {
+    constexpr int SHIFT = bitcos_cuda_gemv_lut<COPIES>::SHIFT;
+    // X_B = bits 32.. of (s << 12) >> B as a 64-bit value, B = the sign offset of a byte boundary: bits 12..15
+    // the 4 signs from B, bits 8..11 the 4 before it (zeros before the word's first sign)
+    const uint32_t lo = s << 12, hi = s >> 20;
+    uint32_t x_b[5];
+    x_b[0] = lo;
+    x_b[1] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 24));
+    x_b[2] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 16));
+    x_b[3] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 8));
+    x_b[4] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word));
+    for (int j = 0; j < 4; ++j) {
+        // presence byte j at bits 8..15, the copy bits below
+        const uint32_t p = __byte_perm(word, copy_bits, 0x5504u | (uint32_t) j << 4);
+        const uint32_t lead  = bitcos_cuda_bitselect(x_b[j], p, 0xF000u);          // m_lo | s << 4
+        const uint32_t trail = bitcos_cuda_bitselect(x_b[j + 1], p, 0x0F00u);      // s | m_hi << 4
+        codes[2 * j]     = bitcos_cuda_lds(lut, lead >> SHIFT);
+        codes[2 * j + 1] = bitcos_cuda_lds(lut + (128 >> SHIFT), trail >> SHIFT);
+    }
+}
+
 // Warp-cooperative: out[c] (valid in every lane) = row r of W times quantized column c, c < NC: q (int8) + c *
 // q_stride, d (fp32 per 32) + c * d_stride (bitcos_cuda_quantize_q8_kernel's layout); global row r of a BITCOS
-// tensor (blocks: the weight data, comp: its companion); lut: the block's tables.
-template <int NC, int COPIES>
-__device__ __forceinline__ void bitcos_cuda_row_dot_q8(const uint8_t * blocks, const uint8_t * comp, uint64_t r,
-                                                       const int8_t * q, int64_t q_stride, const float * d,
-                                                       int64_t d_stride, const uint8_t * lut, float * out) {
-    constexpr int SHIFT = bitcos_cuda_gemv_lut<COPIES>::SHIFT;
-    const int      lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
-    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
-    const uint8_t  * row  = blocks + r * l.row_bytes;
-    const uint32_t * pool = reinterpret_cast<const uint32_t *>(comp + bitcos_cuda_u64(comp, BITCOS_HDR_POOL_OFFSET));
-    // the lane's table copy, at address bits 2..6 of the 64 KiB layout (the 8-copy one drops bits 0..1 later)
-    const uint32_t copy_bits = (uint32_t) (lane % COPIES) << (2 + SHIFT);
-    uint64_t cursor = bitcos_cuda_row_sign_pos(comp, r);
+// tensor (blocks: the weight data, comp: its companion) laid out as KIND; lut: the block's tables.
+// Lane l takes words 2l, 2l + 1 of each 64-word step (one prefix sum, one sign fetch and one loop iteration
+// per 64 weights): whole steps without bounds checks, then the partial last one. A missing second word reads
+// as 0 (no weights), whose activations exist: the quantized columns are padded to a multiple of 128 with zeros.
+template <int NC, int COPIES, int KIND>
+__device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layout & l, const uint8_t * blocks,
+                                                         const uint8_t * comp, uint64_t r, const int8_t * q,
+                                                         int64_t q_stride, const float * d, int64_t d_stride,
+                                                         const uint8_t * lut, float * out) {
+    const int lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
+    const uint8_t * row = blocks + r * l.row_bytes;
+    // the row's signs: pool words from the one holding its first sign, bit offsets relative to that word
+    // (32-bit: a row has at most K signs)
+    const uint64_t first = bitcos_cuda_row_sign_pos(comp, r);
+    const uint32_t * pool = reinterpret_cast<const uint32_t *>(comp + bitcos_cuda_u64(comp, BITCOS_HDR_POOL_OFFSET)) + (first >> 5);
+    uint32_t cursor = (uint32_t) (first & 31);
+    const uint32_t copy_bits = (uint32_t) (lane % COPIES) << (2 + bitcos_cuda_gemv_lut<COPIES>::SHIFT);
+    const uint16_t * scales = KIND == BITCOS_CUDA_G128
+        ? reinterpret_cast<const uint16_t *>(row + offsetof(block_bitcos_g128, d))
+        : reinterpret_cast<const uint16_t *>(l.scales) + r * l.scales_per_row;
     float acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    const uint64_t n_words = l.n_words;
-    for (uint64_t w0 = 0; w0 < n_words; w0 += BITCOS_CUDA_WARP) {
-        const uint64_t w = w0 + lane;                 // this lane's 32-weight word of the row
-        const bool active = w < n_words;
-        const uint32_t word = active ? bitcos_cuda_bitmap_word(l, row, w) : 0u;
-        const int n = __popc(word);
-        int before = n;                               // inclusive warp prefix sum of the popcounts
-        for (int o = 1; o < BITCOS_CUDA_WARP; o <<= 1) {
-            const int v = __shfl_up_sync(0xffffffffu, before, o);
-            if (lane >= o) before += v;
+
+    // words w (even) and w + 1; has1: whether w + 1 is in the row (w is whenever this runs on real data)
+    auto step = [&](uint32_t w, bool has0, bool has1) {
+        uint32_t word0 = 0, word1 = 0;
+        if (KIND == BITCOS_CUDA_G128) {               // word w: half-words at byte (w / 4) * 18 + 4 (w % 4)
+            const uint16_t * h = reinterpret_cast<const uint16_t *>(row + (w / 4) * sizeof(block_bitcos_g128) + 4 * (w % 4));
+            if (has0) word0 = (uint32_t) h[0] | (uint32_t) h[1] << 16;
+            if (has1) word1 = (uint32_t) h[2] | (uint32_t) h[3] << 16;     // same block: w % 4 is 0 or 2
+        } else {
+            const uint32_t * wp = reinterpret_cast<const uint32_t *>(row) + w;
+            if (has0) word0 = wp[0];
+            if (has1) word1 = wp[1];
         }
-        const int total = __shfl_sync(0xffffffffu, before, BITCOS_CUDA_WARP - 1);
-        if (active) {
-            const uint32_t s = bitcos_cuda_sign_window(pool, cursor + (uint64_t) (before - n));
-            // X_B = bits 32.. of (s << 12) >> B as a 64-bit value, B = the sign offset of a byte boundary:
-            // bits 12..15 the 4 signs from B, bits 8..11 the 4 before it (zeros before the word's first sign)
-            const uint32_t lo = s << 12, hi = s >> 20;
-            uint32_t x_b[5];
-            x_b[0] = lo;
-            x_b[1] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 24));
-            x_b[2] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 16));
-            x_b[3] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 8));
-            x_b[4] = __funnelshift_rc(lo, hi, (uint32_t) n);
-            uint32_t codes[8];
-            for (int j = 0; j < 4; ++j) {
-                // presence byte j at bits 8..15, the copy bits below
-                const uint32_t p = __byte_perm(word, copy_bits, 0x5504u | (uint32_t) j << 4);
-                const uint32_t lead  = (p & ~0xF000u) | (x_b[j] & 0xF000u);        // m_lo | s << 4
-                const uint32_t trail = (p & ~0x0F00u) | (x_b[j + 1] & 0x0F00u);    // s | m_hi << 4
-                codes[2 * j]     = *reinterpret_cast<const uint32_t *>(lut + (lead >> SHIFT));
-                codes[2 * j + 1] = *reinterpret_cast<const uint32_t *>(lut + (128 >> SHIFT) + (trail >> SHIFT));
-            }
-            const float ws = bitcos_cuda_word_scale(l, row, r, w);
+        const int n0 = __popc(word0), n = n0 + __popc(word1);
+        const int incl = bitcos_cuda_warp_scan(n);
+        const int total = __shfl_sync(0xffffffffu, incl, BITCOS_CUDA_WARP - 1);
+        if (has0) {
+            // 64 signs from the lane's first (3 pool words; the pool's zero tail covers the last ones), the
+            // second word's from n0 on
+            const uint32_t pos = cursor + (uint32_t) (incl - n);
+            const uint32_t * pw = pool + (pos >> 5);
+            const uint32_t p0 = pw[0], p1 = pw[1], p2 = pw[2];
+            const uint32_t s0 = __funnelshift_r(p0, p1, pos), s_hi = __funnelshift_r(p1, p2, pos);
+            const uint32_t s1 = __funnelshift_rc(s0, s_hi, (uint32_t) n0);
+            uint32_t codes0[8], codes1[8];
+            bitcos_cuda_decode_word<COPIES>(word0, s0, lut, copy_bits, codes0);
+            bitcos_cuda_decode_word<COPIES>(word1, s1, lut, copy_bits, codes1);
+            // both words share a scale block (4 or 8 words, aligned)
+            const float ws = KIND == BITCOS_CUDA_WORDS32 ? 1.0f
+                           : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
+                           : __half2float(__ushort_as_half(scales[w >> l.word_shift]));
             for (int c = 0; c < NC; ++c) {
-                const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + (int64_t) w * 32);
-                const uint4 x0 = xq[0], x1 = xq[1];
-                int dot = 0;
-                dot = bitcos_cuda_dp4a(codes[0], x0.x, dot);
-                dot = bitcos_cuda_dp4a(codes[1], x0.y, dot);
-                dot = bitcos_cuda_dp4a(codes[2], x0.z, dot);
-                dot = bitcos_cuda_dp4a(codes[3], x0.w, dot);
-                dot = bitcos_cuda_dp4a(codes[4], x1.x, dot);
-                dot = bitcos_cuda_dp4a(codes[5], x1.y, dot);
-                dot = bitcos_cuda_dp4a(codes[6], x1.z, dot);
-                dot = bitcos_cuda_dp4a(codes[7], x1.w, dot);
-                acc[c] += (float) dot * (ws * d[c * d_stride + (int64_t) w]);
+                const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + 32 * (int64_t) w);
+                const uint4 x0 = xq[0], x1 = xq[1], x2 = xq[2], x3 = xq[3];
+                const float2 dw = *reinterpret_cast<const float2 *>(d + c * d_stride + w);
+                int dot0 = 0, dot1 = 0;
+                dot0 = bitcos_cuda_dp4a(codes0[0], x0.x, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[1], x0.y, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[2], x0.z, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[3], x0.w, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[4], x1.x, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[5], x1.y, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[6], x1.z, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[7], x1.w, dot0);
+                dot1 = bitcos_cuda_dp4a(codes1[0], x2.x, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[1], x2.y, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[2], x2.z, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[3], x2.w, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[4], x3.x, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[5], x3.y, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[6], x3.z, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[7], x3.w, dot1);
+                acc[c] += (float) dot0 * (ws * dw.x);
+                acc[c] += (float) dot1 * (ws * dw.y);
             }
         }
-        cursor += (uint64_t) total;
+        cursor += (uint32_t) total;
+    };
+    constexpr uint32_t STEP = 2 * BITCOS_CUDA_WARP;
+    const uint32_t n_words = (uint32_t) l.n_words;
+    uint32_t w0 = 0;
+    for (; w0 + STEP <= n_words; w0 += STEP) {
+        step(w0 + 2 * (uint32_t) lane, true, true);
+    }
+    if (w0 < n_words) {
+        const uint32_t w = w0 + 2 * (uint32_t) lane;
+        step(w, w < n_words, w + 1 < n_words);
     }
     const float scale = bitcos_cuda_row_scale(l, r);
     for (int c = 0; c < NC; ++c) {
         float v = acc[c];
         for (int o = BITCOS_CUDA_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         out[c] = v * scale;
+    }
+}
+
+// bitcos_cuda_row_dot_kind for the row's variant (one uniform branch per row)
+template <int NC, int COPIES>
+__device__ __forceinline__ void bitcos_cuda_row_dot_q8(const uint8_t * blocks, const uint8_t * comp, uint64_t r,
+                                                       const int8_t * q, int64_t q_stride, const float * d,
+                                                       int64_t d_stride, const uint8_t * lut, float * out) {
+    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
+    if (l.variant == BITCOS_VARIANT_G128) {
+        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_G128>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+    } else if (l.scales_per_row != 0) {
+        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32_F16>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+    } else {
+        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
     }
 }
 

@@ -32,6 +32,7 @@ struct dim3 {
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 struct uint4 { uint32_t x, y, z, w; };
+struct float2 { float x, y; };
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
 struct __half { uint16_t b; };
 inline __half __ushort_as_half(uint16_t b) { return {b}; }

@@ -10,7 +10,10 @@ the loop has such branches: the report says how many it has).
 
 Targets (what the numbers in docs/PERFORMANCE.md §5c were measured with):
   bitcos  the BITCOS mat-vec, tests/cuda/test-bitcos-cuda.cu's instance for one activation column; hot loop:
-          the loop holding the warp prefix sum (SHFL.UP), one 32-weight bitmap word per lane per iteration
+          the loop holding the warp prefix sum (SHFL.UP): two 32-bit bitmap words (64 weights) per lane per
+          iteration (one word at commit fa24b23 and before); of its per-layout loops the cheapest, the
+          others listed
+  bitcos4 the same for 4 columns sharing one decode, counted per weight and column
   tq2     tests/cuda/tq2-reference.cu: a TQ2_0-like 2-bit GEMV (dp4a), 64 weights per lane per iteration
 
   python3 scripts/cuda_sass_count.py                 # both targets, this tree, sm_90
@@ -335,6 +338,9 @@ TARGETS = {
                "BITCOS mat-vec, 1 column"),
     "tq2": ("tests/cuda/tq2-reference.cu", (("_Z18tq2_reference_gemvP", 64),), "IDP", 16,
             "TQ2_0-like 2-bit GEMV (dp4a)"),
+    # one decode, 4 activation columns (a small batch): the count is per weight and column
+    "bitcos4": ("tests/cuda/test-bitcos-cuda.cu", (("_Z30bitcos_cuda_mul_mat_vec_kernelILi4ELi32EEv", 64 * 4),),
+                "SHFL.UP", 5, "BITCOS mat-vec, 4 columns (per weight and column)"),
 }
 NVCC_FLAGS = ("-std=c++17", "-O3", "-use_fast_math", "-extended-lambda")     # ggml-cuda's, plus its -O3
 
@@ -362,7 +368,7 @@ def measure(target: str, tree: Path, arch: str, dis: tuple[str, str], nvcc: str,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("targets", nargs="*", metavar="TARGET", help="bitcos, tq2 (default: both)")
+    ap.add_argument("targets", nargs="*", metavar="TARGET", help="bitcos, bitcos4, tq2 (default: bitcos, tq2)")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--rev", help="measure the sources as they were at this git revision (git archive)")
     ap.add_argument("--trip", action="append", default=[], metavar="LABEL=N",
@@ -380,7 +386,7 @@ def main() -> int:
         print("cuda_sass_count: no nvdisasm / cuobjdump (--fetch installs them from PyPI into "
               f"{TOOLS_DIR})", file=sys.stderr)
         return 2
-    a.targets = a.targets or list(TARGETS)
+    a.targets = a.targets or ["bitcos", "tq2"]
     for t in a.targets:
         if t not in TARGETS:
             ap.error(f"unknown target {t}")

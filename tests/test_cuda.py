@@ -64,8 +64,8 @@ def compile_cuda(nvcc_exe: str, source: Path, out: Path, arch: str, include: lis
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch):
     """The ggml-cuda glue (its kernels instantiated, device code through ptxas) and the standalone test
-    program compile warning-free for each architecture; the glue's object holds the mat-vec, MUL_MAT_ID,
-    activation-quantization and batched tensor-core kernels."""
+    program compile warning-free for each architecture; the glue's object holds the mat-vec (every column
+    count, both table layouts), MUL_MAT_ID, activation-quantization and batched tensor-core kernels."""
     inc = [ggml_include, ROOT / "csrc", ROOT / "csrc" / "cuda"]
     obj = tmp_path / f"ggml-bitcos-cuda-{arch}.o"
     # the glue with ggml-cuda's own CUDA_FLAGS (its CMakeLists.txt: -use_fast_math -extended-lambda)
@@ -73,8 +73,9 @@ def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch)
                  extra=("-use_fast_math", "-extended-lambda"))
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
     for name in ("ggml_cuda_bitcos_supports_op", "ggml_cuda_bitcos_mul_mat(", "ggml_cuda_bitcos_mul_mat_id(",
-                 "bitcos_cuda_mul_mat_kernel", "bitcos_cuda_mul_mat_id_kernel", "bitcos_cuda_quantize_q8_kernel",
-                 "bitcos_cuda_mul_mat_mmq_kernel"):
+                 "bitcos_cuda_mul_mat_vec_kernel<1, 32>", "bitcos_cuda_mul_mat_vec_kernel<8, 8>",
+                 "bitcos_cuda_mul_mat_vec_id_kernel<32>", "bitcos_cuda_mul_mat_vec_id_kernel<8>",
+                 "bitcos_cuda_quantize_q8_kernel", "bitcos_cuda_mul_mat_mmq_kernel"):
         assert name in syms, name
     compile_cuda(nvcc_path, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", tmp_path / f"test-{arch}", arch,
                  [ROOT / "csrc", ROOT / "csrc" / "cuda"], link=True)
@@ -300,3 +301,79 @@ def test_mmq_tile_emulation(variant):
         if lay is not None:
             n_exp, rows_e, ne11, ids = lay
             check_id(c, emu.emulate_id(c["blocks"], c["companion"], c["x"], n_exp, rows_e, ne11, ids, rng))
+
+
+def sass_count_tool():
+    import importlib.util
+
+    import sys
+
+    if "cuda_sass_count" not in sys.modules:             # dataclasses look their module up there
+        spec = importlib.util.spec_from_file_location("cuda_sass_count", ROOT / "scripts" / "cuda_sass_count.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["cuda_sass_count"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["cuda_sass_count"]
+
+
+# A made-up kernel in nvdisasm's form: an outer loop (one SHFL.UP a unit) around a counted inner loop of 8
+# trips, a warp-shuffle fallback reached by BRA.DIV that jumps back into the loop (never taken by a converged
+# warp: must not count), and an exit.
+SASS_NESTED = """
+.text._Z6kernelv:
+        /*0000*/                   MOV R0, RZ ;
+.L_x_0:
+        /*0010*/                   UMOV UR5, URZ ;
+        /*0020*/                   BRA.DIV UR4, `(.L_x_9) ;
+        /*0030*/                   SHFL.UP P0, R1, R2, 0x1, RZ ;
+.L_x_5:
+        /*0040*/                   POPC R3, R2 ;
+.L_x_1:
+        /*0050*/                   LDS R4, [R3] ;
+        /*0060*/                   IDP.4A.S8.S8 R5, R4, R4, R5 ;
+        /*0070*/                   UIADD3 UR5, UR5, 0x1, URZ ;
+        /*0080*/                   UISETP.NE.AND UP0, UPT, UR5, 0x8, UPT ;
+        /*0090*/                   PLOP3.LUT P1, PT, PT, PT, UP0, 0x80, 0x0 ;
+        /*00a0*/               @P1 BRA `(.L_x_1) ;
+        /*00b0*/                   ISETP.GE.AND P2, PT, R0, R6, PT ;
+        /*00c0*/              @!P2 BRA `(.L_x_0) ;
+        /*00d0*/                   EXIT ;
+.L_x_9:
+        /*00e0*/                   WARPSYNC.COLLECTIVE R7, `(.L_x_10) ;
+        /*00f0*/                   SHFL.UP P0, R1, R2, 0x1, RZ ;
+.L_x_10:
+        /*0100*/                   BRA `(.L_x_5) ;
+"""
+
+
+def test_sass_count_tool_reads_loops():
+    """scripts/cuda_sass_count.py's loop analysis on a made-up SASS listing (no nvcc needed): the hot loop is
+    the outer one, its counted inner loop weighs 8 times, the divergent-shuffle fallback does not count."""
+    tool = sass_count_tool()
+    ins, labels = tool.parse_functions(SASS_NESTED)["_Z6kernelv"]
+    rep = tool.count_hot_loop(ins, labels, "SHFL.UP", 1, 32, "kernel", {})
+    # outer body: UMOV, BRA.DIV, SHFL.UP, POPC, ISETP, BRA = 6; inner: 6 instructions x 8 trips
+    assert rep.inner_loops == [(".L_x_1", 6, 8)]
+    assert rep.instructions_per_iter == 6 + 6 * 8
+    assert rep.by_class["LDS"] == 8 and rep.by_class["DP4A"] == 8 and rep.by_class["SHFL"] == 1
+    assert rep.weights_per_iter == 32 and rep.per_weight == pytest.approx(54 / 32)
+
+
+def test_sass_count_of_the_mat_vec(nvcc_path):
+    """The static count runs on the real kernels (sm_90) and gives positive instructions per weight for the
+    BITCOS mat-vec and the 2-bit reference. Exact counts that are the decode's design (not the compiler's
+    scheduling), checked: per 64-weight iteration of a lane, 16 table loads and 16 dp4a (one each per 4-weight
+    group) and 8 POPC (each word's count and its 3 byte-boundary offsets). Needs nvdisasm or cuobjdump: where
+    CI requires the CUDA compile (BITCOS_REQUIRE_CUDA_COMPILE=1) the tool installs them from PyPI into
+    ~/.cache/ggml-bitcos/cuda-tools; elsewhere the test skips without them."""
+    tool = sass_count_tool()
+    dis = tool.find_disassembler(fetch=os.environ.get("BITCOS_REQUIRE_CUDA_COMPILE") == "1")
+    if dis is None:
+        pytest.skip("no nvdisasm / cuobjdump (scripts/cuda_sass_count.py --fetch installs them)")
+    bitcos = tool.measure("bitcos", ROOT, "sm_90", dis, nvcc_path, {})
+    tq2 = tool.measure("tq2", ROOT, "sm_90", dis, nvcc_path, {})
+    for rep in (bitcos, tq2):
+        assert 0 < rep.per_weight < 100 and rep.instructions_per_iter > 0
+    assert bitcos.weights_per_iter == 64
+    assert bitcos.by_class["LDS"] == 16 and bitcos.by_class["DP4A"] == 16 and bitcos.by_class["POPC"] == 8
+    assert tq2.by_class["DP4A"] == tq2.weights_per_iter / 4

@@ -252,7 +252,7 @@ enum bitcos_cuda_row_kind { BITCOS_CUDA_WORDS32, BITCOS_CUDA_WORDS32_F16, BITCOS
 __device__ __forceinline__ uint32_t bitcos_cuda_lds(const uint8_t * lut, uint32_t off) {
 #if defined(__CUDA_ARCH__)
     uint32_t v;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"((uint32_t) __cvta_generic_to_shared(lut) + off));
+    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"((uint32_t) __cvta_generic_to_shared(lut) + off));
     return v;
 #else
     return *reinterpret_cast<const uint32_t *>(lut + off);

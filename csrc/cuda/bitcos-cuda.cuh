@@ -2,22 +2,23 @@
 // test program (tests/cuda/test-bitcos-cuda.cu). No ggml dependency; format offsets from bitcos-format.h.
 //
 // Design (why):
-//  * A warp per row, lanes per 32-bit bitmap word. The weight blocks are row-major, so the 32 lanes of a
-//    warp read 32 consecutive bitmap words of one row (128 B, coalesced for PT and version 2; G128's 18-byte
-//    blocks are read as 16-bit halves), i.e. 1024 weights per warp step. A version-2 row (any K % 32) is
-//    K/32 such words, so a partial last 128-weight unit needs no special case.
+//  * A warp per row. The weight blocks are row-major, so a warp reads consecutive bitmap words of one row
+//    (coalesced for PT and version 2; G128's 18-byte blocks are read as 16-bit halves). A version-2 row (any
+//    K % 32) is K/32 such words, so a partial last 128-weight unit needs no special case.
 //  * Sign offsets by a warp prefix sum. Each lane's first sign is the row cursor plus the exclusive
 //    prefix sum of the popcounts of the lanes before it (__shfl_up), so no lane walks another's bits; the
 //    cursor advances by the warp total (__shfl).
 //  * pdep by table, as on Xe2 (bitcos-paper §II-D): a 4-weight group's codes are a function of its presence
-//    nibble and the next 4 sign bits; a 256-entry table in shared memory returns the 4 codes as packed int8
-//    (one 32-bit load), and the lane's 32-bit sign window (a funnel shift of two pool words) shifts by the
-//    nibble's popcount. 8 lookups per 32 weights.
-//  * fp32 activations and accumulation, each 32-weight word's sum scaled by its fp16 scale (G128, B128, B256),
-//    the row's sum by its matrix's or row's scale (PT, MATRIX, ROW) at the end; a warp reduction (__shfl_xor) per row. Up to BITCOS_CUDA_MAX_COLS columns share one decode.
-// Instruction count, not bandwidth, limits such a decode on big GPUs (../shared BRIEF §5: ~2.7 instructions
-// per weight for a similar table decode vs ~1.4 affordable on an H200); this kernel is written for
-// correctness and coalescing first and is measured by scripts/gpu_session.sh where a GPU is lent.
+//    nibble and 4 sign bits; a table in shared memory returns the 4 codes as packed int8 (one 32-bit load).
+//  * Mat-vec (decode, up to 8 columns): int8 activations per 32 and dp4a, two words per lane, two per-lane
+//    tables (leading / trailing sign windows at byte boundaries) so that the decode costs about one
+//    instruction per weight; see "Mat-vec" below and docs/PERFORMANCE.md §5c for the counts
+//    (scripts/cuda_sass_count.py). Batched (more columns): a tile decoded once into shared memory for 64
+//    columns on tensor cores ("Batched path" below), with the small 256-entry table.
+//  * Each 32-weight block's exact int32 dot is scaled by its fp16 weight scale (G128, B128, B256) and its
+//    activation scale; the row's sum by its matrix's or row's scale (PT, MATRIX, ROW) at the end.
+// Instruction count, not bandwidth, limits such a decode on big GPUs (../shared BRIEF §5: a tuned table
+// decode ran at ~2.7 instructions per weight against ~1.4 affordable on an H200 at 1.6 bits per weight).
 #pragma once
 
 #include "bitcos-format.h"
@@ -32,7 +33,8 @@
 #define BITCOS_CUDA_MAX_COLS    8
 #define BITCOS_CUDA_WARP        32
 
-// Entry `key` (presence nibble m | next 4 sign bits s << 4): code i of the group = 0 when weight i is absent,
+// The batched path's table (256 entries, one copy: the tile decode is not its kernel's bottleneck). Entry `key`
+// (presence nibble m | next 4 sign bits s << 4): code i of the group = 0 when weight i is absent,
 // else -1 / +1 by bit rank_i(m) of s (1 = negative); packed as 4 int8 in a uint32, weight i in byte i.
 __device__ __forceinline__ uint32_t bitcos_cuda_lut_entry(int key) {
     const int m = key & 15, s = key >> 4;

@@ -4,8 +4,8 @@
 // weight's context) and were validated on the host by the loader before upload, so the kernels read the
 // companion's header, row index and sign pool unchecked. Both paths run on activations quantized per 32 values
 // (bitcos_cuda_quantize_q8_kernel into a stream-ordered temporary). Mat-vec (up to BITCOS_CUDA_MMQ_MIN_COLS
-// columns): blocks of 8 warps, a warp per row, each block's 64 KiB decode tables filled once for the many rows
-// it takes (grid sized to the blocks the device holds at once). More columns: the batched tensor-core kernel
+// columns): blocks of 16 warps, a warp per row, one block per multiprocessor, each block's 64 KiB decode tables
+// filled once for the many rows it takes. More columns: the batched tensor-core kernel
 // (bitcos-cuda.cuh; compute capability 7.2+, older devices keep the mat-vec, 8 columns per launch).
 #include "ggml-bitcos-cuda.cuh"
 
@@ -16,7 +16,12 @@
 
 namespace {
 
-constexpr int WARPS_PER_BLOCK = 8;                 // mat-vec: a warp per row
+// mat-vec: a warp per row, 16 warps a block (the kernel's launch bound, 512 threads: its 8-column instance
+// needs 96 registers), one block per multiprocessor: each block fills 64 KiB of tables (~512 cycles of the
+// shared-store path), so more blocks per multiprocessor would cost more fills than their latency hiding
+// wins on decode-sized matrices (unmeasured: a lent GPU's `bench gpu` decides)
+constexpr int WARPS_PER_BLOCK = 16;
+constexpr int GEMV_BLOCKS_PER_SM = 1;
 
 // A failed launch aborts with CUDA's reason, as ggml-cuda's CUDA_CHECK does.
 void check_launch() {
@@ -75,8 +80,7 @@ gemv_shape gemv_launch_shape() {
     const int copies = optin >= bitcos_cuda_gemv_lut<32>::BYTES ? 32 : 8;
     const int bytes = copies == 32 ? bitcos_cuda_gemv_lut<32>::BYTES : bitcos_cuda_gemv_lut<8>::BYTES;
     const int by_smem = per_sm / (bytes + 1024);      // the runtime reserves 1 KiB per block
-    const int by_threads = 2048 / (BITCOS_CUDA_WARP * WARPS_PER_BLOCK);
-    return {copies, std::max(1, n_sm * std::max(1, std::min(by_smem, by_threads)))};
+    return {copies, std::max(1, n_sm * std::max(1, std::min(by_smem, GEMV_BLOCKS_PER_SM)))};
 }
 
 // Quantizes ncols columns of k fp32 (column c at x + (c / cols_per_batch) * batch_stride + (c % cols_per_batch) *

@@ -9,8 +9,12 @@
 // IN.bin:  "BSYC", u32 version 1, u32 n_cases, then per case: u64 blocks_bytes, comp_bytes, n_rows, k, n_x,
 //          row0, work_group, then the weight's blocks, its companion, n_x * k f32 activations (little-endian)
 // OUT.bin: per case n_x * n_rows f32 (mat-vec: rows row0 .. row0 + n_rows), then n_rows * k f32 (those
-//          rows dequantized). The kernels are compiled once for all cases.
-// Prints the device and the JIT/kernel times; exit 0 on success, 1 on any SYCL or I/O error.
+//          rows dequantized), then n_x * n_rows f32 (mat-vec through the tiled path, portable contraction),
+//          then, only where the XMX kernel ran, n_x * n_rows f32 (the tiled path on joint_matrix).
+//          The kernels are compiled once for all cases; work_group is a multiple of 16 up to 64.
+// Prints the device, "xmx: runnable" or "xmx: built, not runnable on this device (...)", and the JIT/kernel
+// times; exit 0 on success, 1 on any SYCL or I/O error (also when the XMX kernel is missing from a device
+// that has sycl::aspect::ext_intel_matrix).
 #include <sycl/sycl.hpp>
 
 #include "../gpu-cases.hpp"
@@ -20,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,13 +50,25 @@ int main(int argc, char ** argv) {
         auto exe = syclex::build(src);
         sycl::kernel mat_vec = exe.ext_oneapi_get_kernel("bitcos_mat_vec");
         sycl::kernel deq     = exe.ext_oneapi_get_kernel("bitcos_dequantize");
+        sycl::kernel tiles   = exe.ext_oneapi_get_kernel("bitcos_mat_vec_tiles");
+        // the joint_matrix kernel compiled with the others (a front-end error fails the build above); the
+        // runtime builds it only for devices with the matrix aspect
+        const bool has_xmx = q.get_device().has(sycl::aspect::ext_intel_matrix);
+        std::optional<sycl::kernel> xmx;
+        try {
+            xmx = exe.ext_oneapi_get_kernel("bitcos_mat_vec_xmx");
+            std::printf("xmx: runnable\n");
+        } catch (const sycl::exception & e) {
+            if (has_xmx) throw;
+            std::printf("xmx: built, not runnable on this device (no ext_intel_matrix: %s)\n", e.what());
+        }
         const auto t1 = std::chrono::steady_clock::now();
 
         std::ofstream out(argv[4], std::ios::binary);
         for (const bitcos_gpu_case & c : cases) {
             const uint64_t nblk = c.blocks.size(), ncomp = c.comp.size();
             const uint64_t n_rows = c.n_rows, k = c.k, n_x = c.n_x, row0 = c.row0, wg = c.work_group;
-            if (wg == 0) throw std::runtime_error("work-group size 0");
+            if (wg == 0 || wg % 16 != 0 || wg > 64) throw std::runtime_error("work-group size not 16, 32, 48 or 64");
             // device copies; the companion gets its own 64-byte-aligned allocation, as in a ggml buffer
             uint8_t * d_blk  = sycl::malloc_device<uint8_t>(nblk ? nblk : 1, q);
             uint8_t * d_comp = static_cast<uint8_t *>(sycl::aligned_alloc_device(64, ncomp, q));
@@ -73,13 +90,24 @@ int main(int argc, char ** argv) {
                 h.parallel_for(range, deq);
             }).wait();
 
-            std::vector<float> dst(n_x * n_rows), y(n_rows * k);
+            std::vector<float> dst(n_x * n_rows), y(n_rows * k), dst_tiles(n_x * n_rows), dst_xmx(n_x * n_rows);
             q.memcpy(dst.data(), d_dst, 4 * dst.size());
             q.memcpy(y.data(), d_y, 4 * y.size());
             q.wait();
+            for (sycl::kernel * kern : {&tiles, xmx ? &*xmx : nullptr}) {
+                if (!kern) continue;
+                q.memset(d_dst, 0xff, 4 * dst.size()).wait();  // NaN: a result the kernel did not write shows
+                q.submit([&](sycl::handler & h) {
+                    h.set_args(d_blk, d_comp, d_x, d_dst, row0, n_rows, n_x, k);
+                    h.parallel_for(range, *kern);
+                }).wait();
+                q.memcpy(kern == &tiles ? dst_tiles.data() : dst_xmx.data(), d_dst, 4 * dst.size()).wait();
+            }
             for (void * p : {(void *)d_blk, (void *)d_comp, (void *)d_x, (void *)d_dst, (void *)d_y}) sycl::free(p, q);
             out.write(reinterpret_cast<const char *>(dst.data()), 4 * dst.size());
             out.write(reinterpret_cast<const char *>(y.data()), 4 * y.size());
+            out.write(reinterpret_cast<const char *>(dst_tiles.data()), 4 * dst_tiles.size());
+            if (xmx) out.write(reinterpret_cast<const char *>(dst_xmx.data()), 4 * dst_xmx.size());
         }
         if (!out) throw std::runtime_error(std::string("cannot write ") + argv[4]);
         const auto t2 = std::chrono::steady_clock::now();

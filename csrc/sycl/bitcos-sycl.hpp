@@ -481,4 +481,53 @@ inline void rows_dot_tiled(const sycl::nd_item<D> & it, const uint8_t * blocks, 
     }
 }
 
+// What one work-group of the tiled kernel computes: for W's rows w_row0 + i (i < the tensor's rows), results
+// column j < nc to d[j * d_stride + i] from activations x[j * x_stride + k]; skip: nothing (MUL_MAT_ID's
+// out-of-range expert id). ggml-sycl's glue and the tests describe their launches' work-groups with it.
+struct tile_job {
+    int64_t       w_row0;
+    const float * x;
+    int64_t       x_stride;
+    int           nc;
+    float       * d;
+    int64_t       d_stride;
+    bool          skip;
+};
+
+// The work-group's local memory of the tiled kernel, for all its sub-groups.
+struct tile_group_slm {
+    uint32_t   * lut;      // LUT_ENTRIES * 2 dwords
+    sycl::half * x;        // TILE_M * X_CHUNK
+    uint32_t   * tiles;    // sub-groups * WORD_TILES * TILE_DWORDS
+    float      * outs;     // sub-groups * TILE_M * TILE_N
+};
+
+// The tiled kernel's body for work-group row block `row_block` (rows row_block * local size .. + local size,
+// 16 per sub-group) of job jb; rows: the rows of jb's matrix. The work-group must be whole 16-lane sub-groups
+// (kernel property sub_group_size<16>); all its work-items call it.
+template <class Contraction, int D>
+inline void tiled_rows(const sycl::nd_item<D> & it, const tile_group_slm & g, const uint8_t * w, const uint8_t * c,
+                       int64_t rows, int64_t row_block, const tile_job & jb) {
+    const uint32_t * lut = lut_fill_pairs(g.lut, it);
+    if (jb.skip) {
+        return;                             // uniform: the whole work-group serves one job
+    }
+    const sycl::sub_group sg = it.get_sub_group();
+    const int s = (int) sg.get_group_linear_id();
+    const tile_slm slm{lut, g.x, g.tiles + s * WORD_TILES * TILE_DWORDS, g.outs + s * TILE_M * TILE_N};
+    const int64_t first = row_block * (int64_t) it.get_local_range().size() + (int64_t) s * TILE_N;
+    const int n_valid = first >= rows ? 0 : (int)(rows - first < TILE_N ? rows - first : TILE_N);
+    float out[TILE_M];
+    rows_dot_tiled<Contraction>(it, w, c, (uint64_t)(jb.w_row0 + first), n_valid, jb.x, (uint64_t) jb.x_stride,
+                                jb.nc, slm, out);
+    const int64_t r = first + (int64_t) sg.get_local_linear_id();
+    if (r < rows) {
+        for (int j = 0; j < TILE_M; ++j) {
+            if (j < jb.nc) {
+                jb.d[j * jb.d_stride + r] = out[j];
+            }
+        }
+    }
+}
+
 }  // namespace bitcos_sycl

@@ -35,19 +35,6 @@ const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
     return w->view_src ? w->view_src : w;
 }
 
-// One column group of one output matrix for the tiled kernel: W's global row of the matrix's row 0, the
-// group's activations (column stride x_stride), its column count, and where result column 0 goes (column
-// stride d_stride); skip: nothing to compute (MUL_MAT_ID's out-of-range expert id).
-struct tile_job {
-    int64_t       w_row0;
-    const float * x;
-    int64_t       x_stride;
-    int           nc;
-    float       * d;
-    int64_t       d_stride;
-    bool          skip;
-};
-
 #if BITCOS_SYCL_XMX
 // Whether the stream's device takes the tiled joint_matrix kernel (see the top of this file).
 bool use_xmx(const queue_ptr & stream) {
@@ -73,28 +60,12 @@ struct tiled_kernel {
     }
 
     void operator()(sycl::nd_item<2> it) const {
-        namespace bs = bitcos_sycl;
-        const uint32_t * t = bs::lut_fill_pairs(lut.get_multi_ptr<sycl::access::decorated::no>().get(), it);
-        const tile_job jb = job((int64_t) it.get_global_id(0));
-        if (jb.skip) {
-            return;                         // uniform: the whole work-group serves one job
-        }
-        const sycl::sub_group sg = it.get_sub_group();
-        const int s = (int) sg.get_group_linear_id();
-        const bs::tile_slm slm{t, xs.get_multi_ptr<sycl::access::decorated::no>().get(),
-                               tiles.get_multi_ptr<sycl::access::decorated::no>().get() + s * bs::WORD_TILES * bs::TILE_DWORDS,
-                               outs.get_multi_ptr<sycl::access::decorated::no>().get() + s * bs::TILE_M * bs::TILE_N};
-        const int64_t first = (int64_t) it.get_group(1) * ROWS_PER_TILE_GROUP + (int64_t) s * bs::TILE_N;
-        const int n_valid = (int) std::clamp<int64_t>(rows - first, 0, bs::TILE_N);
-        float out[bs::TILE_M];
-        bs::rows_dot_tiled<bs::xmx_contraction>(it, w, c, (uint64_t)(jb.w_row0 + first), n_valid, jb.x,
-                                                (uint64_t) jb.x_stride, jb.nc, slm, out);
-        const int64_t r = first + (int64_t) sg.get_local_linear_id();
-        if (r < rows) {
-            for (int j = 0; j < jb.nc; ++j) {
-                jb.d[j * jb.d_stride + r] = out[j];
-            }
-        }
+        const bitcos_sycl::tile_group_slm g{lut.get_multi_ptr<sycl::access::decorated::no>().get(),
+                                            xs.get_multi_ptr<sycl::access::decorated::no>().get(),
+                                            tiles.get_multi_ptr<sycl::access::decorated::no>().get(),
+                                            outs.get_multi_ptr<sycl::access::decorated::no>().get()};
+        bitcos_sycl::tiled_rows<bitcos_sycl::xmx_contraction>(it, g, w, c, rows, (int64_t) it.get_group(1),
+                                                              job((int64_t) it.get_global_id(0)));
     }
 };
 
@@ -145,7 +116,7 @@ void ggml_sycl_bitcos_mul_mat(ggml_backend_sycl_context & ctx, const ggml_tensor
             const int64_t cg  = g % col_groups, bat = g / col_groups;
             const int64_t i12 = bat % ne12, i13 = bat / ne12;
             const int64_t c0  = cg * bitcos_sycl::MAX_COLS;
-            return tile_job{view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows, x + i13 * s13 + i12 * s12 + c0 * s11, s11,
+            return bitcos_sycl::tile_job{view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows, x + i13 * s13 + i12 * s12 + c0 * s11, s11,
                             (int) std::min<int64_t>(bitcos_sycl::MAX_COLS, ne11 - c0), d + i13 * d3 + i12 * d2 + c0 * d1,
                             d1, false};
         });
@@ -204,7 +175,7 @@ void ggml_sycl_bitcos_mul_mat_id(ggml_backend_sycl_context & ctx, ggml_tensor * 
             const int32_t e = *reinterpret_cast<const int32_t *>(id + tok * ids_nb1 + slot * sizeof(int32_t));
             // ggml's CPU backend asserts on an out-of-range id; never read out of bounds here
             const bool skip = e < 0 || e >= n_experts;
-            return tile_job{view_row0 + (skip ? 0 : (int64_t) e) * rows, x + tok * s12 + (slot % ne11) * s11, 0, 1,
+            return bitcos_sycl::tile_job{view_row0 + (skip ? 0 : (int64_t) e) * rows, x + tok * s12 + (slot % ne11) * s11, 0, 1,
                             d + tok * d2 + slot * d1, 0, skip};
         });
         return;

@@ -51,8 +51,9 @@ void bitcos_dequantize(const uint8_t * blocks, const uint8_t * comp, float * y, 
     bitcos_sycl::dequantize_row(blocks, comp, row0 + i, y + i * k, lut);
 }
 
-// The tiled path (bitcos_sycl::rows_dot_tiled): work-groups of 16-lane sub-groups, at most TILES_MAX_SUB_GROUPS
-// of them; sub-group s of work-group g owns rows row0 + 16 (g * sub-groups + s) .. + 15.
+// The tiled path (bitcos_sycl::tiled_rows), launched as ggml-sycl's glue launches it: a 2-D range, dimension 0
+// the jobs (here the groups of 8 activation columns), dimension 1 the rows in work-groups of at most
+// TILES_MAX_SUB_GROUPS sub-groups of 16 lanes.
 constexpr int TILES_MAX_SUB_GROUPS = 4;
 
 template <class Contraction>
@@ -63,28 +64,16 @@ static inline void mat_vec_tiles(const uint8_t * blocks, const uint8_t * comp, c
     static syclexp::work_group_static<sycl::half[TILE_M * X_CHUNK]> xs;
     static syclexp::work_group_static<uint32_t[TILES_MAX_SUB_GROUPS * WORD_TILES * TILE_DWORDS]> tiles;
     static syclexp::work_group_static<float[TILES_MAX_SUB_GROUPS * TILE_M * TILE_N]> outs;
-    const sycl::nd_item<1> it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-    const sycl::sub_group sg = it.get_sub_group();
-    const int s = (int) sg.get_group_linear_id();
-    const tile_slm slm{lut_fill_pairs(&lut[0], it), &xs[0], &tiles[s * WORD_TILES * TILE_DWORDS],
-                       &outs[s * TILE_M * TILE_N]};
-    const uint64_t first = (it.get_group_linear_id() * sg.get_group_linear_range() + (uint64_t) s) * TILE_N;
-    const int n_valid = first >= n_rows ? 0 : (int)(n_rows - first < (uint64_t) TILE_N ? n_rows - first : TILE_N);
-    const uint64_t i = first + sg.get_local_linear_id();
-    for (uint64_t c0 = 0; c0 < n_x; c0 += TILE_M) {       // columns in groups of 8, each decoding W once
-        const int nc = (int)(n_x - c0 < (uint64_t) TILE_M ? n_x - c0 : TILE_M);
-        float out[TILE_M];
-        rows_dot_tiled<Contraction>(it, blocks, comp, row0 + first, n_valid, x + c0 * k, k, nc, slm, out);
-        if (i < n_rows) {
-            for (int c = 0; c < nc; ++c) {
-                dst[(c0 + c) * n_rows + i] = out[c];
-            }
-        }
-    }
+    const sycl::nd_item<2> it = sycl::ext::oneapi::this_work_item::get_nd_item<2>();
+    const int64_t c0 = (int64_t) it.get_global_id(0) * TILE_M;           // this job's first column
+    const tile_job job{(int64_t) row0, x + c0 * k, (int64_t) k, (int)((int64_t) n_x - c0 < TILE_M ? (int64_t) n_x - c0 : TILE_M),
+                       dst + c0 * n_rows, (int64_t) n_rows, false};
+    tiled_rows<Contraction>(it, tile_group_slm{&lut[0], &xs[0], &tiles[0], &outs[0]}, blocks, comp, (int64_t) n_rows,
+                            (int64_t) it.get_group(1), job);
 }
 
 // dst as bitcos_mat_vec's, through the tiled path with the portable sub-group contraction.
-extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<2>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<bitcos_sycl::TILE_N>))
 void bitcos_mat_vec_tiles(const uint8_t * blocks, const uint8_t * comp, const float * x, float * dst, uint64_t row0,
                           uint64_t n_rows, uint64_t n_x, uint64_t k) {
@@ -93,7 +82,7 @@ void bitcos_mat_vec_tiles(const uint8_t * blocks, const uint8_t * comp, const fl
 
 #if BITCOS_SYCL_XMX
 // The same through joint_matrix (XMX): built everywhere, runnable only on a device with ext_intel_matrix.
-extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<2>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<bitcos_sycl::TILE_N>))
 void bitcos_mat_vec_xmx(const uint8_t * blocks, const uint8_t * comp, const float * x, float * dst, uint64_t row0,
                         uint64_t n_rows, uint64_t n_x, uint64_t k) {

@@ -81,6 +81,8 @@ int main(int argc, char ** argv) {
             q.wait();
 
             const sycl::nd_range<1> range{(n_rows + wg - 1) / wg * wg, wg};
+            // the tiled kernels: (groups of 8 columns) x rows, as ggml-sycl launches them
+            const sycl::nd_range<2> tile_range{{(n_x + 7) / 8, (n_rows + wg - 1) / wg * wg}, {1, wg}};
             q.submit([&](sycl::handler & h) {
                 h.set_args(d_blk, d_comp, d_x, d_dst, row0, n_rows, n_x, k);
                 h.parallel_for(range, mat_vec);
@@ -99,7 +101,7 @@ int main(int argc, char ** argv) {
                 q.memset(d_dst, 0xff, 4 * dst.size()).wait();  // NaN: a result the kernel did not write shows
                 q.submit([&](sycl::handler & h) {
                     h.set_args(d_blk, d_comp, d_x, d_dst, row0, n_rows, n_x, k);
-                    h.parallel_for(range, *kern);
+                    h.parallel_for(tile_range, *kern);
                 }).wait();
                 q.memcpy(kern == &tiles ? dst_tiles.data() : dst_xmx.data(), d_dst, 4 * dst.size()).wait();
             }

@@ -88,8 +88,9 @@ def make_case(rng: np.random.Generator, variant: Variant, rows: int, k: int, z: 
 
 
 # (rows, K, activation columns, first row, rows run, work-group) per variant: odd row counts, work-groups
-# smaller and larger than the row count, 1, 3 and 17 columns (one decode serves up to 8), runs starting
-# mid-tensor. Version 1 and B128 rows are multiples of 128, B256 of 256; MATRIX / ROW take any multiple of 32,
+# smaller and larger than the row count (the tiled kernel: 1-4 sub-groups of 16 rows), 1, 2, 3, 8, 9 and 17
+# columns (one decode serves up to 8; with 8 or more, column 7 is scaled into fp16's subnormal range, which a
+# tiled kernel flushing it to zero would fail), runs starting mid-tensor. Version 1 and B128 rows are multiples of 128, B256 of 256; MATRIX / ROW take any multiple of 32,
 # so their K include rows ending in a partial 128-weight unit (32, 96, 160, 576, 4256).
 SHAPES_128 = ((1, 128, 1, 0, 1, 16), (37, 384, 3, 0, 37, 16), (19, 4224, 1, 5, 13, 64), (64, 2048, 17, 0, 64, 32))
 SHAPES = {
@@ -111,6 +112,8 @@ def variant_cases(rng: np.random.Generator, variant: Variant) -> list[dict]:
         for rows, k, n_x, row0, n_rows, wg in SHAPES[variant]:
             c = make_case(rng, variant, rows, k, z, n_x)
             c.update(row0=row0, n_rows=n_rows, wg=wg)
+            if n_x >= 8:
+                c["x"][7] *= np.float32(2.0 ** -20)   # column 7 in fp16's subnormal range (the tiled path)
             cases.append(c)
     if not variant.scale_block:
         c = make_case(rng, variant, 24, 640 if variant.version == 1 else 608, 0.4, 2, n_mats=3)

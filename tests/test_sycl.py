@@ -52,7 +52,7 @@ def sycl_host(tmp_path_factory) -> tuple[Path, dict[str, str]]:
         pytest.skip("no C++ compiler")
     exe = tmp_path_factory.mktemp("sycl") / "test-bitcos-sycl"
     subprocess.run([cxx, "-std=c++17", "-O1", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
-                    str(SYCL_TEST_DIR / "test-bitcos-sycl.cpp"), f"-I{rt / 'include'}", f"-L{rt / 'lib'}",
+                    str(SYCL_TEST_DIR / "test-bitcos-sycl.cpp"), f"-I{ROOT / 'csrc'}", f"-I{rt / 'include'}", f"-L{rt / 'lib'}",
                     "-lsycl", f"-Wl,-rpath,{rt / 'lib'}", "-o", str(exe)], check=True, capture_output=True)
     # the OpenCL ICD loader of the runtime finds Intel's CPU device through this; the Level Zero adapter's
     # "UR adapter initialization failed" on a machine without an Intel GPU is harmless

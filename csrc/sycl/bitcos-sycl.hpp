@@ -394,8 +394,28 @@ struct sub_group_contraction {
 #endif
 
 #if BITCOS_SYCL_XMX
+// Whether xmx_contraction runs on `dev` (host code): the matrix aspect and an fp16 x fp16 -> fp32 combination
+// with N = 16, K = 16 and M = 8 (Xe2 and Xe-HPC; Xe-HPG, Arc A-series, has XMX but N = 8 with 8-lane
+// sub-groups, so it takes the row kernel). A combination lists either fixed sizes or, with msize 0, a range.
+inline bool xmx_tiles_supported(const sycl::device & dev) {
+    namespace mx = sycl::ext::oneapi::experimental::matrix;
+    if (!dev.has(sycl::aspect::ext_intel_matrix)) {
+        return false;
+    }
+    for (const mx::combination & c : dev.get_info<sycl::ext::oneapi::experimental::info::device::matrix_combinations>()) {
+        const bool types = c.atype == mx::matrix_type::fp16 && c.btype == mx::matrix_type::fp16 &&
+                           c.ctype == mx::matrix_type::fp32 && c.dtype == mx::matrix_type::fp32;
+        const bool sizes = c.nsize == TILE_N && c.ksize == TILE_K &&
+                           (c.msize == TILE_M || (c.msize == 0 && c.max_msize >= TILE_M));
+        if (types && sizes) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // The same contraction on the matrix unit (Xe2's XMX: joint_matrix_mad is one dpas.8x1 for fp16 8 x 16 x 16).
-// Only for devices with sycl::aspect::ext_intel_matrix: the runtime does not build this kernel for others.
+// Only for devices that xmx_tiles_supported accepts: the runtime does not even build it without the aspect.
 struct xmx_contraction {
     sycl::ext::oneapi::experimental::matrix::joint_matrix<sycl::sub_group, float,
         sycl::ext::oneapi::experimental::matrix::use::accumulator, TILE_M, TILE_N> acc;

@@ -4,8 +4,8 @@
 // weight's context) and were validated on the host by the loader before upload, so the kernels read the
 // companion's header, row index and sign pool unchecked. Each work-group fills the 2 KB code table in local
 // memory once. Two kernels, chosen per device at run time:
-//  * devices with sycl::aspect::ext_intel_matrix (Xe2 / Xe-HPG / Xe-HPC XMX): the paper's tiled path
-//    (bitcos_sycl::rows_dot_tiled with xmx_contraction): work-groups of 4 sub-groups of 16 lanes, a sub-group
+//  * devices with XMX that does fp16 8 x 16 x 16 (bitcos_sycl::xmx_tiles_supported: Xe2, Xe-HPC): the
+//    paper's tiled path (bitcos_sycl::tiled_rows with xmx_contraction): work-groups of 4 sub-groups of 16 lanes, a sub-group
 //    decodes a VNNI2 tile of 16 rows and contracts it with up to 8 fp16 activation columns by joint_matrix
 //    (dpas); fp16 activations, fp32 accumulation (numerics: bitcos-sycl.hpp). GGML_BITCOS_SYCL_XMX=0 in the
 //    environment keeps such a device on the other kernel (for comparison).
@@ -19,6 +19,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 namespace {
 
@@ -36,14 +38,30 @@ const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
 }
 
 #if BITCOS_SYCL_XMX
-// Whether the stream's device takes the tiled joint_matrix kernel (see the top of this file).
+// Whether the stream's device takes the tiled joint_matrix kernel (see the top of this file); the device
+// query once per device.
 bool use_xmx(const queue_ptr & stream) {
-    const char * env = std::getenv("GGML_BITCOS_SYCL_XMX");
-    return stream->get_device().has(sycl::aspect::ext_intel_matrix) && !(env && std::strcmp(env, "0") == 0);
+    static const bool disabled = [] {
+        const char * env = std::getenv("GGML_BITCOS_SYCL_XMX");
+        return env && std::strcmp(env, "0") == 0;
+    }();
+    static std::mutex mutex;
+    static std::unordered_map<sycl::device, bool> supported;
+    if (disabled) {
+        return false;
+    }
+    const sycl::device dev = stream->get_device();
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = supported.find(dev);
+    if (it == supported.end()) {
+        it = supported.emplace(dev, bitcos_sycl::xmx_tiles_supported(dev)).first;
+    }
+    return it->second;
 }
 
 // The tiled kernel over (job, row block): work-groups of TILE_SUB_GROUPS sub-groups of 16 lanes (a functor
-// so that its sub-group size is a kernel property, which every SYCL front end parses; job(j): tile_job j).
+// so that its sub-group size is a kernel property, which every SYCL front end parses; job(j): the
+// bitcos_sycl::tile_job of dimension-0 index j).
 template <typename Job>
 struct tiled_kernel {
     sycl::local_accessor<uint32_t, 1>   lut, tiles;
@@ -116,9 +134,10 @@ void ggml_sycl_bitcos_mul_mat(ggml_backend_sycl_context & ctx, const ggml_tensor
             const int64_t cg  = g % col_groups, bat = g / col_groups;
             const int64_t i12 = bat % ne12, i13 = bat / ne12;
             const int64_t c0  = cg * bitcos_sycl::MAX_COLS;
-            return bitcos_sycl::tile_job{view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows, x + i13 * s13 + i12 * s12 + c0 * s11, s11,
-                            (int) std::min<int64_t>(bitcos_sycl::MAX_COLS, ne11 - c0), d + i13 * d3 + i12 * d2 + c0 * d1,
-                            d1, false};
+            const int     nc  = (int) std::min<int64_t>(bitcos_sycl::MAX_COLS, ne11 - c0);
+            return bitcos_sycl::tile_job{view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows,
+                                         x + i13 * s13 + i12 * s12 + c0 * s11, s11, nc,
+                                         d + i13 * d3 + i12 * d2 + c0 * d1, d1, false};
         });
         return;
     }
@@ -175,8 +194,8 @@ void ggml_sycl_bitcos_mul_mat_id(ggml_backend_sycl_context & ctx, ggml_tensor * 
             const int32_t e = *reinterpret_cast<const int32_t *>(id + tok * ids_nb1 + slot * sizeof(int32_t));
             // ggml's CPU backend asserts on an out-of-range id; never read out of bounds here
             const bool skip = e < 0 || e >= n_experts;
-            return bitcos_sycl::tile_job{view_row0 + (skip ? 0 : (int64_t) e) * rows, x + tok * s12 + (slot % ne11) * s11, 0, 1,
-                            d + tok * d2 + slot * d1, 0, skip};
+            return bitcos_sycl::tile_job{view_row0 + (skip ? 0 : (int64_t) e) * rows,
+                                         x + tok * s12 + (slot % ne11) * s11, 0, 1, d + tok * d2 + slot * d1, 0, skip};
         });
         return;
     }

@@ -18,12 +18,12 @@
 //    topped up with one aligned 32-bit pool word before each bitmap word whenever it holds fewer than 32
 //    valid bits; the pool's zero tail (FORMAT.md §4.4) makes the last refill safe.
 //  * Two contractions of the decoded codes. The tiled path (rows_dot_tiled / tiled_rows, below: what ggml-sycl
-//    runs on devices with XMX, sycl::aspect::ext_intel_matrix) is the paper's: each lane stores its group's
+//    runs where xmx_tiles_supported: XMX with fp16 8 x 16 x 16) is the paper's: each lane stores its group's
 //    two table dwords into a VNNI2 tile of W^T in local memory (they are already VNNI2 pairs), codes times
 //    the fp16 group scale, and after four groups (16 reduction rows) one fp16 contraction with up to 8
 //    activation columns (converted to fp16 once per 128 weights), fp32 accumulation: joint_matrix_mad, one
-//    dpas.8x1, or, on devices without a matrix unit, a sub-group loop that reads the same tile the same way
-//    (the tests run that one). The row path (rows_dot: every other device) multiplies the codes with fp32
+//    dpas.8x1, or sub_group_contraction, a sub-group loop that reads the same tile the same way (what the tests
+//    run on a device without a matrix unit; ggml-sycl takes the row path there). The row path (rows_dot: every other device) multiplies the codes with fp32
 //    activations on the ALU, exact up to fp32 accumulation.
 //  * Scales as stored. The block-scaled variants (v1 G128, v2 B128 / B256) scale per 128-weight unit (fp16;
 //    B256 one scale per two units); PT / MATRIX / ROW multiply the row's sum by the matrix's or row's fp32

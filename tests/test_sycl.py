@@ -52,7 +52,7 @@ def sycl_host(tmp_path_factory) -> tuple[Path, dict[str, str]]:
         pytest.skip("no C++ compiler")
     exe = tmp_path_factory.mktemp("sycl") / "test-bitcos-sycl"
     subprocess.run([cxx, "-std=c++17", "-O1", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
-                    str(SYCL_TEST_DIR / "test-bitcos-sycl.cpp"), f"-I{rt / 'include'}", f"-L{rt / 'lib'}",
+                    str(SYCL_TEST_DIR / "test-bitcos-sycl.cpp"), f"-I{ROOT / 'csrc'}", f"-I{rt / 'include'}", f"-L{rt / 'lib'}",
                     "-lsycl", f"-Wl,-rpath,{rt / 'lib'}", "-o", str(exe)], check=True, capture_output=True)
     # the OpenCL ICD loader of the runtime finds Intel's CPU device through this; the Level Zero adapter's
     # "UR adapter initialization failed" on a machine without an Intel GPU is harmless
@@ -88,18 +88,19 @@ def make_case(rng: np.random.Generator, variant: Variant, rows: int, k: int, z: 
 
 
 # (rows, K, activation columns, first row, rows run, work-group) per variant: odd row counts, work-groups
-# smaller and larger than the row count, 1, 3 and 17 columns (one decode serves up to 8), runs starting
-# mid-tensor. Version 1 and B128 rows are multiples of 128, B256 of 256; MATRIX / ROW take any multiple of 32,
+# smaller and larger than the row count (the tiled kernel: 1-4 sub-groups of 16 rows), 1, 2, 3, 8, 9 and 17
+# columns (one decode serves up to 8; with 8 or more, column 7 is scaled into fp16's subnormal range, which a
+# tiled kernel flushing it to zero would fail), runs starting mid-tensor. Version 1 and B128 rows are multiples of 128, B256 of 256; MATRIX / ROW take any multiple of 32,
 # so their K include rows ending in a partial 128-weight unit (32, 96, 160, 576, 4256).
 SHAPES_128 = ((1, 128, 1, 0, 1, 16), (37, 384, 3, 0, 37, 16), (19, 4224, 1, 5, 13, 64), (64, 2048, 17, 0, 64, 32))
 SHAPES = {
-    Variant.G128: SHAPES_128, Variant.PT: SHAPES_128, Variant.B128: SHAPES_128 + ((9, 640, 2, 0, 9, 16),),
+    Variant.G128: SHAPES_128, Variant.PT: SHAPES_128, Variant.B128: SHAPES_128 + ((9, 640, 8, 0, 9, 16),),
     Variant.B256: ((1, 256, 1, 0, 1, 16), (37, 768, 3, 0, 37, 16), (19, 4352, 1, 5, 13, 64),
                    (64, 1536, 17, 0, 64, 32)),
 }
 SHAPES[Variant.MATRIX] = SHAPES[Variant.ROW] = (
     (1, 32, 1, 0, 1, 16), (37, 96, 3, 0, 37, 16), (19, 576, 1, 5, 13, 64), (23, 160, 17, 0, 23, 32),
-    (64, 2048, 9, 0, 64, 32), (5, 4256, 2, 1, 4, 16))
+    (64, 2048, 9, 0, 64, 32), (5, 4256, 8, 1, 4, 16))
 VARIANT_IDS = [v.name.lower() for v in Variant]
 
 
@@ -111,6 +112,8 @@ def variant_cases(rng: np.random.Generator, variant: Variant) -> list[dict]:
         for rows, k, n_x, row0, n_rows, wg in SHAPES[variant]:
             c = make_case(rng, variant, rows, k, z, n_x)
             c.update(row0=row0, n_rows=n_rows, wg=wg)
+            if n_x >= 8:
+                c["x"][7] *= np.float32(2.0 ** -20)   # column 7 in fp16's subnormal range (the tiled path)
             cases.append(c)
     if not variant.scale_block:
         c = make_case(rng, variant, 24, 640 if variant.version == 1 else 608, 0.4, 2, n_mats=3)
@@ -133,39 +136,56 @@ def write_cases(path: Path, cases: list[dict]) -> None:
             f.write(blocks.tobytes() + comp.tobytes() + np.ascontiguousarray(c["x"], "<f4").tobytes())
 
 
-def run_cases(sycl_host, tmp_path: Path, cases: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Runs every case (rows row0 .. row0 + n_rows of its tensor) in one process; returns (mat-vec
-    (n_x, n_rows), dequantized (n_rows, k)) per case."""
+def run_cases(sycl_host, tmp_path: Path, cases: list[dict]) -> list[dict[str, np.ndarray]]:
+    """Runs every case (rows row0 .. row0 + n_rows of its tensor) in one process; returns per case "mv" (the
+    fp32 mat-vec, (n_x, n_rows)), "dq" (dequantized, (n_rows, k)), "tiles" (the tiled path with the portable
+    contraction, (n_x, n_rows)) and, where the device ran the joint_matrix kernel, "xmx" (likewise)."""
     exe, env = sycl_host
     inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
     write_cases(inp, cases)
     r = subprocess.run([str(exe), str(ROOT / "csrc"), str(SYCL_TEST_DIR / "bitcos-sycl-kernels.jit.cpp"),
                         str(inp), str(out)], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
+    # the joint_matrix kernel must at least have compiled; it runs where the device has the matrix aspect
+    assert "xmx: runnable" in r.stdout or "xmx: built, not runnable" in r.stdout, r.stdout
+    blocks = ["mv", "dq", "tiles"] + (["xmx"] if "xmx: runnable" in r.stdout else [])
     data = np.fromfile(out, dtype="<f4")
     res, off = [], 0
     for c in cases:
         n_x, k = c["x"].shape
-        mv = data[off:off + n_x * c["n_rows"]].reshape(n_x, c["n_rows"])
-        off += mv.size
-        dq = data[off:off + c["n_rows"] * k].reshape(c["n_rows"], k)
-        off += dq.size
-        res.append((mv, dq))
+        got = {}
+        for name in blocks:
+            shape = (c["n_rows"], k) if name == "dq" else (n_x, c["n_rows"])
+            got[name] = data[off:off + shape[0] * shape[1]].reshape(shape)
+            off += got[name].size
+        res.append(got)
     assert off == data.size
     return res
 
 
-def check(case: dict, mv: np.ndarray, dq: np.ndarray) -> None:
+def check(case: dict, got: dict[str, np.ndarray]) -> None:
     rows = slice(case["row0"], case["row0"] + case["n_rows"])
-    values = case["values"][rows]
-    # dequantized: the very same fp32 values (bit patterns)
-    assert np.array_equal(dq.view(np.uint32), values.view(np.uint32))
-    # mat-vec: within fp32 accumulation error of the float64 product
-    ref = case["x"].astype(np.float64) @ values.T.astype(np.float64)
-    mag = np.abs(case["x"].astype(np.float64)) @ np.abs(values.T.astype(np.float64))
+    values = case["values"][rows].astype(np.float64)
     k = values.shape[1]
-    assert np.all(np.abs(mv - ref) <= 4 * np.finfo(np.float32).eps * np.sqrt(k) * mag + 1e-30), \
-        np.max(np.abs(mv - ref) / (mag + 1e-30))
+    fp32_sum = 4 * np.finfo(np.float32).eps * np.sqrt(k)          # fp32 accumulation, relative to sum |w x|
+    # dequantized: the very same fp32 values (bit patterns)
+    assert np.array_equal(got["dq"].view(np.uint32), case["values"][rows].view(np.uint32))
+    # fp32 mat-vec: within fp32 accumulation error of the float64 product
+    x = case["x"].astype(np.float64)
+    ref, mag = x @ values.T, np.abs(x) @ np.abs(values.T)
+    assert np.all(np.abs(got["mv"] - ref) <= fp32_sum * mag + 1e-30), np.max(np.abs(got["mv"] - ref) / (mag + 1e-30))
+    # the tiled path (bitcos-sycl.hpp, "Numerics"): the fp32 sum of W fp16(x), so tightly against the product
+    # with fp16-rounded activations, and within fp16's rounding of x of the exact product
+    x16 = case["x"].astype(np.float16).astype(np.float64)
+    ref16, mag16 = x16 @ values.T, np.abs(x16) @ np.abs(values.T)
+    fp16_x = 2.0 ** -11 * mag + 2.0 ** -25 * np.abs(values).sum(axis=1)
+    for name in ("tiles", "xmx"):
+        if name in got:
+            y = got[name]
+            assert np.all(np.abs(y - ref16) <= fp32_sum * mag16 + 1e-30), \
+                (name, np.max(np.abs(y - ref16) / (mag16 + 1e-30)))
+            assert np.all(np.abs(y - ref) <= fp16_x + fp32_sum * mag + 1e-30), \
+                (name, np.max(np.abs(y - ref) / (mag + 1e-30)))
 
 
 @pytest.mark.parametrize("variant", list(Variant), ids=VARIANT_IDS)
@@ -174,8 +194,8 @@ def test_sycl_kernels_match_the_reference(sycl_host, tmp_path, variant):
     last 128-weight units for MATRIX / ROW, 3-D tensors with per-matrix scales), mat-vec and dequantization."""
     rng = np.random.default_rng(21 + int(variant))
     cases = variant_cases(rng, variant)
-    for case, (mv, dq) in zip(cases, run_cases(sycl_host, tmp_path, cases)):
-        check(case, mv, dq)
+    for case, got in zip(cases, run_cases(sycl_host, tmp_path, cases)):
+        check(case, got)
 
 
 @pytest.mark.parametrize("variant, k, nth", [(Variant.PT, 512, 7), (Variant.MATRIX, 96, -1)], ids=["pt", "matrix-k96"])
@@ -192,11 +212,12 @@ def test_sycl_kernels_see_a_single_sign(sycl_host, tmp_path, variant, k, nth):
     pos = int(codec.sign_positions(case["companion"].view(np.uint8), hdr)[row]) + (nth % len(present))
     flipped = dict(case, companion=case["companion"].copy())
     flipped["companion"].view(np.uint8)[hdr.pool_offset + pos // 8] ^= np.uint8(1 << (pos % 8))
-    (mv0, dq0), (mv1, dq1) = run_cases(sycl_host, tmp_path, [case, flipped])
-    diff_rows = np.flatnonzero(mv0[0] != mv1[0])
-    assert list(diff_rows) == [row]
-    changed = np.argwhere(dq0 != dq1)
-    assert changed.tolist() == [[row, col]] and dq1[row, col] == -dq0[row, col]
+    before, after = run_cases(sycl_host, tmp_path, [case, flipped])
+    for name in ("mv", "tiles", "xmx"):
+        if name in before:
+            assert list(np.flatnonzero(before[name][0] != after[name][0])) == [row], name
+    changed = np.argwhere(before["dq"] != after["dq"])
+    assert changed.tolist() == [[row, col]] and after["dq"][row, col] == -before["dq"][row, col]
 
 
 # ------------------------------------------------------------------------------ ggml-sycl build gate

@@ -2,22 +2,23 @@
 // test program (tests/cuda/test-bitcos-cuda.cu). No ggml dependency; format offsets from bitcos-format.h.
 //
 // Design (why):
-//  * A warp per row, lanes per 32-bit bitmap word. The weight blocks are row-major, so the 32 lanes of a
-//    warp read 32 consecutive bitmap words of one row (128 B, coalesced for PT and version 2; G128's 18-byte
-//    blocks are read as 16-bit halves), i.e. 1024 weights per warp step. A version-2 row (any K % 32) is
-//    K/32 such words, so a partial last 128-weight unit needs no special case.
+//  * A warp per row. The weight blocks are row-major, so a warp reads consecutive bitmap words of one row
+//    (coalesced for PT and version 2; G128's 18-byte blocks are read as 16-bit halves). A version-2 row (any
+//    K % 32) is K/32 such words, so a partial last 128-weight unit needs no special case.
 //  * Sign offsets by a warp prefix sum. Each lane's first sign is the row cursor plus the exclusive
 //    prefix sum of the popcounts of the lanes before it (__shfl_up), so no lane walks another's bits; the
 //    cursor advances by the warp total (__shfl).
 //  * pdep by table, as on Xe2 (bitcos-paper §II-D): a 4-weight group's codes are a function of its presence
-//    nibble and the next 4 sign bits; a 256-entry table in shared memory returns the 4 codes as packed int8
-//    (one 32-bit load), and the lane's 32-bit sign window (a funnel shift of two pool words) shifts by the
-//    nibble's popcount. 8 lookups per 32 weights.
-//  * fp32 activations and accumulation, each 32-weight word's sum scaled by its fp16 scale (G128, B128, B256),
-//    the row's sum by its matrix's or row's scale (PT, MATRIX, ROW) at the end; a warp reduction (__shfl_xor) per row. Up to BITCOS_CUDA_MAX_COLS columns share one decode.
-// Instruction count, not bandwidth, limits such a decode on big GPUs (../shared BRIEF §5: ~2.7 instructions
-// per weight for a similar table decode vs ~1.4 affordable on an H200); this kernel is written for
-// correctness and coalescing first and is measured by scripts/gpu_session.sh where a GPU is lent.
+//    nibble and 4 sign bits; a table in shared memory returns the 4 codes as packed int8 (one 32-bit load).
+//  * Mat-vec (decode, up to 8 columns): int8 activations per 32 and dp4a, two words per lane, two per-lane
+//    tables (leading / trailing sign windows at byte boundaries) so that the decode costs about one
+//    instruction per weight; see "Mat-vec" below and docs/PERFORMANCE.md §5c for the counts
+//    (scripts/cuda_sass_count.py). Batched (more columns): a tile decoded once into shared memory for 64
+//    columns on tensor cores ("Batched path" below), with the small 256-entry table.
+//  * Each 32-weight block's exact int32 dot is scaled by its fp16 weight scale (G128, B128, B256) and its
+//    activation scale; the row's sum by its matrix's or row's scale (PT, MATRIX, ROW) at the end.
+// Instruction count, not bandwidth, limits such a decode on big GPUs (../shared BRIEF §5: a tuned table
+// decode ran at ~2.7 instructions per weight against ~1.4 affordable on an H200 at 1.6 bits per weight).
 #pragma once
 
 #include "bitcos-format.h"
@@ -26,12 +27,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #define BITCOS_CUDA_LUT_ENTRIES 256
 #define BITCOS_CUDA_MAX_COLS    8
 #define BITCOS_CUDA_WARP        32
 
-// Entry `key` (presence nibble m | next 4 sign bits s << 4): code i of the group = 0 when weight i is absent,
+// The batched path's table (256 entries, one copy: the tile decode is not its kernel's bottleneck). Entry `key`
+// (presence nibble m | next 4 sign bits s << 4): code i of the group = 0 when weight i is absent,
 // else -1 / +1 by bit rank_i(m) of s (1 = negative); packed as 4 int8 in a uint32, weight i in byte i.
 __device__ __forceinline__ uint32_t bitcos_cuda_lut_entry(int key) {
     const int m = key & 15, s = key >> 4;
@@ -136,108 +139,335 @@ __device__ __forceinline__ float bitcos_cuda_word_scale(const bitcos_cuda_layout
     return __half2float(__ushort_as_half(d));
 }
 
-// Warp-cooperative: out[c] (valid in every lane) = sum_k W[r][k] * x[c * x_stride + k] for c < nc, global row
-// r of a BITCOS tensor (blocks: the weight data, comp: its companion).
-__device__ __forceinline__ void bitcos_cuda_row_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r,
-                                                    const float * x, uint64_t x_stride, int nc,
-                                                    const uint32_t * lut, float * out) {
-    const int      lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
-    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
-    const uint8_t  * row  = blocks + r * l.row_bytes;
-    const uint32_t * pool = reinterpret_cast<const uint32_t *>(comp + bitcos_cuda_u64(comp, BITCOS_HDR_POOL_OFFSET));
-    uint64_t cursor = bitcos_cuda_row_sign_pos(comp, r);
-    float acc[BITCOS_CUDA_MAX_COLS];
-    for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) acc[c] = 0.0f;
-    const uint64_t n_words = l.n_words;
-    for (uint64_t w0 = 0; w0 < n_words; w0 += BITCOS_CUDA_WARP) {
-        const uint64_t w = w0 + lane;                 // this lane's 32-weight word of the row
-        const bool active = w < n_words;
-        const uint32_t word = active ? bitcos_cuda_bitmap_word(l, row, w) : 0u;
-        const int n = __popc(word);
-        int before = n;                               // inclusive warp prefix sum of the popcounts
-        for (int o = 1; o < BITCOS_CUDA_WARP; o <<= 1) {
-            const int v = __shfl_up_sync(0xffffffffu, before, o);
-            if (lane >= o) before += v;
+// ---------------------------------------------------------------------------------------------------------
+// Mat-vec (up to BITCOS_CUDA_MAX_COLS columns: decode), on activations quantized per 32 to int8 by
+// bitcos_cuda_quantize_q8_kernel (below), as ggml-cuda's mmvq quantizes src1 to q8_1 for every quant type: the
+// codes meet the activations in dp4a, so the arithmetic is the batched path's (its error bound below holds for
+// both: y = s_r * sum_b fl32((float) P_rb * (w_rb * d_b)), P_rb the exact int32 dot of block b).
+//
+// Why this decode (scripts/cuda_sass_count.py measures it; docs/PERFORMANCE.md §5c): on a big GPU a BITCOS
+// GEMV is instruction-bound, not memory-bound, unless the decode costs about one instruction per weight; the
+// integer ALU pipe (logic, shifts, byte permutes) issues at half the scheduler's rate and POPC at an eighth,
+// so the decode keeps both off the per-weight path:
+//  * A lane's 32-weight word is 4 presence bytes; each byte is two 4-weight groups, each decoded by one
+//    shared-memory load of 4 int8 codes from a table keyed by (presence nibble, 4 sign bits), fed to dp4a.
+//  * Two tables, so that no sign cursor moves inside a byte: the low group's key takes the 4 signs starting
+//    at the byte's first sign ("leading" table: rank r <-> sign bit r), the high group's the 4 signs ending at
+//    the byte's last sign ("trailing" table: rank r of k <-> sign bit 4 - k + r). Both windows are one funnel
+//    shift of the lane's sign word at the byte boundaries, whose offsets are popcounts of the presence word's
+//    low 8 / 16 / 24 bits (3 POPC per 32 weights).
+//  * Key = one PRMT + one LOP3: X_B (the sign word shifted so that the 4 signs after boundary B sit at bits
+//    12..15 and the 4 before it at bits 8..11) and P (the presence byte at bits 8..15, the lane's table copy
+//    at bits 2..6, from one byte permute) merge into the byte address (key << 8 | table << 7 | copy << 2).
+//  * One table copy per lane (bank = lane), so a warp's 32 loads are one shared-memory wavefront: 2 x 256
+//    entries x 32 copies x 4 bytes = 64 KiB of dynamic shared memory per block (BITCOS_CUDA_GEMV_LUT_BYTES;
+//    devices whose blocks cannot have 64 KiB take 8 copies, 16 KiB, and some bank conflicts).
+#define BITCOS_CUDA_GEMV_MAX_COPIES 32
+
+template <int COPIES> struct bitcos_cuda_gemv_lut {
+    static_assert(COPIES == 32 || COPIES == 8, "table copies: 32 (64 KiB) or 8 (16 KiB)");
+    static constexpr int SHIFT = COPIES == 32 ? 0 : 2;            // address bits dropped by the 8-copy layout
+    static constexpr int BYTES = (2 * 256 * BITCOS_CUDA_GEMV_MAX_COPIES * 4) >> SHIFT;
+};
+
+// Codes (4 int8, weight i in byte i) of a 4-weight group with presence nibble m and 4 sign bits s (1 =
+// negative), s read as the leading or the trailing window (see above).
+__device__ __forceinline__ uint32_t bitcos_cuda_gemv_lut_entry(uint32_t m, uint32_t s, bool trailing) {
+    const int k = __popc(m);
+    uint32_t e = 0;
+    int rank = 0;
+    for (int i = 0; i < 4; ++i) {
+        if ((m >> i) & 1) {
+            const int bit = trailing ? 4 - k + rank : rank;
+            e |= (((s >> bit) & 1) ? 0xFFu : 0x01u) << (8 * i);
+            ++rank;
         }
-        const int total = __shfl_sync(0xffffffffu, before, BITCOS_CUDA_WARP - 1);
-        if (active) {
-            uint32_t s = bitcos_cuda_sign_window(pool, cursor + (uint64_t) (before - n));
-            float part[BITCOS_CUDA_MAX_COLS];
-            for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) part[c] = 0.0f;
-            for (int j = 0; j < 8; ++j) {
-                const uint32_t m = (word >> (4 * j)) & 15u;
-                const uint32_t e = lut[m | (s & 15u) << 4];
-                s >>= __popc(m);
-                const float c0 = (float) (int8_t) (e & 0xFF), c1 = (float) (int8_t) ((e >> 8) & 0xFF);
-                const float c2 = (float) (int8_t) ((e >> 16) & 0xFF), c3 = (float) (int8_t) (e >> 24);
-                for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) {
-                    if (c < nc) {
-                        const float * xg = x + c * x_stride + w * 32 + 4 * j;
-                        part[c] += c0 * xg[0] + c1 * xg[1] + c2 * xg[2] + c3 * xg[3];
-                    }
-                }
+    }
+    return e;
+}
+
+// Fills the block's tables (all threads must call it; ends with a barrier). Word index (key << 6 | table << 5
+// | copy) >> SHIFT, leading key = m | s << 4, trailing key = s | m << 4; 16-byte stores of 4 copies.
+template <int COPIES> __device__ __forceinline__ void bitcos_cuda_gemv_lut_fill(uint8_t * lut) {
+    const int n = bitcos_cuda_gemv_lut<COPIES>::BYTES / 16;
+    for (int i = threadIdx.x + threadIdx.y * blockDim.x; i < n; i += blockDim.x * blockDim.y) {
+        const int word = 4 * i;                        // first of the 4 copies this store writes
+        const int key = word / (2 * COPIES), trailing = (word / COPIES) & 1;
+        const uint32_t e = trailing ? bitcos_cuda_gemv_lut_entry(key >> 4, key & 15, true)
+                                    : bitcos_cuda_gemv_lut_entry(key & 15, key >> 4, false);
+        reinterpret_cast<uint4 *>(lut)[i] = make_uint4(e, e, e, e);
+    }
+    __syncthreads();
+}
+
+// a . b + c on 4 signed bytes (dp4a; sm_61+, a loop before)
+__device__ __forceinline__ int bitcos_cuda_dp4a(uint32_t a, uint32_t b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    return __dp4a((int) a, (int) b, c);
+#else
+    for (int i = 0; i < 4; ++i) c += (int) (int8_t) (a >> 8 * i) * (int) (int8_t) (b >> 8 * i);
+    return c;
+#endif
+}
+
+// Inclusive warp prefix sum. On the device each step is a shuffle whose "source lane in range" predicate guards
+// the add (2 instructions a step; the C++ form costs a compare and a select more).
+__device__ __forceinline__ int bitcos_cuda_warp_scan(int v) {
+#if defined(__CUDA_ARCH__)
+    asm("{\n\t.reg .s32 t;\n\t.reg .pred p;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 1, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 2, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 4, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 8, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
+        "shfl.sync.up.b32 t|p, %0, 16, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t}"
+        : "+r"(v));
+    return v;
+#else
+    const int lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
+    for (int o = 1; o < BITCOS_CUDA_WARP; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+#endif
+}
+
+// (a & mask) | (b & ~mask) in one LOP3 (ptxas splits the C++ form into two when a feeds several masks)
+__device__ __forceinline__ uint32_t bitcos_cuda_bitselect(uint32_t a, uint32_t b, uint32_t mask) {
+#if defined(__CUDA_ARCH__)
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(r) : "r"(a), "r"(b), "r"(mask));
+    return r;
+#else
+    return (a & mask) | (b & ~mask);
+#endif
+}
+
+// Where a row's bitmap words and word scales are, specialized so that the hot loop has no variant branch:
+// WORDS32 (PT, MATRIX, ROW: 32-bit words, no word scale), WORDS32_F16 (B128, B256: fp16 per 4 or 8 words in the
+// companion), G128 (18-byte blocks: 16-bit halves, the fp16 scale after each block's 16 bitmap bytes).
+enum bitcos_cuda_row_kind { BITCOS_CUDA_WORDS32, BITCOS_CUDA_WORDS32_F16, BITCOS_CUDA_G128 };
+
+// 32-bit shared-memory load at byte offset off of lut. On the device through the shared window's 32-bit
+// address, so that ptxas keeps the table's base in a uniform register folded into the load (in C++ it adds
+// it to every address: an instruction per lookup).
+__device__ __forceinline__ uint32_t bitcos_cuda_lds(const uint8_t * lut, uint32_t off) {
+#if defined(__CUDA_ARCH__)
+    uint32_t v;
+    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"((uint32_t) __cvta_generic_to_shared(lut) + off));
+    return v;
+#else
+    return *reinterpret_cast<const uint32_t *>(lut + off);
+#endif
+}
+
+// The 8 dp4a operands (int8 codes of weights 4i .. 4i + 3) of a 32-weight bitmap word whose first sign is bit 0 of
+// s (lut: the block's tables; copy_bits: this lane's table copy at address bits 2..6 of the 64 KiB layout).
+template <int COPIES>
+__device__ __forceinline__ void bitcos_cuda_decode_word(uint32_t word, uint32_t s, const uint8_t * lut,
+                                                        uint32_t copy_bits, uint32_t codes[8]) {
+    constexpr int SHIFT = bitcos_cuda_gemv_lut<COPIES>::SHIFT;
+    // X_B = bits 32.. of (s << 12) >> B as a 64-bit value, B = the sign offset of a byte boundary: bits 12..15
+    // the 4 signs from B, bits 8..11 the 4 before it (zeros before the word's first sign)
+    const uint32_t lo = s << 12, hi = s >> 20;
+    uint32_t x_b[5];
+    x_b[0] = lo;
+    x_b[1] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 24));
+    x_b[2] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 16));
+    x_b[3] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word << 8));
+    x_b[4] = __funnelshift_rc(lo, hi, (uint32_t) __popc(word));
+    for (int j = 0; j < 4; ++j) {
+        // presence byte j at bits 8..15, the copy bits below
+        const uint32_t p = __byte_perm(word, copy_bits, 0x5504u | (uint32_t) j << 4);
+        const uint32_t lead  = bitcos_cuda_bitselect(x_b[j], p, 0xF000u);          // m_lo | s << 4
+        const uint32_t trail = bitcos_cuda_bitselect(x_b[j + 1], p, 0x0F00u);      // s | m_hi << 4
+        codes[2 * j]     = bitcos_cuda_lds(lut, lead >> SHIFT);
+        codes[2 * j + 1] = bitcos_cuda_lds(lut + (128 >> SHIFT), trail >> SHIFT);
+    }
+}
+
+// Warp-cooperative: out[c] (valid in every lane) = row r of W times quantized column c, c < NC: q (int8) + c *
+// q_stride, d (fp32 per 32) + c * d_stride (bitcos_cuda_quantize_q8_kernel's layout); global row r of a BITCOS
+// tensor (blocks: the weight data, comp: its companion) laid out as KIND; lut: the block's tables.
+// Lane l takes words 2l, 2l + 1 of each 64-word step (one prefix sum, one sign fetch and one loop iteration
+// per 64 weights): whole steps without bounds checks, then the partial last one. A missing second word reads
+// as 0 (no weights), whose activations exist: the quantized columns are padded to a multiple of 128 with zeros.
+template <int NC, int COPIES, int KIND>
+__device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layout & l, const uint8_t * blocks,
+                                                         const uint8_t * comp, uint64_t r, const int8_t * q,
+                                                         int64_t q_stride, const float * d, int64_t d_stride,
+                                                         const uint8_t * lut, float * out) {
+    const int lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
+    const uint8_t * row = blocks + r * l.row_bytes;
+    // the row's signs: pool words from the one holding its first sign, bit offsets relative to that word
+    // (32-bit: a row has at most K signs)
+    const uint64_t first = bitcos_cuda_row_sign_pos(comp, r);
+    const uint32_t * pool = reinterpret_cast<const uint32_t *>(comp + bitcos_cuda_u64(comp, BITCOS_HDR_POOL_OFFSET)) + (first >> 5);
+    uint32_t cursor = (uint32_t) (first & 31);
+    const uint32_t copy_bits = (uint32_t) (lane % COPIES) << (2 + bitcos_cuda_gemv_lut<COPIES>::SHIFT);
+    const uint16_t * scales = KIND == BITCOS_CUDA_G128
+        ? reinterpret_cast<const uint16_t *>(row + offsetof(block_bitcos_g128, d))
+        : reinterpret_cast<const uint16_t *>(l.scales) + r * l.scales_per_row;
+    float acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+
+    // words w (even) and w + 1; has1: whether w + 1 is in the row (w is whenever this runs on real data)
+    auto step = [&](uint32_t w, bool has0, bool has1) {
+        uint32_t word0 = 0, word1 = 0;
+        if (KIND == BITCOS_CUDA_G128) {               // word w: half-words at byte (w / 4) * 18 + 4 (w % 4)
+            const uint16_t * h = reinterpret_cast<const uint16_t *>(row + (w / 4) * sizeof(block_bitcos_g128) + 4 * (w % 4));
+            if (has0) word0 = (uint32_t) h[0] | (uint32_t) h[1] << 16;
+            if (has1) word1 = (uint32_t) h[2] | (uint32_t) h[3] << 16;     // same block: w % 4 is 0 or 2
+        } else {
+            const uint32_t * wp = reinterpret_cast<const uint32_t *>(row) + w;
+            if (has0) word0 = wp[0];
+            if (has1) word1 = wp[1];
+        }
+        const int n0 = __popc(word0), n = n0 + __popc(word1);
+        const int incl = bitcos_cuda_warp_scan(n);
+        const int total = __shfl_sync(0xffffffffu, incl, BITCOS_CUDA_WARP - 1);
+        if (has0) {
+            // 64 signs from the lane's first (3 pool words; the pool's zero tail covers the last ones), the
+            // second word's from n0 on
+            const uint32_t pos = cursor + (uint32_t) (incl - n);
+            const uint32_t * pw = pool + (pos >> 5);
+            const uint32_t p0 = pw[0], p1 = pw[1], p2 = pw[2];
+            const uint32_t s0 = __funnelshift_r(p0, p1, pos), s_hi = __funnelshift_r(p1, p2, pos);
+            const uint32_t s1 = __funnelshift_rc(s0, s_hi, (uint32_t) n0);
+            uint32_t codes0[8], codes1[8];
+            bitcos_cuda_decode_word<COPIES>(word0, s0, lut, copy_bits, codes0);
+            bitcos_cuda_decode_word<COPIES>(word1, s1, lut, copy_bits, codes1);
+            // both words share a scale block (4 or 8 words, aligned)
+            const float ws = KIND == BITCOS_CUDA_WORDS32 ? 1.0f
+                           : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
+                           : __half2float(__ushort_as_half(scales[w >> l.word_shift]));
+            for (int c = 0; c < NC; ++c) {
+                const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + 32 * (int64_t) w);
+                const uint4 x0 = xq[0], x1 = xq[1], x2 = xq[2], x3 = xq[3];
+                const float2 dw = *reinterpret_cast<const float2 *>(d + c * d_stride + w);
+                int dot0 = 0, dot1 = 0;
+                dot0 = bitcos_cuda_dp4a(codes0[0], x0.x, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[1], x0.y, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[2], x0.z, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[3], x0.w, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[4], x1.x, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[5], x1.y, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[6], x1.z, dot0);
+                dot0 = bitcos_cuda_dp4a(codes0[7], x1.w, dot0);
+                dot1 = bitcos_cuda_dp4a(codes1[0], x2.x, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[1], x2.y, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[2], x2.z, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[3], x2.w, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[4], x3.x, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[5], x3.y, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[6], x3.z, dot1);
+                dot1 = bitcos_cuda_dp4a(codes1[7], x3.w, dot1);
+                acc[c] += (float) dot0 * (ws * dw.x);
+                acc[c] += (float) dot1 * (ws * dw.y);
             }
-            const float d = bitcos_cuda_word_scale(l, row, r, w);
-            for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) acc[c] += part[c] * d;
         }
-        cursor += (uint64_t) total;
+        cursor += (uint32_t) total;
+    };
+    constexpr uint32_t STEP = 2 * BITCOS_CUDA_WARP;
+    const uint32_t n_words = (uint32_t) l.n_words;
+    uint32_t w0 = 0;
+    for (; w0 + STEP <= n_words; w0 += STEP) {
+        step(w0 + 2 * (uint32_t) lane, true, true);
+    }
+    if (w0 < n_words) {
+        const uint32_t w = w0 + 2 * (uint32_t) lane;
+        step(w, w < n_words, w + 1 < n_words);
     }
     const float scale = bitcos_cuda_row_scale(l, r);
-    for (int c = 0; c < BITCOS_CUDA_MAX_COLS; ++c) {
+    for (int c = 0; c < NC; ++c) {
         float v = acc[c];
         for (int o = BITCOS_CUDA_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         out[c] = v * scale;
     }
 }
 
-// Kernel bodies (templates so that ggml-cuda's glue and the test program instantiate the same code).
-// Mat-vec / small batch: grid (ceil(rows / warps per block), column groups * batches), block (32, warps):
-// warp y of block x decodes global row row0 + blockIdx.x * blockDim.y + y for columns c0 .. c0 + nc.
-static __global__ void bitcos_cuda_mul_mat_kernel(const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp,
-                                           const float * __restrict__ x, float * __restrict__ dst,
-                                           int64_t row0, int64_t rows, int64_t k, int64_t ncols,
-                                           int64_t x_col_stride, int64_t dst_col_stride) {
-    __shared__ uint32_t lut[BITCOS_CUDA_LUT_ENTRIES];
-    bitcos_cuda_lut_fill(lut);
-    const int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y;
-    if (r >= rows) {
-        return;
+// bitcos_cuda_row_dot_kind for the row's variant (one uniform branch per row)
+template <int NC, int COPIES>
+__device__ __forceinline__ void bitcos_cuda_row_dot_q8(const uint8_t * blocks, const uint8_t * comp, uint64_t r,
+                                                       const int8_t * q, int64_t q_stride, const float * d,
+                                                       int64_t d_stride, const uint8_t * lut, float * out) {
+    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
+    if (l.variant == BITCOS_VARIANT_G128) {
+        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_G128>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+    } else if (l.scales_per_row != 0) {
+        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32_F16>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+    } else {
+        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
     }
-    const int64_t c0 = (int64_t) blockIdx.y * BITCOS_CUDA_MAX_COLS;
-    const int nc = (int) (ncols - c0 < BITCOS_CUDA_MAX_COLS ? ncols - c0 : BITCOS_CUDA_MAX_COLS);
-    float out[BITCOS_CUDA_MAX_COLS];
-    bitcos_cuda_row_dot(blocks, comp, (uint64_t) (row0 + r), x + c0 * x_col_stride, (uint64_t) x_col_stride, nc, lut, out);
-    if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
-        for (int c = 0; c < nc; ++c) dst[(c0 + c) * dst_col_stride + r] = out[c];
-    }
-    (void) k;
 }
 
-// MUL_MAT_ID: grid (ceil(rows / warps per block), n_used * n_tokens); slot (t, u) reads its expert id on the
-// device (ids: n_used int32 per token, ids_stride int32 between tokens), activation column u % ne11 of token
-// t, and writes dst[t * dst_tok_stride + u * dst_slot_stride + r]. Out-of-range ids are skipped, never read.
-static __global__ void bitcos_cuda_mul_mat_id_kernel(const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp,
-                                                     const float * __restrict__ x, const int32_t * __restrict__ ids,
-                                                     float * __restrict__ dst, int64_t rows, int64_t n_experts,
-                                                     int64_t n_used, int64_t ids_stride, int64_t ne11,
-                                                     int64_t x_col_stride, int64_t x_tok_stride,
-                                                     int64_t dst_slot_stride, int64_t dst_tok_stride) {
-    __shared__ uint32_t lut[BITCOS_CUDA_LUT_ENTRIES];
-    bitcos_cuda_lut_fill(lut);
-    const int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y;
-    if (r >= rows) {
-        return;
+// Calls f(std::integral_constant<int, NC>{}) for NC = nc (1 .. BITCOS_CUDA_MAX_COLS): the launchers' switch from a
+// column count to the kernel instance that keeps NC accumulators.
+template <class F> __host__ __forceinline__ void bitcos_cuda_with_cols(int nc, F && f) {
+    switch (nc) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        default: f(std::integral_constant<int, 8>{}); break;
     }
+}
+
+// Dynamic shared memory (the host emulation's shim defines its own stand-in)
+#ifndef BITCOS_CUDA_EXTERN_SHARED
+#define BITCOS_CUDA_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
+// Mat-vec / small batch on quantized activations: NC columns (q + c * k_pad int8, d + c * (k_pad / 32) scales),
+// dst[c * dst_col_stride + r] for r < rows (global row row0 + r). Block (32, warps) with
+// bitcos_cuda_gemv_lut<COPIES>::BYTES of dynamic shared memory; any grid.x: warp y of block x takes rows
+// x * warps + y, then every gridDim.x * warps-th (the glue sizes the grid to what the device holds at once,
+// so that each block fills its tables once for many rows).
+template <int NC, int COPIES>
+static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_kernel(
+        const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp, const int8_t * __restrict__ q,
+        const float * __restrict__ d, float * __restrict__ dst, int64_t row0, int64_t rows, int64_t k_pad,
+        int64_t dst_col_stride) {
+    BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
+    bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
+    for (int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y; r < rows; r += (int64_t) gridDim.x * blockDim.y) {
+        float out[NC];
+        bitcos_cuda_row_dot_q8<NC, COPIES>(blocks, comp, (uint64_t) (row0 + r), q, k_pad, d, k_pad / 32,
+                                           bitcos_cuda_smem, out);
+        if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
+            for (int c = 0; c < NC; ++c) dst[c * dst_col_stride + r] = out[c];
+        }
+    }
+}
+
+// MUL_MAT_ID on quantized activations: grid (any, n_used * n_tokens); slot (t, u) = blockIdx.y reads its expert
+// id on the device (ids: n_used int32 per token, ids_stride int32 between tokens), quantized column t * ne11 +
+// u % ne11, and writes dst[t * dst_tok_stride + u * dst_slot_stride + r]; rows as bitcos_cuda_mul_mat_vec_kernel.
+// Out-of-range ids are skipped, never read.
+template <int COPIES>
+static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_id_kernel(
+        const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp, const int8_t * __restrict__ q,
+        const float * __restrict__ d, const int32_t * __restrict__ ids, float * __restrict__ dst, int64_t rows,
+        int64_t n_experts, int64_t n_used, int64_t ids_stride, int64_t ne11, int64_t k_pad,
+        int64_t dst_slot_stride, int64_t dst_tok_stride) {
     const int64_t u = (int64_t) blockIdx.y % n_used, t = (int64_t) blockIdx.y / n_used;
     const int32_t e = ids[t * ids_stride + u];
     if (e < 0 || e >= n_experts) {
-        return;
+        return;                                       // uniform in the block, before its barrier
     }
-    float out[BITCOS_CUDA_MAX_COLS];
-    bitcos_cuda_row_dot(blocks, comp, (uint64_t) (e * rows + r), x + t * x_tok_stride + (u % ne11) * x_col_stride, 0,
-                        1, lut, out);
-    if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
-        dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
+    BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
+    bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
+    const int64_t col = t * ne11 + u % ne11;
+    for (int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y; r < rows; r += (int64_t) gridDim.x * blockDim.y) {
+        float out[1];
+        bitcos_cuda_row_dot_q8<1, COPIES>(blocks, comp, (uint64_t) (e * rows + r), q + col * k_pad, 0,
+                                          d + col * (k_pad / 32), 0, bitcos_cuda_smem, out);
+        if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
+            dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
+        }
     }
 }
 

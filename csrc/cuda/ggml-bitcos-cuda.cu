@@ -2,9 +2,11 @@
 //
 // The weight and its companion sit in the same device buffer (the loader creates the companion in the
 // weight's context) and were validated on the host by the loader before upload, so the kernels read the
-// companion's header, row index and sign pool unchecked. Mat-vec (up to BITCOS_CUDA_MMQ_MIN_COLS columns):
-// blocks of 4 warps, one row per warp. More columns: the batched tensor-core kernel (bitcos-cuda.cuh) on
-// activations quantized per 32 values (compute capability 7.2+; older devices keep the mat-vec).
+// companion's header, row index and sign pool unchecked. Both paths run on activations quantized per 32 values
+// (bitcos_cuda_quantize_q8_kernel into a stream-ordered temporary). Mat-vec (up to BITCOS_CUDA_MMQ_MIN_COLS
+// columns): blocks of 16 warps, a warp per row, one block per multiprocessor, each block's 64 KiB decode tables
+// filled once for the many rows it takes. More columns: the batched tensor-core kernel
+// (bitcos-cuda.cuh; compute capability 7.2+, older devices keep the mat-vec, 8 columns per launch).
 #include "ggml-bitcos-cuda.cuh"
 
 #include "bitcos-cuda.cuh"
@@ -16,7 +18,12 @@
 // to the host compiler, which then asks for a previous declaration (ggml-cuda's -Wmissing-declarations)
 namespace {
 
-constexpr int WARPS_PER_BLOCK = 4;
+// mat-vec: a warp per row, 16 warps a block (the kernel's launch bound, 512 threads: its 8-column instance
+// needs 96 registers), one block per multiprocessor: each block fills 64 KiB of tables (~512 cycles of the
+// shared-store path), so more blocks per multiprocessor would cost more fills than their latency hiding
+// wins on decode-sized matrices (unmeasured: a lent GPU's `bench gpu` decides)
+constexpr int WARPS_PER_BLOCK = 16;
+constexpr int GEMV_BLOCKS_PER_SM = 1;
 
 // A failed launch aborts with CUDA's reason, as ggml-cuda's CUDA_CHECK does.
 static void check_launch() {
@@ -48,15 +55,67 @@ static const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
     return w->view_src ? w->view_src : w;
 }
 
+// The mat-vec's launch shape on the current device: the table copies its blocks can hold (32: 64 KiB of
+// dynamic shared memory, raised once per kernel instance and device; else 8: 16 KiB) and how many blocks run
+// at once (grid.x beyond that would only fill the tables again).
+struct gemv_shape {
+    int copies;
+    int resident_blocks;
+};
+
+template <auto KERNEL> void raise_smem_limit(int bytes) {
+    static bool raised[64] = {};                      // per kernel instance and device (ggml-cuda: at most 16)
+    int dev = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev >= 64 || !raised[dev]) {
+        check_cuda(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "cudaFuncSetAttribute");
+        if (dev < 64) raised[dev] = true;
+    }
+}
+
+static gemv_shape gemv_launch_shape() {
+    int dev = 0, optin = 0, per_sm = 0, n_sm = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    const int copies = optin >= bitcos_cuda_gemv_lut<32>::BYTES ? 32 : 8;
+    const int bytes = copies == 32 ? bitcos_cuda_gemv_lut<32>::BYTES : bitcos_cuda_gemv_lut<8>::BYTES;
+    const int by_smem = per_sm / (bytes + 1024);      // the runtime reserves 1 KiB per block
+    return {copies, std::max(1, n_sm * std::max(1, std::min(by_smem, GEMV_BLOCKS_PER_SM)))};
+}
+
+// Quantizes ncols columns of k fp32 (column c at x + (c / cols_per_batch) * batch_stride + (c % cols_per_batch) *
+// col_stride, strides in floats) per 32 into xq (int8, k_pad per column) and xd (fp32, k_pad / 32 per column).
+static void quantize_columns(cudaStream_t stream, const float * x, int8_t * xq, float * xd, int64_t k, int64_t ncols,
+                      int64_t col_stride, int64_t cols_per_batch, int64_t batch_stride) {
+    const int64_t nqb = bitcos_cuda_mmq_k_pad(k) / BITCOS_CUDA_MMQ_QBLOCK;
+    bitcos_cuda_quantize_q8_kernel<<<dim3((unsigned) ncols, (unsigned) ((nqb + 3) / 4)), dim3(BITCOS_CUDA_WARP, 4), 0,
+        stream>>>(x, xq, xd, k, bitcos_cuda_mmq_k_pad(k), col_stride, cols_per_batch, batch_stride);
+}
+
+// The mat-vec over quantized columns c0 .. c0 + nc of one batch (nc <= BITCOS_CUDA_MAX_COLS).
+template <int COPIES>
+void launch_gemv(cudaStream_t stream, int nc, const gemv_shape & shape, const uint8_t * w, const uint8_t * c,
+                 const int8_t * xq, const float * xd, float * d, int64_t row0, int64_t rows, int64_t k_pad, int64_t d1) {
+    constexpr int bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES;
+    const int64_t row_blocks = (rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK;
+    const dim3 grid((unsigned) std::min<int64_t>(row_blocks, shape.resident_blocks)), block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
+    bitcos_cuda_with_cols(nc, [&](auto ncv) {
+        constexpr int NC = decltype(ncv)::value;
+        raise_smem_limit<bitcos_cuda_mul_mat_vec_kernel<NC, COPIES>>(bytes);
+        bitcos_cuda_mul_mat_vec_kernel<NC, COPIES><<<grid, block, bytes, stream>>>(w, c, xq, xd, d, row0, rows, k_pad, d1);
+    });
+}
+
 }  // namespace
 
 bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op) {
     if (!ggml_bitcos_gpu_supports_op(op)) {
         return false;
     }
-    if (op->op == GGML_OP_MUL_MAT) {          // grid limits: rows / 4 in x, column groups in y
-        return (op->src[0]->ne[1] + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK <= INT32_MAX &&
-               (op->src[1]->ne[1] + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS <= 65535;
+    if (op->op == GGML_OP_MUL_MAT) {          // grid limits: the batched kernel's column tiles in y
+        return (op->src[1]->ne[1] + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN <= 65535;
     }
     if (op->op == GGML_OP_MUL_MAT_ID) {       // one grid row per (token, slot)
         return op->src[2]->ne[0] * op->src[2]->ne[1] <= 65535;
@@ -78,42 +137,39 @@ void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, con
     const int64_t d1 = dst->nb[1] / sizeof(float), d2 = dst->nb[2] / sizeof(float), d3 = dst->nb[3] / sizeof(float);
     const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;                 // broadcast of the weight's matrices
 
-    if (ne11 > BITCOS_CUDA_MMQ_MIN_COLS && mmq_available()) {
-        // batched: activations quantized per 32 into a stream-ordered temporary (one batch at a time, reused;
-        // the stream orders the reuse), then the tensor-core tile kernel
-        const int64_t k = src0->ne[0], k_pad = bitcos_cuda_mmq_k_pad(k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
-        void * tmp = nullptr;
-        check_cuda(cudaMallocAsync(&tmp, (size_t) (ne11 * nqb * sizeof(float) + ne11 * k_pad), stream), "cudaMallocAsync");
-        float  * xd = static_cast<float *>(tmp);
-        int8_t * xq = reinterpret_cast<int8_t *>(xd + ne11 * nqb);      // 16-byte aligned: nqb % 4 == 0
-        const dim3 qgrid((unsigned) ne11, (unsigned) ((nqb + 3) / 4)), qblock(BITCOS_CUDA_WARP, 4);
-        const dim3 mgrid((unsigned) ((rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
-                         (unsigned) ((ne11 + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN));
-        for (int64_t i13 = 0; i13 < ne13; ++i13) {
-            for (int64_t i12 = 0; i12 < ne12; ++i12) {
-                const int64_t row0 = view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows;
-                bitcos_cuda_quantize_q8_kernel<<<qgrid, qblock, 0, stream>>>(x + i13 * s13 + i12 * s12, xq, xd, k,
-                    k_pad, s11, ne11, 0);
-                bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS, 0, stream>>>(w, c, xq, xd,
-                    d + i13 * d3 + i12 * d2, row0, rows, ne11, k_pad, d1, bitcos_cuda_mmq_ids{});
-            }
-        }
-        check_launch();
-        check_cuda(cudaFreeAsync(tmp, stream), "cudaFreeAsync");
-        return;
-    }
-
-    const dim3 grid((unsigned) ((rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK),
-                    (unsigned) ((ne11 + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS));
-    const dim3 block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
+    // activations quantized per 32 into a stream-ordered temporary (one batch at a time, reused; the stream
+    // orders the reuse), then the batched tensor-core kernel (more than 8 columns) or the mat-vec
+    const int64_t k = src0->ne[0], k_pad = bitcos_cuda_mmq_k_pad(k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
+    const bool batched = ne11 > BITCOS_CUDA_MMQ_MIN_COLS && mmq_available();
+    const gemv_shape shape = batched ? gemv_shape{} : gemv_launch_shape();
+    void * tmp = nullptr;
+    check_cuda(cudaMallocAsync(&tmp, (size_t) (ne11 * nqb * sizeof(float) + ne11 * k_pad), stream), "cudaMallocAsync");
+    float  * xd = static_cast<float *>(tmp);
+    int8_t * xq = reinterpret_cast<int8_t *>(xd + ne11 * nqb);      // 16-byte aligned: nqb % 4 == 0
+    const dim3 mgrid((unsigned) ((rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
+                     (unsigned) ((ne11 + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN));
     for (int64_t i13 = 0; i13 < ne13; ++i13) {
         for (int64_t i12 = 0; i12 < ne12; ++i12) {
             const int64_t row0 = view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows;     // global first row
-            bitcos_cuda_mul_mat_kernel<<<grid, block, 0, stream>>>(w, c, x + i13 * s13 + i12 * s12,
-                d + i13 * d3 + i12 * d2, row0, rows, src0->ne[0], ne11, s11, d1);
+            float * dd = d + i13 * d3 + i12 * d2;
+            quantize_columns(stream, x + i13 * s13 + i12 * s12, xq, xd, k, ne11, s11, ne11, 0);
+            if (batched) {
+                bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS, 0, stream>>>(w, c, xq, xd, dd, row0,
+                    rows, ne11, k_pad, d1, bitcos_cuda_mmq_ids{});
+                continue;
+            }
+            for (int64_t c0 = 0; c0 < ne11; c0 += BITCOS_CUDA_MAX_COLS) {
+                const int nc = (int) std::min<int64_t>(BITCOS_CUDA_MAX_COLS, ne11 - c0);
+                if (shape.copies == 32) {
+                    launch_gemv<32>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows, k_pad, d1);
+                } else {
+                    launch_gemv<8>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows, k_pad, d1);
+                }
+            }
         }
     }
     check_launch();
+    check_cuda(cudaFreeAsync(tmp, stream), "cudaFreeAsync");
 }
 
 void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst) {
@@ -129,23 +185,24 @@ void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst) {
     const int64_t rows = src0->ne[1], n_experts = src0->ne[2];
     const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
 
-    if (n_tokens > BITCOS_CUDA_MMQ_MIN_COLS && n_experts <= 65535 && mmq_available()) {
-        // batched: every activation column quantized, the (token, slot) pairs grouped by expert on the device,
-        // then one tile-kernel launch over (row tiles, slot tiles, experts)
-        const int64_t k = src0->ne[0], k_pad = bitcos_cuda_mmq_k_pad(k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
-        const int64_t ne11 = src1->ne[1], n_cols = ne11 * n_tokens, cap = n_used * n_tokens;
-        void * tmp = nullptr;
-        const size_t bytes = (size_t) (n_cols * nqb * sizeof(float) + n_cols * k_pad) +
-                             (size_t) (n_experts + n_experts * cap) * sizeof(int32_t);
-        check_cuda(cudaMallocAsync(&tmp, bytes, stream), "cudaMallocAsync");
-        float   * xd     = static_cast<float *>(tmp);
-        int8_t  * xq     = reinterpret_cast<int8_t *>(xd + n_cols * nqb);
+    // every activation column quantized per 32 (both paths); then either the (token, slot) pairs grouped by
+    // expert on the device and one tile-kernel launch over (row tiles, slot tiles, experts), or the mat-vec
+    // over (rows, slots)
+    const bool batched = n_tokens > BITCOS_CUDA_MMQ_MIN_COLS && n_experts <= 65535 && mmq_available();
+    const int64_t k = src0->ne[0], k_pad = bitcos_cuda_mmq_k_pad(k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
+    const int64_t ne11 = src1->ne[1], n_cols = ne11 * n_tokens, cap = n_used * n_tokens;
+    void * tmp = nullptr;
+    const size_t bytes = (size_t) (n_cols * nqb * sizeof(float) + n_cols * k_pad) +
+                         (batched ? (size_t) (n_experts + n_experts * cap) * sizeof(int32_t) : 0);
+    check_cuda(cudaMallocAsync(&tmp, bytes, stream), "cudaMallocAsync");
+    float   * xd     = static_cast<float *>(tmp);
+    int8_t  * xq     = reinterpret_cast<int8_t *>(xd + n_cols * nqb);
+    quantize_columns(stream, static_cast<const float *>(src1->data), xq, xd, k, n_cols,
+                     src1->nb[1] / (int64_t) sizeof(float), ne11, src1->nb[2] / (int64_t) sizeof(float));
+    if (batched) {
         int32_t * counts = reinterpret_cast<int32_t *>(xq + n_cols * k_pad);
         int32_t * slots  = counts + n_experts;
         check_cuda(cudaMemsetAsync(counts, 0, n_experts * sizeof(int32_t), stream), "cudaMemsetAsync");
-        bitcos_cuda_quantize_q8_kernel<<<dim3((unsigned) n_cols, (unsigned) ((nqb + 3) / 4)), dim3(BITCOS_CUDA_WARP, 4), 0,
-            stream>>>(static_cast<const float *>(src1->data), xq, xd, k, k_pad, src1->nb[1] / (int64_t) sizeof(float),
-            ne11, src1->nb[2] / (int64_t) sizeof(float));
         bitcos_cuda_mmq_id_slots_kernel<<<(unsigned) ((cap + 255) / 256), 256, 0, stream>>>(
             static_cast<const int32_t *>(ids->data), slots, counts, n_experts, n_used, n_tokens,
             ids->nb[1] / (int64_t) sizeof(int32_t), cap);
@@ -155,16 +212,26 @@ void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst) {
                          (unsigned) ((cap + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN), (unsigned) n_experts);
         bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS, 0, stream>>>(w, c, xq, xd,
             static_cast<float *>(dst->data), 0, rows, 0, k_pad, 0, map);
-        check_launch();
-        check_cuda(cudaFreeAsync(tmp, stream), "cudaFreeAsync");
-        return;
+    } else {
+        // a block per (row block, slot); row blocks capped so that all slots' blocks fit on the device at once
+        const gemv_shape shape = gemv_launch_shape();
+        const int64_t row_blocks = (rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK;
+        const dim3 grid((unsigned) std::max<int64_t>(1, std::min<int64_t>(row_blocks, shape.resident_blocks / cap)),
+                        (unsigned) cap);
+        const dim3 block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
+        auto run = [&](auto copies) {
+            constexpr int COPIES = decltype(copies)::value, lut_bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES;
+            raise_smem_limit<bitcos_cuda_mul_mat_vec_id_kernel<COPIES>>(lut_bytes);
+            bitcos_cuda_mul_mat_vec_id_kernel<COPIES><<<grid, block, lut_bytes, stream>>>(w, c, xq, xd, static_cast<const int32_t *>(ids->data),
+                static_cast<float *>(dst->data), rows, n_experts, n_used, ids->nb[1] / (int64_t) sizeof(int32_t), ne11,
+                k_pad, dst->nb[1] / (int64_t) sizeof(float), dst->nb[2] / (int64_t) sizeof(float));
+        };
+        if (shape.copies == 32) {
+            run(std::integral_constant<int, 32>{});
+        } else {
+            run(std::integral_constant<int, 8>{});
+        }
     }
-
-    const dim3 grid((unsigned) ((rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK), (unsigned) (n_used * n_tokens));
-    const dim3 block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
-    bitcos_cuda_mul_mat_id_kernel<<<grid, block, 0, stream>>>(w, c, static_cast<const float *>(src1->data),
-        static_cast<const int32_t *>(ids->data), static_cast<float *>(dst->data), rows, n_experts, n_used,
-        ids->nb[1] / (int64_t) sizeof(int32_t), src1->ne[1], src1->nb[1] / (int64_t) sizeof(float),
-        src1->nb[2] / (int64_t) sizeof(float), dst->nb[1] / (int64_t) sizeof(float), dst->nb[2] / (int64_t) sizeof(float));
     check_launch();
+    check_cuda(cudaFreeAsync(tmp, stream), "cudaFreeAsync");
 }

@@ -1,6 +1,6 @@
 // ggml-bitcos-cuda: BITCOS MUL_MAT / MUL_MAT_ID in ggml-cuda, called from three hooks of the ggml-cuda patch
 // (supports_op, ggml_cuda_mul_mat, ggml_cuda_mul_mat_id). The decode is bitcos-cuda.cuh's warp-per-row table
-// decode, shared with tests/cuda/test-bitcos-cuda.cu.
+// decode, shared with tests/cuda/test-bitcos-cuda.cu; both paths run on activations quantized per 32 to int8.
 #pragma once
 
 // Only ggml.h and the CUDA runtime: the hooks pass ggml-cuda's stream, so this translation unit compiles without
@@ -13,9 +13,9 @@
 // within the kernels' grid limits.
 bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op);
 
-// dst = src0 * src1 for a BITCOS src0, batches broadcast as ggml's MUL_MAT defines them (one launch per batch):
-// up to 8 columns one warp per row, one decode per 8 columns (fp32); more columns (compute capability 7.2+)
-// activations quantized per 32 to int8 and 32 x 64 output tiles on tensor cores, one decode per 64 columns.
+// dst = src0 * src1 for a BITCOS src0, batches broadcast as ggml's MUL_MAT defines them (one launch per batch),
+// activations quantized per 32 to int8 first: up to 8 columns one warp per row, one decode per 8 columns
+// (dp4a); more columns (compute capability 7.2+) 32 x 64 output tiles on tensor cores, one decode per 64.
 void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst);
 
 // MUL_MAT_ID with a BITCOS expert tensor, expert ids read on the device: up to 8 tokens one mat-vec launch; more

@@ -9,6 +9,7 @@
 
 #include "../gpu-cases.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -37,7 +38,9 @@ int main(int argc, char ** argv) {
         const std::vector<bitcos_gpu_case> cases = bitcos_read_cases(bitcos_read_file(argv[1]));
         std::ofstream out(argv[2], std::ios::binary);
         auto write = [&](const float * p, size_t n) { out.write(reinterpret_cast<const char *>(p), 4 * n); };
+        int case_no = 0;
         for (const bitcos_gpu_case & c : cases) {
+            ++case_no;
             const uint64_t n_rows = c.n_rows, k = c.k, n_x = c.n_x, row0 = c.row0;
             uint8_t * d_blk = dev_alloc<uint8_t>(c.blocks.size() + 1);
             uint8_t * d_comp = dev_alloc<uint8_t>(c.comp.size());
@@ -46,20 +49,34 @@ int main(int argc, char ** argv) {
             std::memcpy(d_blk, c.blocks.data(), c.blocks.size());
             std::memcpy(d_comp, c.comp.data(), c.comp.size());
             std::memcpy(d_x, c.x.data(), c.x.size());
-            const int warps = 4;
-            launch(dim3((unsigned) ((n_rows + warps - 1) / warps), (unsigned) ((n_x + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS)),
-                   dim3(BITCOS_CUDA_WARP, warps), [&] {
-                bitcos_cuda_mul_mat_kernel(d_blk, d_comp, d_x, d_dst, (int64_t) row0, (int64_t) n_rows, (int64_t) k,
-                                           (int64_t) n_x, (int64_t) k, (int64_t) n_rows);
-            });
-            write(d_dst, n_x * n_rows);
+            // as test-bitcos-cuda.cu: quantize, the mat-vec in groups of up to 8 columns (64 KiB tables for odd
+            // case numbers, 16 KiB for even ones; 3 blocks at most, so that warps take several rows), then batched
             const int64_t k_pad = bitcos_cuda_mmq_k_pad((int64_t) k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
             int8_t * d_q = dev_alloc<int8_t>(n_x * k_pad);
             float * d_d = dev_alloc<float>(n_x * nqb);
-            std::memset(d_dst, 0xFF, 4 * n_x * n_rows);
             launch(dim3((unsigned) n_x, (unsigned) ((nqb + 3) / 4)), dim3(BITCOS_CUDA_WARP, 4), [&] {
                 bitcos_cuda_quantize_q8_kernel(d_x, d_q, d_d, (int64_t) k, k_pad, (int64_t) k, (int64_t) n_x, 0);
             });
+            const bool full_copies = case_no % 2 == 1;
+            const int warps = 4;
+            std::memset(d_dst, 0xFF, 4 * n_x * n_rows);
+            for (uint64_t c0 = 0; c0 < n_x; c0 += BITCOS_CUDA_MAX_COLS) {
+                const int nc = (int) std::min<uint64_t>(BITCOS_CUDA_MAX_COLS, n_x - c0);
+                auto gemv = [&](auto copies) {
+                    constexpr int COPIES = decltype(copies)::value;
+                    bitcos_cuda_with_cols(nc, [&](auto ncv) {
+                        constexpr int NC = decltype(ncv)::value;
+                        launch(dim3((unsigned) std::min<uint64_t>(3, (n_rows + warps - 1) / warps)), dim3(BITCOS_CUDA_WARP, warps), [&] {
+                            bitcos_cuda_mul_mat_vec_kernel<NC, COPIES>(d_blk, d_comp, d_q + c0 * k_pad, d_d + c0 * nqb,
+                                d_dst + c0 * n_rows, (int64_t) row0, (int64_t) n_rows, k_pad, (int64_t) n_rows);
+                        });
+                    });
+                };
+                if (full_copies) gemv(std::integral_constant<int, 32>{});
+                else gemv(std::integral_constant<int, 8>{});
+            }
+            write(d_dst, n_x * n_rows);
+            std::memset(d_dst, 0xFF, 4 * n_x * n_rows);
             launch(dim3((unsigned) ((n_rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
                         (unsigned) ((n_x + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN)), dim3(BITCOS_CUDA_MMQ_THREADS), [&] {
                 bitcos_cuda_mul_mat_mmq_kernel(d_blk, d_comp, d_q, d_d, d_dst, (int64_t) row0, (int64_t) n_rows,
@@ -78,10 +95,15 @@ int main(int argc, char ** argv) {
                 int32_t * d_counts = dev_alloc<int32_t>(E);
                 float * d_out = dev_alloc<float>(cap * rows_e);
                 std::memset(d_out, 0xFF, 4 * cap * rows_e);
-                launch(dim3((unsigned) ((rows_e + warps - 1) / warps), (unsigned) cap), dim3(BITCOS_CUDA_WARP, warps), [&] {
-                    bitcos_cuda_mul_mat_id_kernel(d_blk, d_comp, d_x, d_ids, d_out, rows_e, E, n_used, n_used, ne11,
-                                                  (int64_t) k, ne11 * (int64_t) k, rows_e, n_used * rows_e);
-                });
+                auto gemv_id = [&](auto copies) {
+                    constexpr int COPIES = decltype(copies)::value;
+                    launch(dim3(2, (unsigned) cap), dim3(BITCOS_CUDA_WARP, warps), [&] {
+                        bitcos_cuda_mul_mat_vec_id_kernel<COPIES>(d_blk, d_comp, d_q, d_d, d_ids, d_out, rows_e, E, n_used,
+                                                                  n_used, ne11, k_pad, rows_e, n_used * rows_e);
+                    });
+                };
+                if (full_copies) gemv_id(std::integral_constant<int, 32>{});
+                else gemv_id(std::integral_constant<int, 8>{});
                 write(d_out, cap * rows_e);
                 std::memset(d_out, 0xFF, 4 * cap * rows_e);
                 launch(dim3((unsigned) ((cap + 255) / 256)), dim3(256), [&] {

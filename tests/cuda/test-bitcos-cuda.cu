@@ -1,5 +1,5 @@
-// Runs the BITCOS CUDA kernels (csrc/cuda/bitcos-cuda.cuh: the mat-vec, and the batched path: activation
-// quantization + the tensor-core tile kernel) on a GPU for tests/test_cuda.py, which writes the inputs with the
+// Runs the BITCOS CUDA kernels (csrc/cuda/bitcos-cuda.cuh: activation quantization, then the mat-vec and the
+// batched tensor-core tile kernel on the quantized activations) on a GPU for tests/test_cuda.py, which writes the inputs with the
 // project's reference codec and checks the outputs against numpy. Same input format as
 // tests/sycl/test-bitcos-sycl.cpp (tests/gpu-cases.hpp; the work-group field is ignored):
 //
@@ -13,6 +13,7 @@
 
 #include "../gpu-cases.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -34,7 +35,9 @@ int main(int argc, char ** argv) {
         CHECK(cudaGetDeviceProperties(&prop, 0));
         std::printf("device: %s\n", prop.name);
         std::ofstream out(argv[2], std::ios::binary);
+        int case_no = 0;
         for (const bitcos_gpu_case & c : cases) {
+            ++case_no;
             const uint64_t nblk = c.blocks.size(), ncomp = c.comp.size();
             const uint64_t n_rows = c.n_rows, k = c.k, n_x = c.n_x, row0 = c.row0;
             uint8_t * d_blk; uint8_t * d_comp; float * d_x; float * d_dst;
@@ -45,23 +48,42 @@ int main(int argc, char ** argv) {
             CHECK(cudaMemcpy(d_blk, c.blocks.data(), nblk, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(d_comp, c.comp.data(), ncomp, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(d_x, c.x.data(), c.x.size(), cudaMemcpyHostToDevice));
-            const int warps = 4;
-            const dim3 grid((unsigned) ((n_rows + warps - 1) / warps), (unsigned) ((n_x + BITCOS_CUDA_MAX_COLS - 1) / BITCOS_CUDA_MAX_COLS));
-            bitcos_cuda_mul_mat_kernel<<<grid, dim3(BITCOS_CUDA_WARP, warps)>>>(d_blk, d_comp, d_x, d_dst, (int64_t) row0,
-                (int64_t) n_rows, (int64_t) k, (int64_t) n_x, (int64_t) k, (int64_t) n_rows);
-            CHECK(cudaGetLastError());
-            std::vector<float> dst(n_x * n_rows);
-            CHECK(cudaMemcpy(dst.data(), d_dst, 4 * dst.size(), cudaMemcpyDeviceToHost));
-            out.write(reinterpret_cast<const char *>(dst.data()), 4 * dst.size());
-            // the batched path on the same case, whatever its column count (the glue takes it above 8 columns)
+            // the activations quantized per 32 (both paths), then the mat-vec in groups of up to 8 columns (64 KiB
+            // tables for odd case numbers, the 8-copy 16 KiB layout for even ones), then the batched path on the
+            // same case, whatever its column count (the glue takes it above 8 columns)
             const int64_t k_pad = bitcos_cuda_mmq_k_pad((int64_t) k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
             int8_t * d_q; float * d_d;
             CHECK(cudaMalloc(&d_q, n_x * k_pad));
             CHECK(cudaMalloc(&d_d, 4 * n_x * nqb));
-            CHECK(cudaMemset(d_dst, 0xFF, 4 * n_x * n_rows));      // NaN: an unwritten output fails the check
             bitcos_cuda_quantize_q8_kernel<<<dim3((unsigned) n_x, (unsigned) ((nqb + 3) / 4)), dim3(BITCOS_CUDA_WARP, 4)>>>(
                 d_x, d_q, d_d, (int64_t) k, k_pad, (int64_t) k, (int64_t) n_x, 0);
             CHECK(cudaGetLastError());
+            const bool full_copies = case_no % 2 == 1;
+            const int warps = 4;
+            auto gemv = [&](auto copies, int nc, int64_t c0) {
+                constexpr int COPIES = decltype(copies)::value, bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES;
+                bitcos_cuda_with_cols(nc, [&](auto ncv) {
+                    constexpr int NC = decltype(ncv)::value;
+                    CHECK(cudaFuncSetAttribute(bitcos_cuda_mul_mat_vec_kernel<NC, COPIES>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+                    // 3 blocks at most, so that warps take several rows each
+                    const unsigned gx = (unsigned) std::min<uint64_t>(3, (n_rows + warps - 1) / warps);
+                    bitcos_cuda_mul_mat_vec_kernel<NC, COPIES><<<gx, dim3(BITCOS_CUDA_WARP, warps), bytes>>>(d_blk, d_comp,
+                        d_q + c0 * k_pad, d_d + c0 * nqb, d_dst + c0 * n_rows, (int64_t) row0, (int64_t) n_rows, k_pad,
+                        (int64_t) n_rows);
+                });
+            };
+            CHECK(cudaMemset(d_dst, 0xFF, 4 * n_x * n_rows));      // NaN: an unwritten output fails the check
+            for (uint64_t c0 = 0; c0 < n_x; c0 += BITCOS_CUDA_MAX_COLS) {
+                const int nc = (int) std::min<uint64_t>(BITCOS_CUDA_MAX_COLS, n_x - c0);
+                if (full_copies) gemv(std::integral_constant<int, 32>{}, nc, (int64_t) c0);
+                else gemv(std::integral_constant<int, 8>{}, nc, (int64_t) c0);
+            }
+            CHECK(cudaGetLastError());
+            std::vector<float> dst(n_x * n_rows);
+            CHECK(cudaMemcpy(dst.data(), d_dst, 4 * dst.size(), cudaMemcpyDeviceToHost));
+            out.write(reinterpret_cast<const char *>(dst.data()), 4 * dst.size());
+            CHECK(cudaMemset(d_dst, 0xFF, 4 * n_x * n_rows));
             const dim3 mgrid((unsigned) ((n_rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
                              (unsigned) ((n_x + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN));
             bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS>>>(d_blk, d_comp, d_q, d_d, d_dst,
@@ -89,9 +111,16 @@ int main(int argc, char ** argv) {
                 CHECK(cudaMemcpy(d_ids, ids.data(), 4 * cap, cudaMemcpyHostToDevice));
                 std::vector<float> res(cap * rows_e);
                 CHECK(cudaMemset(d_out, 0xFF, 4 * res.size()));
-                bitcos_cuda_mul_mat_id_kernel<<<dim3((unsigned) ((rows_e + warps - 1) / warps), (unsigned) cap),
-                    dim3(BITCOS_CUDA_WARP, warps)>>>(d_blk, d_comp, d_x, d_ids, d_out, rows_e, E, n_used, n_used,
-                    ne11, (int64_t) k, ne11 * (int64_t) k, rows_e, n_used * rows_e);
+                auto gemv_id = [&](auto copies) {
+                    constexpr int COPIES = decltype(copies)::value, bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES;
+                    CHECK(cudaFuncSetAttribute(bitcos_cuda_mul_mat_vec_id_kernel<COPIES>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+                    bitcos_cuda_mul_mat_vec_id_kernel<COPIES><<<dim3(2, (unsigned) cap), dim3(BITCOS_CUDA_WARP, warps), bytes>>>(
+                        d_blk, d_comp, d_q, d_d, d_ids, d_out, rows_e, E, n_used, n_used, ne11, k_pad, rows_e,
+                        n_used * rows_e);
+                };
+                if (full_copies) gemv_id(std::integral_constant<int, 32>{});
+                else gemv_id(std::integral_constant<int, 8>{});
                 CHECK(cudaGetLastError());
                 CHECK(cudaMemcpy(res.data(), d_out, 4 * res.size(), cudaMemcpyDeviceToHost));
                 out.write(reinterpret_cast<const char *>(res.data()), 4 * res.size());

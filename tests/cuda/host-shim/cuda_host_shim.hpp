@@ -32,6 +32,7 @@ struct dim3 {
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 struct uint4 { uint32_t x, y, z, w; };
+struct float2 { float x, y; };
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
 struct __half { uint16_t b; };
 inline __half __ushort_as_half(uint16_t b) { return {b}; }
@@ -45,6 +46,10 @@ inline float __half2float(__half h) {
 }
 
 inline dim3 blockIdx, blockDim, gridDim;
+
+// Dynamic shared memory: one buffer (blocks run one at a time), as large as any device gives a block
+namespace cuda_shim { alignas(16) inline unsigned char dynamic_shared[232448]; }
+#define BITCOS_CUDA_EXTERN_SHARED(type, name) type * name = reinterpret_cast<type *>(cuda_shim::dynamic_shared)
 inline thread_local dim3 threadIdx;
 
 namespace cuda_shim {
@@ -128,6 +133,16 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
 inline int __popc(uint32_t x) { return __builtin_popcount(x); }
 inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh) {
     return (uint32_t) ((((uint64_t) hi << 32) | lo) >> (sh & 31));
+}
+inline uint32_t __funnelshift_rc(uint32_t lo, uint32_t hi, uint32_t sh) {          // shift clamped to 32
+    return (uint32_t) ((((uint64_t) hi << 32) | lo) >> (sh < 32 ? sh : 32));
+}
+// byte s_i (selector nibble i, 0..7) of {y, x} into byte i of the result (no sign-replicate mode: unused)
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+    const uint64_t v = ((uint64_t) y << 32) | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) r |= (uint32_t) ((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
 }
 inline int __float2int_rn(float x) { return (int) std::nearbyint(x); }
 inline float __fdiv_rn(float a, float b) { return a / b; }

@@ -1,0 +1,436 @@
+#!/usr/bin/env python3
+"""Static instruction count of a CUDA GEMV's steady-state loop, per weight and lane, by instruction class.
+
+No GPU needed: compiles a kernel for one architecture (nvcc -cubin, ggml-cuda's flags), disassembles it
+(nvdisasm, else cuobjdump), splits the kernel into basic blocks, finds its loops (back edges, natural loop
+bodies) and counts the instructions one iteration of the hot loop issues: every instruction of its body (an
+inner loop's body times its trip count), divided by the weights one lane handles per iteration. Predicated-off
+instructions issue too, so they count; both arms of a branch inside the loop count (an upper bound where
+the loop has such branches: the report says how many it has).
+
+Targets (what the numbers in docs/PERFORMANCE.md §5c were measured with):
+  bitcos  the BITCOS mat-vec, tests/cuda/test-bitcos-cuda.cu's instance for one activation column; hot loop:
+          the loop holding the warp prefix sum (SHFL.UP): two 32-bit bitmap words (64 weights) per lane per
+          iteration (one word at commit fa24b23 and before); of its per-layout loops the cheapest, the
+          others listed
+  bitcos4 the same for 4 columns sharing one decode, counted per weight and column
+  tq2     tests/cuda/tq2-reference.cu: a TQ2_0-like 2-bit GEMV (dp4a), 64 weights per lane per iteration
+
+  python3 scripts/cuda_sass_count.py                 # both targets, this tree, sm_90
+  python3 scripts/cuda_sass_count.py --rev fa24b23   # the bitcos target as it was at a commit
+  python3 scripts/cuda_sass_count.py --json          # machine-readable
+
+The disassembler: $NVDISASM / $CUOBJDUMP, PATH, the CUDA toolkit's bin, or the PyPI wheels installed under
+~/.cache/ggml-bitcos/cuda-tools (--fetch installs them there with pip; nvcc 13.0's toolkit here has none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS_DIR = Path.home() / ".cache" / "ggml-bitcos" / "cuda-tools"
+TOOLS_PIP = ("nvidia-cuda-nvdisasm==13.2.78", "nvidia-cuda-cuobjdump==13.2.78")
+
+# Instruction classes: opcode (before the first '.') -> class. What matters on Hopper is which pipe issues it:
+# the ALU pipe (16 lanes per scheduler: half the issue rate) runs logic, shifts, integer adds, compares, byte
+# permutes; the FMA-heavy pipe (also half rate) runs IMAD and IDP4A; POPC has a quarter of the ALU's rate.
+CLASSES = {
+    "LOP3": "logic/shift", "SHF": "logic/shift", "PRMT": "logic/shift", "LEA": "logic/shift",
+    "IADD3": "int add/cmp", "ISETP": "int add/cmp", "SEL": "int add/cmp", "IMNMX": "int add/cmp",
+    "VIADD": "int add/cmp", "IABS": "int add/cmp", "SGXT": "logic/shift", "BMSK": "logic/shift",
+    "IMAD": "IMAD", "IMUL": "IMAD",
+    "IDP": "DP4A", "IDP4A": "DP4A",
+    "FFMA": "FP32", "FADD": "FP32", "FMUL": "FP32", "FMNMX": "FP32", "FSEL": "FP32", "FSETP": "FP32",
+    "HADD2": "FP32", "HFMA2": "FP32",
+    "I2F": "convert", "F2I": "convert", "I2FP": "convert", "F2FP": "convert",
+    "POPC": "POPC", "FLO": "POPC", "BREV": "POPC",
+    "LDS": "LDS", "LDG": "LDG", "LD": "LDG", "LDC": "LDC", "ULDC": "uniform",
+    "SHFL": "SHFL",
+    "BRA": "branch", "BSSY": "branch", "BSYNC": "branch", "WARPSYNC": "branch", "BREAK": "branch",
+    "MOV": "move", "CS2R": "move", "S2R": "move", "S2UR": "move", "R2UR": "move", "PLOP3": "predicate",
+    "P2R": "predicate", "R2P": "predicate",
+}
+
+
+def classify(op: str) -> str:
+    base = op.split(".")[0]
+    if base.startswith("U") and base not in CLASSES:
+        return "uniform"            # the uniform datapath: one issue per warp, off the vector pipes
+    return CLASSES.get(base, "other")
+
+
+@dataclass
+class Instr:
+    addr: int
+    pred: str
+    op: str
+    args: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.pred + ' ' if self.pred else ''}{self.op} {self.args}".strip()
+
+
+@dataclass
+class Block:
+    start: int                      # index of its first instruction
+    end: int                        # one past its last
+    label: str | None
+    succ: list[int] = field(default_factory=list)
+
+
+LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+LABEL = re.compile(r"^(\.L_[A-Za-z0-9_]+):")
+FUNC = re.compile(r"^\s*\.text\.([A-Za-z0-9_$.]+):")
+TARGET = re.compile(r"`\((\.L_[A-Za-z0-9_]+)\)")
+
+
+def parse_functions(sass: str) -> dict[str, tuple[list[Instr], dict[str, int]]]:
+    """nvdisasm -c output -> {mangled name: (instructions, label -> index of the next instruction)}."""
+    funcs: dict[str, tuple[list[Instr], dict[str, int]]] = {}
+    cur = None
+    for line in sass.splitlines():
+        m = FUNC.match(line)
+        if m:
+            cur = funcs.setdefault(m.group(1), ([], {}))
+            continue
+        if cur is None:
+            continue
+        m = LABEL.match(line.strip())
+        if m:
+            cur[1][m.group(1)] = len(cur[0])
+            continue
+        m = LINE.search(line)
+        if m:
+            cur[0].append(Instr(int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip()))
+    return funcs
+
+
+def build_blocks(ins: list[Instr], labels: dict[str, int]) -> tuple[list[Block], dict[int, int]]:
+    """Basic blocks and the map instruction index -> block index."""
+    starts = {0, *labels.values()}
+    for i, x in enumerate(ins):
+        if x.op.split(".")[0] in ("BRA", "BRX", "EXIT", "RET", "BREAK") and i + 1 < len(ins):
+            starts.add(i + 1)
+    starts = sorted(s for s in starts if s < len(ins))
+    label_at = {v: k for k, v in labels.items()}
+    blocks = [Block(s, e, label_at.get(s)) for s, e in zip(starts, starts[1:] + [len(ins)])]
+    of = {}
+    for bi, b in enumerate(blocks):
+        for i in range(b.start, b.end):
+            of[i] = bi
+    for bi, b in enumerate(blocks):
+        last = ins[b.end - 1]
+        base = last.op.split(".")[0]
+        uncond = last.pred in ("", "@PT")
+        if last.op.startswith("BRA.DIV"):
+            # the divergent-warp fallback of a warp shuffle: never taken by a converged warp, and its code
+            # jumps back into the loop; leaving the edge out keeps that code out of the loop
+            if bi + 1 < len(blocks):
+                b.succ.append(bi + 1)
+        elif base == "BRA":
+            t = TARGET.search(last.args)
+            if t and t.group(1) in labels and labels[t.group(1)] < len(ins):
+                b.succ.append(of[labels[t.group(1)]])
+            if not uncond and bi + 1 < len(blocks):
+                b.succ.append(bi + 1)
+        elif base in ("EXIT", "RET"):
+            if not uncond and bi + 1 < len(blocks):
+                b.succ.append(bi + 1)
+        elif bi + 1 < len(blocks):
+            b.succ.append(bi + 1)
+    return blocks, of
+
+
+@dataclass
+class Loop:
+    header: int
+    latch: int
+    body: set[int]
+    trips: int | None = None        # for an inner loop: iterations per iteration of its parent
+
+
+def find_loops(blocks: list[Block]) -> list[Loop]:
+    """Natural loops of the back edges u -> h (h at or before u in layout order, as nvcc lays loops out)."""
+    reach, stack = {0}, [0]                          # blocks reachable from the entry
+    while stack:
+        for s in blocks[stack.pop()].succ:
+            if s not in reach:
+                reach.add(s)
+                stack.append(s)
+    preds: dict[int, list[int]] = {i: [] for i in range(len(blocks))}
+    for i in reach:
+        for s in blocks[i].succ:
+            preds[s].append(i)
+    loops = []
+    for u, b in enumerate(blocks):
+        if u not in reach:
+            continue
+        for h in b.succ:
+            if h <= u:
+                body, stack = {h, u}, [u]
+                while stack:
+                    n = stack.pop()
+                    if n == h:
+                        continue
+                    for p in preds[n]:
+                        if p not in body:
+                            body.add(p)
+                            stack.append(p)
+                loops.append(Loop(h, u, body))
+    return loops
+
+
+def counted_trips(ins: list[Instr], blocks: list[Block], loop: Loop) -> int | None:
+    """Trip count of a loop of the form `i = 0; do { ...; i += 1 } while (i != N)`: the register compared
+    with an immediate by the (U)ISETP.NE that decides the back edge, incremented by one in the body."""
+    idx = [i for bi in loop.body for i in range(blocks[bi].start, blocks[bi].end)]
+    for i in sorted(idx, reverse=True):
+        x = ins[i]
+        if x.op.split(".")[0] in ("ISETP", "UISETP") and ".NE." in x.op + ".":
+            parts = [p.strip() for p in x.args.split(",")]
+            if len(parts) >= 4 and re.fullmatch(r"0x[0-9a-f]+|[0-9]+", parts[3]):
+                reg = parts[2]
+                incr = any(ins[j].op.split(".")[0] in ("IADD3", "UIADD3", "VIADD") and
+                           ins[j].args.replace(" ", "").startswith(f"{reg},{reg},0x1") for j in idx)
+                if incr:
+                    return int(parts[3], 0)
+    return None
+
+
+@dataclass
+class Report:
+    kernel: str
+    weights_per_iter: int
+    instructions_per_iter: float
+    by_class: dict[str, float]
+    inner_loops: list[tuple[str, int, int]]       # (header label, instructions per trip, trips)
+    branches_in_body: int
+    alternatives: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def per_weight(self) -> float:
+        return self.instructions_per_iter / self.weights_per_iter
+
+
+def loop_weights(ins: list[Instr], blocks: list[Block], loops: list[Loop], hot: Loop, kernel: str,
+                 trips_override: dict[str, int]) -> tuple[dict[int, int], list[tuple[str, int, int]]]:
+    """How often each block of `hot` runs per iteration of it (inner loops' trip counts multiplied in)."""
+    weight = {bi: 1 for bi in hot.body}
+    rep = []
+    for lp in sorted((lp for lp in loops if lp.body < hot.body), key=lambda lp: len(lp.body)):
+        lab = blocks[lp.header].label or f"block{lp.header}"
+        t = trips_override.get(lab) or counted_trips(ins, blocks, lp)
+        if t is None:
+            raise SystemExit(f"{kernel}: inner loop {lab} has no recognizable trip count: pass --trip {lab}=N")
+        for bi in lp.body:
+            weight[bi] *= t
+        rep.append((lab, sum(blocks[bi].end - blocks[bi].start for bi in lp.body), t))
+    return weight, rep
+
+
+def count_hot_loop(ins: list[Instr], labels: dict[str, int], marker: str, per_unit: int, weights: int,
+                   kernel: str, trips_override: dict[str, int]) -> Report:
+    """The hot loop is the loop running the most `marker` instructions per iteration; of several such (a
+    kernel specialized per layout has one each) the one issuing the fewest instructions, the others reported
+    as alternatives. It covers (markers per iteration / per_unit) units of `weights` weights per lane (nvcc
+    may unroll it)."""
+    blocks, of = build_blocks(ins, labels)
+    loops = find_loops(blocks)
+    best = None
+    others = []                                       # (markers, instructions) of every loop with markers
+    for lp in loops:
+        try:
+            w, rep = loop_weights(ins, blocks, loops, lp, kernel, trips_override)
+        except SystemExit:
+            continue                                  # holds a loop of unknown trip count (a row loop, say)
+        n = sum(w[of[i]] for i, x in enumerate(ins) if of[i] in lp.body and x.op.startswith(marker))
+        if n:
+            others.append((n, sum(w[bi] * (blocks[bi].end - blocks[bi].start) for bi in lp.body),
+                           blocks[lp.header].label))
+        cnt = sum(w[bi] * (blocks[bi].end - blocks[bi].start) for bi in lp.body)
+        if n and (best is None or n > best[0] or (n == best[0] and cnt < best[4])):
+            best = (n, lp, w, rep, cnt)
+    if best is None:
+        raise SystemExit(f"{kernel}: no loop runs a {marker} instruction")
+    n_mark, hot, weight, inner_rep, _ = best
+    if n_mark % per_unit:
+        raise SystemExit(f"{kernel}: {n_mark} {marker} per iteration, not a multiple of {per_unit}")
+    by_class: Counter[str] = Counter()
+    n_branch = 0
+    for bi, w in weight.items():
+        for i in range(blocks[bi].start, blocks[bi].end):
+            by_class[classify(ins[i].op)] += w
+            if ins[i].op.startswith("BRA") and not (bi == hot.latch and i == blocks[bi].end - 1):
+                n_branch += 1
+    total = sum(by_class.values())
+    # the other loops doing the same work (a kernel specialized per layout has one each), per weight
+    alt = sorted((cnt / (weights * n // per_unit), lab) for n, cnt, lab in others if n == n_mark and lab != blocks[hot.header].label)
+    return Report(kernel, weights * n_mark // per_unit, total, dict(by_class), inner_rep, n_branch, alt)
+
+
+def find_disassembler(fetch: bool) -> tuple[str, str] | None:
+    """('nvdisasm' | 'cuobjdump', path) or None."""
+    for kind, env in (("nvdisasm", "NVDISASM"), ("cuobjdump", "CUOBJDUMP")):
+        cands = [os.environ.get(env), shutil.which(kind), f"/usr/local/cuda/bin/{kind}",
+                 str(TOOLS_DIR / "nvidia" / "cu13" / "bin" / kind)]
+        for c in cands:
+            if c and Path(c).is_file() and os.access(c, os.X_OK):
+                return kind, c
+    if fetch:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(TOOLS_DIR), *TOOLS_PIP],
+                       check=True)
+        return find_disassembler(False)
+    return None
+
+
+def find_nvcc() -> str | None:
+    for c in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if c and Path(c).exists():
+            return c
+    return None
+
+
+def disassemble(cubin: Path, dis: tuple[str, str]) -> str:
+    kind, exe = dis
+    args = [exe, "-c", str(cubin)] if kind == "nvdisasm" else [exe, "-sass", str(cubin)]
+    r = subprocess.run(args, capture_output=True, text=True, check=True)
+    if kind == "nvdisasm":
+        return r.stdout
+    # cuobjdump: "Function : NAME" headers and absolute branch targets; rewritten into nvdisasm's form (a
+    # label before every instruction, branch targets as labels)
+    out = []
+    for line in r.stdout.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            out.append(f".text.{m.group(1)}:")
+            continue
+        a = re.search(r"/\*([0-9a-f]{4,})\*/", line)
+        if a is None:
+            continue
+        line = re.sub(r"(BRA\s+(?:\w+\s*,\s*)?)(0x[0-9a-f]+)", lambda t: f"{t.group(1)}`(.L_a{int(t.group(2), 16):x})", line)
+        out.append(f".L_a{int(a.group(1), 16):x}:")
+        out.append(line)
+    return "\n".join(out)
+
+
+TARGETS = {
+    # name: (source, kernel-name regex, marker opcode, markers per unit, weights per lane per unit, what): the
+    # bitcos unit is one 32-weight bitmap word (a 5-step warp prefix sum: 5 SHFL.UP), the tq2 one 64 weights
+    # (16 dp4a)
+    # The kernel: the first mangled-name prefix that matches (the one-column, 32-copy instance of the mat-vec
+    # template; before it, the untemplated kernel of commit fa24b23 and earlier).
+    # The weights per unit go with the kernel: the mat-vec's lanes take two words per prefix sum, the kernel
+    # of fa24b23 one.
+    "bitcos": ("tests/cuda/test-bitcos-cuda.cu", (("_Z30bitcos_cuda_mul_mat_vec_kernelILi1ELi32EEv", 64),
+                                                  ("_Z26bitcos_cuda_mul_mat_kernelP", 32)), "SHFL.UP", 5,
+               "BITCOS mat-vec, 1 column"),
+    "tq2": ("tests/cuda/tq2-reference.cu", (("_Z18tq2_reference_gemvP", 64),), "IDP", 16,
+            "TQ2_0-like 2-bit GEMV (dp4a)"),
+    # one decode, 4 activation columns (a small batch): the count is per weight and column
+    "bitcos4": ("tests/cuda/test-bitcos-cuda.cu", (("_Z30bitcos_cuda_mul_mat_vec_kernelILi4ELi32EEv", 64 * 4),),
+                "SHFL.UP", 5, "BITCOS mat-vec, 4 columns (per weight and column)"),
+}
+NVCC_FLAGS = ("-std=c++17", "-O3", "-use_fast_math", "-extended-lambda")     # ggml-cuda's, plus its -O3
+
+
+def measure(target: str, tree: Path, arch: str, dis: tuple[str, str], nvcc: str,
+            trips_override: dict[str, int], keep: Path | None = None) -> Report:
+    src, kernels, marker, per_unit, _ = TARGETS[target]
+    with tempfile.TemporaryDirectory() as td:
+        cubin = Path(td) / f"{target}.cubin"
+        cmd = [nvcc, *NVCC_FLAGS, f"-arch={arch}", "-cubin", f"-I{tree / 'csrc'}", f"-I{tree / 'csrc' / 'cuda'}",
+               str(tree / src), "-o", str(cubin)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"nvcc failed:\n{r.stdout}{r.stderr}")
+        sass = disassemble(cubin, dis)
+    if keep is not None:
+        keep.write_text(sass)
+    funcs = parse_functions(sass)
+    name, weights = next(((n, wt) for pre, wt in kernels for n in funcs if n.startswith(pre)), (None, 0))
+    if name is None:
+        raise SystemExit(f"{target}: no kernel named {' or '.join(p for p, _ in kernels)}... in {src}; kernels: {list(funcs)}")
+    ins, labels = funcs[name]
+    return count_hot_loop(ins, labels, marker, per_unit, weights, name, trips_override)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("targets", nargs="*", metavar="TARGET", help="bitcos, bitcos4, tq2 (default: bitcos, tq2)")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--rev", help="measure the sources as they were at this git revision (git archive)")
+    ap.add_argument("--trip", action="append", default=[], metavar="LABEL=N",
+                    help="trip count of an inner loop the tool cannot read")
+    ap.add_argument("--fetch", action="store_true", help="pip-install nvdisasm into %s if missing" % TOOLS_DIR)
+    ap.add_argument("--keep-sass", type=Path, help="folder to write each target's disassembly into")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    nvcc = find_nvcc()
+    if nvcc is None:
+        print("cuda_sass_count: no nvcc", file=sys.stderr)
+        return 2
+    dis = find_disassembler(a.fetch)
+    if dis is None:
+        print("cuda_sass_count: no nvdisasm / cuobjdump (--fetch installs them from PyPI into "
+              f"{TOOLS_DIR})", file=sys.stderr)
+        return 2
+    a.targets = a.targets or ["bitcos", "tq2"]
+    for t in a.targets:
+        if t not in TARGETS:
+            ap.error(f"unknown target {t}")
+    trips = {k: int(v) for k, v in (t.split("=") for t in a.trip)}
+    results = {}
+    with tempfile.TemporaryDirectory() as td:
+        tree = ROOT
+        if a.rev:
+            tree = Path(td) / "tree"
+            tree.mkdir()
+            arch = subprocess.run(["git", "-C", str(ROOT), "archive", a.rev, "csrc", "tests/cuda", "tests/gpu-cases.hpp"],
+                                  capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=arch, check=True)
+        for t in a.targets:
+            if not (tree / TARGETS[t][0]).exists():
+                print(f"cuda_sass_count: {t}: {TARGETS[t][0]} not in that tree, skipped", file=sys.stderr)
+                continue
+            keep = a.keep_sass / f"{t}.sass" if a.keep_sass else None
+            if keep:
+                a.keep_sass.mkdir(parents=True, exist_ok=True)
+            results[t] = measure(t, tree, a.arch, dis, nvcc, trips, keep)
+    if a.json:
+        print(json.dumps({t: {"kernel": r.kernel, "weights_per_iteration": r.weights_per_iter,
+                              "instructions_per_iteration": r.instructions_per_iter,
+                              "instructions_per_weight": r.per_weight,
+                              "by_class_per_weight": {k: v / r.weights_per_iter for k, v in sorted(r.by_class.items())},
+                              "inner_loops": r.inner_loops, "branches_in_body": r.branches_in_body,
+                              "other_loops_per_weight": [v for v, _ in r.alternatives]}
+                          for t, r in results.items()}, indent=1))
+        return 0
+    for t, r in results.items():
+        print(f"{t}: {TARGETS[t][4]} ({a.arch}{', ' + a.rev if a.rev else ''})")
+        print(f"  kernel {r.kernel}")
+        inner = "; ".join(f"inner loop {l}: {n} instructions x {k}" for l, n, k in r.inner_loops)
+        print(f"  hot loop: {r.instructions_per_iter:.0f} instructions per iteration of {r.weights_per_iter} weights per lane"
+              f"{' (' + inner + ')' if inner else ''}; {r.branches_in_body} forward branches inside")
+        print(f"  instructions per weight per lane: {r.per_weight:.3f}")
+        if r.alternatives:
+            print("  other loops doing the same work (per weight): " +
+                  ", ".join(f"{v:.3f} ({lab})" for v, lab in r.alternatives))
+        for k, v in sorted(r.by_class.items(), key=lambda kv: -kv[1]):
+            print(f"    {k:12s} {v / r.weights_per_iter:6.3f}  ({v:.0f} per iteration)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

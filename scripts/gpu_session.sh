@@ -3,7 +3,7 @@
 # cuBLAS, no package index), in two steps.
 #
 #   scripts/gpu_session.sh prepare     # HERE, on the CPU dev machine: builds what the GPU machine cannot or
-#                                      # should not spend its minutes on (~10 min Vulkan + ~45 min CUDA cold on 2
+#                                      # should not spend its minutes on (~10 min Vulkan + ~27 min CUDA cold on 2
 #                                      # cores; incremental afterwards)
 #   scripts/gpu_session.sh run [PART...]   # THERE, as the device command, with carry [".gpu", ".gl"]:
 #       device run: carry=[".gpu",".gl"], timeout_s=590, command="bash scripts/gpu_session.sh run"

@@ -218,6 +218,19 @@ class Report:
     inner_loops: list[tuple[str, int, int]]       # (header label, instructions per trip, trips)
     branches_in_body: int
     alternatives: list[tuple[float, str]] = field(default_factory=list)
+    row_overhead: float | None = None   # per row (segment) outside the hot loop and its partial step
+    tail_step: float | None = None      # the partial last step after the whole ones
+
+    def effective(self, k: int, lanes: int, words_per_lane: int = 2) -> float:
+        """Instructions per weight per lane (and column, for several) over a whole row of k weights with
+        `lanes` lanes a row: the row's overhead, its whole steps (hot-loop iterations) and, if the row's words
+        do not fill them, the partial last step, divided by the weights a lane has of the row (k / lanes)."""
+        n_words = k // 32
+        step = words_per_lane * lanes
+        whole, partial = divmod(n_words, step)
+        per_row = (self.row_overhead or 0.0) + whole * self.instructions_per_iter + (self.tail_step or 0.0) * (partial > 0)
+        cols = self.weights_per_iter / (32 * words_per_lane)
+        return per_row * lanes / k / cols
 
     @property
     def per_weight(self) -> float:
@@ -277,7 +290,50 @@ def count_hot_loop(ins: list[Instr], labels: dict[str, int], marker: str, per_un
     total = sum(by_class.values())
     # the other loops doing the same work (a kernel specialized per layout has one each), per weight
     alt = sorted((cnt / (weights * n // per_unit), lab) for n, cnt, lab in others if n == n_mark and lab != blocks[hot.header].label)
-    return Report(kernel, weights * n_mark // per_unit, total, dict(by_class), inner_rep, n_branch, alt)
+    rep = Report(kernel, weights * n_mark // per_unit, total, dict(by_class), inner_rep, n_branch, alt)
+    rep.row_overhead, rep.tail_step = row_path_costs(ins, blocks, loops, hot)
+    return rep
+
+
+def row_path_costs(ins: list[Instr], blocks: list[Block], loops: list[Loop], hot: Loop) -> tuple[float | None, float | None]:
+    """What a row costs besides the hot loop's iterations, for the loop around the hot one (the kernel's row
+    loop): (overhead, tail). The row's path is the blocks of the row loop from its header to the hot loop
+    (backwards from the hot loop's header) and from the hot loop's exit back to the row loop's header
+    (forwards); other specializations of the row (other layouts' loops) are on neither. `tail` is the part of
+    the forward path laid out before the first SHFL.BFLY (the final segment reduction): the partial last step;
+    `overhead` the rest (row setup, layout dispatch, reduction, store, row-loop control). Both arms of a
+    branch on the path count (upper bounds; the tail's skip branch counts in the overhead). (None, None)
+    without an enclosing loop."""
+    outer = [lp for lp in loops if hot.body < lp.body]
+    if not outer:
+        return None, None
+    row = min(outer, key=lambda lp: len(lp.body))
+    preds: dict[int, list[int]] = {i: [] for i in range(len(blocks))}
+    for i, b in enumerate(blocks):
+        for t in b.succ:
+            preds[t].append(i)
+    back, stack = set(), [p for p in preds[hot.header] if p not in hot.body and p in row.body]
+    while stack:
+        n = stack.pop()
+        if n in back or n in hot.body or n not in row.body:
+            continue
+        back.add(n)
+        if n != row.header:
+            stack.extend(preds[n])
+    fwd, stack = set(), [t for bi in hot.body for t in blocks[bi].succ if t not in hot.body]
+    while stack:
+        n = stack.pop()
+        if n in fwd or n in hot.body or n not in row.body or n == row.header:
+            continue
+        fwd.add(n)
+        stack.extend(blocks[n].succ)
+    size = lambda bi: blocks[bi].end - blocks[bi].start
+    bfly = [blocks[bi].start for bi in fwd
+            if any(ins[i].op.startswith("SHFL.BFLY") for i in range(blocks[bi].start, blocks[bi].end))]
+    first_bfly = min(bfly) if bfly else None
+    tail = sum(size(bi) for bi in fwd - back if first_bfly is not None and blocks[bi].start < first_bfly)
+    total = sum(size(bi) for bi in (back | fwd | {row.header}))
+    return float(total - tail), float(tail)
 
 
 def find_disassembler(fetch: bool) -> tuple[str, str] | None:
@@ -333,29 +389,54 @@ TARGETS = {
     # template; before it, the untemplated kernel of commit fa24b23 and earlier).
     # The weights per unit go with the kernel: the mat-vec's lanes take two words per prefix sum, the kernel
     # of fa24b23 one.
-    "bitcos": ("tests/cuda/test-bitcos-cuda.cu", (("_Z30bitcos_cuda_mul_mat_vec_kernelILi1ELi32EEv", 64),
+    "bitcos": ("tests/cuda/test-bitcos-cuda.cu", (("_Z30bitcos_cuda_mul_mat_vec_kernelILi1ELi32ELi32EEv", 64), ("_Z30bitcos_cuda_mul_mat_vec_kernelILi1ELi32EEv", 64),
                                                   ("_Z26bitcos_cuda_mul_mat_kernelP", 32)), "SHFL.UP", 5,
                "BITCOS mat-vec, 1 column"),
     "tq2": ("tests/cuda/tq2-reference.cu", (("_Z18tq2_reference_gemvP", 64),), "IDP", 16,
             "TQ2_0-like 2-bit GEMV (dp4a)"),
     # one decode, 4 activation columns (a small batch): the count is per weight and column
-    "bitcos4": ("tests/cuda/test-bitcos-cuda.cu", (("_Z30bitcos_cuda_mul_mat_vec_kernelILi4ELi32EEv", 64 * 4),),
+    "bitcos4": ("tests/cuda/test-bitcos-cuda.cu", (("_Z30bitcos_cuda_mul_mat_vec_kernelILi4ELi32ELi32EEv", 64 * 4), ("_Z30bitcos_cuda_mul_mat_vec_kernelILi4ELi32EEv", 64 * 4),),
                 "SHFL.UP", 5, "BITCOS mat-vec, 4 columns (per weight and column)"),
 }
 NVCC_FLAGS = ("-std=c++17", "-O3", "-use_fast_math", "-extended-lambda")     # ggml-cuda's, plus its -O3
 
 
+_SASS: dict[tuple[str, str, str], str] = {}
+
+
+def gemv_lanes(k: int) -> int:
+    """bitcos_cuda_gemv_lanes (csrc/cuda/bitcos-cuda.cuh) in Python: 32, 16 or 8 lanes a row, the fewest padded
+    words (a step is 2 x lanes words), the widest of equal padding."""
+    n = k // 32
+    best, best_pad = 32, -(-n // 64) * 64
+    for lanes in (16, 8):
+        pad = -(-n // (2 * lanes)) * (2 * lanes)
+        if pad < best_pad:
+            best, best_pad = lanes, pad
+    return best
+
+
 def measure(target: str, tree: Path, arch: str, dis: tuple[str, str], nvcc: str,
-            trips_override: dict[str, int], keep: Path | None = None) -> Report:
+            trips_override: dict[str, int], keep: Path | None = None, lanes: int = 32) -> Report:
+    """The target's hot loop; for the bitcos targets the mat-vec instance with `lanes` lanes a row (its prefix
+    sum has log2(lanes) SHFL.UP steps)."""
     src, kernels, marker, per_unit, _ = TARGETS[target]
-    with tempfile.TemporaryDirectory() as td:
-        cubin = Path(td) / f"{target}.cubin"
-        cmd = [nvcc, *NVCC_FLAGS, f"-arch={arch}", "-cubin", f"-I{tree / 'csrc'}", f"-I{tree / 'csrc' / 'cuda'}",
-               str(tree / src), "-o", str(cubin)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"nvcc failed:\n{r.stdout}{r.stderr}")
-        sass = disassemble(cubin, dis)
+    if target.startswith("bitcos"):
+        if lanes != 32:                               # no fallback to the kernels before lanes per row
+            kernels = kernels[:1]
+        kernels = tuple((pre.replace("ELi32ELi32EEv", f"ELi32ELi{lanes}EEv"), wt) for pre, wt in kernels)
+        per_unit = {32: 5, 16: 4, 8: 3}[lanes]
+    key = (str(tree), src, arch)
+    if key not in _SASS:                              # one compile per source (the instances share it)
+        with tempfile.TemporaryDirectory() as td:
+            cubin = Path(td) / f"{target}.cubin"
+            cmd = [nvcc, *NVCC_FLAGS, f"-arch={arch}", "-cubin", f"-I{tree / 'csrc'}", f"-I{tree / 'csrc' / 'cuda'}",
+                   str(tree / src), "-o", str(cubin)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"nvcc failed:\n{r.stdout}{r.stderr}")
+            _SASS[key] = disassemble(cubin, dis)
+    sass = _SASS[key]
     if keep is not None:
         keep.write_text(sass)
     funcs = parse_functions(sass)
@@ -376,6 +457,9 @@ def main() -> int:
     ap.add_argument("--fetch", action="store_true", help="pip-install nvdisasm into %s if missing" % TOOLS_DIR)
     ap.add_argument("--keep-sass", type=Path, help="folder to write each target's disassembly into")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--k", help="comma-separated row lengths: the bitcos targets' effective instructions per weight "
+                                "over whole rows (row overhead and the partial last step counted) for 32 / 16 / 8 "
+                                "lanes a row and the one the launch takes (bitcos_cuda_gemv_lanes)")
     a = ap.parse_args()
     nvcc = find_nvcc()
     if nvcc is None:
@@ -392,6 +476,7 @@ def main() -> int:
             ap.error(f"unknown target {t}")
     trips = {k: int(v) for k, v in (t.split("=") for t in a.trip)}
     results = {}
+    per_lanes: dict[tuple[str, int], Report] = {}
     with tempfile.TemporaryDirectory() as td:
         tree = ROOT
         if a.rev:
@@ -408,13 +493,31 @@ def main() -> int:
             if keep:
                 a.keep_sass.mkdir(parents=True, exist_ok=True)
             results[t] = measure(t, tree, a.arch, dis, nvcc, trips, keep)
+            if a.k and t.startswith("bitcos"):
+                for lanes in (16, 8):
+                    try:
+                        per_lanes[(t, lanes)] = measure(t, tree, a.arch, dis, nvcc, trips, None, lanes)
+                    except SystemExit:                # a tree before lanes per row: 32 only
+                        pass
+    ks = [int(v) for v in a.k.split(",")] if a.k else []
+    effective = {}
+    for t, r in results.items():
+        if not (ks and t.startswith("bitcos")):
+            continue
+        words = 1 if "mul_mat_kernelP" in r.kernel else 2      # commit fa24b23 and before: a word per lane
+        insts = {32: r, **{lanes: per_lanes[(t, lanes)] for lanes in (16, 8) if (t, lanes) in per_lanes}}
+        effective[t] = {k: {lanes: rr.effective(k, lanes, words) for lanes, rr in insts.items()} for k in ks}
     if a.json:
         print(json.dumps({t: {"kernel": r.kernel, "weights_per_iteration": r.weights_per_iter,
                               "instructions_per_iteration": r.instructions_per_iter,
                               "instructions_per_weight": r.per_weight,
                               "by_class_per_weight": {k: v / r.weights_per_iter for k, v in sorted(r.by_class.items())},
                               "inner_loops": r.inner_loops, "branches_in_body": r.branches_in_body,
-                              "other_loops_per_weight": [v for v, _ in r.alternatives]}
+                              "other_loops_per_weight": [v for v, _ in r.alternatives],
+                              "row_overhead": r.row_overhead, "tail_step": r.tail_step,
+                              "effective_per_weight": {str(k): {str(lanes): v for lanes, v in e.items()}
+                                                       for k, e in effective.get(t, {}).items()},
+                              "lanes_taken": {str(k): gemv_lanes(k) for k in effective.get(t, {})}}
                           for t, r in results.items()}, indent=1))
         return 0
     for t, r in results.items():
@@ -429,6 +532,15 @@ def main() -> int:
                   ", ".join(f"{v:.3f} ({lab})" for v, lab in r.alternatives))
         for k, v in sorted(r.by_class.items(), key=lambda kv: -kv[1]):
             print(f"    {k:12s} {v / r.weights_per_iter:6.3f}  ({v:.0f} per iteration)")
+        if t in effective:
+            lanes_all = sorted({lanes for e in effective[t].values() for lanes in e}, reverse=True)
+            print(f"  whole rows (row overhead {r.row_overhead:.0f} and partial step {r.tail_step:.0f} instructions "
+                  f"at 32 lanes; * = the lanes the launch takes):")
+            print("    K      " + "".join(f"{str(l) + ' lanes':>11s}" for l in lanes_all))
+            for k, e in effective[t].items():
+                cells = "".join(f"{(f'{e[l]:.2f}' + ('*' if l == gemv_lanes(k) and len(e) > 1 else ' ')) if l in e else '-':>11s}"
+                                for l in lanes_all)
+                print(f"    {k:<7d}{cells}")
     return 0
 
 

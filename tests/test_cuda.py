@@ -75,8 +75,9 @@ def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch)
                         "-Wmissing-declarations,-Wmissing-noreturn,-Wcast-qual,-Wextra-semi"))
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
     for name in ("ggml_cuda_bitcos_supports_op", "ggml_cuda_bitcos_mul_mat(", "ggml_cuda_bitcos_mul_mat_id(",
-                 "bitcos_cuda_mul_mat_vec_kernel<1, 32>", "bitcos_cuda_mul_mat_vec_kernel<8, 8>",
-                 "bitcos_cuda_mul_mat_vec_id_kernel<32>", "bitcos_cuda_mul_mat_vec_id_kernel<8>",
+                 "bitcos_cuda_mul_mat_vec_kernel<1, 32, 32>", "bitcos_cuda_mul_mat_vec_kernel<1, 32, 8>",
+                 "bitcos_cuda_mul_mat_vec_kernel<8, 8, 16>", "bitcos_cuda_mul_mat_vec_id_kernel<32, 16>",
+                 "bitcos_cuda_mul_mat_vec_id_kernel<8, 8>",
                  "bitcos_cuda_quantize_q8_kernel", "bitcos_cuda_mul_mat_mmq_kernel"):
         assert name in syms, name
     compile_cuda(nvcc_path, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", tmp_path / f"test-{arch}", arch,
@@ -107,6 +108,10 @@ BATCHED_SHAPES = ((37, 33), (19, 64), (33, 9), (5, 8), (3, 1), (45, 65))     # (
 # K past two of the mat-vec's 64-word warp steps, ending in a partial one (odd for MATRIX / ROW)
 LONG_K = {Variant.G128: 4224, Variant.PT: 4224, Variant.B128: 4224, Variant.B256: 4352, Variant.MATRIX: 4192,
           Variant.ROW: 4192}
+# K whose rows end mid-step for every lane count of the mat-vec (bitcos_cuda_gemv_lanes: 32 / 16 / 8 lanes a row,
+# steps of 64 / 32 / 16 words): 68, 72 and (odd) 69 words: 1 / 2 / 4 whole steps, then 4, 8 or 5 words
+MID_STEP_K = {Variant.G128: 2176, Variant.PT: 2176, Variant.B128: 2176, Variant.B256: 2304, Variant.MATRIX: 2208,
+              Variant.ROW: 2208}
 
 
 def batched_cases(rng: np.random.Generator, variant: Variant, zs: tuple[float, ...] = (0.0, 0.4, 1.0)) -> list[dict]:
@@ -272,6 +277,13 @@ def test_cuda_kernels_in_host_emulation(host_emulation, tmp_path, variant):
     c = ref.make_case(rng, variant, 6, LONG_K[variant], 0.4, 3)
     c.update(row0=0, n_rows=6, wg=16)
     cases.append(c)
+    # rows ending mid-step, three consecutive cases (the test programs take 32 / 16 / 8 lanes a row by case
+    # number % 3): 37 rows, not a multiple of 2 or 4 rows a warp, two row-group rounds of the 2-block grid
+    # with 8 lanes (32 rows a round), the last group with 1 of 4 rows; 1, 3 and 2 columns
+    for rows, n_x in ((37, 1), (37, 3), (37, 2)):
+        c = ref.make_case(rng, variant, rows + 2, MID_STEP_K[variant], 0.4, n_x)
+        c.update(row0=1, n_rows=rows, wg=16)
+        cases.append(c)
     run_and_check(host_emulation, tmp_path, cases)
 
 

@@ -210,23 +210,26 @@ __device__ __forceinline__ int bitcos_cuda_dp4a(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
-// Inclusive warp prefix sum. On the device each step is a shuffle whose "source lane in range" predicate guards
-// the add (2 instructions a step; the C++ form costs a compare and a select more).
+// Inclusive prefix sum over each aligned segment of LANES lanes (32: the whole warp; 16 / 8: a row of the
+// mat-vec's several rows per warp). On the device each step is a shuffle whose "source lane in the segment"
+// predicate (shfl's segment mask, c = (32 - LANES) << 8) guards the add (2 instructions a step; the C++ form
+// costs a compare and a select more); log2(LANES) steps.
+template <int LANES = BITCOS_CUDA_WARP>
 __device__ __forceinline__ int bitcos_cuda_warp_scan(int v) {
+    static_assert(LANES == 32 || LANES == 16 || LANES == 8, "segments of 32, 16 or 8 lanes");
 #if defined(__CUDA_ARCH__)
-    asm("{\n\t.reg .s32 t;\n\t.reg .pred p;\n\t"
-        "shfl.sync.up.b32 t|p, %0, 1, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
-        "shfl.sync.up.b32 t|p, %0, 2, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
-        "shfl.sync.up.b32 t|p, %0, 4, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
-        "shfl.sync.up.b32 t|p, %0, 8, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t"
-        "shfl.sync.up.b32 t|p, %0, 16, 0, -1;\n\t@p add.s32 %0, %0, t;\n\t}"
-        : "+r"(v));
+#pragma unroll
+    for (int o = 1; o < LANES; o <<= 1) {
+        asm("{\n\t.reg .s32 t;\n\t.reg .pred p;\n\t"
+            "shfl.sync.up.b32 t|p, %0, %1, %2, -1;\n\t@p add.s32 %0, %0, t;\n\t}"
+            : "+r"(v) : "r"(o), "n"((32 - LANES) << 8));
+    }
     return v;
 #else
-    const int lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
-    for (int o = 1; o < BITCOS_CUDA_WARP; o <<= 1) {
-        const int t = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += t;
+    const int seg_lane = threadIdx.x & (LANES - 1);
+    for (int o = 1; o < LANES; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, v, o, LANES);
+        if (seg_lane >= o) v += t;
     }
     return v;
 #endif
@@ -286,18 +289,21 @@ __device__ __forceinline__ void bitcos_cuda_decode_word(uint32_t word, uint32_t 
     }
 }
 
-// Warp-cooperative: out[c] (valid in every lane) = row r of W times quantized column c, c < NC: q (int8) + c *
-// q_stride, d (fp32 per 32) + c * d_stride (bitcos_cuda_quantize_q8_kernel's layout); global row r of a BITCOS
-// tensor (blocks: the weight data, comp: its companion) laid out as KIND; lut: the block's tables.
-// Lane l takes words 2l, 2l + 1 of each 64-word step (one prefix sum, one sign fetch and one loop iteration
-// per 64 weights): whole steps without bounds checks, then the partial last one. A missing second word reads
-// as 0 (no weights), whose activations exist: the quantized columns are padded to a multiple of 128 with zeros.
-template <int NC, int COPIES, int KIND>
+// Cooperative over a segment of LANES lanes (the whole warp, or an aligned half / quarter of it: the warp's
+// other segments run other rows in lockstep, every shuffle stays in its segment): out[c] (valid in every lane of
+// the segment) = row r of W times quantized column c, c < NC: q (int8) + c * q_stride, d (fp32 per 32) + c *
+// d_stride (bitcos_cuda_quantize_q8_kernel's layout); global row r of a BITCOS tensor (blocks: the weight data,
+// comp: its companion) laid out as KIND; lut: the block's tables.
+// Lane l of the segment takes words 2l, 2l + 1 of each (2 LANES)-word step (one prefix sum, one sign fetch and
+// one loop iteration per 64 weights): whole steps without bounds checks, then the partial last one. A missing
+// second word reads as 0 (no weights), whose activations exist: the quantized columns are padded to a multiple
+// of 128 with zeros.
+template <int NC, int COPIES, int KIND, int LANES>
 __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layout & l, const uint8_t * blocks,
                                                          const uint8_t * comp, uint64_t r, const int8_t * q,
                                                          int64_t q_stride, const float * d, int64_t d_stride,
                                                          const uint8_t * lut, float * out) {
-    const int lane = threadIdx.x & (BITCOS_CUDA_WARP - 1);
+    const int lane = threadIdx.x & (BITCOS_CUDA_WARP - 1), seg_lane = lane & (LANES - 1);
     const uint8_t * row = blocks + r * l.row_bytes;
     // the row's signs: pool words from the one holding its first sign, bit offsets relative to that word
     // (32-bit: a row has at most K signs)
@@ -324,8 +330,8 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
             if (has1) word1 = wp[1];
         }
         const int n0 = __popc(word0), n = n0 + __popc(word1);
-        const int incl = bitcos_cuda_warp_scan(n);
-        const int total = __shfl_sync(0xffffffffu, incl, BITCOS_CUDA_WARP - 1);
+        const int incl = bitcos_cuda_warp_scan<LANES>(n);
+        const int total = __shfl_sync(0xffffffffu, incl, LANES - 1, LANES);
         if (has0) {
             // 64 signs from the lane's first (3 pool words; the pool's zero tail covers the last ones), the
             // second word's from n0 on
@@ -368,36 +374,36 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
         }
         cursor += (uint32_t) total;
     };
-    constexpr uint32_t STEP = 2 * BITCOS_CUDA_WARP;
+    constexpr uint32_t STEP = 2 * LANES;
     const uint32_t n_words = (uint32_t) l.n_words;
     uint32_t w0 = 0;
     for (; w0 + STEP <= n_words; w0 += STEP) {
-        step(w0 + 2 * (uint32_t) lane, true, true);
+        step(w0 + 2 * (uint32_t) seg_lane, true, true);
     }
     if (w0 < n_words) {
-        const uint32_t w = w0 + 2 * (uint32_t) lane;
+        const uint32_t w = w0 + 2 * (uint32_t) seg_lane;
         step(w, w < n_words, w + 1 < n_words);
     }
     const float scale = bitcos_cuda_row_scale(l, r);
     for (int c = 0; c < NC; ++c) {
         float v = acc[c];
-        for (int o = BITCOS_CUDA_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, LANES);
         out[c] = v * scale;
     }
 }
 
 // bitcos_cuda_row_dot_kind for the row's variant (one uniform branch per row)
-template <int NC, int COPIES>
+template <int NC, int COPIES, int LANES>
 __device__ __forceinline__ void bitcos_cuda_row_dot_q8(const uint8_t * blocks, const uint8_t * comp, uint64_t r,
                                                        const int8_t * q, int64_t q_stride, const float * d,
                                                        int64_t d_stride, const uint8_t * lut, float * out) {
     const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
     if (l.variant == BITCOS_VARIANT_G128) {
-        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_G128>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_G128, LANES>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
     } else if (l.scales_per_row != 0) {
-        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32_F16>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32_F16, LANES>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
     } else {
-        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32, LANES>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
     }
 }
 
@@ -416,28 +422,67 @@ template <class F> __host__ __forceinline__ void bitcos_cuda_with_cols(int nc, F
     }
 }
 
+// Lanes per row of the mat-vec for rows of k weights (host and device; uniform per launch): 32, 16 or 8, the
+// one whose step (2 LANES words) pads the row's k / 32 words least (the fewest idle lane-words in its last,
+// partial step), of equal padding the widest (more warps with work on a small matrix). A warp runs 32 / LANES
+// rows at once, one per segment; the per-iteration cost of a lane is the same for all three but for the
+// prefix sum (log2(LANES) steps), so idle lanes are the difference: K = 2560 (80 words) takes 8 lanes a row (5
+// whole steps; 32 lanes: 2 steps, the second a quarter busy), 6912 (216) 16 (7 steps, the last 3/4 busy; 32
+// lanes: 4, the last 1/4 busy), K a multiple of 2048 stays at 32 (docs/PERFORMANCE.md §5c:
+// scripts/cuda_sass_count.py --k gives the effective counts).
+static __host__ __device__ __forceinline__ int bitcos_cuda_gemv_lanes(int64_t k) {
+    const int64_t n_words = k / QK_BITCOS_BITMAP;
+    int best = BITCOS_CUDA_WARP;
+    int64_t best_pad = (n_words + 63) / 64 * 64;
+    for (int lanes = 16; lanes >= 8; lanes /= 2) {
+        const int64_t pad = (n_words + 2 * lanes - 1) / (2 * lanes) * (2 * lanes);
+        if (pad < best_pad) {
+            best = lanes;
+            best_pad = pad;
+        }
+    }
+    return best;
+}
+
+// Calls f(std::integral_constant<int, LANES>{}) for LANES = lanes (32, 16 or 8): the launchers' switch to the
+// kernel instance.
+template <class F> __host__ __forceinline__ void bitcos_cuda_with_lanes(int lanes, F && f) {
+    switch (lanes) {
+        case 8:  f(std::integral_constant<int, 8>{}); break;
+        case 16: f(std::integral_constant<int, 16>{}); break;
+        default: f(std::integral_constant<int, 32>{}); break;
+    }
+}
+
 // Dynamic shared memory (the host emulation's shim defines its own stand-in)
 #ifndef BITCOS_CUDA_EXTERN_SHARED
 #define BITCOS_CUDA_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[]
 #endif
 
 // Mat-vec / small batch on quantized activations: NC columns (q + c * k_pad int8, d + c * (k_pad / 32) scales),
-// dst[c * dst_col_stride + r] for r < rows (global row row0 + r). Block (32, warps) with
-// bitcos_cuda_gemv_lut<COPIES>::BYTES of dynamic shared memory; any grid.x: warp y of block x takes rows
-// x * warps + y, then every gridDim.x * warps-th (the glue sizes the grid to what the device holds at once,
-// so that each block fills its tables once for many rows).
-template <int NC, int COPIES>
+// dst[c * dst_col_stride + r] for r < rows (global row row0 + r), LANES lanes per row (bitcos_cuda_gemv_lanes).
+// Block (32, warps) with bitcos_cuda_gemv_lut<COPIES>::BYTES of dynamic shared memory; any grid.x: warp y of
+// block x takes the 32 / LANES rows (x * warps + y) * 32 / LANES .., segment s of the warp row s of them, then
+// every gridDim.x * warps * 32 / LANES-th group (the glue sizes the grid to what the device holds at once, so
+// that each block fills its tables once for many rows). A segment past the last row runs the last row again
+// (the warp's shuffles need every lane) and writes nothing.
+template <int NC, int COPIES, int LANES>
 static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_kernel(
         const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp, const int8_t * __restrict__ q,
         const float * __restrict__ d, float * __restrict__ dst, int64_t row0, int64_t rows, int64_t k_pad,
         int64_t dst_col_stride) {
+    constexpr int RPW = BITCOS_CUDA_WARP / LANES;     // rows per warp
     BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
     bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
-    for (int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y; r < rows; r += (int64_t) gridDim.x * blockDim.y) {
+    const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
+    for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
+         g += (int64_t) gridDim.x * blockDim.y * RPW) {
+        const int64_t r = g + seg;
+        const bool ok = r < rows;
         float out[NC];
-        bitcos_cuda_row_dot_q8<NC, COPIES>(blocks, comp, (uint64_t) (row0 + r), q, k_pad, d, k_pad / 32,
-                                           bitcos_cuda_smem, out);
-        if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
+        bitcos_cuda_row_dot_q8<NC, COPIES, LANES>(blocks, comp, (uint64_t) (row0 + (ok ? r : rows - 1)), q, k_pad, d,
+                                                  k_pad / 32, bitcos_cuda_smem, out);
+        if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
             for (int c = 0; c < NC; ++c) dst[c * dst_col_stride + r] = out[c];
         }
     }
@@ -445,14 +490,15 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_kernel(
 
 // MUL_MAT_ID on quantized activations: grid (any, n_used * n_tokens); slot (t, u) = blockIdx.y reads its expert
 // id on the device (ids: n_used int32 per token, ids_stride int32 between tokens), quantized column t * ne11 +
-// u % ne11, and writes dst[t * dst_tok_stride + u * dst_slot_stride + r]; rows as bitcos_cuda_mul_mat_vec_kernel.
-// Out-of-range ids are skipped, never read.
-template <int COPIES>
+// u % ne11, and writes dst[t * dst_tok_stride + u * dst_slot_stride + r]; rows (LANES lanes each) as
+// bitcos_cuda_mul_mat_vec_kernel. Out-of-range ids are skipped, never read.
+template <int COPIES, int LANES>
 static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_id_kernel(
         const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp, const int8_t * __restrict__ q,
         const float * __restrict__ d, const int32_t * __restrict__ ids, float * __restrict__ dst, int64_t rows,
         int64_t n_experts, int64_t n_used, int64_t ids_stride, int64_t ne11, int64_t k_pad,
         int64_t dst_slot_stride, int64_t dst_tok_stride) {
+    constexpr int RPW = BITCOS_CUDA_WARP / LANES;
     const int64_t u = (int64_t) blockIdx.y % n_used, t = (int64_t) blockIdx.y / n_used;
     const int32_t e = ids[t * ids_stride + u];
     if (e < 0 || e >= n_experts) {
@@ -461,11 +507,15 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_id_kernel(
     BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
     bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
     const int64_t col = t * ne11 + u % ne11;
-    for (int64_t r = (int64_t) blockIdx.x * blockDim.y + threadIdx.y; r < rows; r += (int64_t) gridDim.x * blockDim.y) {
+    const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
+    for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
+         g += (int64_t) gridDim.x * blockDim.y * RPW) {
+        const int64_t r = g + seg;
+        const bool ok = r < rows;
         float out[1];
-        bitcos_cuda_row_dot_q8<1, COPIES>(blocks, comp, (uint64_t) (e * rows + r), q + col * k_pad, 0,
-                                          d + col * (k_pad / 32), 0, bitcos_cuda_smem, out);
-        if ((threadIdx.x & (BITCOS_CUDA_WARP - 1)) == 0) {
+        bitcos_cuda_row_dot_q8<1, COPIES, LANES>(blocks, comp, (uint64_t) (e * rows + (ok ? r : rows - 1)),
+                                                 q + col * k_pad, 0, d + col * (k_pad / 32), 0, bitcos_cuda_smem, out);
+        if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
             dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
         }
     }

@@ -50,7 +50,8 @@ int main(int argc, char ** argv) {
             std::memcpy(d_comp, c.comp.data(), c.comp.size());
             std::memcpy(d_x, c.x.data(), c.x.size());
             // as test-bitcos-cuda.cu: quantize, the mat-vec in groups of up to 8 columns (64 KiB tables for odd
-            // case numbers, 16 KiB for even ones; 3 blocks at most, so that warps take several rows), then batched
+            // case numbers, 16 KiB for even ones; 32 / 16 / 8 lanes a row by case number % 3; 2 blocks at most, so
+            // that warps take several row groups), then batched
             const int64_t k_pad = bitcos_cuda_mmq_k_pad((int64_t) k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
             int8_t * d_q = dev_alloc<int8_t>(n_x * k_pad);
             float * d_d = dev_alloc<float>(n_x * nqb);
@@ -58,17 +59,23 @@ int main(int argc, char ** argv) {
                 bitcos_cuda_quantize_q8_kernel(d_x, d_q, d_d, (int64_t) k, k_pad, (int64_t) k, (int64_t) n_x, 0);
             });
             const bool full_copies = case_no % 2 == 1;
-            const int warps = 4;
+            const int warps = 4, lanes = 32 >> (case_no % 3);
+            const uint64_t rows_per_block = (uint64_t) warps * (BITCOS_CUDA_WARP / lanes);
             std::memset(d_dst, 0xFF, 4 * n_x * n_rows);
             for (uint64_t c0 = 0; c0 < n_x; c0 += BITCOS_CUDA_MAX_COLS) {
                 const int nc = (int) std::min<uint64_t>(BITCOS_CUDA_MAX_COLS, n_x - c0);
                 auto gemv = [&](auto copies) {
                     constexpr int COPIES = decltype(copies)::value;
-                    bitcos_cuda_with_cols(nc, [&](auto ncv) {
-                        constexpr int NC = decltype(ncv)::value;
-                        launch(dim3((unsigned) std::min<uint64_t>(3, (n_rows + warps - 1) / warps)), dim3(BITCOS_CUDA_WARP, warps), [&] {
-                            bitcos_cuda_mul_mat_vec_kernel<NC, COPIES>(d_blk, d_comp, d_q + c0 * k_pad, d_d + c0 * nqb,
-                                d_dst + c0 * n_rows, (int64_t) row0, (int64_t) n_rows, k_pad, (int64_t) n_rows);
+                    bitcos_cuda_with_lanes(lanes, [&](auto lv) {
+                        constexpr int LANES = decltype(lv)::value;
+                        bitcos_cuda_with_cols(nc, [&](auto ncv) {
+                            constexpr int NC = decltype(ncv)::value;
+                            launch(dim3((unsigned) std::min<uint64_t>(2, (n_rows + rows_per_block - 1) / rows_per_block)),
+                                   dim3(BITCOS_CUDA_WARP, warps), [&] {
+                                bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES>(d_blk, d_comp, d_q + c0 * k_pad,
+                                    d_d + c0 * nqb, d_dst + c0 * n_rows, (int64_t) row0, (int64_t) n_rows, k_pad,
+                                    (int64_t) n_rows);
+                            });
                         });
                     });
                 };
@@ -97,9 +104,13 @@ int main(int argc, char ** argv) {
                 std::memset(d_out, 0xFF, 4 * cap * rows_e);
                 auto gemv_id = [&](auto copies) {
                     constexpr int COPIES = decltype(copies)::value;
-                    launch(dim3(2, (unsigned) cap), dim3(BITCOS_CUDA_WARP, warps), [&] {
-                        bitcos_cuda_mul_mat_vec_id_kernel<COPIES>(d_blk, d_comp, d_q, d_d, d_ids, d_out, rows_e, E, n_used,
-                                                                  n_used, ne11, k_pad, rows_e, n_used * rows_e);
+                    bitcos_cuda_with_lanes(lanes, [&](auto lv) {
+                        constexpr int LANES = decltype(lv)::value;
+                        launch(dim3(2, (unsigned) cap), dim3(BITCOS_CUDA_WARP, warps), [&] {
+                            bitcos_cuda_mul_mat_vec_id_kernel<COPIES, LANES>(d_blk, d_comp, d_q, d_d, d_ids, d_out, rows_e,
+                                                                             E, n_used, n_used, ne11, k_pad, rows_e,
+                                                                             n_used * rows_e);
+                        });
                     });
                 };
                 if (full_copies) gemv_id(std::integral_constant<int, 32>{});

@@ -16,8 +16,16 @@ Targets (what the numbers in docs/PERFORMANCE.md §5c were measured with):
   bitcos4 the same for 4 columns sharing one decode, counted per weight and column
   tq2     tests/cuda/tq2-reference.cu: a TQ2_0-like 2-bit GEMV (dp4a), 64 weights per lane per iteration
 
+  bitcos and bitcos4 take --lanes (32, 16, 8: the instance with that many lanes a row, several rows a warp
+  below 32; default 32). --k K1,K2,..: the effective count over whole rows of K weights at 32, 16 and 8 lanes
+  a row: per row, its fixed cost (the blocks of the row loop on this layout's path outside the hot loop: row
+  setup, segment reduction, store, loop control) + its whole steps x the hot loop + the partial last step
+  (the path's blocks between the hot loop and the reduction) if the row's words do not fill its steps,
+  divided by the weights of the row a lane has (K / lanes); both arms of a branch on the path count.
+
   python3 scripts/cuda_sass_count.py                 # both targets, this tree, sm_90
   python3 scripts/cuda_sass_count.py --rev fa24b23   # the bitcos target as it was at a commit
+  python3 scripts/cuda_sass_count.py bitcos --k 2048,2560,4096,6912,14336   # whole rows, 32 / 16 / 8 lanes
   python3 scripts/cuda_sass_count.py --json          # machine-readable
 
 The disassembler: $NVDISASM / $CUOBJDUMP, PATH, the CUDA toolkit's bin, or the PyPI wheels installed under
@@ -220,6 +228,7 @@ class Report:
     alternatives: list[tuple[float, str]] = field(default_factory=list)
     row_overhead: float | None = None   # per row (segment) outside the hot loop and its partial step
     tail_step: float | None = None      # the partial last step after the whole ones
+    row_calls: list[str] = field(default_factory=list)    # CALLs on the row's path (their callees not counted)
 
     def effective(self, k: int, lanes: int, words_per_lane: int = 2) -> float:
         """Instructions per weight per lane (and column, for several) over a whole row of k weights with
@@ -291,22 +300,23 @@ def count_hot_loop(ins: list[Instr], labels: dict[str, int], marker: str, per_un
     # the other loops doing the same work (a kernel specialized per layout has one each), per weight
     alt = sorted((cnt / (weights * n // per_unit), lab) for n, cnt, lab in others if n == n_mark and lab != blocks[hot.header].label)
     rep = Report(kernel, weights * n_mark // per_unit, total, dict(by_class), inner_rep, n_branch, alt)
-    rep.row_overhead, rep.tail_step = row_path_costs(ins, blocks, loops, hot)
+    rep.row_overhead, rep.tail_step, rep.row_calls = row_path_costs(ins, blocks, loops, hot)
     return rep
 
 
-def row_path_costs(ins: list[Instr], blocks: list[Block], loops: list[Loop], hot: Loop) -> tuple[float | None, float | None]:
+def row_path_costs(ins: list[Instr], blocks: list[Block], loops: list[Loop],
+                   hot: Loop) -> tuple[float | None, float | None, list[str]]:
     """What a row costs besides the hot loop's iterations, for the loop around the hot one (the kernel's row
     loop): (overhead, tail). The row's path is the blocks of the row loop from its header to the hot loop
     (backwards from the hot loop's header) and from the hot loop's exit back to the row loop's header
     (forwards); other specializations of the row (other layouts' loops) are on neither. `tail` is the part of
     the forward path laid out before the first SHFL.BFLY (the final segment reduction): the partial last step;
     `overhead` the rest (row setup, layout dispatch, reduction, store, row-loop control). Both arms of a
-    branch on the path count (upper bounds; the tail's skip branch counts in the overhead). (None, None)
-    without an enclosing loop."""
+    branch on the path count (upper bounds; the tail's skip branch counts in the overhead); a CALL counts as
+    one instruction, its callee not (the third value lists them). (None, None, []) without an enclosing loop."""
     outer = [lp for lp in loops if hot.body < lp.body]
     if not outer:
-        return None, None
+        return None, None, []
     row = min(outer, key=lambda lp: len(lp.body))
     preds: dict[int, list[int]] = {i: [] for i in range(len(blocks))}
     for i, b in enumerate(blocks):
@@ -332,8 +342,10 @@ def row_path_costs(ins: list[Instr], blocks: list[Block], loops: list[Loop], hot
             if any(ins[i].op.startswith("SHFL.BFLY") for i in range(blocks[bi].start, blocks[bi].end))]
     first_bfly = min(bfly) if bfly else None
     tail = sum(size(bi) for bi in fwd - back if first_bfly is not None and blocks[bi].start < first_bfly)
-    total = sum(size(bi) for bi in (back | fwd | {row.header}))
-    return float(total - tail), float(tail)
+    path = back | fwd | {row.header}
+    total = sum(size(bi) for bi in path)
+    calls = [ins[i].args for bi in sorted(path) for i in range(blocks[bi].start, blocks[bi].end) if ins[i].op.startswith("CALL")]
+    return float(total - tail), float(tail), calls
 
 
 def find_disassembler(fetch: bool) -> tuple[str, str] | None:
@@ -405,15 +417,8 @@ _SASS: dict[tuple[str, str, str], str] = {}
 
 
 def gemv_lanes(k: int) -> int:
-    """bitcos_cuda_gemv_lanes (csrc/cuda/bitcos-cuda.cuh) in Python: 32, 16 or 8 lanes a row, the fewest padded
-    words (a step is 2 x lanes words), the widest of equal padding."""
-    n = k // 32
-    best, best_pad = 32, -(-n // 64) * 64
-    for lanes in (16, 8):
-        pad = -(-n // (2 * lanes)) * (2 * lanes)
-        if pad < best_pad:
-            best, best_pad = lanes, pad
-    return best
+    """BITCOS_CUDA_GEMV_LANES (csrc/cuda/bitcos-cuda.cuh): the lanes a row the glue launches (8 at every K)."""
+    return 8
 
 
 def measure(target: str, tree: Path, arch: str, dis: tuple[str, str], nvcc: str,
@@ -457,9 +462,11 @@ def main() -> int:
     ap.add_argument("--fetch", action="store_true", help="pip-install nvdisasm into %s if missing" % TOOLS_DIR)
     ap.add_argument("--keep-sass", type=Path, help="folder to write each target's disassembly into")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--lanes", type=int, choices=(32, 16, 8), default=32,
+                    help="the bitcos targets' instance: lanes a row (default 32, the only one before commit 64bea8c)")
     ap.add_argument("--k", help="comma-separated row lengths: the bitcos targets' effective instructions per weight "
                                 "over whole rows (row overhead and the partial last step counted) for 32 / 16 / 8 "
-                                "lanes a row and the one the launch takes (bitcos_cuda_gemv_lanes)")
+                                "lanes a row and the one the glue launches (BITCOS_CUDA_GEMV_LANES)")
     a = ap.parse_args()
     nvcc = find_nvcc()
     if nvcc is None:
@@ -492,9 +499,9 @@ def main() -> int:
             keep = a.keep_sass / f"{t}.sass" if a.keep_sass else None
             if keep:
                 a.keep_sass.mkdir(parents=True, exist_ok=True)
-            results[t] = measure(t, tree, a.arch, dis, nvcc, trips, keep)
+            results[t] = measure(t, tree, a.arch, dis, nvcc, trips, keep, a.lanes if t.startswith("bitcos") else 32)
             if a.k and t.startswith("bitcos"):
-                for lanes in (16, 8):
+                for lanes in {32, 16, 8} - {a.lanes}:
                     try:
                         per_lanes[(t, lanes)] = measure(t, tree, a.arch, dis, nvcc, trips, None, lanes)
                     except SystemExit:                # a tree before lanes per row: 32 only
@@ -505,7 +512,7 @@ def main() -> int:
         if not (ks and t.startswith("bitcos")):
             continue
         words = 1 if "mul_mat_kernelP" in r.kernel else 2      # commit fa24b23 and before: a word per lane
-        insts = {32: r, **{lanes: per_lanes[(t, lanes)] for lanes in (16, 8) if (t, lanes) in per_lanes}}
+        insts = {a.lanes: r, **{lanes: per_lanes[(t, lanes)] for lanes in (32, 16, 8) if (t, lanes) in per_lanes}}
         effective[t] = {k: {lanes: rr.effective(k, lanes, words) for lanes, rr in insts.items()} for k in ks}
     if a.json:
         print(json.dumps({t: {"kernel": r.kernel, "weights_per_iteration": r.weights_per_iter,
@@ -514,7 +521,7 @@ def main() -> int:
                               "by_class_per_weight": {k: v / r.weights_per_iter for k, v in sorted(r.by_class.items())},
                               "inner_loops": r.inner_loops, "branches_in_body": r.branches_in_body,
                               "other_loops_per_weight": [v for v, _ in r.alternatives],
-                              "row_overhead": r.row_overhead, "tail_step": r.tail_step,
+                              "row_overhead": r.row_overhead, "tail_step": r.tail_step, "row_calls": r.row_calls,
                               "effective_per_weight": {str(k): {str(lanes): v for lanes, v in e.items()}
                                                        for k, e in effective.get(t, {}).items()},
                               "lanes_taken": {str(k): gemv_lanes(k) for k in effective.get(t, {})}}
@@ -535,12 +542,14 @@ def main() -> int:
         if t in effective:
             lanes_all = sorted({lanes for e in effective[t].values() for lanes in e}, reverse=True)
             print(f"  whole rows (row overhead {r.row_overhead:.0f} and partial step {r.tail_step:.0f} instructions "
-                  f"at 32 lanes; * = the lanes the launch takes):")
+                  f"at {a.lanes} lanes; * = the lanes the glue launches):")
             print("    K      " + "".join(f"{str(l) + ' lanes':>11s}" for l in lanes_all))
             for k, e in effective[t].items():
                 cells = "".join(f"{(f'{e[l]:.2f}' + ('*' if l == gemv_lanes(k) and len(e) > 1 else ' ')) if l in e else '-':>11s}"
                                 for l in lanes_all)
                 print(f"    {k:<7d}{cells}")
+            if r.row_calls:
+                print(f"    (on the row's path, callees not counted: {'; '.join(r.row_calls)})")
     return 0
 
 

@@ -75,9 +75,8 @@ def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch)
                         "-Wmissing-declarations,-Wmissing-noreturn,-Wcast-qual,-Wextra-semi"))
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
     for name in ("ggml_cuda_bitcos_supports_op", "ggml_cuda_bitcos_mul_mat(", "ggml_cuda_bitcos_mul_mat_id(",
-                 "bitcos_cuda_mul_mat_vec_kernel<1, 32, 32>", "bitcos_cuda_mul_mat_vec_kernel<1, 32, 8>",
-                 "bitcos_cuda_mul_mat_vec_kernel<8, 8, 16>", "bitcos_cuda_mul_mat_vec_id_kernel<32, 16>",
-                 "bitcos_cuda_mul_mat_vec_id_kernel<8, 8>",
+                 "bitcos_cuda_mul_mat_vec_kernel<1, 32, 8>", "bitcos_cuda_mul_mat_vec_kernel<8, 8, 8>",
+                 "bitcos_cuda_mul_mat_vec_id_kernel<32, 8>", "bitcos_cuda_mul_mat_vec_id_kernel<8, 8>",
                  "bitcos_cuda_quantize_q8_kernel", "bitcos_cuda_mul_mat_mmq_kernel"):
         assert name in syms, name
     compile_cuda(nvcc_path, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", tmp_path / f"test-{arch}", arch,

@@ -102,9 +102,16 @@ __device__ __forceinline__ bitcos_cuda_layout bitcos_cuda_read_layout(const uint
 }
 
 // The scale of a whole global row r: PT / MATRIX its matrix's, ROW its own; 1 for the block-scaled variants.
+// The matrix index r / rows_per_mat in 32 bits where both fit (an inline sequence; a 64-bit division is a
+// call of ~70 instructions, per row in the mat-vec).
 __device__ __forceinline__ float bitcos_cuda_row_scale(const bitcos_cuda_layout & l, uint64_t r) {
-    return bitcos_variant_scale_block(l.variant) != 0 ? 1.0f
-         : reinterpret_cast<const float *>(l.scales)[bitcos_row_scale_index(l.variant, r, l.rows_per_mat)];
+    if (bitcos_variant_scale_block(l.variant) != 0) {
+        return 1.0f;
+    }
+    const uint64_t i = l.variant == BITCOS_VARIANT_ROW ? r
+                     : ((r | l.rows_per_mat) >> 32) == 0 ? (uint64_t) ((uint32_t) r / (uint32_t) l.rows_per_mat)
+                     : bitcos_row_scale_index(l.variant, r, l.rows_per_mat);
+    return reinterpret_cast<const float *>(l.scales)[i];
 }
 
 // 32 sign bits from pool bit pos (two aligned 32-bit pool words, funnel-shifted; the pool's zero tail, FORMAT.md
@@ -392,18 +399,15 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
     }
 }
 
-// bitcos_cuda_row_dot_kind for the row's variant (one uniform branch per row)
-template <int NC, int COPIES, int LANES>
-__device__ __forceinline__ void bitcos_cuda_row_dot_q8(const uint8_t * blocks, const uint8_t * comp, uint64_t r,
-                                                       const int8_t * q, int64_t q_stride, const float * d,
-                                                       int64_t d_stride, const uint8_t * lut, float * out) {
-    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
+// Calls f(std::integral_constant<int, KIND>{}) for the row kind of layout l (uniform: once per kernel, before
+// its row loop, so that the header's reads and divisions are not per row).
+template <class F> __device__ __forceinline__ void bitcos_cuda_with_kind(const bitcos_cuda_layout & l, F && f) {
     if (l.variant == BITCOS_VARIANT_G128) {
-        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_G128, LANES>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+        f(std::integral_constant<int, BITCOS_CUDA_G128>{});
     } else if (l.scales_per_row != 0) {
-        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32_F16, LANES>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+        f(std::integral_constant<int, BITCOS_CUDA_WORDS32_F16>{});
     } else {
-        bitcos_cuda_row_dot_kind<NC, COPIES, BITCOS_CUDA_WORDS32, LANES>(l, blocks, comp, r, q, q_stride, d, d_stride, lut, out);
+        f(std::integral_constant<int, BITCOS_CUDA_WORDS32>{});
     }
 }
 
@@ -422,27 +426,17 @@ template <class F> __host__ __forceinline__ void bitcos_cuda_with_cols(int nc, F
     }
 }
 
-// Lanes per row of the mat-vec for rows of k weights (host and device; uniform per launch): 32, 16 or 8, the
-// one whose step (2 LANES words) pads the row's k / 32 words least (the fewest idle lane-words in its last,
-// partial step), of equal padding the widest (more warps with work on a small matrix). A warp runs 32 / LANES
-// rows at once, one per segment; the per-iteration cost of a lane is the same for all three but for the
-// prefix sum (log2(LANES) steps), so idle lanes are the difference: K = 2560 (80 words) takes 8 lanes a row (5
-// whole steps; 32 lanes: 2 steps, the second a quarter busy), 6912 (216) 16 (7 steps, the last 3/4 busy; 32
-// lanes: 4, the last 1/4 busy), K a multiple of 2048 stays at 32 (docs/PERFORMANCE.md §5c:
-// scripts/cuda_sass_count.py --k gives the effective counts).
-static __host__ __device__ __forceinline__ int bitcos_cuda_gemv_lanes(int64_t k) {
-    const int64_t n_words = k / QK_BITCOS_BITMAP;
-    int best = BITCOS_CUDA_WARP;
-    int64_t best_pad = (n_words + 63) / 64 * 64;
-    for (int lanes = 16; lanes >= 8; lanes /= 2) {
-        const int64_t pad = (n_words + 2 * lanes - 1) / (2 * lanes) * (2 * lanes);
-        if (pad < best_pad) {
-            best = lanes;
-            best_pad = pad;
-        }
-    }
-    return best;
-}
+// Lanes per row of the mat-vec launched by the glue: 32, 16 or 8 (the kernel and its tests take all three). A warp runs 32 / LANES rows at once, one per segment; a lane's step is
+// two words of its row whatever LANES, so the difference is the idle lanes of a row's partial last step (a
+// step is 2 LANES words: K = 2560, 80 words, leaves 3/4 of the lanes idle in its second step at 32 lanes and
+// none at 8), the prefix sum (log2(LANES) shuffle steps) and the row's fixed cost (its sign position, the
+// segment reduction, the store), spread over K / LANES weights a lane. 8 lanes issue the fewest instructions
+// per weight at every K measured (scripts/cuda_sass_count.py bitcos --k 2048,2560,4096,6912,14336: 2.05-2.27
+// against 2.22-4.79 at 32 lanes; docs/PERFORMANCE.md §5c), and 8 lanes pad a row at most as much as 16 or
+// 32 (16-word steps), so 8 at every K (one instance per column count in the glue); the cost is parallelism on
+// small matrices (a quarter as many row groups: a 2560-row matrix keeps 640 warps busy), which only a timed GPU
+// run can weigh.
+#define BITCOS_CUDA_GEMV_LANES 8
 
 // Calls f(std::integral_constant<int, LANES>{}) for LANES = lanes (32, 16 or 8): the launchers' switch to the
 // kernel instance.
@@ -460,7 +454,7 @@ template <class F> __host__ __forceinline__ void bitcos_cuda_with_lanes(int lane
 #endif
 
 // Mat-vec / small batch on quantized activations: NC columns (q + c * k_pad int8, d + c * (k_pad / 32) scales),
-// dst[c * dst_col_stride + r] for r < rows (global row row0 + r), LANES lanes per row (bitcos_cuda_gemv_lanes).
+// dst[c * dst_col_stride + r] for r < rows (global row row0 + r), LANES lanes per row (the glue: BITCOS_CUDA_GEMV_LANES).
 // Block (32, warps) with bitcos_cuda_gemv_lut<COPIES>::BYTES of dynamic shared memory; any grid.x: warp y of
 // block x takes the 32 / LANES rows (x * warps + y) * 32 / LANES .., segment s of the warp row s of them, then
 // every gridDim.x * warps * 32 / LANES-th group (the glue sizes the grid to what the device holds at once, so
@@ -475,17 +469,20 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_kernel(
     BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
     bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
     const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
-    for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
-         g += (int64_t) gridDim.x * blockDim.y * RPW) {
-        const int64_t r = g + seg;
-        const bool ok = r < rows;
-        float out[NC];
-        bitcos_cuda_row_dot_q8<NC, COPIES, LANES>(blocks, comp, (uint64_t) (row0 + (ok ? r : rows - 1)), q, k_pad, d,
-                                                  k_pad / 32, bitcos_cuda_smem, out);
-        if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
-            for (int c = 0; c < NC; ++c) dst[c * dst_col_stride + r] = out[c];
+    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
+    bitcos_cuda_with_kind(l, [&](auto kind) {
+        for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
+             g += (int64_t) gridDim.x * blockDim.y * RPW) {
+            const int64_t r = g + seg;
+            const bool ok = r < rows;
+            float out[NC];
+            bitcos_cuda_row_dot_kind<NC, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
+                (uint64_t) (row0 + (ok ? r : rows - 1)), q, k_pad, d, k_pad / 32, bitcos_cuda_smem, out);
+            if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
+                for (int c = 0; c < NC; ++c) dst[c * dst_col_stride + r] = out[c];
+            }
         }
-    }
+    });
 }
 
 // MUL_MAT_ID on quantized activations: grid (any, n_used * n_tokens); slot (t, u) = blockIdx.y reads its expert
@@ -508,17 +505,21 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_id_kernel(
     bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
     const int64_t col = t * ne11 + u % ne11;
     const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
-    for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
-         g += (int64_t) gridDim.x * blockDim.y * RPW) {
-        const int64_t r = g + seg;
-        const bool ok = r < rows;
-        float out[1];
-        bitcos_cuda_row_dot_q8<1, COPIES, LANES>(blocks, comp, (uint64_t) (e * rows + (ok ? r : rows - 1)),
-                                                 q + col * k_pad, 0, d + col * (k_pad / 32), 0, bitcos_cuda_smem, out);
-        if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
-            dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
+    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
+    bitcos_cuda_with_kind(l, [&](auto kind) {
+        for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
+             g += (int64_t) gridDim.x * blockDim.y * RPW) {
+            const int64_t r = g + seg;
+            const bool ok = r < rows;
+            float out[1];
+            bitcos_cuda_row_dot_kind<1, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
+                (uint64_t) (e * rows + (ok ? r : rows - 1)), q + col * k_pad, 0, d + col * (k_pad / 32), 0,
+                bitcos_cuda_smem, out);
+            if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
+                dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
+            }
         }
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------------------

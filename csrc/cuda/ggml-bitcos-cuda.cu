@@ -4,9 +4,10 @@
 // weight's context) and were validated on the host by the loader before upload, so the kernels read the
 // companion's header, row index and sign pool unchecked. Both paths run on activations quantized per 32 values
 // (bitcos_cuda_quantize_q8_kernel into a stream-ordered temporary). Mat-vec (up to BITCOS_CUDA_MMQ_MIN_COLS
-// columns): blocks of 16 warps, a warp per row (16 or 8 lanes a row where that pads K less), one block per multiprocessor, each block's 64 KiB decode tables
-// filled once for the many rows it takes. More columns: the batched tensor-core kernel
-// (bitcos-cuda.cuh; compute capability 7.2+, older devices keep the mat-vec, 8 columns per launch).
+// columns): blocks of 16 warps, 8 lanes a row (4 rows a warp: BITCOS_CUDA_GEMV_LANES), one block per
+// multiprocessor, each block's 64 KiB decode tables filled once for the many rows it takes. More columns: the
+// batched tensor-core kernel (bitcos-cuda.cuh; compute capability 7.2+, older devices keep the mat-vec, 8
+// columns per launch).
 #include "ggml-bitcos-cuda.cuh"
 
 #include "bitcos-cuda.cuh"
@@ -18,8 +19,8 @@
 // to the host compiler, which then asks for a previous declaration (ggml-cuda's -Wmissing-declarations)
 namespace {
 
-// mat-vec: a warp per row (or 2 / 4 rows a warp on short rows: bitcos_cuda_gemv_lanes), 16 warps a block (the kernel's launch bound, 512 threads: its 8-column instance
-// needs 96 registers), one block per multiprocessor: each block fills 64 KiB of tables (~512 cycles of the
+// mat-vec: 8 lanes a row, 4 rows a warp (BITCOS_CUDA_GEMV_LANES), 16 warps a block (the kernel's launch bound,
+// 512 threads: its 8-column instance needs 96 registers), one block per multiprocessor: each block fills 64 KiB of tables (~512 cycles of the
 // shared-store path), so more blocks per multiprocessor would cost more fills than their latency hiding
 // wins on decode-sized matrices (unmeasured: a lent GPU's `bench gpu` decides)
 constexpr int WARPS_PER_BLOCK = 16;
@@ -94,29 +95,21 @@ static void quantize_columns(cudaStream_t stream, const float * x, int8_t * xq, 
         stream>>>(x, xq, xd, k, bitcos_cuda_mmq_k_pad(k), col_stride, cols_per_batch, batch_stride);
 }
 
-// Rows one block of the mat-vec takes at once with `lanes` lanes a row (bitcos_cuda_gemv_lanes).
-static int64_t gemv_rows_per_block(int lanes) {
-    return (int64_t) WARPS_PER_BLOCK * (BITCOS_CUDA_WARP / lanes);
-}
+// Rows one block of the mat-vec takes at once (BITCOS_CUDA_GEMV_LANES lanes a row, several rows a warp).
+constexpr int64_t GEMV_ROWS_PER_BLOCK = (int64_t) WARPS_PER_BLOCK * (BITCOS_CUDA_WARP / BITCOS_CUDA_GEMV_LANES);
 
-// The mat-vec over quantized columns c0 .. c0 + nc of one batch (nc <= BITCOS_CUDA_MAX_COLS), rows of k weights
-// (lanes per row from k).
+// The mat-vec over quantized columns c0 .. c0 + nc of one batch (nc <= BITCOS_CUDA_MAX_COLS).
 template <int COPIES>
 void launch_gemv(cudaStream_t stream, int nc, const gemv_shape & shape, const uint8_t * w, const uint8_t * c,
-                 const int8_t * xq, const float * xd, float * d, int64_t row0, int64_t rows, int64_t k, int64_t k_pad,
-                 int64_t d1) {
-    constexpr int bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES;
-    const int lanes = bitcos_cuda_gemv_lanes(k);
-    const int64_t per_block = gemv_rows_per_block(lanes), row_blocks = (rows + per_block - 1) / per_block;
+                 const int8_t * xq, const float * xd, float * d, int64_t row0, int64_t rows, int64_t k_pad, int64_t d1) {
+    constexpr int bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES, LANES = BITCOS_CUDA_GEMV_LANES;
+    const int64_t row_blocks = (rows + GEMV_ROWS_PER_BLOCK - 1) / GEMV_ROWS_PER_BLOCK;
     const dim3 grid((unsigned) std::min<int64_t>(row_blocks, shape.resident_blocks)), block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
-    bitcos_cuda_with_lanes(lanes, [&](auto lv) {
-        constexpr int LANES = decltype(lv)::value;
-        bitcos_cuda_with_cols(nc, [&](auto ncv) {
-            constexpr int NC = decltype(ncv)::value;
-            raise_smem_limit<bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES>>(bytes);
-            bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES><<<grid, block, bytes, stream>>>(w, c, xq, xd, d, row0, rows,
-                                                                                             k_pad, d1);
-        });
+    bitcos_cuda_with_cols(nc, [&](auto ncv) {
+        constexpr int NC = decltype(ncv)::value;
+        raise_smem_limit<bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES>>(bytes);
+        bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES><<<grid, block, bytes, stream>>>(w, c, xq, xd, d, row0, rows,
+                                                                                         k_pad, d1);
     });
 }
 
@@ -173,9 +166,9 @@ void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, con
             for (int64_t c0 = 0; c0 < ne11; c0 += BITCOS_CUDA_MAX_COLS) {
                 const int nc = (int) std::min<int64_t>(BITCOS_CUDA_MAX_COLS, ne11 - c0);
                 if (shape.copies == 32) {
-                    launch_gemv<32>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows, k, k_pad, d1);
+                    launch_gemv<32>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows, k_pad, d1);
                 } else {
-                    launch_gemv<8>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows, k, k_pad, d1);
+                    launch_gemv<8>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows, k_pad, d1);
                 }
             }
         }
@@ -227,21 +220,18 @@ void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst) {
     } else {
         // a block per (row block, slot); row blocks capped so that all slots' blocks fit on the device at once
         const gemv_shape shape = gemv_launch_shape();
-        const int lanes = bitcos_cuda_gemv_lanes(k);
-        const int64_t per_block = gemv_rows_per_block(lanes), row_blocks = (rows + per_block - 1) / per_block;
+        const int64_t row_blocks = (rows + GEMV_ROWS_PER_BLOCK - 1) / GEMV_ROWS_PER_BLOCK;
         const dim3 grid((unsigned) std::max<int64_t>(1, std::min<int64_t>(row_blocks, shape.resident_blocks / cap)),
                         (unsigned) cap);
         const dim3 block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
         auto run = [&](auto copies) {
             constexpr int COPIES = decltype(copies)::value, lut_bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES;
-            bitcos_cuda_with_lanes(lanes, [&](auto lv) {
-                constexpr int LANES = decltype(lv)::value;
-                raise_smem_limit<bitcos_cuda_mul_mat_vec_id_kernel<COPIES, LANES>>(lut_bytes);
-                bitcos_cuda_mul_mat_vec_id_kernel<COPIES, LANES><<<grid, block, lut_bytes, stream>>>(w, c, xq, xd,
-                    static_cast<const int32_t *>(ids->data), static_cast<float *>(dst->data), rows, n_experts, n_used,
-                    ids->nb[1] / (int64_t) sizeof(int32_t), ne11, k_pad, dst->nb[1] / (int64_t) sizeof(float),
-                    dst->nb[2] / (int64_t) sizeof(float));
-            });
+            constexpr int LANES = BITCOS_CUDA_GEMV_LANES;
+            raise_smem_limit<bitcos_cuda_mul_mat_vec_id_kernel<COPIES, LANES>>(lut_bytes);
+            bitcos_cuda_mul_mat_vec_id_kernel<COPIES, LANES><<<grid, block, lut_bytes, stream>>>(w, c, xq, xd,
+                static_cast<const int32_t *>(ids->data), static_cast<float *>(dst->data), rows, n_experts, n_used,
+                ids->nb[1] / (int64_t) sizeof(int32_t), ne11, k_pad, dst->nb[1] / (int64_t) sizeof(float),
+                dst->nb[2] / (int64_t) sizeof(float));
         };
         if (shape.copies == 32) {
             run(std::integral_constant<int, 32>{});

@@ -229,6 +229,7 @@ class Report:
     row_overhead: float | None = None   # per row (segment) outside the hot loop and its partial step
     tail_step: float | None = None      # the partial last step after the whole ones
     row_calls: list[str] = field(default_factory=list)    # CALLs on the row's path (their callees not counted)
+    tail_parts: int = 1                 # the partial step's code as this many equal steps (prefix sums)
 
     def effective(self, k: int, lanes: int, words_per_lane: int = 2) -> float:
         """Instructions per weight per lane (and column, for several) over a whole row of k weights with
@@ -237,7 +238,12 @@ class Report:
         n_words = k // 32
         step = words_per_lane * lanes
         whole, partial = divmod(n_words, step)
-        per_row = (self.row_overhead or 0.0) + whole * self.instructions_per_iter + (self.tail_step or 0.0) * (partial > 0)
+        # the partial step's code: tail_parts sub-steps of step / tail_parts words each, as many run as the rest
+        # needs (one two-word step before commit 2ad8842; now up to two one-word half steps)
+        sub_words = step // self.tail_parts
+        parts = -(-partial // sub_words)
+        per_row = (self.row_overhead or 0.0) + whole * self.instructions_per_iter + \
+            (self.tail_step or 0.0) * parts / self.tail_parts
         cols = self.weights_per_iter / (32 * words_per_lane)
         return per_row * lanes / k / cols
 
@@ -300,12 +306,13 @@ def count_hot_loop(ins: list[Instr], labels: dict[str, int], marker: str, per_un
     # the other loops doing the same work (a kernel specialized per layout has one each), per weight
     alt = sorted((cnt / (weights * n // per_unit), lab) for n, cnt, lab in others if n == n_mark and lab != blocks[hot.header].label)
     rep = Report(kernel, weights * n_mark // per_unit, total, dict(by_class), inner_rep, n_branch, alt)
-    rep.row_overhead, rep.tail_step, rep.row_calls = row_path_costs(ins, blocks, loops, hot)
+    rep.row_overhead, rep.tail_step, rep.row_calls, tail_marks = row_path_costs(ins, blocks, loops, hot, marker)
+    rep.tail_parts = max(1, tail_marks // per_unit)
     return rep
 
 
-def row_path_costs(ins: list[Instr], blocks: list[Block], loops: list[Loop],
-                   hot: Loop) -> tuple[float | None, float | None, list[str]]:
+def row_path_costs(ins: list[Instr], blocks: list[Block], loops: list[Loop], hot: Loop,
+                   marker: str = "SHFL.UP") -> tuple[float | None, float | None, list[str], int]:
     """What a row costs besides the hot loop's iterations, for the loop around the hot one (the kernel's row
     loop): (overhead, tail). The row's path is the blocks of the row loop from its header to the hot loop
     (backwards from the hot loop's header) and from the hot loop's exit back to the row loop's header
@@ -313,10 +320,12 @@ def row_path_costs(ins: list[Instr], blocks: list[Block], loops: list[Loop],
     the forward path laid out before the first SHFL.BFLY (the final segment reduction): the partial last step;
     `overhead` the rest (row setup, layout dispatch, reduction, store, row-loop control). Both arms of a
     branch on the path count (upper bounds; the tail's skip branch counts in the overhead); a CALL counts as
-    one instruction, its callee not (the third value lists them). (None, None, []) without an enclosing loop."""
+    one instruction, its callee not (the third value lists them); the fourth is the markers (prefix-sum
+    shuffles) in the tail: a tail of two half steps has twice the hot loop's. (None, None, [], 0) without an
+    enclosing loop."""
     outer = [lp for lp in loops if hot.body < lp.body]
     if not outer:
-        return None, None, []
+        return None, None, [], 0
     row = min(outer, key=lambda lp: len(lp.body))
     preds: dict[int, list[int]] = {i: [] for i in range(len(blocks))}
     for i, b in enumerate(blocks):
@@ -341,11 +350,13 @@ def row_path_costs(ins: list[Instr], blocks: list[Block], loops: list[Loop],
     bfly = [blocks[bi].start for bi in fwd
             if any(ins[i].op.startswith("SHFL.BFLY") for i in range(blocks[bi].start, blocks[bi].end))]
     first_bfly = min(bfly) if bfly else None
-    tail = sum(size(bi) for bi in fwd - back if first_bfly is not None and blocks[bi].start < first_bfly)
+    tail_blocks = [bi for bi in fwd - back if first_bfly is not None and blocks[bi].start < first_bfly]
+    tail = sum(size(bi) for bi in tail_blocks)
+    marks = sum(ins[i].op.startswith(marker) for bi in tail_blocks for i in range(blocks[bi].start, blocks[bi].end))
     path = back | fwd | {row.header}
     total = sum(size(bi) for bi in path)
     calls = [ins[i].args for bi in sorted(path) for i in range(blocks[bi].start, blocks[bi].end) if ins[i].op.startswith("CALL")]
-    return float(total - tail), float(tail), calls
+    return float(total - tail), float(tail), calls, marks
 
 
 def find_disassembler(fetch: bool) -> tuple[str, str] | None:
@@ -541,8 +552,9 @@ def main() -> int:
             print(f"    {k:12s} {v / r.weights_per_iter:6.3f}  ({v:.0f} per iteration)")
         if t in effective:
             lanes_all = sorted({lanes for e in effective[t].values() for lanes in e}, reverse=True)
-            print(f"  whole rows (row overhead {r.row_overhead:.0f} and partial step {r.tail_step:.0f} instructions "
-                  f"at {a.lanes} lanes; * = the lanes the glue launches):")
+            print(f"  whole rows (row overhead {r.row_overhead:.0f} and partial step {r.tail_step:.0f} instructions"
+                  f"{f' in {r.tail_parts} half steps' if r.tail_parts > 1 else ''} at {a.lanes} lanes; * = the lanes the "
+                  f"glue launches):")
             print("    K      " + "".join(f"{str(l) + ' lanes':>11s}" for l in lanes_all))
             for k, e in effective[t].items():
                 cells = "".join(f"{(f'{e[l]:.2f}' + ('*' if l == gemv_lanes(k) and len(e) > 1 else ' ')) if l in e else '-':>11s}"

@@ -302,9 +302,8 @@ __device__ __forceinline__ void bitcos_cuda_decode_word(uint32_t word, uint32_t 
 // d_stride (bitcos_cuda_quantize_q8_kernel's layout); global row r of a BITCOS tensor (blocks: the weight data,
 // comp: its companion) laid out as KIND; lut: the block's tables.
 // Lane l of the segment takes words 2l, 2l + 1 of each (2 LANES)-word step (one prefix sum, one sign fetch and
-// one loop iteration per 64 weights): whole steps without bounds checks, then the partial last one. A missing
-// second word reads as 0 (no weights), whose activations exist: the quantized columns are padded to a multiple
-// of 128 with zeros.
+// one loop iteration per 64 weights): whole steps without bounds checks, then the rest (fewer than 2 LANES
+// words) a word per lane, in one or two half steps (lane l word l, then word LANES + l), bounds-checked.
 template <int NC, int COPIES, int KIND, int LANES>
 __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layout & l, const uint8_t * blocks,
                                                          const uint8_t * comp, uint64_t r, const int8_t * q,
@@ -381,15 +380,59 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
         }
         cursor += (uint32_t) total;
     };
+    // the partial last step's words (fewer than 2 LANES): a word per lane, one or two such half steps (half the
+    // decode of a whole step each; a two-word step would leave lanes idle where at most LANES words are left)
+    auto half_step = [&](uint32_t w, bool has) {
+        uint32_t word = 0;
+        if (has) {
+            if (KIND == BITCOS_CUDA_G128) {
+                const uint16_t * h = reinterpret_cast<const uint16_t *>(row + (w / 4) * sizeof(block_bitcos_g128) + 4 * (w % 4));
+                word = (uint32_t) h[0] | (uint32_t) h[1] << 16;
+            } else {
+                word = reinterpret_cast<const uint32_t *>(row)[w];
+            }
+        }
+        const int n = __popc(word);
+        const int incl = bitcos_cuda_warp_scan<LANES>(n);
+        const int total = __shfl_sync(0xffffffffu, incl, LANES - 1, LANES);
+        if (has) {
+            const uint32_t pos = cursor + (uint32_t) (incl - n);
+            const uint32_t * pw = pool + (pos >> 5);
+            const uint32_t s0 = __funnelshift_r(pw[0], pw[1], pos);
+            uint32_t codes[8];
+            bitcos_cuda_decode_word<COPIES>(word, s0, lut, copy_bits, codes);
+            const float ws = KIND == BITCOS_CUDA_WORDS32 ? 1.0f
+                           : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
+                           : __half2float(__ushort_as_half(scales[w >> l.word_shift]));
+            for (int c = 0; c < NC; ++c) {
+                const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + 32 * (int64_t) w);
+                const uint4 x0 = xq[0], x1 = xq[1];
+                int dot = 0;
+                dot = bitcos_cuda_dp4a(codes[0], x0.x, dot);
+                dot = bitcos_cuda_dp4a(codes[1], x0.y, dot);
+                dot = bitcos_cuda_dp4a(codes[2], x0.z, dot);
+                dot = bitcos_cuda_dp4a(codes[3], x0.w, dot);
+                dot = bitcos_cuda_dp4a(codes[4], x1.x, dot);
+                dot = bitcos_cuda_dp4a(codes[5], x1.y, dot);
+                dot = bitcos_cuda_dp4a(codes[6], x1.z, dot);
+                dot = bitcos_cuda_dp4a(codes[7], x1.w, dot);
+                acc[c] += (float) dot * (ws * d[c * d_stride + w]);
+            }
+        }
+        cursor += (uint32_t) total;
+    };
     constexpr uint32_t STEP = 2 * LANES;
     const uint32_t n_words = (uint32_t) l.n_words;
     uint32_t w0 = 0;
     for (; w0 + STEP <= n_words; w0 += STEP) {
         step(w0 + 2 * (uint32_t) seg_lane, true, true);
     }
-    if (w0 < n_words) {
-        const uint32_t w = w0 + 2 * (uint32_t) seg_lane;
-        step(w, w < n_words, w + 1 < n_words);
+    if (w0 < n_words) {                               // uniform: n_words - w0 words left, 1 .. 2 LANES - 1
+        const uint32_t w = w0 + (uint32_t) seg_lane;
+        half_step(w, w < n_words);
+        if (w0 + LANES < n_words) {
+            half_step(w + LANES, w + LANES < n_words);
+        }
     }
     const float scale = bitcos_cuda_row_scale(l, r);
     for (int c = 0; c < NC; ++c) {

@@ -262,7 +262,8 @@ def test_cuda_kernels_in_host_emulation(host_emulation, tmp_path, variant):
     batched tile kernel in both modes) run on the CPU through tests/cuda/host-shim (a thread per CUDA thread,
     real barriers and shuffles, wmma with its alignment rules) and checked as on a GPU, on a small set: the
     batched cases at z 0.4 with K <= 640 (1-65 columns, partial units, rows past a tile), one case with K past
-    two whole mat-vec warp steps (LONG_K) and, for PT / MATRIX /
+    two whole mat-vec warp steps (LONG_K), three with rows ending mid-step at 32, 16 and 8 lanes a row and 37
+    rows (MID_STEP_K; the programs cycle the lanes a row by case number) and, for PT / MATRIX /
     ROW, the SYCL test's 3-matrix tensor through MUL_MAT_ID (its 300-column one, which fills several slot
     tiles per expert, only in test_mmq_tile_emulation: too slow here). scripts/gpu_session.sh runs the full
     set on a GPU."""

@@ -2,12 +2,13 @@
 // test program (tests/cuda/test-bitcos-cuda.cu). No ggml dependency; format offsets from bitcos-format.h.
 //
 // Design (why):
-//  * A warp per row. The weight blocks are row-major, so a warp reads consecutive bitmap words of one row
-//    (coalesced for PT and version 2; G128's 18-byte blocks are read as 16-bit halves). A version-2 row (any
-//    K % 32) is K/32 such words, so a partial last 128-weight unit needs no special case.
-//  * Sign offsets by a warp prefix sum. Each lane's first sign is the row cursor plus the exclusive
-//    prefix sum of the popcounts of the lanes before it (__shfl_up), so no lane walks another's bits; the
-//    cursor advances by the warp total (__shfl).
+//  * A warp segment per row (the mat-vec: 8 lanes, 4 rows a warp, so that short rows leave no lanes idle; the
+//    batched path: 4 lanes). The weight blocks are row-major, so a segment reads consecutive bitmap words of
+//    one row (coalesced for PT and version 2; G128's 18-byte blocks are read as 16-bit halves). A version-2
+//    row (any K % 32) is K/32 such words, so a partial last 128-weight unit needs no special case.
+//  * Sign offsets by a segmented prefix sum. Each lane's first sign is the row cursor plus the exclusive
+//    prefix sum of the popcounts of the segment's lanes before it (__shfl_up), so no lane walks another's
+//    bits; the cursor advances by the segment's total (__shfl).
 //  * pdep by table, as on Xe2 (bitcos-paper §II-D): a 4-weight group's codes are a function of its presence
 //    nibble and 4 sign bits; a table in shared memory returns the 4 codes as packed int8 (one 32-bit load).
 //  * Mat-vec (decode, up to 8 columns): int8 activations per 32 and dp4a, two words per lane, two per-lane
@@ -323,7 +324,7 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
     float acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
 
-    // words w (even) and w + 1; has1: whether w + 1 is in the row (w is whenever this runs on real data)
+    // words w (even) and w + 1 of a whole step (both in the row: has0 = has1 = true, the bounds checks compiled out)
     auto step = [&](uint32_t w, bool has0, bool has1) {
         uint32_t word0 = 0, word1 = 0;
         if (KIND == BITCOS_CUDA_G128) {               // word w: half-words at byte (w / 4) * 18 + 4 (w % 4)

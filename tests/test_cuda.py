@@ -64,8 +64,9 @@ def compile_cuda(nvcc_exe: str, source: Path, out: Path, arch: str, include: lis
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch):
     """The ggml-cuda glue (its kernels instantiated, device code through ptxas) and the standalone test
-    program compile warning-free for each architecture; the glue's object holds the mat-vec (every column
-    count, both table layouts), MUL_MAT_ID, activation-quantization and batched tensor-core kernels."""
+    program compile warning-free for each architecture; the glue's object holds the entry points the hooks
+    call (their temporaries' sizes included) and the mat-vec (every column count, both table layouts),
+    MUL_MAT_ID, activation-quantization and batched tensor-core kernels."""
     inc = [ggml_include, ROOT / "csrc", ROOT / "csrc" / "cuda"]
     obj = tmp_path / f"ggml-bitcos-cuda-{arch}.o"
     # the glue with ggml-cuda's own CUDA_FLAGS (its CMakeLists.txt: -use_fast_math -extended-lambda) and the host
@@ -75,6 +76,7 @@ def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch)
                         "-Wmissing-declarations,-Wmissing-noreturn,-Wcast-qual,-Wextra-semi"))
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
     for name in ("ggml_cuda_bitcos_supports_op", "ggml_cuda_bitcos_mul_mat(", "ggml_cuda_bitcos_mul_mat_id(",
+                 "ggml_cuda_bitcos_mul_mat_tmp_bytes(", "ggml_cuda_bitcos_mul_mat_id_tmp_bytes(",
                  "bitcos_cuda_mul_mat_vec_kernel<1, 32, 8>", "bitcos_cuda_mul_mat_vec_kernel<8, 8, 8>",
                  "bitcos_cuda_mul_mat_vec_id_kernel<32, 8>", "bitcos_cuda_mul_mat_vec_id_kernel<8, 8>",
                  "bitcos_cuda_quantize_q8_kernel", "bitcos_cuda_mul_mat_mmq_kernel"):

@@ -3,7 +3,7 @@
 // The weight and its companion sit in the same device buffer (the loader creates the companion in the
 // weight's context) and were validated on the host by the loader before upload, so the kernels read the
 // companion's header, row index and sign pool unchecked. Both paths run on activations quantized per 32 values
-// (bitcos_cuda_quantize_q8_kernel into a stream-ordered temporary). Mat-vec (up to BITCOS_CUDA_MMQ_MIN_COLS
+// (bitcos_cuda_quantize_q8_kernel into a ggml-cuda pool temporary). Mat-vec (up to BITCOS_CUDA_MMQ_MIN_COLS
 // columns): blocks of 16 warps, 8 lanes a row (4 rows a warp: BITCOS_CUDA_GEMV_LANES), one block per
 // multiprocessor, each block's 64 KiB decode tables filled once for the many rows it takes. More columns: the
 // batched tensor-core kernel (bitcos-cuda.cuh; compute capability 7.2+, older devices keep the mat-vec, 8
@@ -113,7 +113,42 @@ void launch_gemv(cudaStream_t stream, int nc, const gemv_shape & shape, const ui
     });
 }
 
+// The temporary of a call: the activations' per-32 scales (fp32, nqb per column), then their int8 codes (k_pad
+// per column: 16-byte aligned, as the kernels' uint4 loads need, since nqb % 4 == 0, k_pad % 128 == 0 and the
+// hook's pool allocation is at least 128-byte aligned), then MUL_MAT_ID's batched path's per-expert counts and
+// slot lists. The hooks allocate it from ggml-cuda's pool (ggml-bitcos-cuda.cuh).
+static size_t quantized_bytes(int64_t k, int64_t ncols) {
+    const int64_t k_pad = bitcos_cuda_mmq_k_pad(k);
+    return (size_t) (ncols * (k_pad / BITCOS_CUDA_MMQ_QBLOCK) * (int64_t) sizeof(float) + ncols * k_pad);
+}
+
+// MUL_MAT_ID's path: the batched kernel above 8 tokens (compute capability 7.2+, experts within grid.z).
+static bool mul_mat_id_batched(const ggml_tensor * dst) {
+    const int64_t n_experts = dst->src[0]->ne[2], n_tokens = dst->src[2]->ne[1];
+    return n_tokens > BITCOS_CUDA_MMQ_MIN_COLS && n_experts <= 65535 && mmq_available();
+}
+
+static size_t mul_mat_id_tmp_bytes(const ggml_tensor * dst, bool batched) {
+    const ggml_tensor * src0 = dst->src[0];
+    const int64_t n_experts = src0->ne[2], cap = dst->src[2]->ne[0] * dst->src[2]->ne[1];
+    return quantized_bytes(src0->ne[0], dst->src[1]->ne[1] * dst->src[2]->ne[1]) +
+           (batched ? (size_t) (n_experts + n_experts * cap) * sizeof(int32_t) : 0);
+}
+
+static void check_tmp(const void * tmp, size_t tmp_bytes, size_t need) {
+    GGML_ASSERT(tmp_bytes >= need && "BITCOS CUDA temporary smaller than its tmp_bytes");
+    GGML_ASSERT(reinterpret_cast<uintptr_t>(tmp) % 16 == 0 && "BITCOS CUDA temporary not 16-byte aligned");
+}
+
 }  // namespace
+
+size_t ggml_cuda_bitcos_mul_mat_tmp_bytes(const ggml_tensor * src0, const ggml_tensor * src1) {
+    return quantized_bytes(src0->ne[0], src1->ne[1]);      // one batch at a time, the space reused
+}
+
+size_t ggml_cuda_bitcos_mul_mat_id_tmp_bytes(const ggml_tensor * dst) {
+    return mul_mat_id_tmp_bytes(dst, mul_mat_id_batched(dst));
+}
 
 bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op) {
     if (!ggml_bitcos_gpu_supports_op(op)) {
@@ -128,7 +163,8 @@ bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op) {
     return true;
 }
 
-void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
+void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
+                              void * tmp, size_t tmp_bytes) {
     int64_t view_row0 = 0;
     const ggml_tensor * base = bitcos_base(src0, &view_row0);
     const uint8_t * w = static_cast<const uint8_t *>(base->data);
@@ -142,13 +178,12 @@ void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, con
     const int64_t d1 = dst->nb[1] / sizeof(float), d2 = dst->nb[2] / sizeof(float), d3 = dst->nb[3] / sizeof(float);
     const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;                 // broadcast of the weight's matrices
 
-    // activations quantized per 32 into a stream-ordered temporary (one batch at a time, reused; the stream
-    // orders the reuse), then the batched tensor-core kernel (more than 8 columns) or the mat-vec
+    // activations quantized per 32 into the hook's temporary (one batch at a time, reused; the stream orders
+    // the reuse), then the batched tensor-core kernel (more than 8 columns) or the mat-vec
     const int64_t k = src0->ne[0], k_pad = bitcos_cuda_mmq_k_pad(k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
     const bool batched = ne11 > BITCOS_CUDA_MMQ_MIN_COLS && mmq_available();
     const gemv_shape shape = batched ? gemv_shape{} : gemv_launch_shape();
-    void * tmp = nullptr;
-    check_cuda(cudaMallocAsync(&tmp, (size_t) (ne11 * nqb * sizeof(float) + ne11 * k_pad), stream), "cudaMallocAsync");
+    check_tmp(tmp, tmp_bytes, ggml_cuda_bitcos_mul_mat_tmp_bytes(src0, src1));
     float  * xd = static_cast<float *>(tmp);
     int8_t * xq = reinterpret_cast<int8_t *>(xd + ne11 * nqb);      // 16-byte aligned: nqb % 4 == 0
     const dim3 mgrid((unsigned) ((rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
@@ -174,10 +209,9 @@ void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, con
         }
     }
     check_launch();
-    check_cuda(cudaFreeAsync(tmp, stream), "cudaFreeAsync");
 }
 
-void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst) {
+void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst, void * tmp, size_t tmp_bytes) {
     const ggml_tensor * src0 = dst->src[0];
     const ggml_tensor * src1 = dst->src[1];
     const ggml_tensor * ids  = dst->src[2];
@@ -193,13 +227,10 @@ void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst) {
     // every activation column quantized per 32 (both paths); then either the (token, slot) pairs grouped by
     // expert on the device and one tile-kernel launch over (row tiles, slot tiles, experts), or the mat-vec
     // over (rows, slots)
-    const bool batched = n_tokens > BITCOS_CUDA_MMQ_MIN_COLS && n_experts <= 65535 && mmq_available();
+    const bool batched = mul_mat_id_batched(dst);
     const int64_t k = src0->ne[0], k_pad = bitcos_cuda_mmq_k_pad(k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
     const int64_t ne11 = src1->ne[1], n_cols = ne11 * n_tokens, cap = n_used * n_tokens;
-    void * tmp = nullptr;
-    const size_t bytes = (size_t) (n_cols * nqb * sizeof(float) + n_cols * k_pad) +
-                         (batched ? (size_t) (n_experts + n_experts * cap) * sizeof(int32_t) : 0);
-    check_cuda(cudaMallocAsync(&tmp, bytes, stream), "cudaMallocAsync");
+    check_tmp(tmp, tmp_bytes, mul_mat_id_tmp_bytes(dst, batched));
     float   * xd     = static_cast<float *>(tmp);
     int8_t  * xq     = reinterpret_cast<int8_t *>(xd + n_cols * nqb);
     quantize_columns(stream, static_cast<const float *>(src1->data), xq, xd, k, n_cols,
@@ -240,5 +271,4 @@ void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst) {
         }
     }
     check_launch();
-    check_cuda(cudaFreeAsync(tmp, stream), "cudaFreeAsync");
 }

@@ -109,10 +109,12 @@ BATCHED_SHAPES = ((37, 33), (19, 64), (33, 9), (5, 8), (3, 1), (45, 65))     # (
 # K past two of the mat-vec's 64-word warp steps, ending in a partial one (odd for MATRIX / ROW)
 LONG_K = {Variant.G128: 4224, Variant.PT: 4224, Variant.B128: 4224, Variant.B256: 4352, Variant.MATRIX: 4192,
           Variant.ROW: 4192}
-# K whose rows end mid-step for every lane count of the mat-vec (bitcos_cuda_gemv_lanes: 32 / 16 / 8 lanes a row,
-# steps of 64 / 32 / 16 words): 68, 72 and (odd) 69 words: 1 / 2 / 4 whole steps, then 4, 8 or 5 words
-MID_STEP_K = {Variant.G128: 2176, Variant.PT: 2176, Variant.B128: 2176, Variant.B256: 2304, Variant.MATRIX: 2208,
-              Variant.ROW: 2208}
+# K whose rows end mid-step for every lane count of the mat-vec (32 / 16 / 8 lanes a row, steps of 64 / 32 / 16
+# words; the rest a word per lane in one or two half steps): 76 and (odd) 77 words: 1 / 2 / 4 whole steps, then
+# 12 or 13 words (two half steps at 8 lanes); B256, 88 words: 1 / 2 / 5 whole steps, then 24 / 24 / 8 (two half
+# steps at 16 lanes)
+MID_STEP_K = {Variant.G128: 2432, Variant.PT: 2432, Variant.B128: 2432, Variant.B256: 2816, Variant.MATRIX: 2464,
+              Variant.ROW: 2464}
 
 
 def batched_cases(rng: np.random.Generator, variant: Variant, zs: tuple[float, ...] = (0.0, 0.4, 1.0)) -> list[dict]:
@@ -265,7 +267,8 @@ def test_cuda_kernels_in_host_emulation(host_emulation, tmp_path, variant):
     real barriers and shuffles, wmma with its alignment rules) and checked as on a GPU, on a small set: the
     batched cases at z 0.4 with K <= 640 (1-65 columns, partial units, rows past a tile), one case with K past
     two whole mat-vec warp steps (LONG_K), three with rows ending mid-step at 32, 16 and 8 lanes a row and 37
-    rows (MID_STEP_K; the programs cycle the lanes a row by case number) and, for PT / MATRIX /
+    rows (MID_STEP_K; the programs cycle the lanes a row by case number for 1 and 4 columns and MUL_MAT_ID)
+    and, for PT / MATRIX /
     ROW, the SYCL test's 3-matrix tensor through MUL_MAT_ID (its 300-column one, which fills several slot
     tiles per expert, only in test_mmq_tile_emulation: too slow here). scripts/gpu_session.sh runs the full
     set on a GPU."""
@@ -280,9 +283,9 @@ def test_cuda_kernels_in_host_emulation(host_emulation, tmp_path, variant):
     c.update(row0=0, n_rows=6, wg=16)
     cases.append(c)
     # rows ending mid-step, three consecutive cases (the test programs take 32 / 16 / 8 lanes a row by case
-    # number % 3): 37 rows, not a multiple of 2 or 4 rows a warp, two row-group rounds of the 2-block grid
-    # with 8 lanes (32 rows a round), the last group with 1 of 4 rows; 1, 3 and 2 columns
-    for rows, n_x in ((37, 1), (37, 3), (37, 2)):
+    # number % 3 for 1 and 4 columns, 8 otherwise): 37 rows, not a multiple of 2 or 4 rows a warp, two
+    # row-group rounds of the 2-block grid with 8 lanes (32 rows a round), the last group with 1 of 4 rows
+    for rows, n_x in ((37, 1), (37, 4), (37, 1)):
         c = ref.make_case(rng, variant, rows + 2, MID_STEP_K[variant], 0.4, n_x)
         c.update(row0=1, n_rows=rows, wg=16)
         cases.append(c)

@@ -50,8 +50,8 @@ int main(int argc, char ** argv) {
             std::memcpy(d_comp, c.comp.data(), c.comp.size());
             std::memcpy(d_x, c.x.data(), c.x.size());
             // as test-bitcos-cuda.cu: quantize, the mat-vec in groups of up to 8 columns (64 KiB tables for odd
-            // case numbers, 16 KiB for even ones; 32 / 16 / 8 lanes a row by case number % 3; 2 blocks at most, so
-            // that warps take several row groups), then batched
+            // case numbers, 16 KiB for even ones; 8 lanes a row, for 1 and 4 columns and MUL_MAT_ID 32 / 16 / 8 by
+            // case number % 3; 2 blocks at most, so that warps take several row groups), then batched
             const int64_t k_pad = bitcos_cuda_mmq_k_pad((int64_t) k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
             int8_t * d_q = dev_alloc<int8_t>(n_x * k_pad);
             float * d_d = dev_alloc<float>(n_x * nqb);
@@ -60,23 +60,25 @@ int main(int argc, char ** argv) {
             });
             const bool full_copies = case_no % 2 == 1;
             const int warps = 4, lanes = 32 >> (case_no % 3);
-            const uint64_t rows_per_block = (uint64_t) warps * (BITCOS_CUDA_WARP / lanes);
             std::memset(d_dst, 0xFF, 4 * n_x * n_rows);
             for (uint64_t c0 = 0; c0 < n_x; c0 += BITCOS_CUDA_MAX_COLS) {
                 const int nc = (int) std::min<uint64_t>(BITCOS_CUDA_MAX_COLS, n_x - c0);
                 auto gemv = [&](auto copies) {
                     constexpr int COPIES = decltype(copies)::value;
-                    bitcos_cuda_with_lanes(lanes, [&](auto lv) {
-                        constexpr int LANES = decltype(lv)::value;
-                        bitcos_cuda_with_cols(nc, [&](auto ncv) {
-                            constexpr int NC = decltype(ncv)::value;
+                    bitcos_cuda_with_cols(nc, [&](auto ncv) {
+                        constexpr int NC = decltype(ncv)::value;
+                        auto run = [&](auto lv) {
+                            constexpr int LANES = decltype(lv)::value;
+                            const uint64_t rows_per_block = (uint64_t) warps * (BITCOS_CUDA_WARP / LANES);
                             launch(dim3((unsigned) std::min<uint64_t>(2, (n_rows + rows_per_block - 1) / rows_per_block)),
                                    dim3(BITCOS_CUDA_WARP, warps), [&] {
                                 bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES>(d_blk, d_comp, d_q + c0 * k_pad,
                                     d_d + c0 * nqb, d_dst + c0 * n_rows, (int64_t) row0, (int64_t) n_rows, k_pad,
                                     (int64_t) n_rows);
                             });
-                        });
+                        };
+                        if constexpr (NC == 1 || NC == 4) bitcos_cuda_with_lanes(lanes, run);
+                        else run(std::integral_constant<int, BITCOS_CUDA_GEMV_LANES>{});
                     });
                 };
                 if (full_copies) gemv(std::integral_constant<int, 32>{});

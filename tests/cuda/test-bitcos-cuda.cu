@@ -49,8 +49,9 @@ int main(int argc, char ** argv) {
             CHECK(cudaMemcpy(d_comp, c.comp.data(), ncomp, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(d_x, c.x.data(), c.x.size(), cudaMemcpyHostToDevice));
             // the activations quantized per 32 (both paths), then the mat-vec in groups of up to 8 columns (64 KiB
-            // tables for odd case numbers, the 8-copy 16 KiB layout for even ones; 32 / 16 / 8 lanes a row by case
-            // number % 3, whatever the glue would take for the case's K), then the batched path on the
+            // tables for odd case numbers, the 8-copy 16 KiB layout for even ones; 8 lanes a row as the glue, and
+            // for 1 and 4 columns and MUL_MAT_ID 32 / 16 / 8 lanes by case number % 3: fewer instances to compile),
+            // then the batched path on the
             // same case, whatever its column count (the glue takes it above 8 columns)
             const int64_t k_pad = bitcos_cuda_mmq_k_pad((int64_t) k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
             int8_t * d_q; float * d_d;
@@ -61,13 +62,13 @@ int main(int argc, char ** argv) {
             CHECK(cudaGetLastError());
             const bool full_copies = case_no % 2 == 1;
             const int warps = 4, lanes = 32 >> (case_no % 3);
-            const uint64_t rows_per_block = (uint64_t) warps * (BITCOS_CUDA_WARP / lanes);
             auto gemv = [&](auto copies, int nc, int64_t c0) {
                 constexpr int COPIES = decltype(copies)::value, bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES;
-                bitcos_cuda_with_lanes(lanes, [&](auto lv) {
-                    constexpr int LANES = decltype(lv)::value;
-                    bitcos_cuda_with_cols(nc, [&](auto ncv) {
-                        constexpr int NC = decltype(ncv)::value;
+                bitcos_cuda_with_cols(nc, [&](auto ncv) {
+                    constexpr int NC = decltype(ncv)::value;
+                    auto run = [&](auto lv) {
+                        constexpr int LANES = decltype(lv)::value;
+                        const uint64_t rows_per_block = (uint64_t) warps * (BITCOS_CUDA_WARP / LANES);
                         CHECK(cudaFuncSetAttribute(bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
                         // 2 blocks at most, so that warps take several row groups each
@@ -75,7 +76,9 @@ int main(int argc, char ** argv) {
                         bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES><<<gx, dim3(BITCOS_CUDA_WARP, warps), bytes>>>(
                             d_blk, d_comp, d_q + c0 * k_pad, d_d + c0 * nqb, d_dst + c0 * n_rows, (int64_t) row0,
                             (int64_t) n_rows, k_pad, (int64_t) n_rows);
-                    });
+                    };
+                    if constexpr (NC == 1 || NC == 4) bitcos_cuda_with_lanes(lanes, run);
+                    else run(std::integral_constant<int, BITCOS_CUDA_GEMV_LANES>{});
                 });
             };
             CHECK(cudaMemset(d_dst, 0xFF, 4 * n_x * n_rows));      // NaN: an unwritten output fails the check

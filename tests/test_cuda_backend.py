@@ -19,8 +19,6 @@ import json
 import os
 import re
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +26,8 @@ import pytest
 
 from ggml_bitcos import llama_tools
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX
+from gpu_offload import GPU_MODELS, LazyModels, generate
 
-REPO = Path(__file__).resolve().parent.parent
-PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 DEVICE = "CUDA0"
 
 
@@ -65,56 +62,10 @@ def test_op_level_against_cpu(cuda_build: Path) -> None:
     assert "skipped" not in r.stdout, r.stdout[-3000:]     # every variant runs on the device
 
 
-_GENERATE = textwrap.dedent("""
-    import sys
-    import numpy as np
-    from ggml_bitcos import llama_run
-    model, out, n_tokens, ngl = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    g = llama_run.greedy_generate(model, sys.argv[5], n_tokens, n_threads=1, n_gpu_layers=ngl, verbose=True)
-    np.savez(out, tokens=np.array(g.tokens), logits=g.logits)
-""")
-
-
-def _generate(model: Path, out: Path, ngl: int, n_tokens: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """Greedy tokens and logits in a fresh process, and llama.cpp's load log (stderr). One CPU thread: what
-    stays on the CPU (embeddings, MoE routing) is then deterministic."""
-    r = subprocess.run([sys.executable, "-c", _GENERATE, str(model), str(out), str(n_tokens), str(ngl), PROMPT],
-                       capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-4000:]
-    z = np.load(out)
-    return z["tokens"], z["logits"], r.stderr
-
-
-# name: (make-model options, convert options), as tests/test_vulkan.py's models (seed 11, z = 0.42)
-MODELS = {
-    "dense-g128": (["--type", "tq2_0", "--scale", "g128"], ["--format-version", "1", "--scale", "128"]),
-    "dense-pt": (["--type", "tq2_0", "--scale", "tensor"], ["--format-version", "1", "--scale", "tensor"]),
-    "moe-g128": (["--type", "tq2_0", "--scale", "g128", "--moe", "4"], ["--format-version", "1", "--scale", "128"]),
-    "dense-b256": (["--type", "tq2_0", "--scale", "g128"], ["--scale", "256"]),
-    "dense-matrix": (["--type", "tq2_0", "--scale", "tensor"], ["--scale", "tensor"]),
-    "moe-b256": (["--type", "tq2_0", "--scale", "g128", "--moe", "4"], ["--scale", "256"]),
-    "dense-matrix-k288": (["--type", "f16", "--scale", "tensor", "--n-embd", "288", "--n-ff", "608"],
-                          ["--scale", "tensor"]),
-}
-
-
 @pytest.fixture(scope="session")
 def models(tmp_path_factory, cuda_build) -> dict[str, tuple[Path, Path]]:
-    """(source, BITCOS conversion) per MODELS entry, built on first use."""
-    d = tmp_path_factory.mktemp("cuda")
-
-    class Lazy(dict):
-        def __missing__(self, name: str) -> tuple[Path, Path]:
-            make, conv = MODELS[name]
-            src, out = d / f"{name}-src.gguf", d / f"{name}-bitcos.gguf"
-            for args in (["make-model", "-o", str(src), "--preset", "tiny", "--zero-density", "0.42", "--seed", "11",
-                          *make], ["convert", str(src), "-o", str(out), *conv]):
-                r = subprocess.run([sys.executable, "-m", "ggml_bitcos", *args], capture_output=True, text=True)
-                assert r.returncode == 0, r.stdout + r.stderr
-            self[name] = (src, out)
-            return self[name]
-
-    return Lazy()
+    """(source, BITCOS conversion) per gpu_offload.GPU_MODELS entry (the Vulkan test's models), built on first use."""
+    return LazyModels(tmp_path_factory.mktemp("cuda"))
 
 
 def _tensor_mib(model: Path, pick) -> float:
@@ -128,7 +79,7 @@ def _bitcos_mib(model: Path) -> float:
     return _tensor_mib(model, lambda t: int(t.tensor_type) in BITCOS_TYPE_IDS or t.name.endswith(COMPANION_SUFFIX))
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", list(GPU_MODELS))
 def test_offloaded_bitcos_same_tokens_as_cpu(models, tmp_path: Path, name: str) -> None:
     """All layers on the GPU vs all on the CPU: the first 4 greedy tokens identical and the prompt's logits
     within 2e-2 of the largest (every op of the graph rounds differently on the device, and the batched
@@ -136,11 +87,11 @@ def test_offloaded_bitcos_same_tokens_as_cpu(models, tmp_path: Path, name: str) 
     from the CPU by 1.4-1.6e-2 for these models). The CPU keeps only the embeddings: every BITCOS weight is
     in CUDA0's buffer (a backend refusing its type would leave it on the CPU)."""
     _, out = models[name]
-    t_gpu, l_gpu, log = _generate(out, tmp_path / "gpu.npz", ngl=-1, n_tokens=4)
+    t_gpu, l_gpu, log = generate(out, tmp_path / "gpu.npz", ngl=-1, n_tokens=4)
     assert re.search(r"offloaded (\d+)/\1 layers", log), log[-3000:]
     device = sum(float(m) for m in re.findall(rf"{DEVICE} model buffer size =\s*([0-9.]+) MiB", log))
     assert device >= _bitcos_mib(out), (device, _bitcos_mib(out), log[-3000:])
-    t_cpu, l_cpu, _ = _generate(out, tmp_path / "cpu.npz", ngl=0, n_tokens=4)
+    t_cpu, l_cpu, _ = generate(out, tmp_path / "cpu.npz", ngl=0, n_tokens=4)
     print(json.dumps({"model": name, "tokens_gpu": t_gpu.tolist(), "tokens_cpu": t_cpu.tolist(),
                       "max_prompt_logit_diff": float(np.abs(l_gpu[0] - l_cpu[0]).max()),
                       "max_prompt_logit": float(np.abs(l_cpu[0]).max())}))
@@ -154,7 +105,7 @@ def test_device_memory_bitcos_vs_tq2_0(models, tmp_path: Path) -> None:
     they are smaller than the TQ2_0 source's weights (ggml-cuda cannot offload TQ2_0 itself; its file bytes
     are what a backend with TQ2_0 would hold)."""
     src, out = models["dense-pt"]
-    _, _, log = _generate(out, tmp_path / "gpu.npz", ngl=-1, n_tokens=1)
+    _, _, log = generate(out, tmp_path / "gpu.npz", ngl=-1, n_tokens=1)
     device = sum(float(m) for m in re.findall(rf"{DEVICE} model buffer size =\s*([0-9.]+) MiB", log))
     bitcos = _bitcos_mib(out)
     tq2_0 = _tensor_mib(src, lambda t: t.tensor_type.name == "TQ2_0")

@@ -21,7 +21,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +28,8 @@ import pytest
 
 from ggml_bitcos import llama_run, llama_tools
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, TYPE_ID_BITMAP
+from gpu_offload import PROMPT, LazyModels, generate
 
-PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 N_TOKENS = 32
 
 
@@ -72,63 +71,16 @@ def test_op_level_against_cpu_and_tq2_0(vulkan_build: Path) -> None:
     assert "skipped" not in r.stdout, r.stdout[-3000:]
 
 
-_GENERATE = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    from ggml_bitcos import llama_run
-    model, out, n_tokens, ngl, mmap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
-    g = llama_run.greedy_generate(model, sys.argv[6], n_tokens, n_threads=1, use_mmap=mmap, n_gpu_layers=ngl,
-                                  verbose=True)
-    np.savez(out, tokens=np.array(g.tokens), logits=g.logits)
-""")
-
-
 def _generate(model: Path, out: Path, ngl: int, n_tokens: int = N_TOKENS, mmap: bool = True,
               prompt: str = PROMPT) -> tuple[np.ndarray, np.ndarray, str]:
-    """Greedy tokens and logits in a fresh process (the device is chosen by its environment), and the
-    llama.cpp log of the load (stderr). One CPU thread: what stays on the CPU (embeddings, MoE routing) is
-    then deterministic; upstream's 2-thread CPU MoE path is not on a loaded host (see test_e2e)."""
-    r = subprocess.run([sys.executable, "-c", _GENERATE, str(model), str(out), str(n_tokens), str(ngl),
-                        "1" if mmap else "0", prompt], env=_vulkan_env(), capture_output=True, text=True,
-                       timeout=900, cwd=Path(__file__).resolve().parent.parent)
-    assert r.returncode == 0, r.stderr[-4000:]
-    z = np.load(out)
-    return z["tokens"], z["logits"], r.stderr
-
-
-# name: (make-model options, convert options). Version 1 (`--format-version 1`): G128, PT; version 2 (the
-# default): a TQ2_0 source with block scales converts to B256 (its one fp16 scale per 256 weights), one with a
-# scale per matrix to MATRIX. "dense-matrix-k288": F16 source rows of 288 and 608 weights (attention and FFN
-# inputs), so every version-2 weight ends in a partial 128-weight unit (32 and 96 weights); no TQ2_0 twin.
-VK_MODELS = {
-    "dense-g128": (["--type", "tq2_0", "--scale", "g128"], ["--format-version", "1", "--scale", "128"]),
-    "dense-pt": (["--type", "tq2_0", "--scale", "tensor"], ["--format-version", "1", "--scale", "tensor"]),
-    "moe-g128": (["--type", "tq2_0", "--scale", "g128", "--moe", "4"], ["--format-version", "1", "--scale", "128"]),
-    "dense-b256": (["--type", "tq2_0", "--scale", "g128"], ["--scale", "256"]),
-    "dense-matrix": (["--type", "tq2_0", "--scale", "tensor"], ["--scale", "tensor"]),
-    "moe-b256": (["--type", "tq2_0", "--scale", "g128", "--moe", "4"], ["--scale", "256"]),
-    "dense-matrix-k288": (["--type", "f16", "--scale", "tensor", "--n-embd", "288", "--n-ff", "608"],
-                          ["--scale", "tensor"]),
-}
+    """gpu_offload.generate on the Vulkan device (lavapipe in CI)."""
+    return generate(model, out, ngl, n_tokens, prompt=prompt, mmap=mmap, env=_vulkan_env())
 
 
 @pytest.fixture(scope="session")
 def vk_models(tmp_path_factory, vulkan_build) -> dict[str, tuple[Path, Path]]:
-    """(source, BITCOS conversion) per VK_MODELS entry: tiny llama, z = 0.42, seed 11. Built on first use."""
-    d = tmp_path_factory.mktemp("vk")
-
-    class Lazy(dict):
-        def __missing__(self, name: str) -> tuple[Path, Path]:
-            make, conv = VK_MODELS[name]
-            src, out = d / f"{name}-src.gguf", d / f"{name}-bitcos.gguf"
-            for args in (["make-model", "-o", str(src), "--preset", "tiny", "--zero-density", "0.42", "--seed", "11",
-                          *make], ["convert", str(src), "-o", str(out), *conv]):
-                r = subprocess.run([sys.executable, "-m", "ggml_bitcos", *args], capture_output=True, text=True)
-                assert r.returncode == 0, r.stdout + r.stderr
-            self[name] = (src, out)
-            return self[name]
-
-    return Lazy()
+    """(source, BITCOS conversion) per gpu_offload.GPU_MODELS entry, built on first use."""
+    return LazyModels(tmp_path_factory.mktemp("vk"))
 
 
 def _weight_types(model: Path) -> set[int]:

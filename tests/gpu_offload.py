@@ -4,12 +4,16 @@ One table for both, so a model that checks a format path on one backend checks i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+from ggml_bitcos import llama_tools
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
@@ -71,3 +75,26 @@ def generate(model: Path, out: Path, ngl: int, n_tokens: int, prompt: str = PROM
     assert r.returncode == 0, r.stderr[-4000:]
     z = np.load(out)
     return z["tokens"], z["logits"], r.stderr
+
+
+def backend_bin(backend: str, device: str, require_var: str, env: dict[str, str] | None = None) -> Path:
+    """llama_cpp/bin of the installed patched build when it has the ggml backend `backend` (its library
+    libggml-<backend>.so, e.g. "cuda", "vulkan") and test-bitcos-backend lists `device`; else the test skips, or
+    fails when the environment sets `require_var` to 1 (a machine that must have that device)."""
+    def unavailable(why: str):
+        if os.environ.get(require_var) == "1":
+            pytest.fail(f"{require_var}=1 but {why}")
+        pytest.skip(why)
+
+    pkg = llama_tools.llama_cpp_dir()
+    assert pkg is not None
+    if not list((pkg / "lib").glob(f"libggml-{backend}.so*")):
+        unavailable(f"the installed llama.cpp has no {backend} backend "
+                    f"(CMAKE_ARGS=-DGGML_{backend.upper()}=ON ./scripts/install.sh)")
+    exe = pkg / "bin" / "test-bitcos-backend"
+    if not exe.is_file():
+        unavailable(f"{exe} is not built")
+    r = subprocess.run([str(exe), "--list"], env=env, capture_output=True, text=True, timeout=120)
+    if device not in r.stdout:
+        unavailable(f"no {device} visible:\n{r.stdout}{r.stderr[-2000:]}")
+    return pkg / "bin"

@@ -16,7 +16,6 @@ standalone test program and their source through a host emulation; this module t
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -24,9 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggml_bitcos import llama_tools
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX
-from gpu_offload import GPU_MODELS, LazyModels, generate
+from gpu_offload import GPU_MODELS, LazyModels, backend_bin, generate
 
 DEVICE = "CUDA0"
 
@@ -35,22 +33,7 @@ DEVICE = "CUDA0"
 def cuda_build(patched_llama) -> Path:
     """llama_cpp/bin of a patched build with ggml-cuda and a CUDA device; skips (or fails under
     BITCOS_REQUIRE_CUDA=1) otherwise."""
-    def unavailable(why: str):
-        if os.environ.get("BITCOS_REQUIRE_CUDA") == "1":
-            pytest.fail(f"BITCOS_REQUIRE_CUDA=1 but {why}")
-        pytest.skip(why)
-
-    pkg = llama_tools.llama_cpp_dir()
-    assert pkg is not None
-    if not list((pkg / "lib").glob("libggml-cuda.so*")):
-        unavailable("the installed llama.cpp has no CUDA backend (CMAKE_ARGS=-DGGML_CUDA=ON ./scripts/install.sh)")
-    exe = pkg / "bin" / "test-bitcos-backend"
-    if not exe.is_file():
-        unavailable(f"{exe} is not built")
-    r = subprocess.run([str(exe), "--list"], capture_output=True, text=True, timeout=120)
-    if DEVICE not in r.stdout:
-        unavailable(f"no CUDA device visible:\n{r.stdout}{r.stderr[-2000:]}")
-    return pkg / "bin"
+    return backend_bin("cuda", DEVICE, "BITCOS_REQUIRE_CUDA")
 
 
 def test_op_level_against_cpu(cuda_build: Path) -> None:

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggml_bitcos import llama_run, llama_tools
+from ggml_bitcos import llama_run
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, TYPE_ID_BITMAP
-from gpu_offload import PROMPT, LazyModels, generate
+from gpu_offload import PROMPT, LazyModels, backend_bin, generate
 
 N_TOKENS = 32
 
@@ -41,24 +41,9 @@ def _vulkan_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def vulkan_build(patched_llama) -> Path:
-    """llama_cpp/bin of a patched build with the Vulkan backend and a usable device; skips (or fails under
-    BITCOS_REQUIRE_VULKAN=1) otherwise."""
-    def unavailable(why: str):
-        if os.environ.get("BITCOS_REQUIRE_VULKAN") == "1":
-            pytest.fail(f"BITCOS_REQUIRE_VULKAN=1 but {why}")
-        pytest.skip(why)
-
-    pkg = llama_tools.llama_cpp_dir()
-    assert pkg is not None
-    if not list((pkg / "lib").glob("libggml-vulkan.so*")):
-        unavailable("the installed llama.cpp has no Vulkan backend (CMAKE_ARGS=-DGGML_VULKAN=ON ./scripts/install.sh)")
-    exe = pkg / "bin" / "test-bitcos-backend"
-    if not exe.is_file():
-        unavailable(f"{exe} is not built")
-    r = subprocess.run([str(exe), "--list"], env=_vulkan_env(), capture_output=True, text=True, timeout=120)
-    if "Vulkan0" not in r.stdout:
-        unavailable(f"no Vulkan device visible (GGML_VK_VISIBLE_DEVICES=0):\n{r.stdout}{r.stderr[-2000:]}")
-    return pkg / "bin"
+    """llama_cpp/bin of a patched build with the Vulkan backend and a usable device (GGML_VK_VISIBLE_DEVICES=0);
+    skips (or fails under BITCOS_REQUIRE_VULKAN=1) otherwise."""
+    return backend_bin("vulkan", "Vulkan0", "BITCOS_REQUIRE_VULKAN", env=_vulkan_env())
 
 
 def test_op_level_against_cpu_and_tq2_0(vulkan_build: Path) -> None:

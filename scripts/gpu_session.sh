@@ -65,6 +65,9 @@ relink_libs() {
 
 case "$step" in
 prepare)
+    # from scratch (the builds themselves are cached elsewhere): a package, wheel or .deb left by an earlier
+    # prepare would travel too, eating the 64 MiB, and two versions of one wheel stop the install there
+    rm -rf .gpu .gl
     mkdir -p .gpu/wheels .gl
     # (a) Vulkan
     CMAKE_ARGS="-DGGML_VULKAN=ON -DGGML_NATIVE=OFF ${CMAKE_ARGS:-}" python3 scripts/build_llama.py \

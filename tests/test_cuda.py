@@ -4,7 +4,7 @@ device exists (a lent GPU machine: scripts/gpu_session.sh), the kernel runs agai
 
 nvcc: $NVCC, else `nvcc` on PATH, else /usr/local/cuda/bin/nvcc. Skipped without it unless
 BITCOS_REQUIRE_CUDA_COMPILE=1 (CI sets it where nvcc exists). BITCOS_CUDA_TEST_EXE: a test program built
-elsewhere (scripts/gpu_session.sh builds it here for the GPU machine, which has no nvcc).
+elsewhere (scripts/gpu_session.sh builds it here, so that the GPU machine's minutes go to running it).
 """
 
 from __future__ import annotations

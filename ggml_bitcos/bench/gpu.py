@@ -103,9 +103,13 @@ def weight_bytes(model: Path) -> int:
     """Bytes of a model's ternary weights and BITCOS companions: what -ngl 99 puts on the device for them."""
     import gguf_tools
 
-    ternary = {"TQ1_0", "TQ2_0", "BITCOS_G128", "BITCOS_PT", "BITCOS", "I8"}   # I8: the companions
+    from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX
+
+    def ternary(t) -> bool:   # the format's list of BITCOS types, not a copy of their names here
+        return (t.tensor_type.name in ("TQ1_0", "TQ2_0") or int(t.tensor_type) in BITCOS_TYPE_IDS
+                or t.name.endswith(COMPANION_SUFFIX))
     reader = gguf_tools.open_gguf(model)
-    return sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type.name in ternary)
+    return sum(int(t.n_bytes) for t in reader.tensors if ternary(t))
 
 
 def device_buffer_mib(model: Path, device: str, timeout: float = 600) -> float:

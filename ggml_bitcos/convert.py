@@ -142,6 +142,7 @@ class TensorResult:
     name: str
     src_type: str
     ne: tuple[int, ...]
+    src_form: str = ""                # the source type's form where it has several (foreign.form_label)
     converted: bool = False
     variant: Variant | None = None
     reason: str = ""                  # why a candidate was not converted
@@ -202,6 +203,8 @@ def analyze_tensor(t: ReaderTensor, scale: str = "auto", format_version: int = V
     k = ne[0]
     n_rows = math.prod(ne[1:])
     res = TensorResult(t.name, type_name(t.tensor_type), ne, n_weights=k * n_rows, src_bytes=int(t.n_bytes))
+    if foreign.tensor_form(t):
+        res.src_form = foreign.form_label(int(t.tensor_type), foreign.tensor_form(t))
     is_tq = t.tensor_type in TQ_SOURCES
 
     if k == 0 or n_rows == 0:
@@ -293,6 +296,8 @@ class ConvertResult:
     out: Path
     tensors: list[TensorResult] = field(default_factory=list)
     verified: bool = False
+    notes: list[str] = field(default_factory=list)            # how the source was read (forms, I2_S layout)
+    layout_assumed: bool = False      # its I2_S tensors were read in the default layout, which the file does not record
     seconds: dict[str, float] = field(default_factory=dict)
     removed_stale: list[Path] = field(default_factory=list)   # temp files of killed runs removed (README)
 
@@ -426,24 +431,29 @@ def _nothing_to_convert(src: Path, result: ConvertResult, n_bitcos: int) -> str:
 def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: bool = False,
             verify: bool = True, force: bool = False, progress: bool = True,
             cache_bytes: int = DEFAULT_CACHE_BYTES, allow_copy: bool = False,
-            force_grow: bool = False, format_version: int = VERSION) -> ConvertResult:
+            force_grow: bool = False, format_version: int = VERSION, i2s_layout: str | None = None) -> ConvertResult:
     """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``); see the module docstring for the passes.
 
     ``scale``: auto | tensor | row | 256 | 128 (g128), the variants allowed (``SCALE_VARIANTS``) in
     ``format_version`` (2, or 1 for readers that predate it). Nothing converted is an error (no output) unless
     ``allow_copy``; a tensor whose BITCOS form would be larger than its source stays as it is unless
-    ``force_grow``; ``strict``: every ternary tensor must end up BITCOS.
+    ``force_grow``; ``strict``: every ternary tensor must end up BITCOS. ``i2s_layout``: the layout of the
+    source's I2_S tensors (``foreign.I2S_LAYOUTS``; None: the default, and the result says it was assumed).
     """
     scale_variants(scale, format_version)         # refuse a bad choice before any work
     src = Path(src)
     out = Path(out) if out is not None else default_output(src)
     check_paths(src, out, force)
-    reader = open_gguf(src)
+    reader = open_gguf(src, i2s_layout=i2s_layout)
     check_bitcos_file(reader, src)
     problem = foreign.source_problem(reader)
     if problem:
         raise ConvertError(f"{src}: {problem}")
-    result = ConvertResult(src, out)
+    result = ConvertResult(src, out, notes=list(reader.form_notes))
+    layout_note = foreign.i2_s_layout_note(reader)
+    if layout_note:
+        result.notes.append(layout_note)
+        result.layout_assumed = i2s_layout is None
     t0 = time.perf_counter()
     # the key/values to copy, read now; then the parsed vocabulary arrays are dropped (peak memory)
     metadata = _metadata_to_copy(reader)
@@ -465,7 +475,7 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
         enc = None
         if r.converted:
             r.out_bytes, r.companion_bytes = encoded_nbytes(a)
-            if _grows(r) and not force_grow and not foreign.must_convert(t.tensor_type):
+            if _grows(r) and not force_grow and not foreign.must_convert(t):
                 r.converted, r.grow_kept = False, True
                 n = max(r.n_weights, 1)
                 r.reason = (f"BITCOS {r.variant.name} would grow it: {8 * r.src_bytes / n:.4f} -> "
@@ -682,8 +692,9 @@ def summarize(result: ConvertResult) -> list[str]:
     src_b = sum(r.src_bytes for r in conv)
     by_var = {v: [r for r in conv if r.variant == v] for v in Variant}
     counts = ", ".join(f"{len(rs)} {v.name}" for v, rs in by_var.items() if rs)
-    lines = [f"converted {len(conv)} tensors{f' ({counts})' if counts else ''} of "
-             f"{len(result.tensors)}; copied {len(result.tensors) - len(conv)} unchanged"]
+    lines = [f"source: {note}" for note in result.notes]
+    lines.append(f"converted {len(conv)} tensors{f' ({counts})' if counts else ''} of "
+                 f"{len(result.tensors)}; copied {len(result.tensors) - len(conv)} unchanged")
     if n_w:
         lines.append(f"ternary weights {n_w:,}: zero density {n_z / n_w:.4f}, "
                      f"{8 * src_b / n_w:.4f} -> {8 * out_b / n_w:.4f} bits per weight (tensor data)")
@@ -700,10 +711,10 @@ def summarize(result: ConvertResult) -> list[str]:
         lines.append(f"kept in their source type: {len(grown)} tensor(s) that BITCOS would make larger "
                      f"(--force-grow converts them):")
     for r in grown:
-        lines.append(f"  {r.name} ({r.src_type}): {r.reason}")
+        lines.append(f"  {r.name} ({r.src_form or r.src_type}): {r.reason}")
     for r in result.skipped:
         if r.reason != "not ternary" and not r.grow_kept:
-            lines.append(f"not converted: {r.name} ({r.src_type}): {r.reason}")
+            lines.append(f"not converted: {r.name} ({r.src_form or r.src_type}): {r.reason}")
     n_nt = sum(1 for r in result.skipped if r.reason == "not ternary")
     if n_nt:
         lines.append(f"not converted: {n_nt} non-ternary tensor(s): " +
@@ -711,12 +722,21 @@ def summarize(result: ConvertResult) -> list[str]:
     size_in = result.src.stat().st_size
     size_out = result.out.stat().st_size if result.out.exists() else 0
     lines.append(f"{result.src} ({size_in / 1e6:.1f} MB) -> {result.out} ({size_out / 1e6:.1f} MB)"
-                 + (", verified bit-exact" if result.verified else ", not verified (--no-verify)"))
+                 + (f", {verified_words(result)}" if result.verified else ", not verified (--no-verify)"))
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items()))
     if result.removed_stale:
         lines.append(f"removed {len(result.removed_stale)} stale temporary file(s) of {result.out.name} left by "
                      f"killed runs: " + ", ".join(p.name for p in result.removed_stale))
     return lines
+
+
+def verified_words(result: ConvertResult) -> str:
+    """What the verification of a conversion established, in words: the output against the source *as read*,
+    and where how it was read is an assumption (an I2_S layout the file does not record), that too."""
+    words = "verified bit-exact against the source as read"
+    if result.layout_assumed:
+        words += f" (its I2_S tensors read in the assumed {foreign.I2S_DEFAULT_LAYOUT} layout: see 'source:' above)"
+    return words
 
 
 def _scale_words(v: Variant) -> str:
@@ -757,6 +777,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fallback", choices=sorted([*TARGETS, KEEP]), metavar="TYPE",
                    help="with --to: tensors that TYPE cannot hold exactly go to this type instead (f32 always "
                         "can; keep: leave them BITCOS); without it such a tensor is an error")
+    add_i2s_layout_option(p)
     p.add_argument("--no-verify", action="store_true", help="skip the bit-exact check of the output")
     p.add_argument("--cache-mb", type=int, default=DEFAULT_CACHE_BYTES >> 20, metavar="MB",
                    help="encodings kept in memory between the analyze and write passes (default "
@@ -767,13 +788,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_i2s_layout_option(p: argparse.ArgumentParser) -> None:
+    """``--i2s-layout`` (convert, stats): which of bitnet.cpp's layouts a source's I2_S tensors are in."""
+    p.add_argument("--i2s-layout", choices=foreign.I2S_LAYOUTS, default=None,
+                   help="the layout of the source's I2_S tensors, which the file does not record: x86 (the default: "
+                        "bitnet.cpp's x86 builds and Python converters), arm (llama-quantize on an ARM build), "
+                        "x86-rows4 (an x86 build without ACT_PARALLEL); FORMAT.md §7.1")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.to is not None:
         from . import convert_back
         if (args.scale != "auto" or args.strict or args.allow_copy or args.force_grow
-                or args.format_version is not None):
-            raise ConvertError("--to converts BITCOS back; --scale, --format-version, --strict, --allow-copy and "
-                               "--force-grow belong to the forward direction")
+                or args.format_version is not None or args.i2s_layout is not None):
+            raise ConvertError("--to converts BITCOS back; --scale, --format-version, --strict, --allow-copy, "
+                               "--force-grow and --i2s-layout belong to the forward direction")
         back = convert_back.convert_back(args.input, args.output, to=args.to, fallback=args.fallback,
                                          verify=not args.no_verify, force=args.force, progress=not args.quiet)
         if not args.quiet:
@@ -786,10 +815,14 @@ def run(args: argparse.Namespace) -> int:
     res = convert(args.input, args.output, scale=args.scale, strict=args.strict, verify=not args.no_verify,
                   force=args.force, progress=not args.quiet, allow_copy=args.allow_copy,
                   force_grow=args.force_grow, cache_bytes=args.cache_mb << 20,
-                  format_version=VERSION if args.format_version is None else args.format_version)
+                  format_version=VERSION if args.format_version is None else args.format_version,
+                  i2s_layout=args.i2s_layout)
     if not args.quiet:
         for line in summarize(res):
             print(line, file=sys.stderr)
+    elif res.layout_assumed:          # an assumption about the input is said even with -q
+        for note in res.notes:
+            print(f"source: {note}", file=sys.stderr)
     return 0
 
 

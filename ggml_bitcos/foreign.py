@@ -1,25 +1,33 @@
-"""Ternary GGUF tensor types of other llama.cpp lines, read and written in numpy (docs/FORMAT.md, "Input
-formats", has the layouts and where each fact comes from).
+"""Ternary GGUF tensor types of other llama.cpp lines, read and written in numpy (docs/FORMAT.md §7.1 has the
+layouts, the forms of each type that are read, and where each fact comes from).
 
 | type | id | block | bytes | scale | this project's llama.cpp loads it |
 |---|---|---|---|---|---|
-| ``I2_S`` (bitnet.cpp) | 36 | 128 | 32 per block + a 32-byte tensor tail | one fp32 per tensor, in the tail | no |
+| ``I2_S`` (bitnet.cpp) | 36 | 128 / 64 / 4 rows | n/4 + a 32-byte tensor tail | one fp32 per tensor, in the tail | no |
 | ``Q2_0`` (upstream ggml, from Prism ML) | 42 | 64 | 18 | fp16 per 64 | yes |
+| ``Q2_0``, Prism's legacy group-128 form | 42 | 128 | 34 (PQ2_0's bytes) | fp16 per 128 | no (misread as group 64) |
 | ``PQ2_0`` (Prism ML fork) | 142 | 128 | 34 | fp16 per 128 | no |
 | ``PTQ1_0`` (Prism ML fork) | 143 | 128 | 28 | fp16 per 128 | no |
+
+A *form* is what a type id means in a given file where producers disagree: I2_S has three layouts of the same
+bytes (``I2S_LAYOUTS``; the file does not record which, so the reader is told, x86 by default), and id 42 is
+either upstream's group-64 Q2_0 or Prism's older group-128 one (told apart by the tensors' data extents:
+``gguf_tools.reader``). The reader marks each tensor with its form (``SourceTensor.form``); every function
+here that decodes or sizes a tensor goes by it.
 
 Every type decodes to ``x = fp32(code) * fp32(scale)``, one fp32 multiplication, exactly as each source's
 own dequantizer computes it; the converter (``convert.source_float_rows``) reads these floats and decides
 the BITCOS variant from them like for any other source (FORMAT.md §7): I2_S always fits MATRIX (PT in
-version 1; one scale per tensor), PQ2_0 and PTQ1_0 fit B128 (G128; a coarser variant when their block scales
-agree), Q2_0 fits MATRIX, ROW or B128 when its per-64 scales agree at that granularity (else it stays Q2_0,
-which llama.cpp runs).
+version 1; one scale per tensor), PQ2_0, PTQ1_0 and legacy Q2_0 fit B128 (G128; a coarser variant when their
+block scales agree), Q2_0 fits MATRIX, ROW or B128 when its per-64 scales agree at that granularity (else it
+stays Q2_0, which llama.cpp runs).
 
 Per type: ``*_decode(raw)`` -> (codes int8 (R, K), scales at the source's granularity, exact), and
 ``*_encode(codes, scales)`` the inverse, written from the layout description rather than from the decoder
-(the tests write files with the encoders and check them against a third, element-by-element dequantizer).
-Q2_0 and PQ2_0 codes are in {-1, 0, 1, 2} (code 2 means +2·d: not ternary); I2_S code 3 has no meaning in
-bitnet.cpp's quantizer and reads as NaN here, so such a tensor is never taken for ternary.
+(the tests write files with writers of their own, modelled on the original quantizers, and check them
+against an element-by-element dequantizer). Q2_0 and PQ2_0 codes are in {-1, 0, 1, 2} (code 2 means +2·d:
+not ternary); I2_S code 3 has no meaning in bitnet.cpp's quantizer and reads as NaN here, so such a tensor is
+never taken for ternary.
 """
 
 from __future__ import annotations
@@ -35,27 +43,65 @@ Q2_0: Final = 42
 PQ2_0: Final = 142
 PTQ1_0: Final = 143
 
-I2_S_BLOCK: Final = 128          # weights per I2_S block (bitnet.cpp's x86 layout; its dequantizer's layout)
-I2_S_TAIL: Final = 32            # bytes after the packed codes: fp32 scale, then zeros (alignment)
+I2_S_TAIL: Final = 32            # bytes after the packed codes: the fp32 scale, then 28 bytes the quantizer leaves unwritten
 HADAMARD_KEY_PREFIX: Final = "prism.hadamard."   # Prism's rotated-basis models: need a runtime transform
+
+# bitnet.cpp's quantize_i2_s writes one of three layouts, chosen by its build (FORMAT.md §7.1):
+#   x86       - x86 with ACT_PARALLEL (its default config) and its Python converters: blocks of 128 weights of
+#               the flattened tensor in 32 bytes, weight 32g + p in bits 7-2g..6-2g of byte p;
+#   arm       - ARM builds: blocks of 64 weights in 16 bytes, weight 16g + p in bits 7-2g..6-2g of byte p;
+#   x86-rows4 - x86 without ACT_PARALLEL: rows 4r..4r+3 interleaved, byte (r, col) holds row 4r + i in bits
+#               7-2i..6-2i.
+I2S_LAYOUTS: Final = ("x86", "x86-rows4", "arm")
+I2S_DEFAULT_LAYOUT: Final = "x86"
+Q2_0_LEGACY_FORM: Final = "g128"     # SourceTensor.form of a Q2_0 tensor in Prism's legacy group-128 form
 
 
 @dataclass(frozen=True)
 class ForeignType:
     name: str
     type_id: int
-    block: int            # weights per block
-    block_bytes: int      # bytes per block (I2_S: per 128 weights, without the tensor tail)
-    loadable: bool        # this project's llama.cpp (upstream 0c1e570 + patches) loads tensors of this type
+    block: int            # weights per sizing unit: the tensor's bytes are n / block * block_bytes + tail_bytes
+    block_bytes: int
+    tail_bytes: int       # bytes after the blocks (I2_S: the fp32 scale's 32-byte tail)
+    loadable: bool        # this project's llama.cpp (upstream 0c1e570 + patches) loads tensors of this form
     scale: str            # the scale granularity, in words
+
+    def nbytes(self, n_weights: int) -> int:
+        """Bytes of a tensor of ``n_weights`` weights in a GGUF file (its producer's ggml_nbytes)."""
+        return n_weights // self.block * self.block_bytes + self.tail_bytes
 
 
 FOREIGN_TYPES: Final[dict[int, ForeignType]] = {ft.type_id: ft for ft in (
-    ForeignType("I2_S", I2_S, I2_S_BLOCK, 32, False, "one fp32 per tensor"),
-    ForeignType("Q2_0", Q2_0, 64, 18, True, "fp16 per 64 weights"),
-    ForeignType("PQ2_0", PQ2_0, 128, 34, False, "fp16 per 128 weights"),
-    ForeignType("PTQ1_0", PTQ1_0, 128, 28, False, "fp16 per 128 weights"),
+    # I2_S's ggml traits size 1 weight per byte, and its ggml_nbytes quarters that and adds the tail
+    ForeignType("I2_S", I2_S, 4, 1, I2_S_TAIL, False, "one fp32 per tensor"),
+    ForeignType("Q2_0", Q2_0, 64, 18, 0, True, "fp16 per 64 weights"),
+    ForeignType("PQ2_0", PQ2_0, 128, 34, 0, False, "fp16 per 128 weights"),
+    ForeignType("PTQ1_0", PTQ1_0, 128, 28, 0, False, "fp16 per 128 weights"),
 )}
+Q2_0_LEGACY: Final = ForeignType("Q2_0", Q2_0, 128, 34, 0, False, "fp16 per 128 weights")
+
+
+def foreign_type(type_id: int, form: str = "") -> ForeignType | None:
+    """The table entry of a foreign type id in ``form`` (None for a type that is not foreign)."""
+    if int(type_id) == Q2_0 and form == Q2_0_LEGACY_FORM:
+        return Q2_0_LEGACY
+    return FOREIGN_TYPES.get(int(type_id))
+
+
+def tensor_form(t) -> str:
+    """The form the reader assigned to a tensor (``SourceTensor.form``; "" for a plain gguf-py tensor)."""
+    return getattr(t, "form", "")
+
+
+def form_label(type_id: int, form: str) -> str:
+    """A type and its form in words, e.g. ``Q2_0 (Prism's legacy group-128 form)``, ``I2_S (x86 layout)``."""
+    name = FOREIGN_TYPES[int(type_id)].name if int(type_id) in FOREIGN_TYPES else f"type {int(type_id)}"
+    if int(type_id) == Q2_0 and form == Q2_0_LEGACY_FORM:
+        return "Q2_0 (Prism's legacy group-128 form)"
+    if int(type_id) == I2_S and form:
+        return f"I2_S ({form} layout)"
+    return name
 
 
 # --- 2-bit codes: Q2_0 / PQ2_0 ----------------------------------------------------------------------
@@ -150,28 +196,60 @@ def ptq1_0_encode(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 
 # --- I2_S: bitnet.cpp -----------------------------------------------------------------------------
-# The whole tensor's weights, flattened row after row, in blocks of 128: block i is bytes 32i..32i+31;
-# weight 32g + p of a block is bits 6-2g..7-2g of byte p (g = 0 in the top bits). Code = field - 1
-# (field 3 is unused). After the n/4 bytes of codes: a 32-byte tail whose first 4 bytes are the fp32 scale.
+# The n/4 code bytes of a whole tensor in one of I2S_LAYOUTS, then a 32-byte tail whose first 4 bytes are the
+# fp32 scale. Field f of a weight is code f - 1 (field 3 is unused).
 
-def i2_s_decode(packed: np.ndarray, scale: float, k: int) -> tuple[np.ndarray, np.float32]:
-    """I2_S codes of a whole tensor (n/4 bytes, tail excluded) -> (codes int8 (n/k, k), fp32 scale).
+def i2_s_layout_problem(layout: str, n_rows: int, k: int) -> str | None:
+    """Why a tensor of ``n_rows`` rows of ``k`` weights cannot be stored in ``layout`` by bitnet.cpp's
+    quantizer (it would drop or misplace weights), or None."""
+    if layout not in I2S_LAYOUTS:
+        return f"unknown I2_S layout '{layout}' (one of {', '.join(I2S_LAYOUTS)})"
+    n = n_rows * k
+    if layout == "x86" and n % 128:
+        return f"the x86 layout needs a multiple of 128 weights, the tensor has {n}"
+    if layout == "arm" and n % 64:
+        return f"the arm layout needs a multiple of 64 weights, the tensor has {n}"
+    if layout == "x86-rows4" and n_rows % 4:
+        return f"the x86-rows4 layout needs a multiple of 4 rows, the tensor has {n_rows}"
+    return None
 
-    Field 3 (never written by bitnet.cpp) decodes to code 2, which no ternary check accepts."""
-    b = np.asarray(packed).view(np.uint8).reshape(-1, I2_S_BLOCK // 4)             # (blocks, 32)
-    fields = (b[:, None, :] >> np.array([6, 4, 2, 0], dtype=np.uint8).reshape(1, 4, 1)) & np.uint8(3)
-    codes = fields.reshape(-1).view(np.int8) - np.int8(1)                          # weight 32g + p
-    return codes.reshape(-1, k), np.float32(scale)
+
+def _i2_s_fields(b: np.ndarray, k: int, layout: str) -> np.ndarray:
+    """Fields (0..3) of the code bytes ``b`` in ``layout``, as (rows, k) in weight order."""
+    shifts = np.array([6, 4, 2, 0], dtype=np.uint8)
+    if layout == "x86-rows4":
+        g = b.reshape(-1, 1, k)                                          # (row groups, 1, col)
+        return ((g >> shifts.reshape(1, 4, 1)) & np.uint8(3)).reshape(-1, k)   # row 4r + i = shift 6 - 2i
+    per = 32 if layout == "x86" else 16                                  # bytes per block
+    blk = b.reshape(-1, 1, per)                                          # (blocks, 1, pos p)
+    return ((blk >> shifts.reshape(1, 4, 1)) & np.uint8(3)).reshape(-1, k)     # weight per*g + p of a block
 
 
-def i2_s_encode(codes: np.ndarray, scale: float) -> np.ndarray:
-    """Codes (R, K) in {-1,0,1} and the tensor's scale -> the tensor's bytes: n/4 code bytes + 32-byte tail."""
+def i2_s_decode(packed: np.ndarray, scale: float, k: int, layout: str = I2S_DEFAULT_LAYOUT
+                ) -> tuple[np.ndarray, np.float32]:
+    """I2_S code bytes in ``layout`` (whole blocks / row groups, tail excluded) -> (codes int8 (rows, k), fp32
+    scale). Field 3 (never written by bitnet.cpp) decodes to code 2, which no ternary check accepts."""
+    b = np.asarray(packed).view(np.uint8).reshape(-1)
+    codes = _i2_s_fields(b, k, layout).view(np.int8) - np.int8(1)
+    return codes, np.float32(scale)
+
+
+def i2_s_encode(codes: np.ndarray, scale: float, layout: str = I2S_DEFAULT_LAYOUT) -> np.ndarray:
+    """Codes (R, K) in {-1,0,1} and the tensor's scale -> the tensor's bytes in ``layout``: n/4 code bytes and
+    the 32-byte tail (scale first, zeros after)."""
     codes = np.asarray(codes, dtype=np.int8)
-    n = codes.size
-    if n % I2_S_BLOCK or np.any(np.abs(codes) > 1):
-        raise ValueError("I2_S codes must be in -1..1 and the tensor a multiple of 128 weights")
-    f = (codes.reshape(-1, 4, 32) + 1).astype(np.uint8)                            # (blocks, group g, pos p)
-    packed = (f[:, 0] << 6) | (f[:, 1] << 4) | (f[:, 2] << 2) | f[:, 3]
+    rows, k = codes.shape
+    problem = i2_s_layout_problem(layout, rows, k)
+    if problem or np.any(np.abs(codes) > 1):
+        raise ValueError(problem or "I2_S codes must be in -1..1")
+    f = (codes + 1).astype(np.uint8)
+    if layout == "x86-rows4":
+        f = f.reshape(rows // 4, 4, k)                                   # (row group, row i, col)
+        packed = (f[:, 0] << 6) | (f[:, 1] << 4) | (f[:, 2] << 2) | f[:, 3]
+    else:
+        per = 32 if layout == "x86" else 16
+        f = f.reshape(-1, 4, per)                                        # (block, group g, pos p)
+        packed = (f[:, 0] << 6) | (f[:, 1] << 4) | (f[:, 2] << 2) | f[:, 3]
     tail = np.zeros(I2_S_TAIL, dtype=np.uint8)
     tail[:4] = np.frombuffer(np.float32(scale).tobytes(), dtype=np.uint8)
     return np.concatenate([packed.reshape(-1), tail])
@@ -179,7 +257,7 @@ def i2_s_encode(codes: np.ndarray, scale: float) -> np.ndarray:
 
 def i2_s_nbytes(n_weights: int) -> int:
     """Bytes of an I2_S tensor's data in a GGUF file (bitnet.cpp's ggml_nbytes: n/4 + 32)."""
-    return n_weights // 4 + I2_S_TAIL
+    return FOREIGN_TYPES[I2_S].nbytes(n_weights)
 
 
 # --- reading source tensors ----------------------------------------------------------------------
@@ -212,42 +290,53 @@ def _float(codes: np.ndarray, scales: np.ndarray, group: int) -> np.ndarray:
     return x.reshape(rows, k)
 
 
+def _i2_s_rows(t, start: int, stop: int) -> np.ndarray:
+    """Codes of rows [start, stop) of an I2_S tensor in its layout (decoding only the blocks they touch)."""
+    k = int(t.shape[0])
+    layout = tensor_form(t) or I2S_DEFAULT_LAYOUT
+    b = np.asarray(t.data).reshape(-1).view(np.uint8)                  # the n/4 code bytes
+    if layout == "x86-rows4":
+        g0, g1 = start // 4, -(-stop // 4)
+        codes, _ = i2_s_decode(b[g0 * k:g1 * k], 0.0, k, layout)
+        return codes[start - 4 * g0:stop - 4 * g0]
+    per = 128 if layout == "x86" else 64
+    if k % per:                  # blocks run over the flattened tensor and straddle rows: decode it all
+        codes, _ = i2_s_decode(b, 0.0, k, layout)
+        return codes[start:stop]
+    codes, _ = i2_s_decode(b[start * k // 4:stop * k // 4], 0.0, k, layout)
+    return codes
+
+
 def float_rows(t, raw_rows: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """fp32 values of rows [start, stop) of a foreign-type tensor ``t`` (gguf-py ReaderTensor), exactly as
-    its source's dequantizer computes them; ``raw_rows`` are those rows' bytes (R, bytes per row)."""
+    """fp32 values of rows [start, stop) of a foreign-type tensor ``t`` (a reader's tensor, in its form),
+    exactly as its source's dequantizer computes them; ``raw_rows`` are those rows' bytes (R, bytes per row)."""
     tt = int(t.tensor_type)
-    if tt == Q2_0:
-        return _float(*q2_0_decode(raw_rows), 64)
-    if tt == PQ2_0:
-        return _float(*pq2_0_decode(raw_rows), 128)
+    ft = foreign_type(tt, tensor_form(t))
+    if ft is None:
+        raise ValueError(f"not a foreign ternary type: {tt}")
+    if ft.type_id in (Q2_0, PQ2_0):
+        return _float(*_q2_decode(raw_rows, ft.block), ft.block)
     if tt == PTQ1_0:
         return _float(*ptq1_0_decode(raw_rows), 128)
-    if tt == I2_S:
-        k = int(t.shape[0])
-        if k % I2_S_BLOCK:          # blocks run over the flattened tensor and straddle rows: decode it all
-            codes, scale = i2_s_decode(np.asarray(t.data).reshape(-1), i2_s_scale(t), k)
-            codes = codes[start:stop]
-        else:
-            codes, scale = i2_s_decode(raw_rows, i2_s_scale(t), k)
-        x = codes.astype(np.float32) * scale
-        x[codes > 1] = np.nan                                  # field 3: not a ternary weight
-        return x
-    raise ValueError(f"not a foreign ternary type: {tt}")
+    codes = _i2_s_rows(t, start, stop)
+    x = codes.astype(np.float32) * i2_s_scale(t)
+    x[codes > 1] = np.nan                                      # field 3: not a ternary weight
+    return x
 
 
 # --- the converter's policy ------------------------------------------------------------------------
 
-def must_convert(type_id: int) -> bool:
-    """A tensor of this type must become BITCOS: this project's llama.cpp cannot load it as it is (so a
-    BITCOS form larger than the source is still taken: the source form does not run here at all)."""
-    ft = FOREIGN_TYPES.get(int(type_id))
+def must_convert(t) -> bool:
+    """Tensor ``t`` must become BITCOS: this project's llama.cpp cannot load it as it is (so a BITCOS form
+    larger than the source is still taken: the source form does not run here at all, or is misread there)."""
+    ft = foreign_type(int(t.tensor_type), tensor_form(t))
     return ft is not None and not ft.loadable
 
 
 def explain(t, result) -> None:
     """Make the reason of an unconverted foreign-type tensor ``t`` (its ``convert.TensorResult``) say what
     the source layout holds and why BITCOS cannot hold it exactly."""
-    ft = FOREIGN_TYPES.get(int(t.tensor_type))
+    ft = foreign_type(int(t.tensor_type), tensor_form(t))
     if ft is None or result.converted or result.grow_kept or not result.reason.startswith(
             ("not ternary", "no variant holds")):
         return
@@ -261,7 +350,7 @@ def explain(t, result) -> None:
         elif not np.all(np.isfinite(d)):
             result.ternary_looking = False
             result.reason = f"not ternary: non-finite {ft.name} block scale"
-        elif ft.type_id == Q2_0:
+        elif ft.type_id == Q2_0 and ft.loadable:
             result.ternary_looking = True
             result.reason = ("Q2_0 block scales (fp16 per 64 weights) differ between the two halves of a "
                              "128-weight block and within rows: no BITCOS variant (one scale per matrix, per "
@@ -280,7 +369,31 @@ def source_problem(reader) -> str | None:
             return (f"metadata key '{key}': the model's weights are stored in Prism's Hadamard-rotated basis, "
                     f"which needs the activation transform of Prism's llama.cpp fork; this llama.cpp does not "
                     f"apply it, so the converted file (bit-exact weights) would compute a different model")
+    for t in reader.tensors:
+        if int(t.tensor_type) == I2_S:
+            k = int(t.shape[0])
+            n_rows = math.prod(int(x) for x in t.shape[1:])
+            layout = tensor_form(t) or I2S_DEFAULT_LAYOUT
+            why = i2_s_layout_problem(layout, n_rows, k)
+            if why:
+                fits = [x for x in I2S_LAYOUTS if i2_s_layout_problem(x, n_rows, k) is None]
+                hint = (f"--i2s-layout {' or '.join(fits)} reads it if the file holds that layout" if fits
+                        else "no layout of bitnet.cpp's quantizer holds it")
+                return f"tensor '{t.name}' (I2_S, shape {list(t.shape)}): {why}; {hint}"
     return None
+
+
+def i2_s_layout_note(reader) -> str | None:
+    """One line saying which I2_S layout a source with I2_S tensors is read in and whether that is an
+    assumption (the file records no layout: FORMAT.md §7.1), or None for a source without I2_S tensors."""
+    if not any(int(t.tensor_type) == I2_S for t in reader.tensors):
+        return None
+    layout = getattr(reader, "i2s_layout", None)
+    if layout:
+        return f"I2_S tensors read in bitnet.cpp's {layout} layout (--i2s-layout {layout})"
+    return (f"I2_S tensors read in bitnet.cpp's {I2S_DEFAULT_LAYOUT} layout, an assumption: the file does not "
+            f"record its layout; a file quantized by an ARM build of bitnet.cpp, or by an x86 build without "
+            f"ACT_PARALLEL, needs --i2s-layout arm or --i2s-layout x86-rows4 (FORMAT.md §7.1)")
 
 
 def unloadable_left(tensors, plan) -> str | None:
@@ -289,7 +402,7 @@ def unloadable_left(tensors, plan) -> str | None:
     name -> (convert.TensorResult, ...) of the analyzed candidates."""
     left = []
     for t in tensors:
-        if not must_convert(t.tensor_type):
+        if not must_convert(t):
             continue
         r = plan.get(t.name, (None,))[0]
         if r is not None and r.converted:
@@ -304,13 +417,15 @@ def unloadable_left(tensors, plan) -> str | None:
     if not left:
         return None
     t, why = left[0]
-    name = FOREIGN_TYPES[int(t.tensor_type)].name
+    name = form_label(int(t.tensor_type), tensor_form(t))
     more = f" (and {len(left) - 1} more such tensor(s))" if len(left) > 1 else ""
-    return (f"tensor '{t.name}' ({name}) cannot become BITCOS: {why}{more}; this llama.cpp cannot load "
-            f"{name} tensors, so the output would not load and none is written")
+    cannot = "would misread" if int(t.tensor_type) == Q2_0 else "cannot load"
+    return (f"tensor '{t.name}' ({name}) cannot become BITCOS: {why}{more}; this llama.cpp {cannot} "
+            f"{name} tensors, so the output would not load right and none is written")
 
 
-__all__ = ["I2_S", "Q2_0", "PQ2_0", "PTQ1_0", "FOREIGN_TYPES", "ForeignType", "q2_0_decode", "q2_0_encode",
-           "pq2_0_decode", "pq2_0_encode", "ptq1_0_decode", "ptq1_0_encode", "i2_s_decode", "i2_s_encode",
-           "i2_s_nbytes", "i2_s_scale", "float_rows", "must_convert", "explain",
-           "source_problem", "unloadable_left"]
+__all__ = ["I2_S", "Q2_0", "PQ2_0", "PTQ1_0", "FOREIGN_TYPES", "ForeignType", "I2S_LAYOUTS", "I2S_DEFAULT_LAYOUT",
+           "Q2_0_LEGACY", "Q2_0_LEGACY_FORM", "foreign_type", "tensor_form", "form_label", "q2_0_decode",
+           "q2_0_encode", "pq2_0_decode", "pq2_0_encode", "ptq1_0_decode", "ptq1_0_encode", "i2_s_layout_problem",
+           "i2_s_decode", "i2_s_encode", "i2_s_nbytes", "i2_s_scale", "float_rows", "must_convert", "explain",
+           "source_problem", "i2_s_layout_note", "unloadable_left"]

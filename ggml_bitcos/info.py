@@ -16,7 +16,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gguf_tools import GGUFError, open_gguf, tensor_bytes, tensor_ggml_shape, type_name
@@ -55,6 +55,7 @@ class FileInfo:
     file_type: int | None
     n_tensors: int
     tensors: list[TensorInfo]
+    source_notes: list[str] = field(default_factory=list)   # the forms the reader saw (e.g. legacy Q2_0)
 
     def totals(self) -> dict[str, float | int]:
         n = sum(t.n_weights for t in self.tensors)
@@ -133,14 +134,15 @@ def collect(path: Path, *, check: bool = False) -> FileInfo:
     ft = meta("general.file_type")
     versions = sorted({Variant[t.variant].version for t in infos})
     return FileInfo(str(path), int(version) if version is not None else None, versions, meta(KEY_CONVERTED_FROM),
-                    int(ft) if ft is not None else None, len(reader.tensors), infos)
+                    int(ft) if ft is not None else None, len(reader.tensors), infos, list(reader.form_notes))
 
 
 def format_text(info: FileInfo) -> str:
     ft = f"{info.file_type} ({type_name(info.file_type)})" if info.file_type in BITCOS_TYPE_IDS else str(info.file_type)
     out = [f"* BITCOS view of {info.path}",
            f"* format version {info.format_version if info.format_version is not None else '(no ' + KEY_FORMAT_VERSION + ')'}"
-           f", converted from {info.converted_from or '-'}, general.file_type {ft}"]
+           f", converted from {info.converted_from or '-'}, general.file_type {ft}",
+           *(f"* source: {note}" for note in info.source_notes)]
     if not info.tensors:
         out.append(f"* no BITCOS tensors among the {info.n_tensors} tensors (not a converted file)")
         return "\n".join(out)

@@ -34,11 +34,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gguf_tools import GGUFError, open_gguf, tensor_bytes, tensor_ggml_shape, type_name
+from gguf_tools import GGUFError, open_gguf, tensor_bytes, tensor_ggml_shape
 
 from . import codec
 from . import ternary
-from .convert import analyze_tensor, check_bitcos_file, is_candidate
+from . import foreign
+from .convert import add_i2s_layout_option, analyze_tensor, check_bitcos_file, is_candidate
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_BITMAP, Variant
 from .info import validate_bitcos_tensor
 
@@ -91,6 +92,7 @@ class ModelStats:
     bitcos_weights: int = 0
     file_bits_per_weight: float | None = None          # over the BITCOS tensors of the file
     tensors: list[TensorStat] = field(default_factory=list)
+    source_notes: list[str] = field(default_factory=list)   # the forms the reader saw (legacy Q2_0, I2_S layout)
 
 
 def encoded_bytes(variant: Variant, ne: tuple[int, ...] | list[int], n_sign_bits: int, row_group_log2: int) -> int:
@@ -142,9 +144,16 @@ def _v1_exact(exact_v2: set[Variant], k: int) -> set[Variant]:
     return out
 
 
-def collect(path: Path, *, progress: bool = True) -> ModelStats:
-    reader = open_gguf(path)
+def collect(path: Path, *, progress: bool = True, i2s_layout: str | None = None) -> ModelStats:
+    reader = open_gguf(path, i2s_layout=i2s_layout)
     check_bitcos_file(reader, path)
+    problem = foreign.source_problem(reader)
+    if problem:
+        raise GGUFError(path, problem)
+    notes = list(reader.form_notes)
+    layout_note = foreign.i2_s_layout_note(reader)
+    if layout_note:
+        notes.append(layout_note)
     by_name = {t.name: t for t in reader.tensors}
     stats: list[TensorStat] = []
     todo = [t for t in reader.tensors if t.tensor_type in BITCOS_TYPE_IDS or
@@ -178,13 +187,15 @@ def collect(path: Path, *, progress: bool = True) -> ModelStats:
                 n_sign = r.n_weights - r.n_zeros
                 exact_v2 = set(a.exact_bytes)
                 vb = _variant_bytes(exact_v2 | _v1_exact(exact_v2, k), list(ne), n_sign, g)
-                stats.append(TensorStat(t.name, r.src_type, list(ne), r.n_weights, r.n_zeros, r.zero_density,
+                stats.append(TensorStat(t.name, r.src_form or r.src_type, list(ne), r.n_weights, r.n_zeros, r.zero_density,
                                         codec.n_mats_of(ne), variant_bytes=vb))
         reader.release_pages()
         bar.set_postfix_str(t.name, refresh=False)
         bar.update(int(t.n_bytes))
     bar.close()
-    return summarize_stats(str(path), stats)
+    m = summarize_stats(str(path), stats)
+    m.source_notes = notes
+    return m
 
 
 def _auto_bytes(s: TensorStat) -> int | None:
@@ -236,7 +247,7 @@ def _compare(ratio: float | None) -> str:
 
 
 def format_text(m: ModelStats, with_tensors: bool = False) -> str:
-    out = [f"{m.path}",
+    out = [f"{m.path}", *(f"source: {note}" for note in m.source_notes),
            f"ternary tensors: {m.n_ternary_tensors}   weights: {m.n_weights:,}   "
            f"zero density z = {m.zero_density:.4f} ({100 * m.zero_density:.2f} % 0)"]
     if not m.n_weights:
@@ -324,11 +335,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the paper's Fig. 1 view")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_i2s_layout_option(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    m = collect(args.input, progress=not args.quiet and not args.json)
+    m = collect(args.input, progress=not args.quiet and not args.json, i2s_layout=args.i2s_layout)
     print(to_json(m, args.tensors) if args.json else format_text(m, args.tensors))
     if args.plot:
         plot(m, args.plot)

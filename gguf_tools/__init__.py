@@ -5,13 +5,13 @@ gguf-py, so ``gguf.GGUFReader`` and ``gguf.GGUFWriter`` accept them everywhere i
 """
 
 from .types import (BITCOS, BITCOS_G128, BITCOS_PT, BITCOS_TYPES, bitcos_type, is_known_type, register_bitcos_types,
-                    type_name)
-from .reader import (CheckedGGUFReader, GGUFError, field_value, open_gguf, tensor_bytes,
+                    tensor_nbytes, type_name)
+from .reader import (CheckedGGUFReader, GGUFError, SourceTensor, field_value, open_gguf, tensor_bytes,
                      tensor_ggml_shape, tensor_row_bytes, tensor_rows_cols)
-from .writer import GGUFStreamWriter, tensor_nbytes
+from .writer import GGUFStreamWriter
 
 __all__ = [
     "BITCOS", "BITCOS_G128", "BITCOS_PT", "BITCOS_TYPES", "bitcos_type", "is_known_type", "register_bitcos_types", "type_name",
-    "CheckedGGUFReader", "GGUFError", "field_value", "open_gguf", "tensor_bytes", "tensor_ggml_shape",
+    "CheckedGGUFReader", "GGUFError", "SourceTensor", "field_value", "open_gguf", "tensor_bytes", "tensor_ggml_shape",
     "tensor_row_bytes", "tensor_rows_cols", "GGUFStreamWriter", "tensor_nbytes",
 ]

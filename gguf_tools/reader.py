@@ -1,10 +1,17 @@
 """Reading GGUF files through gguf-py's ``GGUFReader``, with errors that name the file and tensor.
 
-No GGUF parsing happens here: gguf-py parses the header, metadata and tensor infos. This module adds
-what a command-line tool needs on top: the BITCOS types registered (``gguf_tools.types``), a check of
-every tensor's type id and data extent *before* gguf-py builds its arrays (so an unknown type or a
-truncated file is reported as such, naming the tensor, instead of as a bare ``ValueError`` or a reshape
-error), and float decoding of the tensor types the converter reads.
+gguf-py parses the header, metadata and tensor infos. This module adds what a command-line tool needs on
+top: the BITCOS and foreign types registered (``gguf_tools.types``), and before any tensor is trusted the
+checks gguf.cpp applies (README "Foreign inputs", FORMAT.md §7.1): every tensor's type id known, its row
+length a multiple of its block, and its data where its type and shape put it — offsets aligned, each
+tensor's data starting exactly where the previous one's (padded) ends, in the order of the tensor infos,
+inside the file, and nothing after the last one but its padding. gguf-py itself only checks that its views
+fit in the file, so a tensor whose bytes run into the next one's would otherwise be read as garbage.
+
+Where a type id means different layouts to different producers, the reader decides the *form* of each
+tensor (``SourceTensor.form``, ``ggml_bitcos.foreign``): Q2_0 (id 42) is upstream's group-64 type unless
+only Prism's legacy group-128 sizes fit the file's data extents; I2_S is read in the layout the caller
+names (``i2s_layout``), x86 by default, since the file records none.
 """
 
 from __future__ import annotations
@@ -13,15 +20,18 @@ import math
 import mmap
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 from gguf.gguf_reader import ReaderField, ReaderTensor
 
-from . import types as _types  # noqa: F401  (registers the BITCOS types)
+from ggml_bitcos import foreign
+
+from . import types as _types  # (importing it registers the BITCOS types)
 
 
 class GGUFError(Exception):
@@ -76,28 +86,123 @@ class CheckedGGUFReader(GGUFReader):
             del self.fields[k]
         return keys
 
+    def __init__(self, path: os.PathLike[str] | str, mode: Any = "r", *, i2s_layout: str | None = None):
+        self.i2s_layout = i2s_layout              # None: the default layout, assumed (foreign.i2_s_layout_note)
+        self.form_notes: list[str] = []           # file-level lines on the forms read (stats, info, convert)
+        super().__init__(path, mode)
+
     def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:  # type: ignore[override]
         _types.register_foreign_types()   # I2_S, Q2_0, PQ2_0, PTQ1_0: convert reads them (ggml_bitcos/foreign.py)
-        file_size = int(self.data.shape[0])
+        infos: list[_Info] = []
+        names: set[str] = set()
         for field in fields:
             _name_len, name_data, _n_dims, dims, raw_dtype, offset_tensor = field.parts
             name = bytes(name_data).decode("utf-8", errors="replace")
+            if name in names:
+                raise _TensorProblem(name, "a second tensor of the same name")
+            names.add(name)
             type_id = int(raw_dtype[0])
             if not _types.is_known_type(type_id):
                 raise _TensorProblem(name, f"unknown ggml type id {type_id}")
-            block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
-            n_elems = math.prod(int(d) for d in dims)
-            if int(dims[0]) % block_size != 0:
-                raise _TensorProblem(name, f"row length {int(dims[0])} is not a multiple of the "
-                                           f"{_types.type_name(type_id)} block size {block_size}")
-            n_bytes = n_elems // block_size * type_size
-            if _types.type_name(type_id) == "I2_S":
-                n_bytes += 32                 # the tail holding the tensor's fp32 scale (bitnet.cpp)
-            end = int(start_offs) + int(offset_tensor[0]) + n_bytes
-            if end > file_size:
-                raise _TensorProblem(name, f"file is truncated: tensor data ends at byte {end}, "
-                                           f"file has {file_size} bytes")
-        super()._build_tensors(start_offs, fields)
+            infos.append(_Info(name, type_id, tuple(int(d) for d in dims), int(offset_tensor[0]), field))
+        layout = self.i2s_layout or foreign.I2S_DEFAULT_LAYOUT
+        forms = {i.name: layout for i in infos if i.type_id == foreign.I2_S}
+        problem = _extent_problem(infos, forms, int(start_offs), int(self.data.shape[0]), int(self.alignment))
+        if problem is not None:
+            legacy = {i.name: foreign.Q2_0_LEGACY_FORM for i in infos if i.type_id == foreign.Q2_0}
+            if legacy and all(i.ne[0] % foreign.Q2_0_LEGACY.block == 0 for i in infos if i.name in legacy) and \
+                    _extent_problem(infos, forms | legacy, int(start_offs), int(self.data.shape[0]),
+                                    int(self.alignment)) is None:
+                forms |= legacy
+                self.form_notes.append(
+                    f"Q2_0 tensors ({len(legacy)}) are Prism's legacy group-128 form (34 bytes per 128 weights, "
+                    f"PQ2_0's layout), not upstream's group-64 Q2_0: only those sizes fit the file's data offsets")
+                problem = None
+        if problem is not None:
+            raise _TensorProblem(*problem)
+        self.tensors = [self._tensor_view(i, int(start_offs), forms.get(i.name, "")) for i in infos]
+
+    def _tensor_view(self, info: _Info, start_offs: int, form: str) -> SourceTensor:
+        """A tensor as gguf-py builds it (same dtypes and shapes), sized by its form."""
+        n_elems = math.prod(info.ne)
+        np_dims = tuple(reversed(info.ne))
+        ggml_type = GGMLQuantizationType(info.type_id)
+        offs = start_offs + info.offset
+        if ggml_type in _PLAIN_ITEM_TYPES:
+            item_type, n_bytes = _PLAIN_ITEM_TYPES[ggml_type], n_elems * np.dtype(_PLAIN_ITEM_TYPES[ggml_type]).itemsize
+            data = self._get(offs, item_type, n_elems).reshape(np_dims)
+        else:
+            block, block_bytes = _types.type_block(info.type_id, form)    # I2_S: its code bytes, tail excluded
+            n_bytes = n_elems // block * block_bytes
+            byte_dims = (*np_dims[:-1], np_dims[-1] // block * block_bytes) if np_dims else ()
+            data = self._get(offs, np.uint8, n_bytes).reshape(byte_dims)
+        t = SourceTensor(name=info.name, tensor_type=ggml_type, shape=info.field.parts[3], n_elements=n_elems,
+                         n_bytes=n_bytes, data_offset=offs, data=data, field=info.field)
+        t.form = form
+        return t
+
+
+class SourceTensor(ReaderTensor):
+    """gguf-py's ``ReaderTensor`` and the form it was read in (``form``: "" where the type has one form;
+    ``ggml_bitcos.foreign`` for the others)."""
+    form: str
+
+
+@dataclass(frozen=True)
+class _Info:
+    name: str
+    type_id: int
+    ne: tuple[int, ...]
+    offset: int               # from the start of the data section
+    field: ReaderField
+
+
+_PLAIN_ITEM_TYPES: dict[GGMLQuantizationType, Any] = {
+    GGMLQuantizationType.F16: np.float16, GGMLQuantizationType.F32: np.float32,
+    GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8, GGMLQuantizationType.I16: np.int16,
+    GGMLQuantizationType.I32: np.int32, GGMLQuantizationType.I64: np.int64}
+
+
+def _extent_problem(infos: list[_Info], forms: dict[str, str], data_start: int, file_size: int,
+                    alignment: int) -> tuple[str, str] | None:
+    """The first (tensor, problem) breaking gguf.cpp's rules for the data section, each tensor sized by its
+    type in ``forms``, or None: offsets aligned, each tensor's data starting where the previous one's ends
+    padded to the alignment (so in order and never overlapping), inside the file, and no bytes after the last
+    tensor's padding (a last tensor larger than its type and shape say)."""
+    expected, prev, prev_end, what = 0, "", 0, ""
+    for info in infos:
+        form = forms.get(info.name, "")
+        try:
+            nbytes = _types.tensor_nbytes(info.type_id, info.ne, form)
+        except ValueError as e:
+            return info.name, str(e)
+        if info.offset % alignment:
+            return info.name, f"data offset {info.offset} is not a multiple of the file's alignment {alignment}"
+        if info.offset != expected:
+            if not prev:
+                return info.name, (f"data offset {info.offset}: the first tensor's data must start the data "
+                                   f"section (offset 0)")
+            if info.offset < expected:
+                return info.name, (f"data offset {info.offset} overlaps tensor '{prev}' ({what}), whose data "
+                                   f"runs to offset {prev_end} (padded: {expected})")
+            return info.name, (f"data offset {info.offset} is {info.offset - expected} bytes past offset "
+                               f"{expected}, where tensor '{prev}' ({what}) ends: that tensor holds more bytes "
+                               f"than its type and shape say")
+        what = f"{_type_label(info.type_id, form)} {list(info.ne)}: {nbytes} bytes"
+        end = data_start + info.offset + nbytes
+        if end > file_size:
+            return info.name, f"file is truncated: tensor data ({what}) ends at byte {end}, file has {file_size} bytes"
+        prev, prev_end = info.name, info.offset + nbytes
+        expected = info.offset + (nbytes + alignment - 1) // alignment * alignment
+    extra = file_size - data_start - expected
+    if prev and extra > 0:
+        return prev, (f"{extra} bytes follow its data ({what}) and padding to the end of the file: the last "
+                      f"tensor holds more bytes than its type and shape say, or the file has trailing data")
+    return None
+
+
+def _type_label(type_id: int, form: str) -> str:
+    return foreign.form_label(type_id, form) if foreign.foreign_type(type_id) else _types.type_name(type_id)
 
 
 class _TensorProblem(Exception):
@@ -107,8 +212,10 @@ class _TensorProblem(Exception):
         super().__init__(problem)
 
 
-def open_gguf(path: os.PathLike[str] | str) -> CheckedGGUFReader:
-    """Open a GGUF file read-only (memory-mapped); raise ``GGUFError`` with a clear message if it is not one."""
+def open_gguf(path: os.PathLike[str] | str, *, i2s_layout: str | None = None) -> CheckedGGUFReader:
+    """Open a GGUF file read-only (memory-mapped); raise ``GGUFError`` with a clear message if it is not one
+    or a tensor's data is not where its type and shape put it. ``i2s_layout``: the layout its I2_S tensors are
+    read in (``ggml_bitcos.foreign.I2S_LAYOUTS``; None: the default, assumed)."""
     p = Path(path)
     if not p.exists():
         raise GGUFError(p, "no such file")
@@ -122,7 +229,7 @@ def open_gguf(path: os.PathLike[str] | str) -> CheckedGGUFReader:
     if magic != b"GGUF":
         raise GGUFError(p, f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
     try:
-        return CheckedGGUFReader(p, "r")
+        return CheckedGGUFReader(p, "r", i2s_layout=i2s_layout)
     except _TensorProblem as e:
         raise GGUFError(p, e.problem, e.tensor) from None
     except (ValueError, IndexError, OverflowError, struct.error, UnicodeDecodeError, MemoryError) as e:

@@ -19,10 +19,13 @@ silently shadowing a real upstream type.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Final
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from ggml_bitcos.foreign import FOREIGN_TYPES, foreign_type
 from ggml_bitcos.format import Variant
 
 # name -> (type id, block size in weights, bytes per block); docs/FORMAT.md §2: BITCOS_G128 (160), BITCOS_PT (161),
@@ -66,38 +69,48 @@ def register_bitcos_types() -> None:
 
 register_bitcos_types()
 
-# Ternary types of other llama.cpp lines that ``ggml-bitcos convert`` reads (ggml_bitcos/foreign.py; layouts and
-# sources in docs/FORMAT.md, "Input formats"): name -> (type id, block size, bytes per block). I2_S's data is
-# n/4 bytes of codes plus a 32-byte tail holding its fp32 scale (bitnet.cpp's ggml_nbytes), which no
-# (block, bytes) pair describes: it is sized here as its code bytes only, and the reader reaches the tail.
-FOREIGN_TYPES: Final[dict[str, tuple[int, int, int]]] = {
-    "I2_S": (36, 4, 1),
-    "Q2_0": (42, 64, 18),
-    "PQ2_0": (142, 128, 34),
-    "PTQ1_0": (143, 128, 28),
-}
-
-
 def register_foreign_types() -> list[str]:
-    """Teach gguf-py the foreign ternary types, for this project's reader only (``CheckedGGUFReader`` calls
-    it; the gguf-py start-up hook does not, so stock tools such as gguf-new-metadata never copy an I2_S
-    tensor without its tail). An id or name gguf-py already uses differently is left alone (never shadowed).
-    Returns the names registered or already present."""
+    """Teach gguf-py the foreign ternary types (``ggml_bitcos.foreign.FOREIGN_TYPES``: I2_S, Q2_0, PQ2_0,
+    PTQ1_0), for this project's reader only (``CheckedGGUFReader`` calls it; the gguf-py start-up hook does
+    not, so stock tools such as gguf-new-metadata never copy an I2_S tensor without its tail). Each is sized
+    by its table entry's blocks (I2_S as its ``n/4`` code bytes: the reader adds the tail). An id or name
+    gguf-py already uses differently is left alone (never shadowed). Returns the names registered or already
+    present."""
     done = []
-    for name, (type_id, block_size, type_size) in FOREIGN_TYPES.items():
-        existing = GGMLQuantizationType._value2member_map_.get(type_id)
+    for ft in FOREIGN_TYPES.values():
+        existing = GGMLQuantizationType._value2member_map_.get(ft.type_id)
         if existing is None:
-            if name in GGMLQuantizationType._member_map_:
+            if ft.name in GGMLQuantizationType._member_map_:
                 continue
-            existing = _add_enum_member(GGMLQuantizationType, name, type_id)
-        elif existing.name != name:
+            existing = _add_enum_member(GGMLQuantizationType, ft.name, ft.type_id)
+        elif existing.name != ft.name:
             continue
         old = GGML_QUANT_SIZES.get(existing)
-        if old is not None and old != (block_size, type_size):
+        if old is not None and old != (ft.block, ft.block_bytes):
             continue
-        GGML_QUANT_SIZES[existing] = (block_size, type_size)
-        done.append(name)
+        GGML_QUANT_SIZES[existing] = (ft.block, ft.block_bytes)
+        done.append(ft.name)
     return done
+
+
+def type_block(type_id: int, form: str = "") -> tuple[int, int]:
+    """(weights, bytes) of one block of a registered ggml type in ``form`` (ggml_bitcos.foreign), tail excluded."""
+    ft = foreign_type(type_id, form)
+    if ft is not None:
+        return ft.block, ft.block_bytes
+    return GGML_QUANT_SIZES[GGMLQuantizationType(int(type_id))]
+
+
+def tensor_nbytes(type_id: int, ne: Sequence[int], form: str = "") -> int:
+    """Bytes of a tensor's data in a GGUF file, from its type (in ``form``) and ggml shape (ne0 first): what
+    gguf.cpp's ggml_nbytes (and, for the foreign types, their producers') gives; the one size rule the reader,
+    the writer and the converter share. ValueError when the row length is no multiple of the block."""
+    block, block_bytes = type_block(type_id, form)
+    if int(ne[0]) % block:
+        raise ValueError(f"row length {int(ne[0])} is not a multiple of the {type_name(type_id)} block size {block}")
+    n = math.prod(int(d) for d in ne)
+    ft = foreign_type(type_id, form)
+    return ft.nbytes(n) if ft is not None else n // block * block_bytes
 
 
 BITCOS_G128: Final = GGMLQuantizationType(Variant.G128.type_id)

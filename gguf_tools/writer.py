@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
 from gguf.gguf_writer import WriterState
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 from gguf.quants import quant_shape_to_byte_shape
 
-from . import types as _types  # noqa: F401  (registers the BITCOS types)
+from . import types as _types  # (importing it registers the BITCOS types)
 
 # ggml types whose data gguf-py writes element-typed; every other type is written as raw bytes
 _PLAIN_DTYPES: dict[GGMLQuantizationType, np.dtype] = {
@@ -55,17 +55,6 @@ _PLAIN_DTYPES: dict[GGMLQuantizationType, np.dtype] = {
 
 
 COPY_CHUNK = 1 << 24     # bytes per write of a large tensor with a ``release`` callback
-
-
-def tensor_nbytes(ggml_type: GGMLQuantizationType, ne: Sequence[int]) -> int:
-    """Byte size of a tensor of this type and ggml shape (ne0 first)."""
-    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
-    n = 1
-    for d in ne:
-        n *= int(d)
-    if int(ne[0]) % block_size:
-        raise ValueError(f"row length {ne[0]} is not a multiple of the {ggml_type.name} block size {block_size}")
-    return n // block_size * type_size
 
 
 class GGUFStreamWriter:
@@ -128,7 +117,7 @@ class GGUFStreamWriter:
         if name in self._infos:
             raise ValueError(f"duplicate tensor name {name!r}")
         ne = tuple(int(d) for d in ne)
-        nbytes = tensor_nbytes(ggml_type, ne)
+        nbytes = _types.tensor_nbytes(int(ggml_type), ne)
         np_shape = tuple(reversed(ne))
         if ggml_type in _PLAIN_DTYPES:
             self._w.add_tensor_info(name, np_shape, _PLAIN_DTYPES[ggml_type], nbytes, raw_dtype=ggml_type)

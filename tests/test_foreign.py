@@ -8,7 +8,6 @@ description (not with the decoders the converter uses).
 from __future__ import annotations
 
 import math
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,125 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from foreign_gguf import (TYPE_ID, _kv_string, _kv_u32, quantize_i2_s, quantize_q2_0_g128, read_raw, spec_dequantize,
+                          write_raw)
 from ggml_bitcos import codec, foreign
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, Variant
 from ggml_bitcos.ternary import random_codes
 
 FORMATS = ["I2_S", "Q2_0", "PQ2_0", "PTQ1_0"]
-TYPE_ID = {"I2_S": 36, "Q2_0": 42, "PQ2_0": 142, "PTQ1_0": 143}
-
-
-# --- a minimal GGUF v3 reader/writer of its own --------------------------------------------------------
-
-def _kv_string(key: str, value: str) -> bytes:
-    k, v = key.encode(), value.encode()
-    return struct.pack("<Q", len(k)) + k + struct.pack("<I", 8) + struct.pack("<Q", len(v)) + v
-
-
-def _kv_u32(key: str, value: int) -> bytes:
-    k = key.encode()
-    return struct.pack("<Q", len(k)) + k + struct.pack("<II", 4, value)
-
-
-_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def _skip(b: bytes, vt: int, off: int) -> int:
-    if vt == 8:
-        return off + 8 + struct.unpack_from("<Q", b, off)[0]
-    if vt == 9:
-        it, n = struct.unpack_from("<IQ", b, off)
-        off += 12
-        if it in _SCALAR:
-            return off + n * _SCALAR[it]
-        for _ in range(n):
-            off = _skip(b, it, off)
-        return off
-    return off + _SCALAR[vt]
-
-
-def read_raw(path: Path) -> tuple[int, bytes, list[tuple[str, tuple[int, ...], int, bytes]]]:
-    """(kv count, raw kv section, [(name, ne, type id, data bytes up to the next tensor or end)])."""
-    b = path.read_bytes()
-    assert b[:4] == b"GGUF"
-    _v, n_t, n_kv = struct.unpack_from("<IQQ", b, 4)
-    off = 24
-    for _ in range(n_kv):
-        kl = struct.unpack_from("<Q", b, off)[0]
-        assert b[off + 8:off + 8 + kl] != b"general.alignment"
-        off += 8 + kl
-        off = _skip(b, struct.unpack_from("<I", b, off)[0], off + 4)
-    kv = b[24:off]
-    infos = []
-    for _ in range(n_t):
-        nl = struct.unpack_from("<Q", b, off)[0]
-        name = b[off + 8:off + 8 + nl].decode()
-        off += 8 + nl
-        nd = struct.unpack_from("<I", b, off)[0]
-        ne = struct.unpack_from(f"<{nd}Q", b, off + 4)
-        off += 4 + 8 * nd
-        tt, o = struct.unpack_from("<IQ", b, off)
-        off += 12
-        infos.append((name, tuple(ne), tt, o))
-    start = (off + 31) // 32 * 32
-    ends = sorted(o for *_x, o in infos)[1:] + [len(b) - start]
-    end_of = dict(zip(sorted(o for *_x, o in infos), ends))
-    return n_kv, kv, [(n, ne, tt, b[start + o:start + end_of[o]]) for n, ne, tt, o in infos]
-
-
-def write_raw(path: Path, n_kv: int, kv: bytes, tensors: list[tuple[str, tuple[int, ...], int, bytes]]) -> Path:
-    """GGUF v3, alignment 32: header, the raw kv section, tensor infos, data (each padded to 32)."""
-    infos, data, off = b"", b"", 0
-    for name, ne, tt, raw in tensors:
-        nm = name.encode()
-        infos += struct.pack("<Q", len(nm)) + nm + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
-        infos += struct.pack("<IQ", tt, off)
-        pad = (-len(raw)) % 32
-        data += raw + b"\0" * pad
-        off += len(raw) + pad
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), n_kv) + kv + infos
-    head += b"\0" * ((-len(head)) % 32)
-    path.write_bytes(head + data)
-    return path
-
-
-# --- the dequantizer from the layout description, one weight at a time (vectorized over weights) ---------
-
-def _f16(raw: bytes, at: np.ndarray) -> np.ndarray:
-    b = np.frombuffer(raw, dtype=np.uint8)
-    return (b[at].astype(np.uint16) | (b[at + 1].astype(np.uint16) << 8)).view(np.float16).astype(np.float32)
-
-
-def spec_dequantize(fmt: str, raw: bytes, ne: tuple[int, ...]) -> np.ndarray:
-    """fp32 (rows, K) of a tensor's data bytes, each weight from its own byte and bit position."""
-    k, rows = ne[0], math.prod(ne[1:])
-    b = np.frombuffer(raw, dtype=np.uint8)
-    r, w = np.meshgrid(np.arange(rows), np.arange(k), indexing="ij")
-    if fmt in ("Q2_0", "PQ2_0"):
-        blk = 64 if fmt == "Q2_0" else 128
-        bb = 2 + blk // 4
-        base = (r * (k // blk) + w // blk) * bb            # start of the weight's block
-        j = w % blk
-        code = ((b[base + 2 + j // 4] >> (2 * (j % 4))) & 3).astype(np.int32) - 1
-        d = _f16(raw, base)
-    elif fmt == "PTQ1_0":
-        base = (r * (k // 128) + w // 128) * 28
-        j = w % 128
-        byte = np.where(j < 80, j % 16, np.where(j < 120, 16 + (j - 80) % 8, 24 + (j - 120) % 2))
-        n = np.where(j < 80, j // 16, np.where(j < 120, (j - 80) // 8, (j - 120) // 2))
-        v = b[base + byte].astype(np.int64)
-        code = ((v * 3 ** n) % 256 * 3) // 256 - 1
-        d = _f16(raw, base + 26)
-    elif fmt == "I2_S":
-        f = r * k + w                                       # the weight's index in the flattened tensor
-        pos = f % 128
-        field = (b[(f // 128) * 32 + pos % 32] >> (6 - 2 * (pos // 32))) & 3
-        assert np.all(field != 3)
-        code = field.astype(np.int32) - 1
-        d = np.float32(struct.unpack_from("<f", raw, rows * k // 4)[0])
-    else:
-        raise AssertionError(fmt)
-    return (code.astype(np.float32) * d).astype(np.float32)
 
 
 # --- building sources ------------------------------------------------------------------------------
@@ -338,7 +225,9 @@ def test_i2_s_tail_must_be_in_file(tmp_path):
 # --- through llama.cpp: the same weights as TQ2_0 and as a foreign type give the same tokens -------------
 
 def _reencode(src: Path, dst: Path, fmt: str) -> Path:
-    """``src`` (a make-model TQ2_0 model) with every TQ2_0 tensor rewritten in ``fmt``, same codes and scales."""
+    """``src`` (a make-model TQ2_0 model) with every TQ2_0 tensor rewritten in ``fmt``, same values. The forms
+    without a product encoder of their own go through tests/foreign_gguf.py's quantizer-modelled writers:
+    ``I2_S:arm`` / ``I2_S:x86-rows4`` (bitnet.cpp's other layouts), ``Q2_0:g128`` (Prism's legacy Q2_0)."""
     from ggml_bitcos import tq
     n_kv, kv, tensors = read_raw(src)
     out = []
@@ -346,33 +235,41 @@ def _reencode(src: Path, dst: Path, fmt: str) -> Path:
         if tt == 35:
             k, rows = ne[0], math.prod(ne[1:])
             codes, d = tq.tq2_0_decode(np.frombuffer(raw, np.uint8)[:rows * k // 256 * 66].reshape(rows, -1))
-            if fmt == "I2_S":
+            if fmt.startswith("I2_S:"):
+                x = codes.astype(np.float32) * np.float32(d[0, 0])
+                data = quantize_i2_s(x, fmt.partition(":")[2])
+            elif fmt == "Q2_0:g128":
+                data = quantize_q2_0_g128(tq.tq_to_float(codes, d))
+            elif fmt == "I2_S":
                 assert np.all(d == d[0, 0])                          # --scale tensor: one scale per matrix
                 data = encode(fmt, codes, np.float32(d[0, 0]))
             else:
                 per = {"Q2_0": 4, "PQ2_0": 2, "PTQ1_0": 2}[fmt]      # source blocks of 64 / 128 per 256
                 data = encode(fmt, codes, np.repeat(d, per, axis=1))
-            out.append((name, ne, TYPE_ID[fmt], data))
+            out.append((name, ne, TYPE_ID[fmt.partition(":")[0]], data))
         else:
             out.append((name, ne, tt, raw))
     return write_raw(dst, n_kv, kv, out)
 
 
 @pytest.mark.parametrize("version", [1, 2])
-@pytest.mark.parametrize("fmt,scale", [("I2_S", "tensor"), ("PTQ1_0", "g128"), ("Q2_0", "g128")])
+@pytest.mark.parametrize("fmt,scale", [("I2_S", "tensor"), ("PTQ1_0", "g128"), ("Q2_0", "g128"),
+                                       ("I2_S:arm", "tensor"), ("I2_S:x86-rows4", "tensor"), ("Q2_0:g128", "g128")])
 def test_converted_model_runs_like_tq2_0(tmp_path, patched_llama, fmt, scale, version):
-    """make-model's TQ2_0 model, re-encoded as I2_S (per-tensor scale) or PTQ1_0 / Q2_0 (its per-256 scales
-    repeated per 128 / 64), converted: same BITCOS weights as the TQ2_0 file converted, same greedy tokens."""
+    """make-model's TQ2_0 model, re-encoded as I2_S in each layout (per-tensor scale), PTQ1_0 / Q2_0 / legacy
+    group-128 Q2_0 (its per-256 scales repeated per 128 / 64), converted (with --i2s-layout for I2_S): the same
+    BITCOS weights as the TQ2_0 file converted, same greedy tokens."""
     from ggml_bitcos import llama_run
     tq2 = tmp_path / "tq2.gguf"
     r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "make-model", "-o", str(tq2), "--preset", "tiny",
                         "--zero-density", "0.42", "--type", "tq2_0", "--scale", scale, "--seed", "7"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert r.returncode == 0, r.stdout
-    src = _reencode(tq2, tmp_path / f"{fmt}.gguf", fmt)
-    out, ref = tmp_path / f"{fmt}-bitcos.gguf", tmp_path / "tq2-bitcos.gguf"
-    for a, b in ((src, out), (tq2, ref)):
-        r = run_convert(str(a), "-o", str(b), "-q", "--format-version", str(version))
+    src = _reencode(tq2, tmp_path / "src.gguf", fmt)
+    out, ref = tmp_path / "src-bitcos.gguf", tmp_path / "tq2-bitcos.gguf"
+    layout = ["--i2s-layout", fmt.partition(":")[2]] if fmt.startswith("I2_S:") else []
+    for a, b, extra in ((src, out, layout), (tq2, ref, [])):
+        r = run_convert(str(a), "-o", str(b), "-q", "--format-version", str(version), *extra)
         assert r.returncode == 0, r.stdout
     got = {n: (tt, raw) for n, _ne, tt, raw in read_raw(out)[2]}
     for name, _ne, tt, raw in read_raw(ref)[2]:

@@ -114,7 +114,7 @@ import sys
 from ggml_bitcos import llama_run
 assert not llama_run.is_patched()
 for call in (lambda: llama_run.greedy_generate("m.gguf", "Hello"), lambda: llama_run.tool_path("llama-bench"),
-             lambda: llama_run.run_completion("m.gguf", "Hello")):
+             lambda: llama_run.run_bench(["m.gguf"])):
     try:
         call()
     except llama_run.LlamaNotBuilt as e:

@@ -388,9 +388,10 @@ def test_llama_bench_and_server_name_the_reason(nan_model) -> None:
 def test_llama_run_helpers_name_the_reason(nan_model) -> None:
     """The package's own wrappers (demo, benchmarks, tests) put the refusal reason in their exception's
     first line."""
+    import llama_helpers
     from ggml_bitcos import llama_run
-    for call in (lambda: llama_run.run_completion(nan_model, "hi", 4),
-                 lambda: llama_run.run_cli(nan_model, "hi", 4),
+    for call in (lambda: llama_helpers.run_completion(nan_model, "hi", 4),
+                 lambda: llama_helpers.run_cli(nan_model, "hi", 4),
                  lambda: llama_run.LlamaServer(nan_model).__enter__()):
         with pytest.raises(RuntimeError) as e:
             call()

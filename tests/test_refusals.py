@@ -1,4 +1,4 @@
-"""Crafted BITCOS files are refused at load, never abort, and the reason reaches the user (issue 13).
+"""Crafted BITCOS files are refused at load, never abort, and the reason reaches the user.
 
 Through the real patched llama.cpp (skips without it): a BITCOS type on a tensor the architecture does not
 use as a MUL_MAT / MUL_MAT_ID weight (token embeddings, norms, gemma4's lazily read per_layer_token_embd)

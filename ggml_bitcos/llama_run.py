@@ -1,7 +1,8 @@
 """Running models through the patched llama.cpp: Python bindings and the installed tools.
 
-Used by `ggml-bitcos demo`, the end-to-end tests and the benchmarks, so all of them exercise the same
-real code paths (llama_cpp.Llama, llama-completion, llama-bench, llama-perplexity, llama-server).
+Used by `ggml-bitcos demo`, the benchmarks and the end-to-end tests, so all of them exercise the same
+real code paths (llama_cpp.Llama, llama-bench, llama-server). Helpers only the tests need (llama-completion,
+llama-cli, llama-perplexity runs) are in tests/llama_helpers.py.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -100,38 +100,6 @@ def greedy_generate(model: Path, prompt: str, n_tokens: int = 64, n_threads: int
     return Generation(out, np.stack(logits), text, len(prompt_toks), secs, load_s)
 
 
-def run_completion(model: Path, prompt: str, n_tokens: int = 64, threads: int = 2,
-                   timeout: float = 300, extra: list[str] | None = None) -> str:
-    """Greedy completion through the llama-completion tool; returns the generated text (stdout). `extra`:
-    more options (e.g. ["--rpc", "127.0.0.1:50052", "-ngl", "99"])."""
-    cmd = [str(tool_path("llama-completion")), "-m", str(model), "-p", prompt, "-n", str(n_tokens),
-           "--temp", "0", "--top-k", "1", "--seed", "0", "-t", str(threads), "-no-cnv",
-           "--no-warmup", "--simple-io", "-c", "512", *(extra or [])]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    if r.returncode != 0:
-        raise tool_failure("llama-completion", r.returncode, model, r.stderr)
-    return r.stdout
-
-
-def run_cli(model: Path, prompt: str, n_tokens: int = 64, threads: int = 2, timeout: float = 300) -> str:
-    """One single-turn greedy chat reply through llama-cli (-st); returns the reply text only."""
-    cmd = [str(tool_path("llama-cli")), "-m", str(model), "-p", prompt, "-n", str(n_tokens), "--temp", "0",
-           "--top-k", "1", "--seed", "0", "-t", str(threads), "-st", "--no-warmup", "-c", "512"]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    if r.returncode != 0:
-        raise tool_failure("llama-cli", r.returncode, model, r.stderr)
-    # the reply follows the echoed "> prompt" line and ends before the "[ Prompt: … t/s ]" timing line
-    out = r.stdout
-    start = out.find(f"> {prompt}")
-    if start < 0:
-        raise RuntimeError(f"llama-cli output has no echoed prompt:\n{out[-2000:]}")
-    reply = out[start + len(prompt) + 2:]
-    end = reply.find("\n[ Prompt:")
-    return (reply[:end] if end >= 0 else reply).strip()
-
-
 def run_bench(models: list[Path], n_prompt: int = 512, n_gen: int = 128, threads: list[int] | None = None,
               repetitions: int = 3, timeout: float = 3600, extra: list[str] | None = None) -> list[dict]:
     """llama-bench in JSON mode over several models in one run; `extra`: more llama-bench options
@@ -147,22 +115,6 @@ def run_bench(models: list[Path], n_prompt: int = 512, n_gen: int = 128, threads
     if r.returncode != 0:
         raise tool_failure("llama-bench", r.returncode, ", ".join(map(str, models)), r.stderr)
     return json.loads(r.stdout)
-
-
-_PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
-
-
-def run_perplexity(model: Path, text_file: Path, ctx: int = 128, threads: int = 2,
-                   timeout: float = 1800, extra: list[str] | None = None) -> tuple[float, float]:
-    """llama-perplexity on a text file; returns (ppl, stderr of ppl). `extra`: more options (e.g. -ngl 99)."""
-    cmd = [str(tool_path("llama-perplexity")), "-m", str(model), "-f", str(text_file), "-c", str(ctx),
-           "-b", str(ctx), "-t", str(threads), *(extra or [])]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    m = _PPL_RE.search(r.stdout)
-    if r.returncode != 0 or not m:
-        raise tool_failure("llama-perplexity", r.returncode, model, r.stdout)
-    return float(m.group(1)), float(m.group(2))
 
 
 class LlamaServer:
@@ -244,7 +196,3 @@ class LlamaServer:
             "cache_prompt": False})
         r.raise_for_status()
         return r.json()
-
-
-def which(name: str) -> str | None:
-    return shutil.which(name)

@@ -104,3 +104,15 @@ def kernel_library() -> ctypes.CDLL:
     harness.load_library.cache_clear()
     harness.load_library(False)
     return harness.load_library(True)
+
+
+@pytest.fixture(scope="session")
+def tq2_vec_dot(kernel_library, cpu_flags: set[str]):
+    """(TQ2_0's vec_dot from the installed ggml, the FMA form it uses, its library): the reference of
+    tests/tq2_reference.py; needs the kernel harness libraries (kernel_library) to compare with."""
+    import tq2_reference
+
+    ref = tq2_reference.load_tq2_vec_dot(cpu_flags)
+    if ref is None:
+        pytest.skip("llama_cpp (patched llama-cpp-python) is not installed: no libggml-cpu.so to compare with")
+    return ref

@@ -34,7 +34,7 @@ TQ1_SPECS = [
     ("blk.0.ffn_up.weight", 64, 2048, 0.70, True),
     ("blk.0.ffn_down.weight", 3, 256, 1.0, False),
     ("blk.0.ffn_gate.weight", 96, 2048, 0.45, False),
-    ("blk.1.ffn_up.weight", 64, 2048, 0.30, False),     # the issue's case: PT 2 - z + index = 1.71 > 1.6875
+    ("blk.1.ffn_up.weight", 64, 2048, 0.30, False),     # PT 2 - z + index = 1.71 > TQ1_0's 1.6875
 ]
 
 
@@ -72,7 +72,7 @@ def _bitcos_bytes(path) -> dict[str, int]:
 @pytest.fixture(scope="module", params=[1, 2], ids=["v1", "v2"])
 def tq1(tmp_path_factory, request):
     """(source, its --force-grow conversion, BITCOS bytes per tensor, TQ1_0 bytes, the tensors that grow,
-    format version); each format version grows the same tensors: the issue's z = 0.30 one as PT / MATRIX,
+    format version); each format version grows the same tensors: the z = 0.30 one as PT / MATRIX,
     the varying-scale z = 0.30 one as G128 and as B256 (2.0625 - 0.30 > 1.6875)."""
     d = tmp_path_factory.mktemp("honest")
     src = d / "tq1.gguf"

@@ -1,4 +1,4 @@
-"""``convert`` is crash-safe and lean (issue 13).
+"""``convert`` is crash-safe and lean.
 
 * SIGKILL of a real ``ggml-bitcos convert`` subprocess at several moments (before the temporary file
   exists, after its first bytes, half-way through the tensor data, when it has its full size: verify, fsync,

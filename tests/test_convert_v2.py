@@ -1,6 +1,6 @@
 """convert, format version 2: any row length that is a multiple of 32, the scale granularity a model was
-trained with (per matrix, per row, per 256, per 128), auto = the smallest exact variant, and the issue's size
-targets.
+trained with (per matrix, per row, per 256, per 128), auto = the smallest exact variant, and the bits per weight each
+variant must stay within (FORMAT.md §8).
 
 The references are independent of the code under test: a decoder written here from FORMAT.md §3-§5 alone
 (``spec_decode``: the file's bytes through tests/gguf_raw.py, header fields at their documented offsets, the
@@ -219,7 +219,7 @@ def test_auto_is_the_smallest_exact_variant(tmp_path):
     assert forced["row"]["blk.0.attn_k.weight"] == forced["256"]["blk.0.attn_k.weight"]   # a real tie
 
 
-# --- the issue's size targets -----------------------------------------------------------------------------
+# --- bits per weight within the format's bounds --------------------------------------------------------------
 
 def test_per_row_scaled_model_within_target(tmp_path, capsys):
     """A per-row-scaled model (TriLM / ParetoQ style: one fp32 scale per output channel, any fp32 value) converts

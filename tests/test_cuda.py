@@ -1,10 +1,10 @@
 """BITCOS on CUDA (csrc/cuda/): the translation units compile with the nvcc this machine has, for sm_80 and
 sm_90 (CI: no GPU, so compile only; not the whole ggml-cuda, whose headers need cuBLAS), and, where a CUDA
-device exists (a lent GPU machine: scripts/gpu_session.sh), the kernel runs against the numpy reference.
+device exists (a lent GPU machine: dev/gpu_session.sh), the kernel runs against the numpy reference.
 
 nvcc: $NVCC, else `nvcc` on PATH, else /usr/local/cuda/bin/nvcc. Skipped without it unless
 BITCOS_REQUIRE_CUDA_COMPILE=1 (CI sets it where nvcc exists). BITCOS_CUDA_TEST_EXE: a test program built
-elsewhere (scripts/gpu_session.sh builds it here, so that the GPU machine's minutes go to running it).
+elsewhere (dev/gpu_session.sh builds it here, so that the GPU machine's minutes go to running it).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gpu_cases
+from dev import cuda_sass_count
 from ggml_bitcos.format import Variant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,17 +120,15 @@ MID_STEP_K = {Variant.G128: 2432, Variant.PT: 2432, Variant.B128: 2432, Variant.
 
 
 def batched_cases(rng: np.random.Generator, variant: Variant, zs: tuple[float, ...] = (0.0, 0.4, 1.0)) -> list[dict]:
-    import test_sycl as ref
-
     cases = []
     for z in zs:
         for i, k in enumerate(BATCHED_K[variant]):
             for rows, n_x in BATCHED_SHAPES[i % 2::2]:
-                c = ref.make_case(rng, variant, rows, k, z, n_x)
+                c = gpu_cases.make_case(rng, variant, rows, k, z, n_x)
                 c.update(row0=0, n_rows=rows, wg=16)
                 cases.append(c)
     if not variant.scale_block:     # MUL_MAT_ID: 3 experts of 19 rows, 300 columns (more than a 64-slot tile each)
-        c = ref.make_case(rng, variant, 57, 384 if variant.version == 1 else 96, 0.4, 300, n_mats=3)
+        c = gpu_cases.make_case(rng, variant, 57, 384 if variant.version == 1 else 96, 0.4, 300, n_mats=3)
         c.update(row0=0, n_rows=57, wg=16)
         cases.append(c)
     return cases
@@ -204,16 +204,14 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
     and within fp32 rounding of the product with the same quantized activations (check_batched); MUL_MAT_ID,
     mat-vec and batched, on the tensors of several matrices (check_id)."""
     if not cuda_device_present():
-        pytest.skip("no CUDA device (runs on a lent GPU machine: scripts/gpu_session.sh)")
-    import test_sycl as ref
-
+        pytest.skip("no CUDA device (runs on a lent GPU machine: dev/gpu_session.sh)")
     prebuilt = os.environ.get("BITCOS_CUDA_TEST_EXE")      # built elsewhere (the GPU machine has no nvcc)
     exe = Path(prebuilt) if prebuilt else tmp_path / "test-bitcos-cuda"
     if not prebuilt:
         compile_cuda(nvcc_or_prebuilt, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", exe, "native",
                      [ROOT / "csrc", ROOT / "csrc" / "cuda"], link=True)
     rng = np.random.default_rng(31 + int(variant))
-    run_and_check(exe, tmp_path, ref.variant_cases(rng, variant) + batched_cases(rng, variant))
+    run_and_check(exe, tmp_path, gpu_cases.variant_cases(rng, variant) + batched_cases(rng, variant))
 
 
 def run_and_check(exe: Path, tmp_path: Path, cases: list[dict]) -> None:
@@ -221,10 +219,8 @@ def run_and_check(exe: Path, tmp_path: Path, cases: list[dict]) -> None:
     cases and checks its outputs: mat-vec, batched, and for tensors of several matrices MUL_MAT_ID both ways; all
     of them on int8 activations, so all within check_batched's bound and within fp32 rounding of the product
     with the same quantized activations (check_id for MUL_MAT_ID)."""
-    import test_sycl as ref
-
     inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
-    ref.write_cases(inp, cases)
+    gpu_cases.write_cases(inp, cases)
     r = subprocess.run([str(exe), str(inp), str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     data = np.fromfile(out, dtype="<f4")
@@ -270,23 +266,21 @@ def test_cuda_kernels_in_host_emulation(host_emulation, tmp_path, variant):
     rows (MID_STEP_K; the programs cycle the lanes a row by case number for 1 and 4 columns and MUL_MAT_ID)
     and, for PT / MATRIX /
     ROW, the SYCL test's 3-matrix tensor through MUL_MAT_ID (its 300-column one, which fills several slot
-    tiles per expert, only in test_mmq_tile_emulation: too slow here). scripts/gpu_session.sh runs the full
+    tiles per expert, only in test_mmq_tile_emulation: too slow here). dev/gpu_session.sh runs the full
     set on a GPU."""
-    import test_sycl as ref
-
     rng = np.random.default_rng(53 + int(variant))
     cases = [c for c in batched_cases(rng, variant, zs=(0.4,)) if c["x"].shape[1] <= 640 and id_layout(c) is None]
-    cases += [c for c in ref.variant_cases(rng, variant) if id_layout(c) is not None]
+    cases += [c for c in gpu_cases.variant_cases(rng, variant) if id_layout(c) is not None]
     # rows long enough for the mat-vec's whole 2048-weight warp steps before a partial one (an odd word count
     # where the variant allows it: a lane with one word of two)
-    c = ref.make_case(rng, variant, 6, LONG_K[variant], 0.4, 3)
+    c = gpu_cases.make_case(rng, variant, 6, LONG_K[variant], 0.4, 3)
     c.update(row0=0, n_rows=6, wg=16)
     cases.append(c)
     # rows ending mid-step, three consecutive cases (the test programs take 32 / 16 / 8 lanes a row by case
     # number % 3 for 1 and 4 columns, 8 otherwise): 37 rows, not a multiple of 2 or 4 rows a warp, two
     # row-group rounds of the 2-block grid with 8 lanes (32 rows a round), the last group with 1 of 4 rows
     for rows, n_x in ((37, 1), (37, 4), (37, 1)):
-        c = ref.make_case(rng, variant, rows + 2, MID_STEP_K[variant], 0.4, n_x)
+        c = gpu_cases.make_case(rng, variant, rows + 2, MID_STEP_K[variant], 0.4, n_x)
         c.update(row0=1, n_rows=rows, wg=16)
         cases.append(c)
     run_and_check(host_emulation, tmp_path, cases)
@@ -302,14 +296,12 @@ def test_mmq_tile_emulation(variant):
     tensors; for the tensors of several matrices also MUL_MAT_ID (slot grouping, expert blocks, check_id)."""
     import sys
 
-    import test_sycl as ref
-
     sys.path.insert(0, str(ROOT / "tests" / "cuda"))
     import mmq_emulation as emu
 
     rng = np.random.default_rng(97 + int(variant))
     cases = batched_cases(rng, variant, zs=(0.4,))
-    cases += [c for c in ref.variant_cases(rng, variant) if (c["row0"] or c["n_rows"] == 24) and c["x"].shape[1] <= 4352]
+    cases += [c for c in gpu_cases.variant_cases(rng, variant) if (c["row0"] or c["n_rows"] == 24) and c["x"].shape[1] <= 4352]
     for c in cases:
         rows, k = c["n_rows"], c["x"].shape[1]
         codes = np.zeros((rows, k), np.int8)
@@ -320,19 +312,6 @@ def test_mmq_tile_emulation(variant):
         if lay is not None:
             n_exp, rows_e, ne11, ids = lay
             check_id(c, emu.emulate_id(c["blocks"], c["companion"], c["x"], n_exp, rows_e, ne11, ids, rng))
-
-
-def sass_count_tool():
-    import importlib.util
-
-    import sys
-
-    if "cuda_sass_count" not in sys.modules:             # dataclasses look their module up there
-        spec = importlib.util.spec_from_file_location("cuda_sass_count", ROOT / "scripts" / "cuda_sass_count.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["cuda_sass_count"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["cuda_sass_count"]
 
 
 # A made-up kernel in nvdisasm's form: an outer loop (one SHFL.UP a unit) around a counted inner loop of 8
@@ -366,9 +345,9 @@ SASS_NESTED = """
 
 
 def test_sass_count_tool_reads_loops():
-    """scripts/cuda_sass_count.py's loop analysis on a made-up SASS listing (no nvcc needed): the hot loop is
+    """dev/cuda_sass_count.py's loop analysis on a made-up SASS listing (no nvcc needed): the hot loop is
     the outer one, its counted inner loop weighs 8 times, the divergent-shuffle fallback does not count."""
-    tool = sass_count_tool()
+    tool = cuda_sass_count
     ins, labels = tool.parse_functions(SASS_NESTED)["_Z6kernelv"]
     rep = tool.count_hot_loop(ins, labels, "SHFL.UP", 1, 32, "kernel", {})
     # outer body: UMOV, BRA.DIV, SHFL.UP, POPC, ISETP, BRA = 6; inner: 6 instructions x 8 trips
@@ -385,10 +364,10 @@ def test_sass_count_of_the_mat_vec(nvcc_path):
     group) and 8 POPC (each word's count and its 3 byte-boundary offsets). Needs nvdisasm or cuobjdump: where
     CI requires the CUDA compile (BITCOS_REQUIRE_CUDA_COMPILE=1) the tool installs them from PyPI into
     ~/.cache/ggml-bitcos/cuda-tools; elsewhere the test skips without them."""
-    tool = sass_count_tool()
+    tool = cuda_sass_count
     dis = tool.find_disassembler(fetch=os.environ.get("BITCOS_REQUIRE_CUDA_COMPILE") == "1")
     if dis is None:
-        pytest.skip("no nvdisasm / cuobjdump (scripts/cuda_sass_count.py --fetch installs them)")
+        pytest.skip("no nvdisasm / cuobjdump (dev/cuda_sass_count.py --fetch installs them)")
     bitcos = tool.measure("bitcos", ROOT, "sm_90", dis, nvcc_path, {})
     tq2 = tool.measure("tq2", ROOT, "sm_90", dis, nvcc_path, {})
     for rep in (bitcos, tq2):

@@ -1,7 +1,7 @@
 """BITCOS on ggml-cuda, end to end through the patched llama.cpp, on an NVIDIA GPU.
 
 Needs a patched build with `-DGGML_CUDA=ON` and a CUDA device: on the project's machines (no NVIDIA GPU) these
-tests skip; `scripts/gpu_session.sh run` runs them on a lent GPU machine with BITCOS_REQUIRE_CUDA=1, which
+tests skip; `dev/gpu_session.sh run` runs them on a lent GPU machine with BITCOS_REQUIRE_CUDA=1, which
 turns a missing build or device into a failure. (tests/test_cuda.py tests the kernels themselves through a
 standalone test program and their source through a host emulation; this module tests them inside ggml-cuda.)
 

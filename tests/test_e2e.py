@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ggml_bitcos import llama_run
+import llama_helpers
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 N_TOKENS = 64
@@ -87,8 +88,8 @@ def test_no_mmap_load_identical(model_pairs):
 @pytest.mark.parametrize("name", ["dense-b256", "dense-row", "dense-g128-v1"])
 def test_llama_completion_identical_text(model_pairs, name):
     src, out = model_pairs[name]
-    a = llama_run.run_completion(src, PROMPT, N_TOKENS)
-    b = llama_run.run_completion(out, PROMPT, N_TOKENS)
+    a = llama_helpers.run_completion(src, PROMPT, N_TOKENS)
+    b = llama_helpers.run_completion(out, PROMPT, N_TOKENS)
     assert a == b and len(a) > len(PROMPT)
 
 
@@ -96,15 +97,15 @@ def test_llama_completion_moe_identical_text(model_pairs):
     # one thread: upstream's own TQ2_0 MoE path with 2 threads is not deterministic on a loaded host (the same
     # TQ2_0 file gave 2 different texts in 8 runs under 2 busy-loop processes; BITCOS gave 8 identical ones)
     src, out = model_pairs["moe-b256"]
-    assert (llama_run.run_completion(src, PROMPT, N_TOKENS, threads=1)
-            == llama_run.run_completion(out, PROMPT, N_TOKENS, threads=1))
+    assert (llama_helpers.run_completion(src, PROMPT, N_TOKENS, threads=1)
+            == llama_helpers.run_completion(out, PROMPT, N_TOKENS, threads=1))
 
 
 @pytest.mark.parametrize("name", ["dense-matrix", "moe-b256", "dense-pt-v1"])
 def test_llama_cli_identical_reply(model_pairs, name):
     src, out = model_pairs[name]
-    a = llama_run.run_cli(src, PROMPT, 32)
-    b = llama_run.run_cli(out, PROMPT, 32)
+    a = llama_helpers.run_cli(src, PROMPT, 32)
+    b = llama_helpers.run_cli(out, PROMPT, 32)
     assert a == b and len(a) > 0
 
 

@@ -122,8 +122,8 @@ def test_fuzz_regressions_replay(loader_fuzzer, tmp_path: Path) -> None:
                        text=True, timeout=300, env=fuzzing.sanitizer_env())
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert f"ok: replayed {len(files)} files" in r.stdout
-    # issue 13: BITCOS on gemma4's lazily read per_layer_token_embd aborted in ggml-backend (--lazy-mode on);
-    # refused now with every load / lazy mode
+    # BITCOS on gemma4's lazily read per_layer_token_embd (--lazy-mode on) must be refused with every load /
+    # lazy mode, not abort in ggml-backend
     assert re.search(r"issue13-lazy-bitcos-per-layer-token-embd.gguf: accepted 0 of 11 loads; last reason: "
                      r"BITCOS tensor 'per_layer_token_embd.weight'", r.stdout), r.stdout
 

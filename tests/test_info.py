@@ -170,7 +170,7 @@ def test_info_errors_name_file_tensor_problem(converted, tmp_path, capsys):
     _patch(out, bad, comp.offset + 4, struct.pack("<H", 9))
     _one_line_error(capsys, ["info", str(bad)], str(bad), f"tensor '{name}'", "version 9")
 
-    # a set bit in the sign pool's zero tail: the header is fine; info validates like the loader (issue 13),
+    # a set bit in the sign pool's zero tail: the header is fine; info validates like the loader,
     # with or without --check
     bad = tmp_path / "tail.gguf"
     _patch(out, bad, comp.offset + comp.ne[0] - 1, b"\x01")

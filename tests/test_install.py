@@ -54,7 +54,8 @@ def test_sdist_holds_what_the_build_reads(sdist: Path) -> None:
     for need in ("pyproject.toml", "CMakeLists.txt", "README.md", "buildsys/ggml_bitcos_backend.py",
                  "startup/ggml_bitcos_gguf.pth", "startup/_ggml_bitcos_gguf_hook.py", "scripts/install.sh",
                  "scripts/build_llama.py", "docs/FORMAT.md", "docs/ARCHITECTURE.md", "ggml_bitcos/build.py",
-                 "ggml_bitcos/upstream.py", "ggml_bitcos/llama_tools.py", "gguf_tools/__init__.py"):
+                 "ggml_bitcos/upstream.py", "ggml_bitcos/llama_tools.py", "gguf_tools/__init__.py",
+                 "dev/cuda_sass_count.py", "tests/conftest.py"):     # the suite runs from an unpacked sdist
         assert need in names, need
     assert not any(n.startswith(("build/", ".git/")) for n in names)
 
@@ -64,6 +65,8 @@ def test_metadata_ships_llama_cpp_instead_of_depending_on_it() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["build-system"]["build-backend"] == "ggml_bitcos_backend"
     assert meta["build-system"]["backend-path"] == ["buildsys"]
+    # the wheel holds the product only: no tests, no maintainers' instruments (dev/)
+    assert meta["tool"]["scikit-build"]["wheel"]["packages"] == ["ggml_bitcos", "gguf_tools"]
     deps = meta["project"]["dependencies"]
     names = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower().replace("_", "-") for d in deps}
     assert "llama-cpp-python" not in names     # the stock distribution would be compiled first and win
@@ -114,7 +117,7 @@ import sys
 from ggml_bitcos import llama_run
 assert not llama_run.is_patched()
 for call in (lambda: llama_run.greedy_generate("m.gguf", "Hello"), lambda: llama_run.tool_path("llama-bench"),
-             lambda: llama_run.run_completion("m.gguf", "Hello")):
+             lambda: llama_run.run_bench(["m.gguf"])):
     try:
         call()
     except llama_run.LlamaNotBuilt as e:

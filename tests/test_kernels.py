@@ -27,9 +27,8 @@ from ggml_bitcos.format import QK, QK_K, Variant
 from ggml_bitcos.q8k import Q8K_DTYPE, quantize_q8k, random_q8k
 from ggml_bitcos.ternary import random_codes
 
-# TQ2_0's real vec_dot (the installed ggml) and its comparison helpers; tq2_vec_dot is a fixture
-import test_tq2_compat as tq2c  # noqa: E402  (tests/ is on sys.path, as for crafted.py)
-from test_tq2_compat import tq2_vec_dot  # noqa: E402,F401
+# TQ2_0's real vec_dot (the installed ggml) and its comparison helpers; the fixture tq2_vec_dot is in conftest.py
+import tq2_reference as tq2c  # noqa: E402  (tests/ is on sys.path, as for crafted.py)
 
 VARIANTS = tuple(Variant)
 VARIANT_IDS = tuple(v.name.lower() for v in VARIANTS)
@@ -273,7 +272,7 @@ def test_tq2_0_data_same_bits_in_b256_g128_matrix_pt(kernel_library, cpu_flags: 
 def test_tq2_0_reference_b256_matrix(tq2_vec_dot) -> None:
     """B256 (each TQ2_0 block's scale) and MATRIX (a TQ2_0 tensor with one scale) equal the installed ggml's
     TQ2_0 vec_dot bit for bit, every kernel (the FMA form that ggml was built with). Uses the TQ2_0 reference of
-    tests/test_tq2_compat.py; skipped without llama_cpp."""
+    tests/tq2_reference.py; skipped without llama_cpp."""
     t = tq2c
     vec_dot, fma, _ = tq2_vec_dot
     for k in (256, 768, 2304):

@@ -266,10 +266,10 @@ def smollm2_tq2_v1(smollm2_src, tmp_path_factory):
 
 @pytest.mark.llama
 def test_smollm2_v1_perplexity_equal(smollm2_tq2_v1, patched_llama):
-    from ggml_bitcos import llama_run
+    import llama_helpers
     tq2, out = smollm2_tq2_v1
-    ppl_a, _ = llama_run.run_perplexity(tq2, TEXT, ctx=128)
-    ppl_b, _ = llama_run.run_perplexity(out, TEXT, ctx=128)
+    ppl_a, _ = llama_helpers.run_perplexity(tq2, TEXT, ctx=128)
+    ppl_b, _ = llama_helpers.run_perplexity(out, TEXT, ctx=128)
     assert abs(ppl_a - ppl_b) <= 1e-3 * ppl_a, f"PPL TQ2_0 {ppl_a} vs BITCOS {ppl_b}"
 
 

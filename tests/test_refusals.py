@@ -1,4 +1,4 @@
-"""Crafted BITCOS files are refused at load, never abort, and the reason reaches the user (issue 13).
+"""Crafted BITCOS files are refused at load, never abort, and the reason reaches the user.
 
 Through the real patched llama.cpp (skips without it): a BITCOS type on a tensor the architecture does not
 use as a MUL_MAT / MUL_MAT_ID weight (token embeddings, norms, gemma4's lazily read per_layer_token_embd)
@@ -388,9 +388,10 @@ def test_llama_bench_and_server_name_the_reason(nan_model) -> None:
 def test_llama_run_helpers_name_the_reason(nan_model) -> None:
     """The package's own wrappers (demo, benchmarks, tests) put the refusal reason in their exception's
     first line."""
+    import llama_helpers
     from ggml_bitcos import llama_run
-    for call in (lambda: llama_run.run_completion(nan_model, "hi", 4),
-                 lambda: llama_run.run_cli(nan_model, "hi", 4),
+    for call in (lambda: llama_helpers.run_completion(nan_model, "hi", 4),
+                 lambda: llama_helpers.run_cli(nan_model, "hi", 4),
                  lambda: llama_run.LlamaServer(nan_model).__enter__()):
         with pytest.raises(RuntimeError) as e:
             call()

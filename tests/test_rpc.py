@@ -19,6 +19,7 @@ import pytest
 
 from ggml_bitcos import llama_run
 from ggml_bitcos.llama_tools import RPC_SERVER
+import llama_helpers
 
 
 def free_port() -> int:
@@ -79,11 +80,11 @@ def test_bitcos_model_split_over_two_rpc_servers(patched_llama, model_factory, t
     out = tmp_path / f"rpc-{scale}-bitcos.gguf"
     convert.convert(src, out, progress=False)
     prompt = "Once upon a time"
-    local = llama_run.run_completion(out, prompt, n_tokens=24, threads=1)
+    local = llama_helpers.run_completion(out, prompt, n_tokens=24, threads=1)
     with rpc_servers(2, tmp_path) as eps:
         extra = ["--rpc", ",".join(eps), "-ngl", "99"]
-        remote = llama_run.run_completion(out, prompt, n_tokens=24, threads=1, extra=extra)
-        remote_src = llama_run.run_completion(src, prompt, n_tokens=24, threads=1, extra=extra)
+        remote = llama_helpers.run_completion(out, prompt, n_tokens=24, threads=1, extra=extra)
+        remote_src = llama_helpers.run_completion(src, prompt, n_tokens=24, threads=1, extra=extra)
     assert remote == local and remote_src == remote
     assert len(remote) > len(prompt)
     for i in range(2):    # the layers really went to both servers (llama.cpp splits them over the devices)

@@ -1,4 +1,4 @@
-"""llama-server under load (issue 13): several slots, more concurrent clients than slots, every request
+"""llama-server under load: several slots, more concurrent clients than slots, every request
 answered, and a BITCOS model's greedy completions equal to its TQ2_0 source's.
 
 Needs the patched build (skips without it).

@@ -1,4 +1,4 @@
-"""``stats`` and ``info`` validate BITCOS tensors like the llama.cpp loader (issue 13).
+"""``stats`` and ``info`` validate BITCOS tensors like the llama.cpp loader.
 
 Crafted corrupted files (row index, bitmap popcount, sign pool, scales, header, a zero dimension): ``ggml-bitcos
 stats`` and ``ggml-bitcos info`` (the one Python implementation: ``info.validate_bitcos_tensor`` ->
@@ -200,7 +200,7 @@ def test_stats_and_info_refuse_like_the_loader(files, capsys, cmd: str, case: st
 
 
 def test_stats_zero_dimension_source_tensor(tmp_path: Path, capsys) -> None:
-    """The ZeroDivisionError of issue 13: a ternary source tensor with a zero dimension is one line."""
+    """A ternary source tensor with a zero dimension is a one-line error (it once raised ZeroDivisionError)."""
     p = tmp_path / "zero.gguf"
     with GGUFStreamWriter(p, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)

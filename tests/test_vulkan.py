@@ -29,6 +29,7 @@ import pytest
 from ggml_bitcos import llama_run
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, TYPE_ID_BITMAP
 from gpu_offload import PROMPT, LazyModels, backend_bin, generate
+import llama_helpers
 
 N_TOKENS = 32
 
@@ -196,8 +197,8 @@ def test_tools_offloaded(vk_models, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", os.environ.get("GGML_VK_VISIBLE_DEVICES", "0"))
     src, out = vk_models["dense-pt"]
     text = Path(__file__).parent / "data" / "ppl.txt"
-    ppl_src, _ = llama_run.run_perplexity(src, text, ctx=128, extra=["-ngl", "99"])
-    ppl_out, _ = llama_run.run_perplexity(out, text, ctx=128, extra=["-ngl", "99"])
+    ppl_src, _ = llama_helpers.run_perplexity(src, text, ctx=128, extra=["-ngl", "99"])
+    ppl_out, _ = llama_helpers.run_perplexity(out, text, ctx=128, extra=["-ngl", "99"])
     assert abs(ppl_out - ppl_src) <= 1e-2 * ppl_src, (ppl_src, ppl_out)
     with llama_run.LlamaServer(out, extra=["--chat-template", "chatml", "-ngl", "99"]) as srv:
         reply = srv.chat("Hello", max_tokens=8)

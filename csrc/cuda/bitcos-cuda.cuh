@@ -14,7 +14,7 @@
 //  * Mat-vec (decode, up to 8 columns): int8 activations per 32 and dp4a, two words per lane, two per-lane
 //    tables (leading / trailing sign windows at byte boundaries) so that the decode costs about one
 //    instruction per weight; see "Mat-vec" below and docs/PERFORMANCE.md §5c for the counts
-//    (scripts/cuda_sass_count.py). Batched (more columns): a tile decoded once into shared memory for 64
+//    (dev/cuda_sass_count.py). Batched (more columns): a tile decoded once into shared memory for 64
 //    columns on tensor cores ("Batched path" below), with the small 256-entry table.
 //  * Each 32-weight block's exact int32 dot is scaled by its fp16 weight scale (G128, B128, B256) and its
 //    activation scale; the row's sum by its matrix's or row's scale (PT, MATRIX, ROW) at the end.
@@ -153,7 +153,7 @@ __device__ __forceinline__ float bitcos_cuda_word_scale(const bitcos_cuda_layout
 // codes meet the activations in dp4a, so the arithmetic is the batched path's (its error bound below holds for
 // both: y = s_r * sum_b fl32((float) P_rb * (w_rb * d_b)), P_rb the exact int32 dot of block b).
 //
-// Why this decode (scripts/cuda_sass_count.py measures it; docs/PERFORMANCE.md §5c): on a big GPU a BITCOS
+// Why this decode (dev/cuda_sass_count.py measures it; docs/PERFORMANCE.md §5c): on a big GPU a BITCOS
 // GEMV is instruction-bound, not memory-bound, unless the decode costs about one instruction per weight; the
 // integer ALU pipe (logic, shifts, byte permutes) issues at half the scheduler's rate and POPC at an eighth,
 // so the decode keeps both off the per-weight path:
@@ -475,7 +475,7 @@ template <class F> __host__ __forceinline__ void bitcos_cuda_with_cols(int nc, F
 // step is 2 LANES words: K = 2560, 80 words, leaves 3/4 of the lanes idle in its second step at 32 lanes and
 // none at 8), the prefix sum (log2(LANES) shuffle steps) and the row's fixed cost (its sign position, the
 // segment reduction, the store), spread over K / LANES weights a lane. 8 lanes issue the fewest instructions
-// per weight at every K measured (scripts/cuda_sass_count.py bitcos --k 2048,2560,4096,6912,14336: 2.05-2.27
+// per weight at every K measured (dev/cuda_sass_count.py bitcos --k 2048,2560,4096,6912,14336: 2.05-2.27
 // against 2.22-4.79 at 32 lanes; docs/PERFORMANCE.md §5c), and 8 lanes pad a row at most as much as 16 or
 // 32 (16-word steps), so 8 at every K (one instance per column count in the glue); the cost is parallelism on
 // small matrices (a quarter as many row groups: a 2560-row matrix keeps 640 warps busy), which only a timed GPU

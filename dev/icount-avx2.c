@@ -2,7 +2,7 @@
 // for valgrind's callgrind, which counts instructions exactly whatever else the machine runs (valgrind
 // cannot run AVX-512 code, so the AVX-512 kernel's count comes from its disassembly instead).
 //
-//   cc -O2 scripts/icount-avx2.c -o /tmp/icount -ldl
+//   cc -O2 dev/icount-avx2.c -o /tmp/icount -ldl
 //   # BITCOS: the x86-64-v3 (AVX2) object of the kernel harness (build/kernels or the installed package)
 //   valgrind --tool=callgrind --toggle-collect=bitcos_mm_avx2_v3 /tmp/icount 64 2048 0.4 0 10 build/kernels/libbitcos_kernels.so
 //   # TQ2_0: ggml's AVX2 vec_dot from a GGML_NATIVE=OFF (x86-64-v3) build of the patched llama.cpp

@@ -23,10 +23,10 @@ Targets (what the numbers in docs/PERFORMANCE.md §5c were measured with):
   (the path's blocks between the hot loop and the reduction) if the row's words do not fill its steps,
   divided by the weights of the row a lane has (K / lanes); both arms of a branch on the path count.
 
-  python3 scripts/cuda_sass_count.py                 # both targets, this tree, sm_90
-  python3 scripts/cuda_sass_count.py --rev fa24b23   # the bitcos target as it was at a commit
-  python3 scripts/cuda_sass_count.py bitcos --k 2048,2560,4096,6912,14336   # whole rows, 32 / 16 / 8 lanes
-  python3 scripts/cuda_sass_count.py --json          # machine-readable
+  python3 dev/cuda_sass_count.py                 # both targets, this tree, sm_90
+  python3 dev/cuda_sass_count.py --rev fa24b23   # the bitcos target as it was at a commit
+  python3 dev/cuda_sass_count.py bitcos --k 2048,2560,4096,6912,14336   # whole rows, 32 / 16 / 8 lanes
+  python3 dev/cuda_sass_count.py --json          # machine-readable
 
 The disassembler: $NVDISASM / $CUOBJDUMP, PATH, the CUDA toolkit's bin, or the PyPI wheels installed under
 ~/.cache/ggml-bitcos/cuda-tools (--fetch installs them there with pip; nvcc 13.0's toolkit here has none).

@@ -2,11 +2,11 @@
 # BITCOS on a lent GPU machine (the `device` tool: one NVIDIA H200, 16 cores, nvcc 13.0 and PyTorch's pip
 # cuBLAS, no package index), in two steps.
 #
-#   scripts/gpu_session.sh prepare     # HERE, on the CPU dev machine: builds what the GPU machine cannot or
+#   dev/gpu_session.sh prepare     # HERE, on the CPU dev machine: builds what the GPU machine cannot or
 #                                      # should not spend its minutes on (~10 min Vulkan + ~27 min CUDA cold on 2
 #                                      # cores; incremental afterwards)
-#   scripts/gpu_session.sh run [PART...]   # THERE, as the device command, with carry [".gpu", ".gl"]:
-#       device run: carry=[".gpu",".gl"], timeout_s=590, command="bash scripts/gpu_session.sh run"
+#   dev/gpu_session.sh run [PART...]   # THERE, as the device command, with carry [".gpu", ".gl"]:
+#       device run: carry=[".gpu",".gl"], timeout_s=590, command="bash dev/gpu_session.sh run"
 #
 # prepare: (a) a portable (GGML_NATIVE=OFF) Vulkan build of the patched llama-cpp-python (.gpu/llama_cpp_vulkan.tar.xz);
 #          (b) a portable ggml-cuda build of it for the H200 only (sm_90, flash-attention kernels off, cuBLAS from
@@ -28,7 +28,7 @@
 #   kernels   the standalone CUDA kernel test (csrc/cuda/ against numpy: tests/test_cuda.py -k matches);
 #   vulkan    test-bitcos-backend Vulkan0 (BITCOS vs the CPU and bit for bit vs TQ2_0), `bench gpu --device
 #             Vulkan0` (BITCOS vs TQ2_0 on one backend; reuses the CUDA part's weights and models);
-#   bandwidth `ggml-bitcos bench bandwidth` on the 16 CPU cores (issue 11's many-core regime).
+#   bandwidth `ggml-bitcos bench bandwidth` on the 16 CPU cores (the many-core regime: little DRAM bandwidth per core).
 # Results: $OUT/summary.md (one line per step: exit status, seconds, the end of its output) and
 # $OUT/gpu-session-logs.tar.gz (every step's whole output and JSON), both rewritten after each step, so what
 # has run comes back even when the command is killed; the markdown tables also go to stdout.

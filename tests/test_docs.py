@@ -46,7 +46,7 @@ UPSTREAM = {
     "quants.c", "arch-fallback.h", "ggml-vulkan.cpp", "ggml-cuda.cu", "ggml-sycl.cpp", "llama-quant.cpp",
     # the other llama.cpp lines whose formats the converter reads (bitnet.cpp, Prism ML's fork)
     "quantize_i2_s", "quantize_to_i2_s", "dequantize_row_i2_s", "quantize_row_pq2_0_ref", "dequantize_row_pq2_0",
-    "dequantize_row_ptq1_0", "block_ptq1_0",
+    "dequantize_row_ptq1_0", "block_ptq1_0", "ptq1_0_stages", "gemm-config.h",
     # gguf-py
     "GGML_QUANT_SIZES", "raw_shape", "GGUFReader", "GGUFWriter",
     # x86 intrinsics and instructions

@@ -29,7 +29,7 @@ from typing import Final
 import numpy as np
 
 from .format import (BITMAP_BYTES, HEADER_BYTES, HEADER_FIELDS, MAGIC, MAX_ROW_GROUP_LOG2, MAX_SCALE,
-                     MAX_WEIGHT_NAME, POOL_TAIL, QK, SECTION_ALIGN, TYPE_ID_BITMAP, VERSIONS, Variant)
+                     MAX_WEIGHT_NAME, POOL_TAIL, QK, SECTION_ALIGN, VERSIONS, Variant)
 
 _FIELDS_FORMAT: Final = "<" + "".join(code for _name, code in HEADER_FIELDS)
 HEADER_RESERVED_OFFSET: Final = struct.calcsize(_FIELDS_FORMAT)    # reserved, zero bytes from here on
@@ -43,11 +43,6 @@ class FormatError(ValueError):
 
 def _align(x: int, a: int = SECTION_ALIGN) -> int:
     return (x + a - 1) // a * a
-
-
-def _variant_name(variant: int) -> str:
-    """The variant's short name, or the bare number for a value that is no variant (in error messages)."""
-    return Variant(variant).name if variant in set(Variant) else str(variant)
 
 
 def _as_variant(variant: int) -> Variant:
@@ -181,6 +176,15 @@ class Encoded:
     @property
     def nbytes(self) -> int:
         return int(self.blocks.nbytes + self.companion.nbytes)
+
+
+def encoded_nbytes(variant: Variant, ne: tuple[int, ...] | list[int], n_sign_bits: int,
+                   row_group_log2: int) -> tuple[int, int]:
+    """(weight + companion bytes, companion bytes) of a BITCOS tensor of ggml shape ``ne`` (ne0 = K first) in
+    ``variant`` with ``n_sign_bits`` non-zero weights: the one size rule of an encoded tensor (FORMAT.md §8)."""
+    k, n_rows = int(ne[0]), math.prod(int(x) for x in ne[1:])
+    comp = companion_size(variant, k, n_rows, n_mats_of(tuple(int(x) for x in ne)), n_sign_bits, row_group_log2)
+    return n_rows * weight_row_bytes(variant, k) + comp, comp
 
 
 def weight_row_bytes(variant: Variant, n_cols: int) -> int:

@@ -29,263 +29,34 @@ Each pass shows a tqdm progress bar on stderr when ``progress`` is on and stderr
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import math
-import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from gguf import GGUFValueType
-from gguf.constants import GGMLQuantizationType
 from gguf.gguf_reader import ReaderTensor
-
 from tqdm import tqdm
 
-from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, bitcos_type, field_value, open_gguf,
-                        tensor_bytes, tensor_ggml_shape, tensor_row_bytes, type_name)
+from gguf_tools import CheckedGGUFReader, bitcos_type, field_value, open_gguf, tensor_bytes, tensor_ggml_shape, type_name
 
-from . import codec, foreign, ternary, tq
+from . import codec, foreign
+from .convert_back import KEEP, TARGETS, convert_back, print_summary
 from .format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, COMPANION_TYPE, KEY_CONVERTED_FROM, KEY_FORMAT_VERSION,
-                     MAX_WEIGHT_NAME, QK_K, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES, TYPE_ID_BITMAP, VERSION, VERSIONS,
-                     Variant)
+                     TYPE_ID_BITMAP, VERSION, VERSIONS, Variant)
+from .rewrite import ConvertError, OutputTensor, check_paths, size_line, verify_rewrite, write_verified
+from .source import (SCALE_CHOICES, TQ_SOURCES, TensorResult, add_i2s_layout_option, analyze_tensor,
+                     check_bitcos_file, encode_analysis, encoded_nbytes, is_candidate, iter_row_chunks,
+                     scale_variants, source_float_rows)
 
-FLOAT_SOURCES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
-TQ_SOURCES = (GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0)
-SOURCE_TYPES = FLOAT_SOURCES + TQ_SOURCES + tuple(foreign.FOREIGN_TYPES)   # + I2_S, Q2_0, PQ2_0, PTQ1_0
-CHUNK_WEIGHTS = 1 << 23              # rows are processed in chunks of about this many weights
 DEFAULT_CACHE_BYTES = 64 << 20      # encoded tensors kept between pass 1 and 2 up to this total (bytes)
-
-# --scale: the variants each choice may write, per format version, coarse to fine (auto's tie order, §7)
-SCALE_VARIANTS: dict[int, dict[str, tuple[Variant, ...]]] = {
-    2: {"auto": (Variant.MATRIX, Variant.ROW, Variant.B256, Variant.B128), "tensor": (Variant.MATRIX,),
-        "row": (Variant.ROW,), "256": (Variant.B256,), "128": (Variant.B128,)},
-    1: {"auto": (Variant.PT, Variant.G128), "tensor": (Variant.PT,), "128": (Variant.G128,)},
-}
-SCALE_ALIASES = {"g128": "128"}      # the version-1 name, kept for old command lines
-SCALE_CHOICES = ("auto", "tensor", "row", "256", "128", *SCALE_ALIASES)
-
-
-class ConvertError(Exception):
-    """A conversion failure; ``str()`` is one line naming the file (and tensor) and the problem."""
-
-
-def scale_variants(scale: str, format_version: int) -> tuple[Variant, ...]:
-    """The variants ``--scale scale`` may write in ``format_version``, coarse to fine; ConvertError when the
-    choice has no form in that version (row / 256 in version 1)."""
-    if format_version not in VERSIONS:
-        raise ConvertError(f"--format-version {format_version}: choose one of {', '.join(map(str, VERSIONS))}")
-    choices = SCALE_VARIANTS[format_version]
-    key = SCALE_ALIASES.get(scale, scale)
-    if key not in choices:
-        if key in SCALE_VARIANTS[VERSION]:
-            raise ConvertError(f"--scale {scale} has no version-{format_version} form (version {format_version} "
-                               f"has --scale {', '.join(choices)})")
-        raise ConvertError(f"--scale {scale}: choose one of {', '.join(SCALE_CHOICES)}")
-    return choices[key]
-
-
-def weight_nbytes(variant: Variant, k: int, n_rows: int) -> int:
-    """Bytes of the weight tensor of ``n_rows`` rows of ``k`` weights in ``variant``."""
-    return n_rows * codec.weight_row_bytes(variant, k)
 
 
 def default_output(src: Path) -> Path:
     return src.with_name(src.stem + "-bitcos.gguf") if src.suffix == ".gguf" else src.with_name(src.name + "-bitcos.gguf")
-
-
-# --- reading source tensors as fp32 ----------------------------------------------------------------
-
-def bf16_to_float(raw: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns -> float32 (exact: a bf16 is the top half of an fp32)."""
-    u = np.asarray(raw).view("<u2")
-    return (u.astype(np.uint32) << 16).view(np.float32)
-
-
-def chunk_rows(k: int) -> int:
-    return max(1, CHUNK_WEIGHTS // max(k, 1))
-
-
-def source_float_rows(t: ReaderTensor, start: int, stop: int) -> np.ndarray:
-    """fp32 values of rows [start, stop) of a 2-D/3-D source tensor, as ggml would dequantize them."""
-    raw = tensor_row_bytes(t)[start:stop]
-    tt = t.tensor_type
-    if tt == GGMLQuantizationType.F32:
-        return raw.view("<f4")
-    if tt == GGMLQuantizationType.F16:
-        return raw.view("<f2").astype(np.float32)
-    if tt == GGMLQuantizationType.BF16:
-        return bf16_to_float(raw)
-    if tt == GGMLQuantizationType.TQ2_0:
-        return tq.tq_to_float(*tq.tq2_0_decode(raw))
-    if tt == GGMLQuantizationType.TQ1_0:
-        return tq.tq_to_float(*tq.tq1_0_decode(raw))
-    if int(tt) in foreign.FOREIGN_TYPES:
-        return foreign.float_rows(t, raw, start, stop)
-    raise ValueError(f"cannot decode {type_name(tt)}")
-
-
-def iter_row_chunks(n_rows: int, k: int) -> Iterator[tuple[int, int]]:
-    step = chunk_rows(k)
-    for s in range(0, n_rows, step):
-        yield s, min(n_rows, s + step)
-
-
-# --- per-tensor decision ---------------------------------------------------------------------------
-
-@dataclass
-class TensorResult:
-    name: str
-    src_type: str
-    ne: tuple[int, ...]
-    src_form: str = ""                # the source type's form where it has several (foreign.form_label)
-    converted: bool = False
-    variant: Variant | None = None
-    reason: str = ""                  # why a candidate was not converted
-    ternary_looking: bool = False     # a --strict error when not converted
-    grow_kept: bool = False           # exact BITCOS form is larger than the source: kept (see --force-grow)
-    measured: bool = False            # one magnitude per 32-weight group: n_zeros is the measured count
-    n_weights: int = 0
-    n_zeros: int = 0
-    src_bytes: int = 0
-    out_bytes: int = 0                # weight + companion for converted tensors
-    companion_bytes: int = 0
-
-    @property
-    def zero_density(self) -> float:
-        return self.n_zeros / self.n_weights if self.n_weights else 0.0
-
-
-@dataclass
-class Analysis:
-    result: TensorResult
-    codes: np.ndarray | None = None
-    scales: np.ndarray | None = None       # the chosen variant's scales, as codec.encode takes them
-    row_nonzero: np.ndarray | None = None  # non-zero weights per row (sizes the row index and sign pool)
-    exact_bytes: dict[Variant, int] = field(default_factory=dict)   # every allowed exact variant -> its bytes
-
-
-def is_candidate(name: str, t: ReaderTensor) -> bool:
-    """A tensor convert looks at: a 2-D/3-D weight of a ternary-capable type, not a lookup table."""
-    ne = tensor_ggml_shape(t)
-    return (len(ne) in (2, 3) and t.tensor_type in SOURCE_TYPES and "token_embd" not in name
-            and not name.endswith(COMPANION_SUFFIX))
-
-
-def _tq_block_scales(t: ReaderTensor, start: int, stop: int) -> np.ndarray:
-    """|d| of each source 256-block of rows [start, stop) of a TQ1_0/TQ2_0 tensor, fp16 (rows, K/256)."""
-    bb = TQ2_0_BLOCK_BYTES if t.tensor_type == GGMLQuantizationType.TQ2_0 else TQ1_0_BLOCK_BYTES
-    return np.abs(tq.tq_block_scales(tensor_row_bytes(t)[start:stop], bb))
-
-
-def variant_scales(t: ReaderTensor, variant: Variant, ts: ternary.TensorScales) -> np.ndarray:
-    """The scales ``variant`` stores for tensor ``t``. Block variants from TQ1_0/TQ2_0 keep the source's d of
-    every 256-block, for both 128-halves (B128, G128) and for blocks without a non-zero weight, so that the
-    kernels' lane arithmetic equals TQ2_0's bit for bit (csrc/bitcos-kernels.h, FORMAT.md §3); every other
-    scale is the common non-zero magnitude of its group (0 for an empty one)."""
-    if variant.scale_block and t.tensor_type in TQ_SOURCES:
-        d = np.concatenate([_tq_block_scales(t, s, e) for s, e in iter_row_chunks(ts.n_rows, ts.k)])
-        return np.repeat(d, QK_K // variant.scale_block, axis=1) if variant.scale_block < QK_K else d
-    return ts.scales(variant)
-
-
-def analyze_tensor(t: ReaderTensor, scale: str = "auto", format_version: int = VERSION, *,
-                   want_codes: bool = True) -> Analysis:
-    """Decide whether a candidate converts and in which variant (FORMAT.md §7: among the variants ``scale``
-    allows that hold the values exactly, the fewest bytes; ties to the coarser), and gather its codes and
-    scales."""
-    variants = scale_variants(scale, format_version)
-    ne = tensor_ggml_shape(t)
-    k = ne[0]
-    n_rows = math.prod(ne[1:])
-    res = TensorResult(t.name, type_name(t.tensor_type), ne, n_weights=k * n_rows, src_bytes=int(t.n_bytes))
-    if foreign.tensor_form(t):
-        res.src_form = foreign.form_label(int(t.tensor_type), foreign.tensor_form(t))
-    is_tq = t.tensor_type in TQ_SOURCES
-
-    if k == 0 or n_rows == 0:
-        res.reason = "empty: a zero dimension (copied unchanged)"
-        return Analysis(res)
-    k_multiple = min(v.k_multiple for v in variants)
-    if k % k_multiple:
-        looks = all(ternary.is_row_ternary(source_float_rows(t, s, e)) for s, e in iter_row_chunks(n_rows, k))
-        res.ternary_looking = looks
-        res.reason = f"row length {k} is not a multiple of {k_multiple}" if looks else "not ternary"
-        return Analysis(res)
-
-    n_mats = codec.n_mats_of(ne)
-    codes = np.empty((n_rows, k), dtype=np.int8) if want_codes else None
-    ts = ternary.TensorScales(n_rows, k, n_mats)
-    n_zeros = 0
-    row_nonzero = np.empty(n_rows, dtype=np.int64)
-    for s, e in iter_row_chunks(n_rows, k):
-        ch = ternary.analyze_rows(source_float_rows(t, s, e))
-        ts.add(s, ch)
-        if not ts.ternary:
-            res.ternary_looking = is_tq
-            res.reason = "not ternary" if not is_tq else "non-finite scale"
-            return Analysis(res)
-        if codes is not None:
-            codes[s:e] = ch.codes
-        row_nonzero[s:e] = np.count_nonzero(ch.codes, axis=1)
-        n_zeros += int(ch.codes.size - row_nonzero[s:e].sum())
-        del ch
-    res.n_zeros = n_zeros
-    res.ternary_looking = True
-    res.measured = True
-
-    why = {v: ts.why_not(v) for v in variants}
-    exact = [v for v in variants if why[v] is None]
-    if not codec.weight_name_ok(t.name):
-        res.reason = f"name longer than {MAX_WEIGHT_NAME} bytes (no room for the companion name)"
-        return Analysis(res)
-    if not exact:
-        if scale != "auto":
-            res.reason = f"--scale {scale}: {why[variants[0]]}"
-        else:
-            res.reason = "no variant holds its scales exactly: " + "; ".join(f"{v.name}: {w}" for v, w in why.items())
-        return Analysis(res)
-    g = codec.choose_row_group_log2(codec.row_sign_positions(row_nonzero))
-    n_sign = res.n_weights - n_zeros
-
-    def nbytes(v: Variant) -> int:
-        return weight_nbytes(v, k, n_rows) + codec.companion_size(v, k, n_rows, n_mats, n_sign, g)
-
-    sizes = {v: nbytes(v) for v in exact}
-    # version 2: the fewest bytes (min keeps the first, coarsest, of equal sizes); version 1 as it always was:
-    # PT whenever exact (for tiny tensors G128 can be smaller: PT's scales section costs 64 bytes)
-    res.variant = min(exact, key=sizes.__getitem__) if format_version >= 2 else exact[0]
-    res.converted = True
-    scales = variant_scales(t, res.variant, ts) if want_codes else None
-    return Analysis(res, codes, scales, row_nonzero, sizes)
-
-
-def encoded_nbytes(a: Analysis) -> tuple[int, int]:
-    """(weight + companion bytes, companion bytes) of ``encode_analysis(a)``, computed without encoding."""
-    r = a.result
-    assert r.converted and r.variant is not None and a.row_nonzero is not None
-    k, n_rows = r.ne[0], math.prod(r.ne[1:])
-    g = codec.choose_row_group_log2(codec.row_sign_positions(a.row_nonzero))
-    comp = codec.companion_size(r.variant, k, n_rows, codec.n_mats_of(r.ne), r.n_weights - r.n_zeros, g)
-    return weight_nbytes(r.variant, k, n_rows) + comp, comp
-
-
-def encode_analysis(a: Analysis) -> codec.Encoded:
-    """The BITCOS encoding of a tensor ``analyze_tensor`` found convertible, in its chosen variant."""
-    r = a.result
-    assert r.converted and r.variant is not None and a.codes is not None and a.scales is not None
-    v = r.variant
-    if v.scale_block:
-        kw = {"block_scales": a.scales}
-    elif v is Variant.ROW:
-        kw = {"row_scales": a.scales}
-    else:
-        kw = {"matrix_scales": a.scales}
-    return codec.encode(a.codes, v, n_mats=codec.n_mats_of(r.ne), **kw)
 
 
 # --- the conversion --------------------------------------------------------------------------------
@@ -308,34 +79,6 @@ class ConvertResult:
     @property
     def skipped(self) -> list[TensorResult]:
         return [t for t in self.tensors if not t.converted and t.reason]
-
-
-def check_paths(src: Path, out: Path, force: bool) -> None:
-    if not src.exists():
-        raise ConvertError(f"{src}: no such file")
-    same = out.resolve() == src.resolve() or (out.exists() and os.path.samefile(out, src))
-    if same:
-        raise ConvertError(f"{out}: output path is the input file; choose another -o")
-    if out.exists() and not force:
-        raise ConvertError(f"{out}: output already exists (use --force to overwrite)")
-    if out.exists() and not out.is_file():
-        raise ConvertError(f"{out}: output exists and is not a regular file")
-    if not out.parent.is_dir():
-        raise ConvertError(f"{out}: output folder {out.parent} does not exist")
-
-
-def check_bitcos_file(reader: CheckedGGUFReader, path: Path) -> None:
-    """FORMAT.md §1/§6: refuse a newer format version and unpaired weights/companions."""
-    ver = reader.get_field(KEY_FORMAT_VERSION)
-    if ver is not None and int(ver.contents()) > VERSION:
-        raise ConvertError(f"{path}: {KEY_FORMAT_VERSION} {int(ver.contents())} is newer than this tool "
-                           f"supports ({VERSION})")
-    types = {t.name: t.tensor_type for t in reader.tensors}
-    for name, tt in types.items():
-        if tt in BITCOS_TYPE_IDS and name + COMPANION_SUFFIX not in types:
-            raise ConvertError(f"{path}: tensor '{name}': BITCOS weight without its companion tensor")
-        if name.endswith(COMPANION_SUFFIX) and types.get(name[:-len(COMPANION_SUFFIX)]) not in BITCOS_TYPE_IDS:
-            raise ConvertError(f"{path}: tensor '{name}': companion without a BITCOS weight")
 
 
 def _metadata_to_copy(reader: CheckedGGUFReader) -> list[tuple[str, tuple | ValueError]]:
@@ -512,138 +255,71 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
         raise ConvertError(_nothing_to_convert(src, result, n_bitcos))
     tag_bitcos = bool(result.converted) or n_bitcos > 0    # no bitcos.* keys on a file without BITCOS tensors
 
-    # pass 2: write
-    t1 = time.perf_counter()
-    arch_field = reader.get_field("general.architecture")
-    arch = arch_field.contents() if arch_field is not None else ""
-    writer = GGUFStreamWriter(out, arch, overwrite=force)
-    with aborted_on_failure(writer, out):
-        for key, kv in metadata:
-            if isinstance(kv, ValueError):
-                raise ConvertError(f"{src}: {kv}")
-            value, vtype, sub = kv
-            if key == "general.file_type" and result.converted:
-                continue  # replaced below: the file is now mostly BITCOS
-            writer.add_kv(key, value, vtype, sub)
-        if result.converted:
-            writer.add_kv("general.file_type", file_type_of(result.converted), GGUFValueType.UINT32)
+    # pass 2: write, pass 3: verify the temporary file before it replaces anything (rewrite.write_verified)
+    kvs: list[tuple | ValueError] = []
+    for key, kv in metadata:
+        if isinstance(kv, ValueError):
+            kvs.append(kv)
+        elif not (key == "general.file_type" and result.converted):   # replaced: the file is now mostly BITCOS
+            kvs.append((key, *kv))
+    if result.converted:
+        kvs.append(("general.file_type", file_type_of(result.converted), GGUFValueType.UINT32, None))
+    if tag_bitcos:
         conv_types = {r.src_type for r in result.converted}
-        if tag_bitcos:
-            writer.add_kv(KEY_FORMAT_VERSION, _file_format_version(reader, result), GGUFValueType.UINT32)
-            writer.add_kv(KEY_CONVERTED_FROM, _merged_converted_from(reader, conv_types), GGUFValueType.STRING)
-        for t in reader.tensors:
-            r, enc = plan.get(t.name, (None, None))
-            if r is not None and r.converted:
-                writer.add_tensor_info(t.name, bitcos_type(r.variant), r.ne)
-                writer.add_tensor_info(t.name + COMPANION_SUFFIX, COMPANION_TYPE, (r.companion_bytes,))
-            else:
-                writer.add_tensor_info(t.name, t.tensor_type, tensor_ggml_shape(t))
-        writer.begin()
-        result.removed_stale = writer.removed_stale
-        bar = tqdm(total=sum(int(t.n_bytes) for t in reader.tensors), desc="write", unit="B", unit_scale=True,
-                   disable=None if progress else True)
-        for t in reader.tensors:
-            r, enc = plan.get(t.name, (None, None))
-            if r is not None and r.converted:
-                if enc is None:
-                    enc = encode_analysis(analyze_tensor(t, scale, format_version))
-                    if enc.companion.nbytes != r.companion_bytes:
-                        raise ConvertError(f"{src}: tensor '{t.name}': re-encoding changed the companion size")
-                writer.write_tensor(t.name, enc.blocks)
-                writer.write_tensor(t.name + COMPANION_SUFFIX, enc.companion.view(np.int8))
-                plan[t.name] = (r, None)   # release the cached encoding
-                enc = None
-            else:
-                writer.write_tensor(t.name, tensor_bytes(t), release=reader.release_pages)
-            reader.release_pages()
-            bar.set_postfix_str(t.name, refresh=False)
-            bar.update(int(t.n_bytes))
-        bar.close()
-        tmp_path = writer.flush()
-        result.seconds["write"] = time.perf_counter() - t1
+        kvs.append((KEY_FORMAT_VERSION, _file_format_version(reader, result), GGUFValueType.UINT32, None))
+        kvs.append((KEY_CONVERTED_FROM, _merged_converted_from(reader, conv_types), GGUFValueType.STRING, None))
+    outputs: list[OutputTensor] = []
+    for t in reader.tensors:
+        r = plan[t.name][0] if t.name in plan else None
+        if r is not None and r.converted:
+            outputs += _converted_outputs(src, t, r, plan, scale, format_version)
+        else:
+            outputs.append(OutputTensor(t.name, t.tensor_type, tensor_ggml_shape(t), source=t,
+                                        progress_bytes=int(t.n_bytes)))
 
-        # pass 3: verify the temporary file before it replaces anything
-        if verify:
-            t2 = time.perf_counter()
-            assert tmp_path is not None
-            verify_output(reader, tmp_path, result, progress=progress, label=str(out))
-            result.verified = True
-            result.seconds["verify"] = time.perf_counter() - t2
-        writer.finish()
+    def check(tmp_path: Path) -> None:
+        verify_output(reader, tmp_path, result, progress=progress, label=str(out))
+
+    result.removed_stale = write_verified(reader, src, out, force=force, metadata=kvs, tensors=outputs,
+                                          verify=check if verify else None, progress=progress,
+                                          seconds=result.seconds)
+    result.verified = verify
     result.seconds["total"] = time.perf_counter() - t0
     return result
 
 
-@contextlib.contextmanager
-def aborted_on_failure(writer: GGUFStreamWriter, out: Path) -> Iterator[None]:
-    """Runs the block that writes `out` through `writer` (convert and convert --to): when it fails, the
-    writer's temporary file is removed, so nothing partial stays behind, and an OS error becomes a
-    ConvertError naming the output and the reason."""
-    try:
-        yield
-    except OSError as e:
-        writer.abort()
-        raise ConvertError(f"{out}: write failed: {describe_write_error(e, out.parent)}") from None
-    except BaseException:
-        writer.abort()
-        raise
+def _converted_outputs(src: Path, t: ReaderTensor, r: TensorResult,
+                       plan: dict[str, tuple[TensorResult, codec.Encoded | None]], scale: str,
+                       format_version: int) -> list[OutputTensor]:
+    """The weight and companion of a converted tensor: its encoding from pass 1's cache, or made again when
+    the weight is written (the cache keeps only what fits its budget), and released after the companion."""
+    held: list[codec.Encoded] = []
 
+    def weight() -> np.ndarray:
+        enc = plan[t.name][1]
+        if enc is None:
+            enc = encode_analysis(analyze_tensor(t, scale, format_version))
+            if enc.companion.nbytes != r.companion_bytes:
+                raise ConvertError(f"{src}: tensor '{t.name}': re-encoding changed the companion size")
+        plan[t.name] = (r, None)
+        held.append(enc)
+        return enc.blocks
 
-def describe_write_error(e: OSError, folder: Path) -> str:
-    """The OS reason of a failed write. numpy's ``tofile`` reports a short write without an errno
-    ("N requested and M written"); a full file system is then the likely cause, so say so when the
-    target file system has no space left."""
-    if e.errno:
-        return os.strerror(e.errno)
-    try:
-        st = os.statvfs(folder)
-        if st.f_bavail * st.f_frsize < (1 << 20):
-            return f"{os.strerror(errno.ENOSPC)} ({e})"
-    except OSError:
-        pass
-    return str(e)
+    def companion() -> np.ndarray:
+        return held.pop().companion.view(np.int8)
 
-
-def bytes_equal(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 24,
-                release: Callable[[], None] | None = None) -> bool:
-    """``np.array_equal`` of two flat uint8 arrays in chunks (no temporary as large as the tensor);
-    ``release`` is called after each chunk (to drop the mapped pages compared so far)."""
-    if a.shape != b.shape:
-        return False
-    for i in range(0, a.shape[0], chunk):
-        same = np.array_equal(a[i:i + chunk], b[i:i + chunk])
-        if release is not None:
-            release()
-        if not same:
-            return False
-    return True
-
-
-def release_pages_of(*readers: CheckedGGUFReader) -> Callable[[], None]:
-    def release() -> None:
-        for r in readers:
-            r.release_pages()
-    return release
+    assert r.variant is not None
+    return [OutputTensor(t.name, bitcos_type(r.variant), r.ne, data=weight, progress_bytes=int(t.n_bytes)),
+            OutputTensor(t.name + COMPANION_SUFFIX, COMPANION_TYPE, (r.companion_bytes,), data=companion)]
 
 
 def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertResult, *,
                   progress: bool = True, label: str | None = None) -> None:
     """Every converted tensor decodes to the source's fp32 bits (−0.0 -> +0.0); others are byte-equal."""
     label = label or str(out_path)
-    try:
-        out_reader = open_gguf(out_path)
-    except GGUFError as e:
-        raise ConvertError(f"{label}: verification failed: output does not parse: {e.problem}") from None
-    out_reader.drop_array_fields()    # the metadata is not compared here; its parsed arrays only cost memory
-    out_tensors = {t.name: t for t in out_reader.tensors}
-    conv = {r.name: r for r in result.converted}
-    bar = tqdm(total=sum(int(t.n_bytes) for t in src_reader.tensors), desc="verify", unit="B", unit_scale=True,
-               disable=None if progress else True)
-    for t in src_reader.tensors:
-        o = out_tensors.get(t.name)
-        if o is None:
-            raise ConvertError(f"{label}: tensor '{t.name}': verification failed: missing from the output")
-        if t.name in conv:
+
+    def check(r: TensorResult) -> Callable[[ReaderTensor, ReaderTensor, dict[str, ReaderTensor]], None]:
+        def converted(t: ReaderTensor, o: ReaderTensor, out_tensors: dict[str, ReaderTensor]) -> None:
             comp = out_tensors.get(t.name + COMPANION_SUFFIX)
             if comp is None or o.tensor_type not in BITCOS_TYPE_IDS:
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: not written as BITCOS")
@@ -654,7 +330,6 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
                                    codec.n_mats_of(ne))
             except codec.FormatError as e:
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: {e}") from None
-            r = conv[t.name]
             if dec.variant != r.variant:
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: written as "
                                    f"{dec.variant.name}, chosen {r.variant.name}")
@@ -671,17 +346,10 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
                                        f"col {int(bad[1])} decodes to bits 0x{int(gb[tuple(bad)]):08x}, "
                                        f"source 0x{int(wb[tuple(bad)]):08x}")
                 del want, got
-            del dec
-        else:
-            if o.tensor_type != t.tensor_type or not bytes_equal(tensor_bytes(o), tensor_bytes(t),
-                                                                 release=release_pages_of(src_reader, out_reader)):
-                raise ConvertError(f"{label}: tensor '{t.name}': verification failed: copied tensor differs")
-        src_reader.release_pages()
-        out_reader.release_pages()
-        bar.set_postfix_str(t.name, refresh=False)
-        bar.update(int(t.n_bytes))
-    bar.close()
-    del out_reader
+        return converted
+
+    verify_rewrite(src_reader, out_path, label, rewritten={r.name: check(r) for r in result.converted},
+                   progress=progress)
 
 
 def summarize(result: ConvertResult) -> list[str]:
@@ -719,10 +387,7 @@ def summarize(result: ConvertResult) -> list[str]:
     if n_nt:
         lines.append(f"not converted: {n_nt} non-ternary tensor(s): " +
                      ", ".join(r.name for r in result.skipped if r.reason == "not ternary")[:300])
-    size_in = result.src.stat().st_size
-    size_out = result.out.stat().st_size if result.out.exists() else 0
-    lines.append(f"{result.src} ({size_in / 1e6:.1f} MB) -> {result.out} ({size_out / 1e6:.1f} MB)"
-                 + (f", {verified_words(result)}" if result.verified else ", not verified (--no-verify)"))
+    lines.append(size_line(result.src, result.out, result.verified, verified_words(result)))
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items()))
     if result.removed_stale:
         lines.append(f"removed {len(result.removed_stale)} stale temporary file(s) of {result.out.name} left by "
@@ -749,7 +414,6 @@ def _scale_words(v: Variant) -> str:
 # --- command line --------------------------------------------------------------------------------
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from .convert_back import KEEP, TARGETS   # the back direction (imports this module, hence here)
     p = subparsers.add_parser("convert", help="rewrite the ternary weights of a GGUF as BITCOS",
                               description="Rewrite every exactly-ternary weight (TQ1_0, TQ2_0, or F16/BF16/F32 "
                                           "holding ternary values) as BITCOS; copy everything else unchanged.")
@@ -788,25 +452,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def add_i2s_layout_option(p: argparse.ArgumentParser) -> None:
-    """``--i2s-layout`` (convert, stats): which of bitnet.cpp's layouts a source's I2_S tensors are in."""
-    p.add_argument("--i2s-layout", choices=foreign.I2S_LAYOUTS, default=None,
-                   help="the layout of the source's I2_S tensors, which the file does not record: x86 (the default: "
-                        "bitnet.cpp's x86 builds and Python converters), arm (llama-quantize on an ARM build), "
-                        "x86-rows4 (an x86 build without ACT_PARALLEL); FORMAT.md §7.1")
-
-
 def run(args: argparse.Namespace) -> int:
     if args.to is not None:
-        from . import convert_back
         if (args.scale != "auto" or args.strict or args.allow_copy or args.force_grow
                 or args.format_version is not None or args.i2s_layout is not None):
             raise ConvertError("--to converts BITCOS back; --scale, --format-version, --strict, --allow-copy, "
                                "--force-grow and --i2s-layout belong to the forward direction")
-        back = convert_back.convert_back(args.input, args.output, to=args.to, fallback=args.fallback,
+        back = convert_back(args.input, args.output, to=args.to, fallback=args.fallback,
                                          verify=not args.no_verify, force=args.force, progress=not args.quiet)
         if not args.quiet:
-            convert_back.print_summary(back)
+            print_summary(back)
         return 0
     if args.fallback is not None:
         raise ConvertError("--fallback applies to --to only")
@@ -826,5 +481,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["ConvertError", "ConvertResult", "TensorResult", "convert", "default_output", "analyze_tensor",
-           "source_float_rows", "is_candidate", "register", "run"]
+__all__ = ["ConvertError", "ConvertResult", "DEFAULT_CACHE_BYTES", "convert", "default_output", "summarize",
+           "verify_output", "register", "run"]

@@ -34,13 +34,12 @@ from gguf.constants import GGMLQuantizationType, LlamaFileType
 from gguf.gguf_reader import ReaderTensor
 from tqdm import tqdm
 
-from gguf_tools import (CheckedGGUFReader, GGUFError, GGUFStreamWriter, field_value, open_gguf, tensor_bytes,
-                        tensor_ggml_shape, type_name)
+from gguf_tools import CheckedGGUFReader, field_value, open_gguf, tensor_bytes, tensor_ggml_shape, type_name
 
 from . import codec, tq
-from .convert import (ConvertError, aborted_on_failure, bytes_equal, check_bitcos_file, check_paths,
-                      release_pages_of, source_float_rows)
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_K
+from .rewrite import ConvertError, OutputTensor, check_paths, size_line, verify_rewrite, write_verified
+from .source import check_bitcos_file, source_float_rows
 
 # target name -> (ggml type, llama file type written as general.file_type)
 TARGETS: dict[str, tuple[GGMLQuantizationType, LlamaFileType]] = {
@@ -209,99 +208,72 @@ def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str |
     result.tensors = [plan[w.name] for w in weights]
     result.seconds["check"] = time.perf_counter() - t0
 
-    # pass 2: write
-    t1 = time.perf_counter()
+    # pass 2: write, pass 3: verify the temporary file before it replaces anything (rewrite.write_verified)
     kept = any(r.target == KEEP for r in result.tensors)
-    arch_field = reader.get_field("general.architecture")
-    writer = GGUFStreamWriter(out, arch_field.contents() if arch_field is not None else "", overwrite=force)
-    with aborted_on_failure(writer, out):
-        for key, fld in reader.fields.items():
-            if key.startswith("GGUF.") or (key.startswith("bitcos.") and not kept):
-                continue
-            try:
-                value, vtype, sub = field_value(fld)
-            except ValueError as e:
-                raise ConvertError(f"{src}: {e}") from None
-            if key == "general.file_type" and not kept:
-                value, vtype, sub = int(TARGETS[to][1]), GGUFValueType.UINT32, None
-            writer.add_kv(key, value, vtype, sub)
-        if not kept and reader.get_field("general.file_type") is None:
-            writer.add_kv("general.file_type", int(TARGETS[to][1]), GGUFValueType.UINT32)
-        out_names: list[str] = []
-        for t in reader.tensors:
-            if t.name.endswith(COMPANION_SUFFIX) and t.name[:-len(COMPANION_SUFFIX)] in plan:
-                if plan[t.name[:-len(COMPANION_SUFFIX)]].target != KEEP:
-                    continue
-            r = plan.get(t.name)
-            if r is not None and r.target != KEEP:
-                writer.add_tensor_info(t.name, TARGETS[r.target][0], r.ne)
-            else:
-                writer.add_tensor_info(t.name, t.tensor_type, tensor_ggml_shape(t))
-            out_names.append(t.name)
-        writer.begin()
-        bar = tqdm(total=sum(int(by_name[n].n_bytes) for n in out_names), desc="write", unit="B", unit_scale=True,
-                   disable=None if progress else True)
-        for name in out_names:
-            t = by_name[name]
-            r = plan.get(name)
-            if r is not None and r.target != KEEP:
-                writer.write_tensor(name, encode_target(_decode(src, t, by_name[name + COMPANION_SUFFIX]), r.target))
-            else:
-                writer.write_tensor(name, tensor_bytes(t), release=reader.release_pages)
-            reader.release_pages()
-            bar.update(int(t.n_bytes))
-        bar.close()
-        tmp_path = writer.flush()
-        result.seconds["write"] = time.perf_counter() - t1
-        if verify:
-            t2 = time.perf_counter()
-            verify_back(reader, tmp_path, result, label=str(out))
-            result.verified = True
-            result.seconds["verify"] = time.perf_counter() - t2
-        writer.finish()
+    kvs: list[tuple | ValueError] = []
+    for key, fld in reader.fields.items():
+        if key.startswith("GGUF.") or (key.startswith("bitcos.") and not kept):
+            continue
+        try:
+            value, vtype, sub = field_value(fld)
+        except ValueError as e:
+            kvs.append(e)
+            continue
+        if key == "general.file_type" and not kept:
+            value, vtype, sub = int(TARGETS[to][1]), GGUFValueType.UINT32, None
+        kvs.append((key, value, vtype, sub))
+    if not kept and reader.get_field("general.file_type") is None:
+        kvs.append(("general.file_type", int(TARGETS[to][1]), GGUFValueType.UINT32, None))
+    outputs: list[OutputTensor] = []
+    for t in reader.tensors:
+        base = t.name[:-len(COMPANION_SUFFIX)] if t.name.endswith(COMPANION_SUFFIX) else None
+        if base in plan and plan[base].target != KEEP:
+            continue                                   # the companion of a weight converted back
+        r = plan.get(t.name)
+        if r is not None and r.target != KEEP:
+            outputs.append(OutputTensor(t.name, TARGETS[r.target][0], r.ne, progress_bytes=int(t.n_bytes),
+                                        data=_encoder(src, t, by_name[t.name + COMPANION_SUFFIX], r.target)))
+        else:
+            outputs.append(OutputTensor(t.name, t.tensor_type, tensor_ggml_shape(t), source=t,
+                                        progress_bytes=int(t.n_bytes)))
+
+    def check(tmp_path: Path) -> None:
+        verify_back(reader, tmp_path, result, label=str(out))
+
+    write_verified(reader, src, out, force=force, metadata=kvs, tensors=outputs, verify=check if verify else None,
+                   progress=progress, seconds=result.seconds)
+    result.verified = verify
     result.seconds["total"] = time.perf_counter() - t0
     return result
+
+
+def _encoder(src: Path, w: ReaderTensor, comp: ReaderTensor, target: str):
+    """The bytes of weight ``w`` (with its companion) in ``target``, made when the output tensor is written."""
+    return lambda: encode_target(_decode(src, w, comp), target)
 
 
 def verify_back(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertBackResult, *,
                 label: str) -> None:
     """Each converted tensor dequantizes (ggml's arithmetic) to the BITCOS decode's fp32 bits; others are
     byte-equal; no companion of a converted weight is left."""
-    try:
-        out_reader = open_gguf(out_path)
-    except GGUFError as e:
-        raise ConvertError(f"{label}: verification failed: output does not parse: {e.problem}") from None
-    out_t = {t.name: t for t in out_reader.tensors}
     src_t = {t.name: t for t in src_reader.tensors}
-    plan = {r.name: r for r in result.tensors}
-    for name, t in src_t.items():
-        base = name[:-len(COMPANION_SUFFIX)] if name.endswith(COMPANION_SUFFIX) else None
-        if base in plan and plan[base].target != KEEP:
-            if name in out_t:
-                raise ConvertError(f"{label}: tensor '{name}': verification failed: companion left in the output")
-            continue
-        o = out_t.get(name)
-        if o is None:
-            raise ConvertError(f"{label}: tensor '{name}': verification failed: missing from the output")
-        r = plan.get(name)
-        if r is not None and r.target != KEEP:
-            want_type = TARGETS[r.target][0]
-            if int(o.tensor_type) != int(want_type) or tensor_ggml_shape(o) != r.ne:
-                raise ConvertError(f"{label}: tensor '{name}': verification failed: written as "
-                                   f"{type_name(o.tensor_type)} {tensor_ggml_shape(o)}")
-            want = _decode(Path(label), t, src_t[name + COMPANION_SUFFIX]).to_float().view(np.uint32)
-            got = source_float_rows(o, 0, want.shape[0]).view(np.uint32)     # ggml's dequantization
-            if not np.array_equal(got, want):
-                rr, cc = (int(v) for v in np.argwhere(got != want)[0])
-                raise ConvertError(f"{label}: tensor '{name}': verification failed: row {rr} col {cc} dequantizes "
-                                   f"to bits 0x{int(got[rr, cc]):08x}, BITCOS 0x{int(want[rr, cc]):08x}")
-            del want, got
-        elif int(o.tensor_type) != int(t.tensor_type) or not bytes_equal(
-                tensor_bytes(o), tensor_bytes(t), release=release_pages_of(src_reader, out_reader)):
-            raise ConvertError(f"{label}: tensor '{name}': verification failed: copied tensor differs")
-        src_reader.release_pages()
-        out_reader.release_pages()
-    del out_reader
+    converted = {r.name: r for r in result.tensors if r.target != KEEP}
+
+    def check(t: ReaderTensor, o: ReaderTensor, _out: dict[str, ReaderTensor]) -> None:
+        r = converted[t.name]
+        want_type = TARGETS[r.target][0]
+        if int(o.tensor_type) != int(want_type) or tensor_ggml_shape(o) != r.ne:
+            raise ConvertError(f"{label}: tensor '{t.name}': verification failed: written as "
+                               f"{type_name(o.tensor_type)} {tensor_ggml_shape(o)}")
+        want = _decode(Path(label), t, src_t[t.name + COMPANION_SUFFIX]).to_float().view(np.uint32)
+        got = source_float_rows(o, 0, want.shape[0]).view(np.uint32)     # ggml's dequantization
+        if not np.array_equal(got, want):
+            rr, cc = (int(v) for v in np.argwhere(got != want)[0])
+            raise ConvertError(f"{label}: tensor '{t.name}': verification failed: row {rr} col {cc} dequantizes "
+                               f"to bits 0x{int(got[rr, cc]):08x}, BITCOS 0x{int(want[rr, cc]):08x}")
+
+    verify_rewrite(src_reader, out_path, label, rewritten={name: check for name in converted},
+                   dropped=frozenset(name + COMPANION_SUFFIX for name in converted))
 
 
 def summarize(res: ConvertBackResult) -> list[str]:
@@ -314,9 +286,7 @@ def summarize(res: ConvertBackResult) -> list[str]:
         if r.target != res.to:
             lines.append(f"fallback: {r.name} ({r.variant}) -> {r.target.upper() if r.target != KEEP else 'BITCOS'}: "
                          f"not {res.to.upper()}: {r.reason}")
-    size_in, size_out = res.src.stat().st_size, res.out.stat().st_size if res.out.exists() else 0
-    lines.append(f"{res.src} ({size_in / 1e6:.1f} MB) -> {res.out} ({size_out / 1e6:.1f} MB)"
-                 + (", verified bit-exact" if res.verified else ", not verified (--no-verify)"))
+    lines.append(size_line(res.src, res.out, res.verified))
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.seconds.items()))
     return lines
 

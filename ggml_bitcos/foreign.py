@@ -16,7 +16,7 @@ either upstream's group-64 Q2_0 or Prism's older group-128 one (told apart by th
 here that decodes or sizes a tensor goes by it.
 
 Every type decodes to ``x = fp32(code) * fp32(scale)``, one fp32 multiplication, exactly as each source's
-own dequantizer computes it; the converter (``convert.source_float_rows``) reads these floats and decides
+own dequantizer computes it; the converter (``source.source_float_rows``) reads these floats and decides
 the BITCOS variant from them like for any other source (FORMAT.md §7): I2_S always fits MATRIX (PT in
 version 1; one scale per tensor), PQ2_0, PTQ1_0 and legacy Q2_0 fit B128 (G128; a coarser variant when their
 block scales agree), Q2_0 fits MATRIX, ROW or B128 when its per-64 scales agree at that granularity (else it
@@ -334,7 +334,7 @@ def must_convert(t) -> bool:
 
 
 def explain(t, result) -> None:
-    """Make the reason of an unconverted foreign-type tensor ``t`` (its ``convert.TensorResult``) say what
+    """Make the reason of an unconverted foreign-type tensor ``t`` (its ``source.TensorResult``) say what
     the source layout holds and why BITCOS cannot hold it exactly."""
     ft = foreign_type(int(t.tensor_type), tensor_form(t))
     if ft is None or result.converted or result.grow_kept or not result.reason.startswith(
@@ -399,7 +399,7 @@ def i2_s_layout_note(reader) -> str | None:
 def unloadable_left(tensors, plan) -> str | None:
     """After analysis: the first tensor of a type this llama.cpp cannot load that stays unconverted, as one
     line (the output would not load), or None. ``tensors``: the source's gguf-py ReaderTensors; ``plan``:
-    name -> (convert.TensorResult, ...) of the analyzed candidates."""
+    name -> (source.TensorResult, ...) of the analyzed candidates."""
     left = []
     for t in tensors:
         if not must_convert(t):

@@ -39,7 +39,7 @@ from gguf_tools import GGUFError, open_gguf, tensor_bytes, tensor_ggml_shape
 from . import codec
 from . import ternary
 from . import foreign
-from .convert import add_i2s_layout_option, analyze_tensor, check_bitcos_file, is_candidate
+from .source import add_i2s_layout_option, analyze_tensor, check_bitcos_file, is_candidate
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_BITMAP, Variant
 from .info import validate_bitcos_tensor
 
@@ -97,10 +97,7 @@ class ModelStats:
 
 def encoded_bytes(variant: Variant, ne: tuple[int, ...] | list[int], n_sign_bits: int, row_group_log2: int) -> int:
     """Bytes a BITCOS weight of ggml shape ``ne`` takes in ``variant``: its weight tensor plus its companion."""
-    k, n_rows = int(ne[0]), math.prod(int(x) for x in ne[1:])
-    n_mats = codec.n_mats_of(tuple(int(x) for x in ne))
-    return (n_rows * codec.weight_row_bytes(variant, k)
-            + codec.companion_size(variant, k, n_rows, n_mats, n_sign_bits, row_group_log2))
+    return codec.encoded_nbytes(variant, ne, n_sign_bits, row_group_log2)[0]
 
 
 def bitcos_tensor_scales(weight: np.ndarray, companion: np.ndarray, hdr: codec.Header) -> ternary.TensorScales:

@@ -48,23 +48,31 @@ def _add_enum_member(enum_cls: type[GGMLQuantizationType], name: str, value: int
     return member
 
 
+def _register(name: str, type_id: int, block_size: int, type_size: int) -> str | None:
+    """Register one type with gguf-py: an enum member and a size entry. Returns None when done (or already
+    there, the same), else why not: gguf-py uses the id or the name for something else, or sizes it
+    differently. Never shadows what gguf-py defines itself."""
+    existing = GGMLQuantizationType._value2member_map_.get(type_id)
+    if existing is None:
+        if name in GGMLQuantizationType._member_map_:
+            return f"gguf-py already defines {name} with a different id"
+        existing = _add_enum_member(GGMLQuantizationType, name, type_id)
+    elif existing.name != name:
+        return f"gguf-py already uses ggml type id {type_id} for {existing.name}; cannot register {name}"
+    old = GGML_QUANT_SIZES.get(existing)
+    if old is not None and old != (block_size, type_size):
+        return f"gguf-py sizes {name} as {old}, expected {(block_size, type_size)}"
+    GGML_QUANT_SIZES[existing] = (block_size, type_size)
+    return None
+
+
 def register_bitcos_types() -> None:
-    """Make ``GGMLQuantizationType.BITCOS_G128`` / ``BITCOS_PT`` / ``BITCOS`` and their sizes known to gguf-py."""
+    """Make ``GGMLQuantizationType.BITCOS_G128`` / ``BITCOS_PT`` / ``BITCOS`` and their sizes known to gguf-py;
+    RuntimeError if gguf-py already uses an id or name differently."""
     for name, (type_id, block_size, type_size) in BITCOS_TYPES.items():
-        existing = GGMLQuantizationType._value2member_map_.get(type_id)
-        if existing is None:
-            if name in GGMLQuantizationType._member_map_:
-                raise RuntimeError(f"gguf-py already defines {name} with a different id")
-            member = _add_enum_member(GGMLQuantizationType, name, type_id)
-        elif existing.name != name:
-            raise RuntimeError(f"gguf-py already uses ggml type id {type_id} for {existing.name}; "
-                               f"cannot register {name}")
-        else:
-            member = existing
-        old = GGML_QUANT_SIZES.get(member)
-        if old is not None and old != (block_size, type_size):
-            raise RuntimeError(f"gguf-py sizes {name} as {old}, expected {(block_size, type_size)}")
-        GGML_QUANT_SIZES[member] = (block_size, type_size)
+        problem = _register(name, type_id, block_size, type_size)
+        if problem:
+            raise RuntimeError(problem)
 
 
 register_bitcos_types()
@@ -74,23 +82,8 @@ def register_foreign_types() -> list[str]:
     PTQ1_0), for this project's reader only (``CheckedGGUFReader`` calls it; the gguf-py start-up hook does
     not, so stock tools such as gguf-new-metadata never copy an I2_S tensor without its tail). Each is sized
     by its table entry's blocks (I2_S as its ``n/4`` code bytes: the reader adds the tail). An id or name
-    gguf-py already uses differently is left alone (never shadowed). Returns the names registered or already
-    present."""
-    done = []
-    for ft in FOREIGN_TYPES.values():
-        existing = GGMLQuantizationType._value2member_map_.get(ft.type_id)
-        if existing is None:
-            if ft.name in GGMLQuantizationType._member_map_:
-                continue
-            existing = _add_enum_member(GGMLQuantizationType, ft.name, ft.type_id)
-        elif existing.name != ft.name:
-            continue
-        old = GGML_QUANT_SIZES.get(existing)
-        if old is not None and old != (ft.block, ft.block_bytes):
-            continue
-        GGML_QUANT_SIZES[existing] = (ft.block, ft.block_bytes)
-        done.append(ft.name)
-    return done
+    gguf-py already uses differently is left alone. Returns the names registered or already present."""
+    return [ft.name for ft in FOREIGN_TYPES.values() if _register(ft.name, ft.type_id, ft.block, ft.block_bytes) is None]
 
 
 def type_block(type_id: int, form: str = "") -> tuple[int, int]:

@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     def t_old(impl: str, w: harness.BitcosRows, y: np.ndarray, nc: int) -> int:
         dst = np.empty((nc, rows), np.float32)
         ticks = np.zeros(REPS, np.uint64)
-        rc = old.bitcos_h_time(harness.IMPLS.index(impl), int(w.variant), k, w.blocks.ctypes.data, w.blocks.shape[1],
+        rc = old.bitcos_h_time(harness.kernel_index(impl), int(w.variant), k, w.blocks.ctypes.data, w.blocks.shape[1],
                                w.pool.ctypes.data, w.sign_pos.ctypes.data, w.scale, rows, y.ctypes.data, nc,
                                dst.ctypes.data, REPS, ticks.ctypes.data)
         if rc != 0:

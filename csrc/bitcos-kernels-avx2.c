@@ -89,9 +89,10 @@ X86_ALWAYS_INLINE __m256 avx2_block_float(__m256i s0, __m256i s, __m256i qsum, x
     }
     // v1 G128: the scale after each unit's bitmap, addressed from the row (x86_covered: block_scale is the
     // row's bits + 16, at the block stride), which the bitmap reads already hold; B128: adjacent fp16
-    const size_t    st = ts == TILE_SCALE_PER_128_IN_BLOCK ? X86_G128_BYTES : sizeof(uint16_t);
-    const uint8_t * p0 = ts == TILE_SCALE_PER_128_IN_BLOCK ? row + (size_t)(2*b) * X86_G128_BYTES + offsetof(block_bitcos_g128, d)
-                                                : rs.block + (size_t)(2*b) * sizeof(uint16_t);
+    const int       in_block = ts == TILE_SCALE_PER_128_IN_BLOCK;
+    const size_t    st = in_block ? X86_G128_BYTES : sizeof(uint16_t);
+    const uint8_t * p0 = in_block ? row + (size_t)(2*b) * X86_G128_BYTES + offsetof(block_bitcos_g128, d)
+                                  : rs.block + (size_t)(2*b) * sizeof(uint16_t);
     const uint16_t e0 = x86_load_u16(p0);
     const uint16_t e1 = halves == 2 ? x86_load_u16(p0 + st) : e0;
     const __m256 d0 = _mm256_set1_ps(yd * x86_fp16_to_fp32(e0));
@@ -152,7 +153,7 @@ X86_ALWAYS_INLINE __m256 avx2_gemv_row_span(const bitcos_rows * w, x86_shape sh,
 
 // GEMV of the nrt rows from r0 against one column yc (dc: the rows' outputs): one row at a time over a span
 // of up to X86_GEMV_SPAN_CHUNKS chunks (the column staged in cc[0 ..]), so the bitmap and the sign pool are
-// each read as one sequential stream through the tile (KERNELS.md, "Memory order").
+// each read as one sequential stream through the tile (KERNELS.md §5).
 static void avx2_gemv_tile(const bitcos_rows * w, int64_t r0, int nrt, const bitcos_q8_K * yc, float * dc) {
     const x86_shape sh = x86_shape_of(w);
     float scale;

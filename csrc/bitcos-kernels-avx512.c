@@ -12,7 +12,7 @@
 // columns (GEMM), so the fold, the conversion and the FMA serve two accumulators per instruction; every lane
 // is still exactly the contract's operation.
 // GEMV (one column): two rows interleaved, their decode chains independent, a pair over a whole span of
-// chunks before the next pair (KERNELS.md, "Memory order"); each chunk runs a routine specialised for its
+// chunks before the next pair (KERNELS.md §5); each chunk runs a routine specialised for its
 // tile scale, shape and sign window (avx512_gemv_chunks). GEMM (several columns): each block of a row is
 // decoded once in registers and serves every column pair of the tile.
 // Compile with -ffp-contract=off like every kernel file: the only fused operation allowed is the contract's
@@ -44,7 +44,7 @@ X86_ALWAYS_INLINE __m512 avx512_fma16(__m512 a, __m512 b, __m512 c) {
     return X86_CONTRACT_FMA(_mm512, a, b, c);
 }
 
-// Sign windows of the AVX-512 decode (KERNELS.md, "Sign windows"): two aligned qwords (any word, x86_negatives), one
+// Sign windows of the AVX-512 decode (KERNELS.md §3): two aligned qwords (any word, x86_negatives), one
 // byte-granular load with the dense-word fallback (x86_negatives_byte, checked), the same load with no
 // per-word test (only for words known to hold at most 57 present weights).
 enum avx512_sign_window {
@@ -57,8 +57,7 @@ enum avx512_sign_window {
 // u = t + 1 of 64 weights: two masked byte moves (blend by P: 1 -> 2, then zero the negative lanes N).
 // The P mask is loaded from memory (kmovq k, m64) instead of moved from the GPR that popcount reads:
 // 64-bit GPR -> mask writes bound the GEMV on Zen 5 (the load is 4 % faster there; the multi-column path
-// is within 3 % either way). Inline asm, because GCC merges _load_mask64
-// with the GPR load of the same word.
+// is within 3 % either way). Inline asm, because GCC merges _load_mask64 with the GPR load of the same word.
 X86_ALWAYS_INLINE __m512i avx512_codes64w(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor, const int win) {
     const uint64_t p = x86_load_u64(bits);
     const uint64_t n = win == AVX512_SIGN_WINDOW_QWORDS ? x86_negatives(p, pool, cursor)
@@ -235,18 +234,27 @@ X86_ALWAYS_INLINE avx512_scales avx512_block_scales(const avx512_pair_scale * ps
                                                     const int ts) {
     avx512_scales sc = { _mm512_setzero_ps(), _mm512_setzero_ps(), 0 };
     switch (ts) {
-    case TILE_SCALE_PER_ROW:      sc.f = ps->rs2; break;
-    case TILE_SCALE_PER_256:    sc.f = avx512_pair_block_scale(ps, sstride, b); break;
-    case TILE_SCALE_PER_128: sc.split = avx512_pair_scales_adj(ps, b, halves, &sc.f, &sc.e1); break;
-    case TILE_SCALE_PER_128_IN_BLOCK:     sc.split = avx512_pair_scales_g128(rowA, rowB, b, halves, &sc.f, &sc.e1); break;
-    default:                 break;
+    case TILE_SCALE_PER_ROW:
+        sc.f = ps->rs2;
+        break;
+    case TILE_SCALE_PER_256:
+        sc.f = avx512_pair_block_scale(ps, sstride, b);
+        break;
+    case TILE_SCALE_PER_128:
+        sc.split = avx512_pair_scales_adj(ps, b, halves, &sc.f, &sc.e1);
+        break;
+    case TILE_SCALE_PER_128_IN_BLOCK:
+        sc.split = avx512_pair_scales_g128(rowA, rowB, b, halves, &sc.f, &sc.e1);
+        break;
+    default:
+        break;
     }
     return sc;
 }
 
 // ---- AVX-512 GEMV (one column) ----
 
-// Row pairing of a GEMV tile of nrt rows (KERNELS.md, "Memory order"): long rows pair r with r + nrh, so the
+// Row pairing of a GEMV tile of nrt rows (KERNELS.md §5): long rows pair r with r + nrh, so the
 // bitmap and the pool are read as four long sequential streams through the tile; short rows (at most
 // AVX512_GEMV_ADJACENT_ROW_BYTES bytes of bitmap) pair 2p with 2p + 1, which are adjacent in both the bitmap
 // and the pool: two streams that run through the whole matrix instead of two that restart per tile.
@@ -285,7 +293,7 @@ typedef struct {
 
 // The byte-granular sign window (x86_negatives_byte) pays off unless many 64-weight words have more than
 // 57 present weights; the tile's mean density, from its rows' sign counts, decides (more than 85 % of the
-// weights present: the two-qword window, KERNELS.md "Sign windows"; a one-row tile too, as its count is unknown).
+// weights present: the two-qword window, KERNELS.md §3; a one-row tile too, as its count is unknown).
 X86_ALWAYS_INLINE int avx512_gemv_byte_window(const bitcos_rows * w, int64_t r0, int nrt) {
     return nrt > 1 &&
         20 * (w->sign_pos[r0 + nrt - 1] - w->sign_pos[r0]) <= 17 * (uint64_t)(nrt - 1) * (uint64_t)w->k;
@@ -295,7 +303,7 @@ X86_ALWAYS_INLINE int avx512_gemv_byte_window(const bitcos_rows * w, int64_t r0,
 // present weights, so the chunk can take the unchecked byte window: one vector popcount per 8 words (the chunk's
 // 32 * nbk bitmap bytes are contiguous at the unit stride of 16: every variant but v1 G128; the chunk's blocks
 // all have two whole units in place) instead of a compare and branch per word (4 % faster at 256 x 2048,
-// z = 0.4; KERNELS.md "Sign windows"). Without VPOPCNTDQ: 0 (the checked window).
+// z = 0.4; KERNELS.md §3). Without VPOPCNTDQ: 0 (the checked window).
 X86_ALWAYS_INLINE int avx512_chunk_sparse(const uint8_t * row, int64_t b0, const int nbk) {
 #if defined(__AVX512VPOPCNTDQ__)
     const uint8_t * p = row + (size_t)(2*b0) * X86_UNIT_BYTES;
@@ -460,7 +468,7 @@ X86_ALWAYS_INLINE __m512 avx512_gemv_pair_span(const bitcos_rows * w, const x86_
 // X86_GEMV_SPAN_CHUNKS chunks, staged in cc/pc[0 ..]) before the next pair: the bitmap and the pool are
 // then read as a few sequential streams (with k <= 16384 one span is the whole row, and row r ends where
 // row r + 1 starts, in both), which the hardware prefetchers follow. A chunk-outer order, with 32 rows'
-// streams interleaved, runs DRAM-resident weights about twice as slow (KERNELS.md, "Memory order").
+// streams interleaved, runs DRAM-resident weights about twice as slow (KERNELS.md §5).
 static void avx512_gemv_tile(const bitcos_rows * w, int64_t r0, int nrt, const bitcos_q8_K * yc, float * dc) {
     const x86_shape sh = x86_shape_of(w);
     float scale;

@@ -38,7 +38,7 @@
 #define X86_CHUNK_BLOCKS 8               // Q8_K blocks per chunk (2048 weights): staging granularity
 #define X86_TILE_COLS    8               // activation columns per tile
 #define X86_TILE_ROWS    32              // rows per tile (amortises the staging of the columns)
-// GEMV memory order (docs/KERNELS.md, "Memory order"): a row (AVX2) or a row pair (AVX-512) walks up to
+// GEMV memory order (docs/KERNELS.md §5): a row (AVX2) or a row pair (AVX-512) walks up to
 // X86_GEMV_SPAN_CHUNKS chunks before the next, so the bitmap and the sign pool are read as a few sequential
 // streams through the row tile; the bitmap is also prefetched X86_BITMAP_PREFETCH_BYTES bytes ahead of each
 // row's position (0: no prefetch).

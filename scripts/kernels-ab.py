@@ -1,4 +1,4 @@
-"""A/B timing of the BITCOS kernels across the format-version-2 descriptor change (docs/KERNELS.md §6e).
+"""A/B timing of the BITCOS kernels across the format-version-2 descriptor change (docs/notes/2026-12-02-kernels-history.md §6e).
 
 Loads a harness library built from the sources before the change (v1 entry points: variant, blocks, row
 bytes, pool, sign positions, scale) next to this checkout's (ggml_bitcos.harness) into one process and

@@ -252,4 +252,6 @@ int bitcos_covers_avx2(const bitcos_rows * w) {
     return x86_covered(w, x86_shape_of(w));
 }
 
+#else
+typedef int bitcos_no_avx2_kernel;   // ISO C wants a declaration in every translation unit
 #endif // BITCOS_BUILD_AVX2

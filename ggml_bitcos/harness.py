@@ -1,11 +1,11 @@
 """ctypes binding to the standalone kernel harness ``libbitcos_kernels.so`` (root CMakeLists.txt).
 
 The library holds every BITCOS CPU kernel of ``csrc/`` side by side: its kernel table
-(csrc/bitcos-kernels-table.c), whose names ``kernel_names`` reads from the library (``generic`` first). It comes in two
-builds, one per form of the contract's FMA: ``libbitcos_kernels.so`` (``BITCOS_FMA=1``, fused, as GCC builds
-llama.cpp's TQ2_0 kernel for x86 with FMA) and ``libbitcos_kernels_nofma.so`` (``BITCOS_FMA=0``); every
-function here takes ``fma=True`` / ``fma=False`` to choose. A library is found, in this order, at
-``$BITCOS_KERNELS_LIB`` (FMA build) / ``$BITCOS_KERNELS_NOFMA_LIB``, in the installed package
+(csrc/bitcos-kernels-table.c), whose names ``kernel_names`` reads from the library (``generic`` first). It
+comes in two builds, one per form of the contract's FMA: ``libbitcos_kernels.so`` (``BITCOS_FMA=1``, fused,
+as GCC builds llama.cpp's TQ2_0 kernel for x86 with FMA) and ``libbitcos_kernels_nofma.so``
+(``BITCOS_FMA=0``); every function here takes ``fma=True`` / ``fma=False`` to choose. A library is found,
+in this order, at ``$BITCOS_KERNELS_LIB`` (FMA build) / ``$BITCOS_KERNELS_NOFMA_LIB``, in the installed package
 (``ggml_bitcos/lib/``, put there by ``pip install .``), or in a checkout's ``build/kernels/`` after
 
     cmake -S . -B build/kernels -DCMAKE_BUILD_TYPE=Release && cmake --build build/kernels
@@ -33,7 +33,7 @@ import numpy as np
 
 from . import codec
 from .format import BITMAP_BYTES, QK, Variant
-from .q8k import Q8K_DTYPE, as_q8k
+from .q8k import Q8K_DTYPE, as_q8k, n_blocks
 
 HARNESS_ABI: Final = 3            # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
 _LIB_NAMES: Final = {True: "libbitcos_kernels.so", False: "libbitcos_kernels_nofma.so"}
@@ -267,7 +267,7 @@ def covers(impl: str, w: BitcosRows, fma: bool = True) -> bool:
     """True when kernel `impl` runs w's layout on its own paths; False when the kernel table sends it to the
     generic kernel instead (and says so once on stderr when it runs)."""
     lib = load_library(fma)
-    y = as_q8k(np.zeros((1, w.k), np.float32), w.k)
+    y = np.zeros((1, n_blocks(w.k)), dtype=Q8K_DTYPE)
     dst = np.empty((1, w.nr), dtype=np.float32)
     rc = lib.bitcos_h_covers(kernel_index(impl, fma), *w.descriptor().args(), w.nr, _ptr(y), 1, _ptr(dst))
     if rc < 0:

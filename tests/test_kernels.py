@@ -361,6 +361,22 @@ def test_descriptors_the_simd_paths_do_not_cover_run_the_reference(require, impl
             np.testing.assert_array_equal(bits(dst), bits(c.reference(True)), err_msg=f"{variant.name} {stride}")
 
 
+def test_kernel_table(kernel_library) -> None:
+    """The harness library's kernel table (names from C): the generic kernel first and always available,
+    names unique, the best kernel available, and every layout the format has (each variant as the reference
+    codec encodes it, k with a partial unit where the variant allows one) covered by every kernel, so no
+    converted file ever runs on the generic fallback."""
+    names = harness.kernel_names()
+    assert names[0] == "generic" and len(set(names)) == len(names), names
+    assert harness.available("generic") and harness.available(harness.best_kernel())
+    for variant in VARIANTS:
+        k = 2048 + (32 if variant.k_multiple == 32 else 0)
+        c = Case(7 + variant, variant, 0.3, k, 3, 1)
+        for impl in names:
+            if harness.available(impl):
+                assert harness.covers(impl, c.w), (impl, variant.name)
+
+
 _FALLBACK_SCRIPT = """
 import sys
 from dataclasses import replace

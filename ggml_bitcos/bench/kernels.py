@@ -142,8 +142,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--z", type=parse_floats, default=[0.0, 0.4, 0.95], help="zero densities (default 0,0.4,0.95)")
     p.add_argument("--variant", type=parse_variants, default=[Variant.G128],
                    help=f"comma list of {', '.join(VARIANT_NAMES)} (default g128)")
-    p.add_argument("--impl", default="all", help="comma list of kernel names (the harness library's kernel table: generic, avx2, avx512 on x86-64) "
-                        "or 'all' (default)")
+    p.add_argument("--impl", default="all",
+                   help="comma list of kernel names (the harness library's kernel table: generic, avx2, avx512 "
+                        "on x86-64) or 'all' (default)")
     p.add_argument("--reps", type=int, default=400, help="timed calls per configuration (default 400)")
     p.add_argument("--stat", choices=("median", "min"), default="median",
                    help="statistic over the repeats shown in the table (min is robust to other processes "
@@ -191,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds `bench kernels` to the `bench` subparsers; its handler is stored as `func`."""
-    p = sub.add_parser("kernels", help="cycles per 32 weights of the BITCOS CPU kernels (generic, AVX2, AVX-512, ...)",
+    p = sub.add_parser("kernels", help="cycles per 32 weights of the BITCOS CPU kernels (generic, AVX2, AVX-512)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run)

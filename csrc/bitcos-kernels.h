@@ -1,8 +1,10 @@
-// BITCOS matrix kernels: the contract shared by the generic C, AVX2 and AVX-512 implementations.
+// BITCOS matrix kernels: the contract every implementation (generic C, AVX2, AVX-512, ...) shares, the
+// descriptor they read and the kernel table through which every caller finds them.
 //
-// Format: docs/FORMAT.md, its C layout bitcos-format.h. This header has no ggml dependency so the same kernels compile into ggml-cpu
-// (via patches/) and into the standalone harness libbitcos_kernels (root CMakeLists.txt) used by the
-// Python tests and `ggml-bitcos bench kernels`.
+// Format: docs/FORMAT.md, its C layout bitcos-format.h. This header has no ggml dependency, so the same
+// kernels compile into ggml-cpu (via patches/) and into the standalone harness libbitcos_kernels (root
+// CMakeLists.txt) used by the Python tests and `ggml-bitcos bench kernels`. Design: docs/KERNELS.md; adding
+// a kernel: docs/CONTRIBUTING.md.
 //
 // Arithmetic contract v2 ("TQ2_0-exact"; every implementation must produce bit-identical results).
 //
@@ -124,6 +126,7 @@ const bitcos_kernel * bitcos_kernel_best(void);
 
 // Runs k->mm, or bitcos_mm_generic when k does not cover w; the first time that happens for k, log gets one
 // line naming the kernel, the layout and the kernel that runs instead (reported once per kernel and process).
+// k must be an entry of the table (bitcos_kernel_at, bitcos_kernel_named, bitcos_kernel_best).
 void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr,
                       const bitcos_q8_K * const * y, int64_t nc, float * const * dst, bitcos_log_fn log);
 

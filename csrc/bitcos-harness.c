@@ -2,68 +2,43 @@
 // tests and `ggml-bitcos bench kernels` (ggml_bitcos/harness.py, ggml_bitcos/bench/kernels.py).
 //
 // CMakeLists.txt builds it twice, with -DBITCOS_FMA=1 (libbitcos_kernels.so) and -DBITCOS_FMA=0
-// (libbitcos_kernels_nofma.so), passing the same value to every object so that all paths of one library
-// implement the same form of the contract.
-// The generic kernel is compiled with the baseline flags; the x86 file is compiled twice by CMakeLists.txt,
-// once for x86-64-v3 (AVX2, its symbol renamed to bitcos_mm_avx2_v3) and once for x86-64-v4 + VNNI & co.
-// (bitcos_mm_avx512_v4), so all paths sit side by side and the CPU picks which ones may run.
+// (libbitcos_kernels_nofma.so), passing the same value to every object so that all kernels of one library
+// implement the same form of the contract. The kernels are the kernel table's (bitcos-kernels-table.c, built
+// with BITCOS_KERNELS_PER_FILE_FLAGS: each SIMD kernel file compiled with its own target flags, the CPU asked
+// at run time): an `impl` argument below is an index into that table, whose names bitcos_h_kernel_name gives.
 #include "bitcos-kernels.h"
 
 #include <stdint.h>
 #include <string.h>
 
-#define BITCOS_IMPL_GENERIC 0
-#define BITCOS_IMPL_AVX2    1
-#define BITCOS_IMPL_AVX512  2
-
-#if defined(BITCOS_HARNESS_X86)
-void bitcos_mm_avx2_v3(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                       float * const * dst);
-void bitcos_mm_avx512_v4(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                         float * const * dst);
-#endif
-
 #define BITCOS_H_MAX_COLS 4096
 
-// 1 when implementation `impl` is compiled in and this CPU has every extension its object was built for.
-int bitcos_h_available(int impl) {
-    switch (impl) {
-    case BITCOS_IMPL_GENERIC:
-        return 1;
-#if defined(BITCOS_HARNESS_X86)
-    case BITCOS_IMPL_AVX2:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
-    case BITCOS_IMPL_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni") &&
-               __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("avx512bitalg") &&
-               __builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("bmi2");
-#endif
-    default:
-        return 0;
-    }
+// Number of kernels in the table (compiled in; bitcos_h_available says which this CPU can run).
+int bitcos_h_kernel_count(void) {
+    return bitcos_kernel_count();
 }
 
-static bitcos_mm_fn bitcos_h_fn(int impl) {
-    if (!bitcos_h_available(impl)) {
-        return NULL;
-    }
-    switch (impl) {
-    case BITCOS_IMPL_GENERIC: return bitcos_mm_generic;
-#if defined(BITCOS_HARNESS_X86)
-    case BITCOS_IMPL_AVX2:    return bitcos_mm_avx2_v3;
-    case BITCOS_IMPL_AVX512:  return bitcos_mm_avx512_v4;
-#endif
-    default:                  return NULL;
-    }
+// Name of kernel `impl` ("generic", "avx2", ...), NULL outside the table.
+const char * bitcos_h_kernel_name(int impl) {
+    const bitcos_kernel * k = bitcos_kernel_at(impl);
+    return k ? k->name : NULL;
+}
+
+// 1 when kernel `impl` is compiled in and this CPU has every extension its object was built for.
+int bitcos_h_available(int impl) {
+    const bitcos_kernel * k = bitcos_kernel_at(impl);
+    return k != NULL && k->available();
+}
+
+static const bitcos_kernel * bitcos_h_kernel(int impl) {
+    return bitcos_h_available(impl) ? bitcos_kernel_at(impl) : NULL;
 }
 
 // Version of the entry points below (ggml_bitcos/harness.py skips a library of another version): 2 = the
-// bitcos_rows descriptor of format version 2 (bits, unit stride, row or block scales).
+// bitcos_rows descriptor of format version 2 (bits, unit stride, row or block scales); 3 = the kernels by
+// the table's index and name (bitcos_h_kernel_count, bitcos_h_kernel_name), bitcos_h_covers.
 int bitcos_h_abi(void) {
-    return 2;
+    return 3;
 }
 
 // Arguments of one call in flat form: nc columns of ceil(k/256) Q8_K blocks each, back to back in y, and
@@ -131,8 +106,8 @@ int bitcos_h_time(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, 
                   const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
                   const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
                   int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst, int reps, uint64_t * ticks) {
-    const bitcos_mm_fn fn = bitcos_h_fn(impl);
-    if (fn == NULL) {
+    const bitcos_kernel * kernel = bitcos_h_kernel(impl);
+    if (kernel == NULL) {
         return -1;
     }
     static _Thread_local bitcos_h_call call;
@@ -141,13 +116,32 @@ int bitcos_h_time(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, 
     if (rc != 0) {
         return rc;
     }
-    fn(&call.rows, nr, call.ycols, nc, call.dcols);
+    bitcos_kernel_mm(kernel, &call.rows, nr, call.ycols, nc, call.dcols, NULL);
     for (int i = 0; i < reps; ++i) {
         const uint64_t t0 = bitcos_h_tsc();
-        fn(&call.rows, nr, call.ycols, nc, call.dcols);
+        bitcos_kernel_mm(kernel, &call.rows, nr, call.ycols, nc, call.dcols, NULL);
         ticks[i] = bitcos_h_tsc() - t0;
     }
     return 0;
+}
+
+// 1 when kernel `impl` runs the descriptor on its own paths, 0 when the table sends it to the generic kernel
+// (reported once on stderr), -1 when impl is not available here, -2 on bad arguments.
+int bitcos_h_covers(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes,
+                    const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
+                    const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
+                    int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst) {
+    const bitcos_kernel * kernel = bitcos_h_kernel(impl);
+    if (kernel == NULL) {
+        return -1;
+    }
+    static _Thread_local bitcos_h_call call;
+    const int rc = bitcos_h_setup(&call, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale,
+                                  scale_stride, scale_row_bytes, block_scale_shift, y, nc, dst, nr);
+    if (rc != 0) {
+        return rc;
+    }
+    return kernel->covers == NULL || kernel->covers(&call.rows);
 }
 
 // One kernel call (bitcos_h_time with no timed repetition). Returns 0, -1 when impl is not available

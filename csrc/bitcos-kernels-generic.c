@@ -109,23 +109,3 @@ void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
         }
     }
 }
-
-bitcos_mm_fn bitcos_mm_best(void) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(BITCOS_HAVE_X86_KERNELS)
-    return bitcos_mm_avx512;
-#elif defined(__AVX2__) && defined(BITCOS_HAVE_X86_KERNELS)
-    return bitcos_mm_avx2;
-#else
-    return bitcos_mm_generic;
-#endif
-}
-
-const char * bitcos_mm_best_name(void) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(BITCOS_HAVE_X86_KERNELS)
-    return "avx512";
-#elif defined(__AVX2__) && defined(BITCOS_HAVE_X86_KERNELS)
-    return "avx2";
-#else
-    return "generic";
-#endif
-}

@@ -1,8 +1,10 @@
-// BITCOS matrix kernels: the contract shared by the generic C, AVX2 and AVX-512 implementations.
+// BITCOS matrix kernels: the contract every implementation (generic C, AVX2, AVX-512, ...) shares, the
+// descriptor they read and the kernel table through which every caller finds them.
 //
-// Format: docs/FORMAT.md, its C layout bitcos-format.h. This header has no ggml dependency so the same kernels compile into ggml-cpu
-// (via patches/) and into the standalone harness libbitcos_kernels (root CMakeLists.txt) used by the
-// Python tests and `ggml-bitcos bench kernels`.
+// Format: docs/FORMAT.md, its C layout bitcos-format.h. This header has no ggml dependency, so the same
+// kernels compile into ggml-cpu (via patches/) and into the standalone harness libbitcos_kernels (root
+// CMakeLists.txt) used by the Python tests and `ggml-bitcos bench kernels`. Design: docs/KERNELS.md; adding
+// a kernel: docs/CONTRIBUTING.md.
 //
 // Arithmetic contract v2 ("TQ2_0-exact"; every implementation must produce bit-identical results).
 //
@@ -95,29 +97,65 @@ typedef struct {
     size_t           scale_row_bytes; // v1 G128: row_bytes; B128 / B256: 2 * k / (128 << block_scale_shift)
     int              block_scale_shift; // 0: a scale per 128 weights (G128, B128); 1: per 256 (B256)
 } bitcos_rows;
-// The SIMD kernels have paths for the layouts the format has (unit_bytes 16 with row scales, per-256 scales at
-// any stride or per-128 scales at stride 2; or exactly v1 G128: unit_bytes = scale_stride = 18, block_scale =
-// bits + 16, scale_row_bytes = row_bytes); any other descriptor runs bitcos_mm_generic (docs/KERNELS.md §1b).
 
 // dst[c][i] = sum_k W[i][k] * Y[c][k] for 0 <= i < nr, 0 <= c < nc, with the arithmetic contract above.
 // y[c] points at the ceil(k/256) Q8_K blocks of column c; dst[c] at the nr floats of column c.
 typedef void (*bitcos_mm_fn)(const bitcos_rows * w, int64_t nr,
                              const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
 
-void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
-                       const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
-#if defined(__AVX2__)
-void bitcos_mm_avx2(const bitcos_rows * w, int64_t nr,
-                    const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
-#endif
+// ---- The kernel table (bitcos-kernels-table.c) ----
+//
+// Every caller (the ggml-cpu glue, the harness library and through it the Python tests and benchmarks, the
+// kernel fuzzer) finds the kernels here, by index or name, and runs them through bitcos_kernel_mm.
+typedef struct {
+    const char * name;                                 // "generic", "avx2", "avx512": the harness/bench/test name
+    int        (*available)(void);                     // 1 when this CPU can run it
+    int        (*covers)(const bitcos_rows * w);       // 1 when its own paths handle w; NULL: every descriptor
+    bitcos_mm_fn mm;                                   // the kernel; w must be one `covers` accepts
+} bitcos_kernel;
+
+// Receives the one line a kernel's fallback reports (bitcos_kernel_mm); NULL: stderr.
+typedef void (*bitcos_log_fn)(const char * text);
+
+// The kernels compiled into this build, in order of preference (the generic one first, always index 0).
+int                   bitcos_kernel_count(void);
+const bitcos_kernel * bitcos_kernel_at(int i);
+const bitcos_kernel * bitcos_kernel_named(const char * name);   // NULL when not compiled in
+// The last available entry: the best kernel this CPU can run.
+const bitcos_kernel * bitcos_kernel_best(void);
+
+// Runs k->mm, or bitcos_mm_generic when k does not cover w; the first time that happens for k, log gets one
+// line naming the kernel, the layout and the kernel that runs instead (reported once per kernel and process).
+// k must be an entry of the table (bitcos_kernel_at, bitcos_kernel_named, bitcos_kernel_best).
+void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr,
+                      const bitcos_q8_K * const * y, int64_t nc, float * const * dst, bitcos_log_fn log);
+
+// ---- The kernels ----
+//
+// Which SIMD kernels this translation unit's target flags build. Each kernel file defines its entry points
+// only under its macro, and the table lists them under the same one, so a build that compiles every file with
+// one set of flags (ggml-cpu, one CPU variant) gets exactly the kernels those flags allow. The x86 kernels need
+// x86-64 (64-bit pdep and mask moves) and GCC or clang (attributes, inline asm). The harness library and the
+// kernel fuzzer compile each kernel file with its own flags instead and define BITCOS_KERNELS_PER_FILE_FLAGS
+// for the table, which then lists all of them and asks the CPU at run time (bitcos-kernels-table.c).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__AVX2__)
+#define BITCOS_BUILD_AVX2 1
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
-                      const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+#define BITCOS_BUILD_AVX512 1
+#endif
 #endif
 
-// The best implementation this translation unit was compiled for.
-bitcos_mm_fn bitcos_mm_best(void);
-const char * bitcos_mm_best_name(void);
+// The reference: portable C, every descriptor (bitcos-kernels-generic.c).
+void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
+                       const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+// AVX2 (+ FMA, BMI2, F16C when present): bitcos-kernels-avx2.c.
+void bitcos_mm_avx2(const bitcos_rows * w, int64_t nr,
+                    const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+int  bitcos_covers_avx2(const bitcos_rows * w);
+// AVX-512 F/BW/VL (+ VNNI, VPOPCNTDQ, BMI2, F16C when present): bitcos-kernels-avx512.c.
+void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
+                      const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+int  bitcos_covers_avx512(const bitcos_rows * w);
 
 // IEEE binary16 -> binary32, exact (no ggml dependency).
 static inline float bitcos_fp16_to_fp32(uint16_t h) {

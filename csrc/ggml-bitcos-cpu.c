@@ -5,7 +5,7 @@
 //      not a multiple of 256 are quantized from a zero-padded copy: the padding's q are 0, and the kernels
 //      treat the weights past K as absent);
 //   2. the output rows are cut into runs of up to BITCOS_RUN rows; each thread takes a contiguous range of
-//      runs and calls the best kernel of csrc/bitcos-kernels.h once per run and column chunk, with the run's
+//      runs and calls the best kernel of the kernel table (bitcos-kernels.h) once per run and column chunk, with the run's
 //      sign_pos array filled from the companion's row index and its scales described for the variant of the
 //      weight's companion header (a row_scale array, or where the fp16 block scales are).
 // Threads split output rows, never K, so every dst value is computed by one kernel call in the contract's
@@ -27,6 +27,11 @@ void quantize_row_q8_K(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, in
 #define BITCOS_COLS  64   // columns per kernel call (bounds the pointer arrays on the stack)
 
 _Static_assert(sizeof(bitcos_q8_K) == sizeof(block_q8_K) && BITCOS_Q8K_BLOCK == QK_K, "bitcos_q8_K must match ggml's block_q8_K");
+
+// The kernel table's line when the best kernel does not cover a weight's layout and the generic one runs it.
+static void bitcos_cpu_log(const char * text) {
+    GGML_LOG_WARN("%s", text);
+}
 
 static size_t pad64(size_t x) {
     return (x + 63) & ~(size_t)63;
@@ -134,7 +139,7 @@ static void bitcos_weight_init(struct bitcos_weight * bw, const struct ggml_tens
 static void bitcos_run_rows(const struct bitcos_weight * bw, int64_t i2, int64_t i3, int64_t r0, int64_t r1,
                             const bitcos_q8_K * const * y, float * const * dst, int64_t nc) {
     const struct ggml_tensor * w = bw->w;
-    const bitcos_mm_fn kernel = bitcos_mm_best();  // chosen at compile time (bitcos-kernels-generic.c)
+    const bitcos_kernel * kernel = bitcos_kernel_best();  // what this CPU variant's flags compiled in
     const int     variant = bw->hdr.variant;
     const int64_t sblk    = bitcos_variant_scale_block(variant);   // 0: a scale per row / matrix
     uint64_t sign_pos[BITCOS_RUN];
@@ -179,7 +184,7 @@ static void bitcos_run_rows(const struct bitcos_weight * bw, int64_t i2, int64_t
             for (int64_t c = 0; c < cn; ++c) {
                 dcol[c] = dst[c0 + c] + (r - r0);
             }
-            kernel(&rows, n, y + c0, cn, dcol);
+            bitcos_kernel_mm(kernel, &rows, n, y + c0, cn, dcol, bitcos_cpu_log);
         }
         r += n;
     }

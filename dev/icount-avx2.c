@@ -1,10 +1,16 @@
-// Instruction counts per 32 weights of the AVX2 GEMVs, BITCOS vs llama.cpp's TQ2_0 (KERNELS.md §6d): a driver
+// Instruction counts per 32 weights of the AVX2 GEMVs, BITCOS vs llama.cpp's TQ2_0 (docs/notes/2026-12-02-kernels-history.md, §6d): a driver
 // for valgrind's callgrind, which counts instructions exactly whatever else the machine runs (valgrind
 // cannot run AVX-512 code, so the AVX-512 kernel's count comes from its disassembly instead).
 //
+<<<<<<< HEAD:dev/icount-avx2.c
 //   cc -O2 dev/icount-avx2.c -o /tmp/icount -ldl
 //   # BITCOS: the x86-64-v3 (AVX2) object of the kernel harness (build/kernels or the installed package)
 //   valgrind --tool=callgrind --toggle-collect=bitcos_mm_avx2_v3 /tmp/icount 64 2048 0.4 0 10 build/kernels/libbitcos_kernels.so
+=======
+//   cc -O2 scripts/icount-avx2.c -o /tmp/icount -ldl
+//   # BITCOS: the AVX2 kernel object (x86-64-v3) of the kernel harness (build/kernels or the installed package)
+//   valgrind --tool=callgrind --toggle-collect=bitcos_mm_avx2 /tmp/icount 64 2048 0.4 0 10 build/kernels/libbitcos_kernels.so
+>>>>>>> kernels-split:scripts/icount-avx2.c
 //   # TQ2_0: ggml's AVX2 vec_dot from a GGML_NATIVE=OFF (x86-64-v3) build of the patched llama.cpp
 //   valgrind --tool=callgrind --toggle-collect=ggml_vec_dot_tq2_0_q8_K /tmp/icount 64 2048 0.4 1 10 .../libggml-cpu.so
 //   # instructions per 32 weights = "Collected" / (rows * k / 32 * reps)
@@ -19,7 +25,7 @@
 #include <dlfcn.h>
 typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } q8k;
 typedef struct { uint8_t qs[64]; uint16_t d; } tq2;
-// bitcos_h_mm (csrc/bitcos-harness.c, ABI 2): impl, then the bitcos_rows fields k, bits, unit_bytes, row_bytes,
+// bitcos_h_mm (csrc/bitcos-harness.c, ABI 3; impl 1 = "avx2", bitcos_h_kernel_name(1)): impl, then the bitcos_rows fields k, bits, unit_bytes, row_bytes,
 // pool, sign_pos, row_scale, block_scale, scale_stride, scale_row_bytes, block_scale_shift; nr, y, nc, dst
 typedef int (*mm_fn)(int, int64_t, const uint8_t*, size_t, size_t, const uint8_t*, const uint64_t*, const float*,
                      const uint8_t*, size_t, size_t, int, int64_t, const q8k*, int64_t, float*);

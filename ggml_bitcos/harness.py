@@ -1,10 +1,11 @@
 """ctypes binding to the standalone kernel harness ``libbitcos_kernels.so`` (root CMakeLists.txt).
 
-The library holds the generic, AVX2 and AVX-512 BITCOS kernels of ``csrc/`` side by side. It comes in two
-builds, one per form of the contract's FMA: ``libbitcos_kernels.so`` (``BITCOS_FMA=1``, fused, as GCC builds
-llama.cpp's TQ2_0 kernel for x86 with FMA) and ``libbitcos_kernels_nofma.so`` (``BITCOS_FMA=0``); every
-function here takes ``fma=True`` / ``fma=False`` to choose. A library is found, in this order, at
-``$BITCOS_KERNELS_LIB`` (FMA build) / ``$BITCOS_KERNELS_NOFMA_LIB``, in the installed package
+The library holds every BITCOS CPU kernel of ``csrc/`` side by side: its kernel table
+(csrc/bitcos-kernels-table.c), whose names ``kernel_names`` reads from the library (``generic`` first). It
+comes in two builds, one per form of the contract's FMA: ``libbitcos_kernels.so`` (``BITCOS_FMA=1``, fused,
+as GCC builds llama.cpp's TQ2_0 kernel for x86 with FMA) and ``libbitcos_kernels_nofma.so``
+(``BITCOS_FMA=0``); every function here takes ``fma=True`` / ``fma=False`` to choose. A library is found,
+in this order, at ``$BITCOS_KERNELS_LIB`` (FMA build) / ``$BITCOS_KERNELS_NOFMA_LIB``, in the installed package
 (``ggml_bitcos/lib/``, put there by ``pip install .``), or in a checkout's ``build/kernels/`` after
 
     cmake -S . -B build/kernels -DCMAKE_BUILD_TYPE=Release && cmake --build build/kernels
@@ -32,12 +33,9 @@ import numpy as np
 
 from . import codec
 from .format import BITMAP_BYTES, QK, Variant
-from .q8k import Q8K_DTYPE, as_q8k
+from .q8k import Q8K_DTYPE, as_q8k, n_blocks
 
-IMPLS: Final = ("generic", "avx2", "avx512")
-_IMPL_IDS: Final = {name: i for i, name in enumerate(IMPLS)}
-
-HARNESS_ABI: Final = 2            # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
+HARNESS_ABI: Final = 3            # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
 _LIB_NAMES: Final = {True: "libbitcos_kernels.so", False: "libbitcos_kernels_nofma.so"}
 _LIB_ENV: Final = {True: "BITCOS_KERNELS_LIB", False: "BITCOS_KERNELS_NOFMA_LIB"}
 
@@ -86,8 +84,14 @@ def load_library(fma: bool = True) -> ctypes.CDLL:
     # impl, then the descriptor (k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale,
     # scale_stride, scale_row_bytes, block_scale_shift), nr, y, nc, dst
     call_args = [i32, i64, vp, sz, sz, vp, vp, vp, vp, sz, sz, i32, i64, vp, i64, vp]
+    lib.bitcos_h_kernel_count.argtypes = []
+    lib.bitcos_h_kernel_count.restype = i32
+    lib.bitcos_h_kernel_name.argtypes = [i32]
+    lib.bitcos_h_kernel_name.restype = ctypes.c_char_p
     lib.bitcos_h_available.argtypes = [i32]
     lib.bitcos_h_available.restype = i32
+    lib.bitcos_h_covers.argtypes = call_args
+    lib.bitcos_h_covers.restype = i32
     lib.bitcos_h_mm.argtypes = call_args
     lib.bitcos_h_mm.restype = i32
     lib.bitcos_h_time.argtypes = call_args + [i32, vp]
@@ -108,9 +112,31 @@ def library_path(fma: bool = True) -> Path | None:
     return next((p for p in library_candidates(fma) if p.is_file()), None)
 
 
+def kernel_names(fma: bool = True) -> tuple[str, ...]:
+    """Names of the kernels compiled into the harness library, in the kernel table's order (csrc/bitcos-kernels-
+    table.c: "generic" first, then from the least to the most preferred). Whether this CPU can run one:
+    ``available``."""
+    lib = load_library(fma)
+    return tuple(lib.bitcos_h_kernel_name(i).decode() for i in range(lib.bitcos_h_kernel_count()))
+
+
+def kernel_index(impl: str, fma: bool = True) -> int:
+    """Index of kernel `impl` in the library's table (the `impl` argument of its C entry points)."""
+    names = kernel_names(fma)
+    if impl not in names:
+        raise KeyError(f"kernel {impl!r} is not in the harness library (it has {', '.join(names)})")
+    return names.index(impl)
+
+
 def available(impl: str, fma: bool = True) -> bool:
     """True when `impl` is compiled into the library and this CPU can run it."""
-    return bool(load_library(fma).bitcos_h_available(_IMPL_IDS[impl]))
+    names = kernel_names(fma)
+    return impl in names and bool(load_library(fma).bitcos_h_available(names.index(impl)))
+
+
+def best_kernel(fma: bool = True) -> str:
+    """The kernel the table prefers among those this CPU can run (what the ggml glue picks on this CPU)."""
+    return next(i for i in reversed(kernel_names(fma)) if available(i, fma))
 
 
 @dataclass(frozen=True)
@@ -231,10 +257,22 @@ def mm(impl: str, w: BitcosRows, y: np.ndarray, fma: bool = True) -> np.ndarray:
     nc = y.shape[0]
     dst = np.full((nc, w.nr), np.nan, dtype=np.float32)
     d = w.descriptor()
-    rc = lib.bitcos_h_mm(_IMPL_IDS[impl], *d.args(), w.nr, _ptr(y), nc, _ptr(dst))
+    rc = lib.bitcos_h_mm(kernel_index(impl, fma), *d.args(), w.nr, _ptr(y), nc, _ptr(dst))
     if rc != 0:
         raise RuntimeError(f"bitcos_h_mm({impl}) failed: {rc} ({'unavailable' if rc == -1 else 'bad arguments'})")
     return dst
+
+
+def covers(impl: str, w: BitcosRows, fma: bool = True) -> bool:
+    """True when kernel `impl` runs w's layout on its own paths; False when the kernel table sends it to the
+    generic kernel instead (and says so once on stderr when it runs)."""
+    lib = load_library(fma)
+    y = np.zeros((1, n_blocks(w.k)), dtype=Q8K_DTYPE)
+    dst = np.empty((1, w.nr), dtype=np.float32)
+    rc = lib.bitcos_h_covers(kernel_index(impl, fma), *w.descriptor().args(), w.nr, _ptr(y), 1, _ptr(dst))
+    if rc < 0:
+        raise RuntimeError(f"bitcos_h_covers({impl}) failed: {rc}")
+    return bool(rc)
 
 
 def time_mm(impl: str, w: BitcosRows, y: np.ndarray, reps: int, fma: bool = True) -> np.ndarray:
@@ -245,7 +283,7 @@ def time_mm(impl: str, w: BitcosRows, y: np.ndarray, reps: int, fma: bool = True
     dst = np.empty((nc, w.nr), dtype=np.float32)
     ticks = np.zeros(reps, dtype=np.uint64)
     d = w.descriptor()
-    rc = lib.bitcos_h_time(_IMPL_IDS[impl], *d.args(), w.nr, _ptr(y), nc, _ptr(dst), reps, _ptr(ticks))
+    rc = lib.bitcos_h_time(kernel_index(impl, fma), *d.args(), w.nr, _ptr(y), nc, _ptr(dst), reps, _ptr(ticks))
     if rc != 0:
         raise RuntimeError(f"bitcos_h_time({impl}) failed: {rc}")
     return ticks

@@ -83,26 +83,38 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-@pytest.fixture(scope="session")
-def kernel_library() -> ctypes.CDLL:
-    """Both kernel harness libraries (FMA and no-FMA) loaded; built into build/kernels with cmake (as
-    docs/KERNELS.md describes) when neither installed nor built, skipping when that is impossible.
-    Returns the FMA library."""
+def load_kernel_library() -> str | None:
+    """Loads both kernel harness libraries (FMA and no-FMA), building them into build/kernels with cmake (as
+    docs/KERNELS.md describes) when neither installed nor built. Returns None, or why they cannot be had."""
     from ggml_bitcos import harness
 
     try:
         harness.load_library(False)
-        return harness.load_library(True)
+        harness.load_library(True)
+        return None
     except harness.KernelLibraryNotFound:
         pass
     if shutil.which("cmake") is None:
-        pytest.skip("libbitcos_kernels.so not built and cmake not available")
+        return "libbitcos_kernels.so not built and cmake not available"
     build = ROOT / "build" / "kernels"
     subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"], check=True,
                    capture_output=True)
     subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
     harness.load_library.cache_clear()
     harness.load_library(False)
+    harness.load_library(True)
+    return None
+
+
+@pytest.fixture(scope="session")
+def kernel_library() -> ctypes.CDLL:
+    """Both kernel harness libraries loaded (load_kernel_library), skipping when that is impossible. Returns the
+    FMA library."""
+    from ggml_bitcos import harness
+
+    reason = load_kernel_library()
+    if reason is not None:
+        pytest.skip(reason)
     return harness.load_library(True)
 
 
@@ -116,3 +128,16 @@ def tq2_vec_dot(kernel_library, cpu_flags: set[str]):
     if ref is None:
         pytest.skip("llama_cpp (patched llama-cpp-python) is not installed: no libggml-cpu.so to compare with")
     return ref
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test with an `impl` argument runs once per kernel of the harness library's kernel table, by the names
+    the library itself gives (csrc/bitcos-kernels-table.c through ggml_bitcos.harness.kernel_names), so a new
+    kernel is tested without a list to update here; without the library, once as "generic" (its
+    kernel_library fixture then skips)."""
+    if "impl" not in metafunc.fixturenames:
+        return
+    from ggml_bitcos import harness
+
+    names = harness.kernel_names() if load_kernel_library() is None else ("generic",)
+    metafunc.parametrize("impl", names)

@@ -276,11 +276,11 @@ def _cc() -> str | None:
 
 
 def harness_x86_flags() -> tuple[list[str], list[str]]:
-    """The x86-64-v3 and x86-64-v4 object flags of the harness library, read from the root CMakeLists.txt
-    (so the fuzzer builds the x86 kernels exactly as the harness does)."""
+    """The target flags of the harness library's AVX2 and AVX-512 kernel objects, read from the root
+    CMakeLists.txt (so the fuzzer builds the x86 kernels exactly as the harness does)."""
     text = (ROOT / "CMakeLists.txt").read_text()
     out = []
-    for suffix in ("_x86_v3", "_x86_v4"):
+    for suffix in ("_avx2", "_avx512"):
         m = re.search(r"target_compile_options\(\$\{name\}" + suffix + r" PRIVATE \$\{BITCOS_KERNEL_FLAGS\}(.*?)\)",
                       text, re.S)
         d = re.search(r"target_compile_definitions\(\$\{name\}" + suffix + r" PRIVATE BITCOS_FMA=\$\{fma\}(.*?)\)",
@@ -299,8 +299,9 @@ def sanitizers_work(cc: str, folder: Path) -> bool:
 
 
 def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True) -> Path:
-    """Compiles tests/c/fuzz-bitcos-kernels.c with the generic kernel (baseline flags) and, on x86-64, the two
-    x86 objects as the harness builds them; ASan+UBSan when `sanitize` and the compiler has them."""
+    """Compiles tests/c/fuzz-bitcos-kernels.c with the kernel table and the generic kernel (baseline flags) and,
+    on x86-64, the AVX2 and AVX-512 objects as the harness builds them; ASan+UBSan when `sanitize` and the
+    compiler has them."""
     cc = _cc()
     if cc is None:
         raise RuntimeError("no C compiler")
@@ -320,11 +321,11 @@ def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True) -> Pa
     obj(CSRC / "bitcos-kernels-generic.c", "generic", [])
     x86 = os.uname().machine in ("x86_64", "AMD64", "amd64")
     if x86:
-        v3, v4 = harness_x86_flags()
-        obj(CSRC / "bitcos-kernels-x86.c", "x86_v3", v3)
-        obj(CSRC / "bitcos-kernels-x86.c", "x86_v4", v4)
-    else:
-        base.append("-DFUZZ_NO_X86")
+        avx2, avx512 = harness_x86_flags()
+        obj(CSRC / "bitcos-kernels-avx2.c", "avx2", avx2)
+        obj(CSRC / "bitcos-kernels-avx512.c", "avx512", avx512)
+        base.append("-DBITCOS_KERNELS_PER_FILE_FLAGS=1")
+    obj(CSRC / "bitcos-kernels-table.c", "table", [])
     exe = folder / f"fuzz-bitcos-kernels-fma{fma}"
     r = subprocess.run([cc, *base, str(CTESTS / "fuzz-bitcos-kernels.c"), *objs, "-lm", "-o", str(exe)],
                        capture_output=True, text=True)

@@ -32,7 +32,6 @@ import tq2_reference as tq2c  # noqa: E402  (tests/ is on sys.path, as for craft
 
 VARIANTS = tuple(Variant)
 VARIANT_IDS = tuple(v.name.lower() for v in VARIANTS)
-IMPLS = harness.IMPLS
 ZERO_DENSITIES = (0.0, 0.4, 1.0)
 # every row length of the brief that a variant allows (K % k_multiple == 0): MATRIX / ROW all of them, with
 # partial last units at 32, 64, 96, 160, 576 (4.5 units), 640 is 5 units (odd: a Q8_K block with one half)
@@ -109,7 +108,6 @@ def case_seed(variant: Variant, z: float, k: int, nr: int, nc: int) -> int:
 
 
 @pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("z", ZERO_DENSITIES)
 @pytest.mark.parametrize("variant,k", VARIANT_KS, ids=[f"{v.name.lower()}-k{k}" for v, k in VARIANT_KS])
 def test_every_kernel_equals_the_numpy_contract(require, impl: str, variant: Variant, k: int, z: float,
@@ -135,7 +133,6 @@ TILE_CASES = [(v, s) for v in VARIANTS for s in TILE_SHAPES if s[2] % v.k_multip
 
 
 @pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("variant,shape", TILE_CASES,
                          ids=[f"{v.name.lower()}-nr{s[0]}-nc{s[1]}-k{s[2]}" for v, s in TILE_CASES])
 def test_tile_edges_against_reference(require, impl: str, variant: Variant, shape: tuple[int, int, int],
@@ -148,7 +145,6 @@ def test_tile_edges_against_reference(require, impl: str, variant: Variant, shap
 
 
 @pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_rows_starting_mid_tensor(require, impl: str, variant: Variant, fma: bool) -> None:
     """A run of rows whose first sign is not at pool bit 0 (how ggml threads split a matrix): the bitmap,
@@ -162,7 +158,6 @@ def test_rows_starting_mid_tensor(require, impl: str, variant: Variant, fma: boo
 
 
 @pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_dense_words_inside_sparse_rows(require, impl: str, variant: Variant, fma: bool) -> None:
     """The AVX-512 GEMV reads signs with a byte-granular window that holds only 57 bits; a chunk of bitmaps
@@ -195,7 +190,6 @@ def test_dense_words_inside_sparse_rows(require, impl: str, variant: Variant, fm
 
 
 @pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
-@pytest.mark.parametrize("impl", IMPLS)
 def test_row_scales_uniform_in_some_tiles(require, impl: str, fma: bool) -> None:
     """The SIMD kernels run a tile of rows whose row scales are all the same (bitwise) like a MATRIX tile
     (y.d * scale staged once per column block), any other tile per row: a ROW tensor whose first tile has
@@ -215,7 +209,6 @@ def test_row_scales_uniform_in_some_tiles(require, impl: str, fma: bool) -> None
 
 
 @pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
-@pytest.mark.parametrize("impl", IMPLS)
 def test_extreme_values(require, impl: str, fma: bool) -> None:
     """int8 -128 / 127 activations against all -1 / +1 codes (q + 128 and -q overflow traps), large and
     subnormal fp16 block scales and fp32 row scales, negative Q8_K scales; every variant."""
@@ -256,7 +249,8 @@ def test_tq2_0_data_same_bits_in_b256_g128_matrix_pt(kernel_library, cpu_flags: 
     codes = random_codes(rng, (nr, k), 0.35)
     d = rng.uniform(0.1, 2.0, size=(nr, k // QK_K)).astype(np.float16)
     y = random_q8k(rng, 5, k)
-    impls = [i for i in IMPLS if CPU_FLAGS_NEEDED.get(i, set()) <= cpu_flags and harness.available(i, fma)]
+    impls = [i for i in harness.kernel_names(fma)
+             if CPU_FLAGS_NEEDED.get(i, set()) <= cpu_flags and harness.available(i, fma)]
     pairs = ((harness.encode_rows(codes, Variant.B256, block_scales=d),
               harness.encode_rows(codes, Variant.G128, block_scales=np.repeat(d, 2, axis=1))),
              (harness.encode_rows(codes, Variant.MATRIX, scale=float(d[0, 0])),
@@ -342,11 +336,11 @@ def test_encoder_layout() -> None:
     assert w.blocks.shape == (3, 64)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 def test_descriptors_the_simd_paths_do_not_cover_run_the_reference(require, impl: str) -> None:
-    """The SIMD kernels cover the layouts the format has (bitcos-kernels-x86.c x86_covered); any other valid
-    descriptor runs the generic kernel, with the same result: B128 scales at a stride of 4 (not adjacent),
-    B256 scales at a stride of 6 (covered: per-256 scales are read one by one at any stride)."""
+    """The SIMD kernels cover the layouts the format has (bitcos-kernels-x86.h x86_covered); the kernel table
+    runs any other valid descriptor on the generic kernel, with the same result: B128 scales at a stride of 4
+    (not adjacent: not covered), B256 scales at a stride of 6 (covered: per-256 scales are read one by one at
+    any stride). bitcos_h_covers tells which runs."""
     require(impl)
     for variant in (Variant.B128, Variant.B256):
         c = Case(40 + variant, variant, 0.3, 1536, 5, 3)
@@ -358,9 +352,71 @@ def test_descriptors_the_simd_paths_do_not_cover_run_the_reference(require, impl
             d = replace(c.w.descriptor(), block_scale=e, scale_stride=stride, scale_row_bytes=e.shape[1])
             dst = np.full((3, 5), np.nan, np.float32)
             lib = harness.load_library(True)
-            rc = lib.bitcos_h_mm(harness.IMPLS.index(impl), *d.args(), 5, c.y.ctypes.data, 3, dst.ctypes.data)
+            rc = lib.bitcos_h_mm(harness.kernel_index(impl), *d.args(), 5, c.y.ctypes.data, 3, dst.ctypes.data)
             assert rc == 0
+            covered = lib.bitcos_h_covers(harness.kernel_index(impl), *d.args(), 5, c.y.ctypes.data, 3,
+                                          dst.ctypes.data)
+            assert covered == int(impl == "generic" or variant is Variant.B256), (variant.name, stride)
             np.testing.assert_array_equal(bits(dst), bits(c.reference(True)), err_msg=f"{variant.name} {stride}")
+
+
+def test_kernel_table(kernel_library) -> None:
+    """The harness library's kernel table (names from C): the generic kernel first and always available,
+    names unique, the best kernel available, and every layout the format has (each variant as the reference
+    codec encodes it, k with a partial unit where the variant allows one) covered by every kernel, so no
+    converted file ever runs on the generic fallback."""
+    names = harness.kernel_names()
+    assert names[0] == "generic" and len(set(names)) == len(names), names
+    assert harness.available("generic") and harness.available(harness.best_kernel())
+    for variant in VARIANTS:
+        k = 2048 + (32 if variant.k_multiple == 32 else 0)
+        c = Case(7 + variant, variant, 0.3, k, 3, 1)
+        for impl in names:
+            if harness.available(impl):
+                assert harness.covers(impl, c.w), (impl, variant.name)
+
+
+_FALLBACK_SCRIPT = """
+import sys
+from dataclasses import replace
+import numpy as np
+from ggml_bitcos import harness
+from ggml_bitcos.format import Variant
+from ggml_bitcos.q8k import random_q8k
+rng = np.random.default_rng(3)
+codes = rng.integers(-1, 2, size=(4, 512)).astype(np.int8)
+w = harness.encode_rows(codes, Variant.B128, block_scales=np.ones((4, 4), np.float16))
+e = np.zeros((4, 16), np.uint8)
+e[:, 0::4] = np.ones((4, 4), np.float16).view(np.uint8)[:, 0::2]
+e[:, 1::4] = np.ones((4, 4), np.float16).view(np.uint8)[:, 1::2]
+d = replace(w.descriptor(), block_scale=e, scale_stride=4, scale_row_bytes=16)
+y = random_q8k(rng, 2, 512)
+dst = np.zeros((2, 4), np.float32)
+lib = harness.load_library(True)
+for _ in range(3):
+    assert lib.bitcos_h_mm(harness.kernel_index(sys.argv[1]), *d.args(), 4, y.ctypes.data, 2, dst.ctypes.data) == 0
+"""
+
+
+def test_uncovered_layout_is_reported_once(require, impl: str, kernel_library) -> None:
+    """A descriptor a SIMD kernel does not cover runs on the generic kernel, and the kernel table says so once
+    per kernel and process (in ggml: GGML_LOG_WARN; in the harness: stderr), naming the kernel; the generic
+    kernel itself covers everything and says nothing."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    require(impl)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    r = subprocess.run([sys.executable, "-c", _FALLBACK_SCRIPT, impl], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if "does not cover" in ln]
+    if impl == "generic":
+        assert lines == []
+    else:
+        assert len(lines) == 1 and f"the {impl} kernel" in lines[0] and "generic kernel runs it" in lines[0], lines
 
 
 def test_harness_refuses_bad_descriptors(kernel_library) -> None:
@@ -476,7 +532,6 @@ class GuardedArray:
         self.buf.close()
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 def test_pool_reads_stay_inside_the_format_tail(require, impl: str) -> None:
     """The sign pool ends exactly at a PROT_NONE page: a read past the FORMAT.md §4.4 tail would crash."""
     require(impl)
@@ -495,7 +550,6 @@ def test_pool_reads_stay_inside_the_format_tail(require, impl: str) -> None:
             g.close()
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("variant", (Variant.MATRIX, Variant.ROW), ids=("matrix", "row"))
 def test_partial_unit_reads_stay_inside_the_row(require, impl: str, variant: Variant) -> None:
     """With K % 128 != 0 the last unit of a row holds (K % 128) / 8 bitmap bytes; the bitmap of the run's

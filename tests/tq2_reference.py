@@ -113,7 +113,7 @@ def assert_kernels_match_tq2_0(vec_dot, fma: bool, tq2: np.ndarray, w, rng: np.r
     for _ in range(3):
         y = random_q8k_column(rng, k, magnitude)
         want = tq2_dots(vec_dot, tq2, y)
-        for impl in harness.IMPLS:
+        for impl in harness.kernel_names(fma):
             if not harness.available(impl, fma):
                 continue
             got = harness.mm(impl, w, y[None, :], fma)[0]

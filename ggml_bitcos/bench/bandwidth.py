@@ -369,9 +369,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "model and its BITCOS conversion; the BITCOS file's name must contain 'bitcos')")
     b.add_argument("--n-gen", type=int, default=32)
     b.add_argument("--tg-reps", type=int, default=3)
-    b.add_argument("--kernel-impl", default=None, choices=("generic", "avx2", "avx512"),
-                   help="BITCOS kernel whose L1 cost the roofline uses (default: the best this CPU has; use the "
-                        "one the installed llama.cpp was built for, e.g. avx2 for GGML_NATIVE=OFF)")
+    b.add_argument("--kernel-impl", default=None,
+                   help="BITCOS kernel whose L1 cost the roofline uses, a name of the harness library's kernel "
+                        "table (default: the best this CPU has; use the one the installed llama.cpp was built "
+                        "for, e.g. avx2 for GGML_NATIVE=OFF)")
     b.add_argument("--workdir", type=Path, default=None)
     b.add_argument("--json", type=Path)
     b.add_argument("--plot", type=Path)

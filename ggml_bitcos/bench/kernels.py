@@ -1,4 +1,4 @@
-"""`ggml-bitcos bench kernels`: cycles per 32 weights of the generic, AVX2 and AVX-512 BITCOS kernels.
+"""`ggml-bitcos bench kernels`: cycles per 32 weights of every BITCOS CPU kernel of the harness library.
 
 L1-resident microbenchmark (default 16 rows x 2048 weights: ~4-9 KB of weights and signs) on the standalone
 harness library (ggml_bitcos.harness). Each configuration is timed in C with rdtsc around single kernel
@@ -96,8 +96,8 @@ def measure(impls: list[str], variant: Variant, rows: int, k: int, ncs: list[int
 
 
 def best_impl(fma: bool = True) -> str:
-    """The fastest implementation this CPU can run from the harness library."""
-    return next(i for i in ("avx512", "avx2", "generic") if harness.available(i, fma))
+    """The fastest implementation this CPU can run from the harness library (the kernel table's choice)."""
+    return harness.best_kernel(fma)
 
 
 def gamma_l1(rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400, impl: str | None = None) -> dict[str, float]:
@@ -142,7 +142,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--z", type=parse_floats, default=[0.0, 0.4, 0.95], help="zero densities (default 0,0.4,0.95)")
     p.add_argument("--variant", type=parse_variants, default=[Variant.G128],
                    help=f"comma list of {', '.join(VARIANT_NAMES)} (default g128)")
-    p.add_argument("--impl", default="all", help="comma list of generic,avx2,avx512 or 'all' (default)")
+    p.add_argument("--impl", default="all",
+                   help="comma list of kernel names (the harness library's kernel table: generic, avx2, avx512 "
+                        "on x86-64) or 'all' (default)")
     p.add_argument("--reps", type=int, default=400, help="timed calls per configuration (default 400)")
     p.add_argument("--stat", choices=("median", "min"), default="median",
                    help="statistic over the repeats shown in the table (min is robust to other processes "
@@ -165,10 +167,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --k must be a positive multiple of {max(v.k_multiple for v in args.variant)} for "
               f"{','.join(v.name.lower() for v in args.variant)} and --rows positive", file=sys.stderr)
         return 2
-    wanted = list(harness.IMPLS) if args.impl == "all" else [i.strip() for i in args.impl.split(",")]
-    unknown = [i for i in wanted if i not in harness.IMPLS]
+    names = list(harness.kernel_names(fma))
+    wanted = names if args.impl == "all" else [i.strip() for i in args.impl.split(",")]
+    unknown = [i for i in wanted if i not in names]
     if unknown:
-        print(f"error: unknown kernel(s) {unknown}; choose from {list(harness.IMPLS)}", file=sys.stderr)
+        print(f"error: unknown kernel(s) {unknown}; choose from {names}", file=sys.stderr)
         return 2
     impls = [i for i in wanted if harness.available(i, fma)]
     skipped = [i for i in wanted if i not in impls]
@@ -189,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds `bench kernels` to the `bench` subparsers; its handler is stored as `func`."""
-    p = sub.add_parser("kernels", help="cycles per 32 weights of the generic/AVX2/AVX-512 kernels",
+    p = sub.add_parser("kernels", help="cycles per 32 weights of the BITCOS CPU kernels (generic, AVX2, AVX-512)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run)

@@ -1,10 +1,11 @@
 // fuzz-bitcos-kernels: random valid BITCOS matrices through the generic, AVX2 and AVX-512 kernels, every input
 // buffer ending exactly at a PROT_NONE guard page, results compared with the generic kernel bit for bit.
 //
-// Built by tests/test_fuzz.py (docs/FUZZING.md) from csrc/bitcos-kernels-generic.c and csrc/bitcos-kernels-x86.c
-// exactly as the harness library builds them (root CMakeLists.txt: the x86 file twice, x86-64-v3 with AVX-512
-// off -> bitcos_mm_avx2_v3, x86-64-v4 + VNNI & co. -> bitcos_mm_avx512_v4; the generic file with baseline
-// flags), all with -fsanitize=address,undefined where the compiler has them. This file has no ggml dependency.
+// Built by tests/test_fuzz.py (docs/FUZZING.md) from the kernel table and kernel files of csrc/ exactly as the
+// harness library builds them (root CMakeLists.txt: bitcos-kernels-avx2.c with x86-64-v3 flags and AVX-512
+// off, bitcos-kernels-avx512.c with x86-64-v4 + VNNI & co., the table and the generic kernel with baseline
+// flags and BITCOS_KERNELS_PER_FILE_FLAGS), all with -fsanitize=address,undefined where the compiler has
+// them. This file has no ggml dependency.
 //
 // Each case (seeded: case i of seed s is reproducible alone with --seed s --first i --cases 1):
 //   * a random tensor of any variant (FORMAT.md §4.2: v1 G128, PT; v2 MATRIX, ROW, B128, B256), k a multiple
@@ -30,8 +31,9 @@
 //     loads a whole register near the end of the signs must then fault); --short-bits N takes N bytes off
 //     the end of the run's bitmap, the same self-test for the bitmap reads;
 //   * nc = 1 .. 20 activation columns (GEMV and the GEMM tiles), Q8_K scales of both signs;
-//   * every kernel this CPU can run (generic always; AVX2 / AVX-512 when the CPU has every extension their
-//     object was compiled for) is called, and each float result must equal the generic one bit for bit
+//   * every kernel of the table this CPU can run (generic always; a SIMD kernel when the CPU has every
+//     extension its file was compiled for) is called through bitcos_kernel_mm, as the ggml glue calls it, and
+//     each float result must equal the generic one bit for bit
 //     (NaN results, which only overflowing extreme scales can make, must be NaN in both).
 // Exit status: 0 when every case matched, 1 on a mismatch (the case and the first differing value printed),
 // a signal / sanitizer report on a bad access.
@@ -45,13 +47,6 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-
-#if !defined(FUZZ_NO_X86)   // tests/fuzzing.py defines it where the x86 objects are not built
-void bitcos_mm_avx2_v3(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                       float * const * dst);
-void bitcos_mm_avx512_v4(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                         float * const * dst);
-#endif
 
 #define MAX_COLS 20
 
@@ -158,7 +153,7 @@ static float rand_f32_scale(void) {
     }
 }
 
-typedef struct { const char * name; bitcos_mm_fn fn; } impl;
+typedef const bitcos_kernel * impl;
 
 static uint64_t g_nan_cases = 0;
 
@@ -335,7 +330,7 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
             memset(dbuf[col].p, 0xff, sizeof(float) * (size_t)c.nr);   // NaN: a row left unwritten shows
             dcols[col] = (float *)(void *)dbuf[col].p;
         }
-        impls[m].fn(&w, c.nr, ycols, c.nc, dcols);
+        bitcos_kernel_mm(impls[m], &w, c.nr, ycols, c.nc, dcols, NULL);
         for (int64_t col = 0; col < c.nc && rc == 0; ++col) {
             for (int64_t i = 0; i < c.nr; ++i) {
                 float * want = &ref[col * c.nr + i];
@@ -351,7 +346,7 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
                 if (a != b && !both_nan) {
                     print_case(stdout, &c);
                     printf("MISMATCH %s vs generic: column %" PRId64 " row %" PRId64 " (tensor row %" PRId64
-                           "): %a (0x%08x) != %a (0x%08x)\n", impls[m].name, col, i, c.r0 + i, (double)got, b,
+                           "): %a (0x%08x) != %a (0x%08x)\n", impls[m]->name, col, i, c.r0 + i, (double)got, b,
                            (double)*want, a);
                     rc = 1;
                     break;
@@ -384,20 +379,6 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
     return rc;
 }
 
-#if !defined(FUZZ_NO_X86)
-static int cpu_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
-           __builtin_cpu_supports("f16c");
-}
-static int cpu_avx512(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni") &&
-           __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("avx512bitalg") &&
-           __builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("bmi2");
-}
-#endif
-
 int main(int argc, char ** argv) {
     uint64_t seed = 1, first = 0, cases = 2000;
     double seconds = 0;
@@ -426,20 +407,16 @@ int main(int argc, char ** argv) {
         }
     }
     g_page = (size_t)sysconf(_SC_PAGESIZE);
-    impl impls[3];
+    impl impls[16];
     int n = 0;
-    impls[n++] = (impl){ "generic", bitcos_mm_generic };
-#if !defined(FUZZ_NO_X86)
-    if (cpu_avx2()) {
-        impls[n++] = (impl){ "avx2", bitcos_mm_avx2_v3 };
+    for (int i = 0; i < bitcos_kernel_count() && n < 16; ++i) {   // the generic kernel first: the reference
+        if (bitcos_kernel_at(i)->available()) {
+            impls[n++] = bitcos_kernel_at(i);
+        }
     }
-    if (cpu_avx512()) {
-        impls[n++] = (impl){ "avx512", bitcos_mm_avx512_v4 };
-    }
-#endif
     printf("kernels:");
     for (int i = 0; i < n; ++i) {
-        printf(" %s", impls[i].name);
+        printf(" %s", impls[i]->name);
     }
     printf(" (BITCOS_FMA=%d, %s guard pages)\n", BITCOS_FMA, g_front ? "front" : "end");
     fflush(stdout);

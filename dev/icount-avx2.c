@@ -2,15 +2,9 @@
 // for valgrind's callgrind, which counts instructions exactly whatever else the machine runs (valgrind
 // cannot run AVX-512 code, so the AVX-512 kernel's count comes from its disassembly instead).
 //
-<<<<<<< HEAD:dev/icount-avx2.c
 //   cc -O2 dev/icount-avx2.c -o /tmp/icount -ldl
-//   # BITCOS: the x86-64-v3 (AVX2) object of the kernel harness (build/kernels or the installed package)
-//   valgrind --tool=callgrind --toggle-collect=bitcos_mm_avx2_v3 /tmp/icount 64 2048 0.4 0 10 build/kernels/libbitcos_kernels.so
-=======
-//   cc -O2 scripts/icount-avx2.c -o /tmp/icount -ldl
 //   # BITCOS: the AVX2 kernel object (x86-64-v3) of the kernel harness (build/kernels or the installed package)
 //   valgrind --tool=callgrind --toggle-collect=bitcos_mm_avx2 /tmp/icount 64 2048 0.4 0 10 build/kernels/libbitcos_kernels.so
->>>>>>> kernels-split:scripts/icount-avx2.c
 //   # TQ2_0: ggml's AVX2 vec_dot from a GGML_NATIVE=OFF (x86-64-v3) build of the patched llama.cpp
 //   valgrind --tool=callgrind --toggle-collect=ggml_vec_dot_tq2_0_q8_K /tmp/icount 64 2048 0.4 1 10 .../libggml-cpu.so
 //   # instructions per 32 weights = "Collected" / (rows * k / 32 * reps)

@@ -346,7 +346,9 @@ def row_path_costs(ins: list[Instr], blocks: list[Block], loops: list[Loop], hot
             continue
         fwd.add(n)
         stack.extend(blocks[n].succ)
-    size = lambda bi: blocks[bi].end - blocks[bi].start
+    def size(bi: int) -> int:
+        return blocks[bi].end - blocks[bi].start
+
     bfly = [blocks[bi].start for bi in fwd
             if any(ins[i].op.startswith("SHFL.BFLY") for i in range(blocks[bi].start, blocks[bi].end))]
     first_bfly = min(bfly) if bfly else None
@@ -541,7 +543,7 @@ def main() -> int:
     for t, r in results.items():
         print(f"{t}: {TARGETS[t][4]} ({a.arch}{', ' + a.rev if a.rev else ''})")
         print(f"  kernel {r.kernel}")
-        inner = "; ".join(f"inner loop {l}: {n} instructions x {k}" for l, n, k in r.inner_loops)
+        inner = "; ".join(f"inner loop {loop}: {n} instructions x {k}" for loop, n, k in r.inner_loops)
         print(f"  hot loop: {r.instructions_per_iter:.0f} instructions per iteration of {r.weights_per_iter} weights per lane"
               f"{' (' + inner + ')' if inner else ''}; {r.branches_in_body} forward branches inside")
         print(f"  instructions per weight per lane: {r.per_weight:.3f}")
@@ -555,10 +557,10 @@ def main() -> int:
             print(f"  whole rows (row overhead {r.row_overhead:.0f} and partial step {r.tail_step:.0f} instructions"
                   f"{f' in {r.tail_parts} half steps' if r.tail_parts > 1 else ''} at {a.lanes} lanes; * = the lanes the "
                   f"glue launches):")
-            print("    K      " + "".join(f"{str(l) + ' lanes':>11s}" for l in lanes_all))
+            print("    K      " + "".join(f"{str(lanes) + ' lanes':>11s}" for lanes in lanes_all))
             for k, e in effective[t].items():
-                cells = "".join(f"{(f'{e[l]:.2f}' + ('*' if l == gemv_lanes(k) and len(e) > 1 else ' ')) if l in e else '-':>11s}"
-                                for l in lanes_all)
+                cells = "".join(f"{(f'{e[n]:.2f}' + ('*' if n == gemv_lanes(k) and len(e) > 1 else ' ')) if n in e else '-':>11s}"
+                                for n in lanes_all)
                 print(f"    {k:<7d}{cells}")
             if r.row_calls:
                 print(f"    (on the row's path, callees not counted: {'; '.join(r.row_calls)})")

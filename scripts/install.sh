@@ -2,7 +2,7 @@
 # Installs everything ggml-bitcos needs on a fresh Debian machine with Python >= 3.10:
 #   1. system packages when missing and we are root (ccache; with -DGGML_VULKAN=ON in CMAKE_ARGS also glslc,
 #      libvulkan-dev, mesa-vulkan-drivers, spirv-tools/-headers, glslang-tools),
-#   2. the tools the test suite uses (pytest, matplotlib, cmake, ninja, ...),
+#   2. the tools the test suite uses (pytest, matplotlib, cmake, ninja, the pinned ruff and clang-format, ...),
 #   3. `pip install .`: this package, whose build (buildsys/ggml_bitcos_backend.py) builds the patched llama.cpp
 #      once (pinned llama-cpp-python sdist + patches/ + csrc/, incremental in ~/.cache/ggml-bitcos, ccache) and
 #      ships its llama_cpp package (bindings, libraries, llama-cli/-server/-bench/-perplexity, rpc-server) in the
@@ -35,7 +35,10 @@ fi
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 
-"$PY" -m pip install -q "pytest>=8" "matplotlib>=3.7" "scikit-build-core>=0.10" cmake ninja
+# the linters at the versions pyproject.toml pins (its `lint` extra: tests/test_lint.py checks the tree with them)
+lint_tools=$("$PY" -c 'import re; m = re.search(r"^lint = \[(.*)\]", open("pyproject.toml").read(), re.M); print(" ".join(re.findall(r"\"([^\"]+)\"", m.group(1))))')
+# shellcheck disable=SC2086 # one word per pinned requirement
+"$PY" -m pip install -q "pytest>=8" "matplotlib>=3.7" "scikit-build-core>=0.10" cmake ninja $lint_tools
 # A llama-cpp-python distribution installed on its own (the stock one, or the patched one that older ggml-bitcos
 # installs built separately) owns the same llama_cpp files as this package's wheel: remove it first.
 if "$PY" -m pip show -q llama-cpp-python >/dev/null 2>&1; then

@@ -92,7 +92,7 @@ def test_tables_and_plots_do_not_mutate_their_inputs(tmp_path):
     passed in are left exactly as they were (so one set of records can feed any of them, in any order)."""
     import copy
 
-    from ggml_bitcos.bench import e2e, gemv, gpu, roofline
+    from ggml_bitcos.bench import e2e, gemv, roofline
 
     gemv_res, rows, breakdown = _gemv_results(), _llama_bench_rows(), _breakdown()
     rf = {"beta_gb_s": {1: 20.0}, "gamma_cycles_per_32": {"tq2_0": 2.5, "bitcos_pt": 2.0}, "tsc_ghz": 3.0,

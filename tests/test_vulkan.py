@@ -114,7 +114,7 @@ def test_offloaded_prompt_close_to_tq2_0(vk_models, tmp_path: Path, name: str) -
     _, l_cpu, _ = _generate(src, tmp_path / "c.npz", ngl=0, n_tokens=1)
     assert t_src.tolist() == t_out.tolist()
     scale = float(np.abs(l_cpu[0]).max())
-    err_tq2, err_bitcos = (float(np.abs(l[0] - l_cpu[0]).max()) for l in (l_src, l_out))
+    err_tq2, err_bitcos = (float(np.abs(logits[0] - l_cpu[0]).max()) for logits in (l_src, l_out))
     assert err_bitcos <= 1.1 * err_tq2 + 1e-3 * scale, (err_bitcos, err_tq2, scale)
 
 

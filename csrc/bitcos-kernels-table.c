@@ -55,6 +55,7 @@ static int bitcos_cpu_avx512(void) {
 
 static const bitcos_kernel bitcos_kernels[] = {
     { "generic", bitcos_always, NULL, bitcos_mm_generic },
+    { "portable", bitcos_always, NULL, bitcos_mm_portable },
 #if defined(BITCOS_TABLE_AVX2)
     { "avx2", BITCOS_AVAILABLE_AVX2, bitcos_covers_avx2, bitcos_mm_avx2 },
 #endif

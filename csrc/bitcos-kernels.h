@@ -108,7 +108,7 @@ typedef void (*bitcos_mm_fn)(const bitcos_rows * w, int64_t nr,
 // Every caller (the ggml-cpu glue, the harness library and through it the Python tests and benchmarks, the
 // kernel fuzzer) finds the kernels here, by index or name, and runs them through bitcos_kernel_mm.
 typedef struct {
-    const char * name;                                 // "generic", "avx2", "avx512": the harness/bench/test name
+    const char * name;                                 // "generic", "portable", "avx2", "avx512": the harness/bench/test name
     int        (*available)(void);                     // 1 when this CPU can run it
     int        (*covers)(const bitcos_rows * w);       // 1 when its own paths handle w; NULL: every descriptor
     bitcos_mm_fn mm;                                   // the kernel; w must be one `covers` accepts
@@ -148,6 +148,10 @@ void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr
 // The reference: portable C, every descriptor (bitcos-kernels-generic.c).
 void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
                        const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+// Portable C, every descriptor, several times the reference's speed (table decode, one decode for every
+// column): the kernel of every CPU without a SIMD kernel of its own (bitcos-kernels-portable.c).
+void bitcos_mm_portable(const bitcos_rows * w, int64_t nr,
+                        const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
 // AVX2 (+ FMA, BMI2, F16C when present): bitcos-kernels-avx2.c.
 void bitcos_mm_avx2(const bitcos_rows * w, int64_t nr,
                     const bitcos_q8_K * const * y, int64_t nc, float * const * dst);

@@ -299,7 +299,7 @@ def sanitizers_work(cc: str, folder: Path) -> bool:
 
 
 def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True) -> Path:
-    """Compiles tests/c/fuzz-bitcos-kernels.c with the kernel table and the generic kernel (baseline flags) and,
+    """Compiles tests/c/fuzz-bitcos-kernels.c with the kernel table, the generic and the portable kernel (baseline flags) and,
     on x86-64, the AVX2 and AVX-512 objects as the harness builds them; ASan+UBSan when `sanitize` and the
     compiler has them."""
     cc = _cc()
@@ -319,6 +319,7 @@ def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True) -> Pa
         objs.append(str(o))
 
     obj(CSRC / "bitcos-kernels-generic.c", "generic", [])
+    obj(CSRC / "bitcos-kernels-portable.c", "portable", [])
     x86 = os.uname().machine in ("x86_64", "AMD64", "amd64")
     if x86:
         avx2, avx512 = harness_x86_flags()

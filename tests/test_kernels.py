@@ -1,4 +1,4 @@
-"""BITCOS CPU kernels (csrc/): the generic C, AVX2 and AVX-512 kernels bit-identical to each other and to an
+"""BITCOS CPU kernels (csrc/): the generic C, portable C, AVX2 and AVX-512 kernels bit-identical to each other and to an
 independent numpy evaluation of the arithmetic contract v2 in csrc/bitcos-kernels.h (``contract.reference_mm``,
 computed from the plain codes and scales, not from the encoding), for every variant of format versions 1 and 2
 (G128, PT; MATRIX, ROW, B128, B256: FORMAT.md §4.2), row lengths down to 32 (a partial last 128-weight unit
@@ -41,6 +41,9 @@ NRS = (1, 3, 5, 17)        # odd row counts: the AVX-512 GEMV pairs rows, an odd
 NCS = (1, 2, 5, 9)         # GEMV, column pairs, an odd last column, a second column tile (8 per tile)
 FMAS = (True, False)
 FMA_IDS = ("fma", "nofma")
+
+# The kernels whose table entry covers every descriptor (no `covers` test): the reference and the portable one.
+UNIVERSAL = ("generic", "portable")
 
 # Extensions each harness object was compiled for (CMakeLists.txt); a CPU missing one skips the path.
 CPU_FLAGS_NEEDED = {
@@ -356,7 +359,7 @@ def test_descriptors_the_simd_paths_do_not_cover_run_the_reference(require, impl
             assert rc == 0
             covered = lib.bitcos_h_covers(harness.kernel_index(impl), *d.args(), 5, c.y.ctypes.data, 3,
                                           dst.ctypes.data)
-            assert covered == int(impl == "generic" or variant is Variant.B256), (variant.name, stride)
+            assert covered == int(impl in UNIVERSAL or variant is Variant.B256), (variant.name, stride)
             np.testing.assert_array_equal(bits(dst), bits(c.reference(True)), err_msg=f"{variant.name} {stride}")
 
 
@@ -401,7 +404,7 @@ for _ in range(3):
 def test_uncovered_layout_is_reported_once(require, impl: str, kernel_library) -> None:
     """A descriptor a SIMD kernel does not cover runs on the generic kernel, and the kernel table says so once
     per kernel and process (in ggml: GGML_LOG_WARN; in the harness: stderr), naming the kernel; the generic
-    kernel itself covers everything and says nothing."""
+    and the portable kernels cover everything and say nothing."""
     import os
     import subprocess
     import sys
@@ -413,7 +416,7 @@ def test_uncovered_layout_is_reported_once(require, impl: str, kernel_library) -
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if "does not cover" in ln]
-    if impl == "generic":
+    if impl in UNIVERSAL:
         assert lines == []
     else:
         assert len(lines) == 1 and f"the {impl} kernel" in lines[0] and "generic kernel runs it" in lines[0], lines
@@ -459,7 +462,7 @@ def test_quantized_activations_through_all_paths(kernel_library, cpu_flags: set[
         y = quantize_q8k(rng.normal(size=(nc, k)).astype(np.float32))
         ref = contract.reference_mm(codes, variant, y, block_scales=ds, scale=0.05,
                                     row_scales=rs if variant is Variant.ROW else None, fma=fma)
-        for impl in ["generic"] + simd_impls:
+        for impl in [*UNIVERSAL, *simd_impls]:
             if harness.available(impl, fma):
                 np.testing.assert_array_equal(bits(harness.mm(impl, w, y, fma)), bits(ref), err_msg=f"{impl} {variant.name}")
 

@@ -298,13 +298,18 @@ def sanitizers_work(cc: str, folder: Path) -> bool:
     return r.returncode == 0 and subprocess.run([str(folder / "san")], capture_output=True).returncode == 0
 
 
-def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True) -> Path:
+# Cross builds of the kernel fuzzer: target -> (C compiler, how to run its programs here)
+CROSS_TARGETS = {"aarch64": ("aarch64-linux-gnu-gcc", ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", "-cpu", "max"])}
+
+
+def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True, target: str | None = None) -> Path:
     """Compiles tests/c/fuzz-bitcos-kernels.c with the kernel table, the generic and the portable kernel (baseline flags) and,
     on x86-64, the AVX2 and AVX-512 objects as the harness builds them; ASan+UBSan when `sanitize` and the
-    compiler has them."""
-    cc = _cc()
-    if cc is None:
-        raise RuntimeError("no C compiler")
+    compiler has them. `target` (a key of CROSS_TARGETS): cross-compile for that CPU instead (no sanitizers;
+    run the program with the target's runner)."""
+    cc = CROSS_TARGETS[target][0] if target else _cc()
+    if cc is None or shutil.which(cc) is None:
+        raise RuntimeError(f"no C compiler{f' for {target}' if target else ''}")
     folder.mkdir(parents=True, exist_ok=True)
     base = ["-std=c11", "-O1", "-g", "-ffp-contract=off", "-Wall", "-Wextra", f"-DBITCOS_FMA={fma}", "-I", str(CSRC)]
     if sanitize:
@@ -320,7 +325,7 @@ def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True) -> Pa
 
     obj(CSRC / "bitcos-kernels-generic.c", "generic", [])
     obj(CSRC / "bitcos-kernels-portable.c", "portable", [])
-    x86 = os.uname().machine in ("x86_64", "AMD64", "amd64")
+    x86 = target is None and os.uname().machine in ("x86_64", "AMD64", "amd64")
     if x86:
         avx2, avx512 = harness_x86_flags()
         obj(CSRC / "bitcos-kernels-avx2.c", "avx2", avx2)

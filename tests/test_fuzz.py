@@ -7,6 +7,7 @@ About a minute in all on the 2-core development machine; the long runs are `test
 from __future__ import annotations
 
 import os
+import shutil
 import re
 import subprocess
 from pathlib import Path
@@ -56,6 +57,25 @@ def test_kernel_fuzz(kernel_fuzzer, fma: int, guard: str, cases: int) -> None:
         if all(f" {f} " in cpu for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_vbmi2",
                                           "avx512_bitalg", "avx512_vpopcntdq")):
             assert "avx512" in kernels, kernels
+
+
+@pytest.mark.parametrize("fma", (0, 1), ids=("nofma", "fma"))
+def test_kernel_fuzz_aarch64(tmp_path: Path, fma: int) -> None:
+    """The kernels of an aarch64 build (its table: generic and portable) cross-compiled with Debian's
+    gcc-aarch64-linux-gnu and run under qemu-user (-cpu max): every kernel equal to the generic one bit for bit,
+    buffers against guard pages, both FMA forms. Skipped without the toolchain (fails instead under
+    BITCOS_REQUIRE_AARCH64=1, as CI sets it: scripts/install.sh installs both)."""
+    cc, runner = fuzzing.CROSS_TARGETS["aarch64"]
+    if shutil.which(cc) is None or shutil.which(runner[0]) is None:
+        if os.environ.get("BITCOS_REQUIRE_AARCH64") == "1":
+            pytest.fail(f"{cc} or {runner[0]} is missing but BITCOS_REQUIRE_AARCH64=1")
+        pytest.skip(f"no aarch64 cross toolchain ({cc}, {runner[0]}: apt-get install gcc-aarch64-linux-gnu qemu-user)")
+    exe = fuzzing.build_kernel_fuzzer(tmp_path, fma, sanitize=False, target="aarch64")
+    r = subprocess.run([*runner, str(exe), "--seed", str(21 + fma), "--cases", "1500"], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "ok: 1500 cases" in r.stdout, r.stdout
+    assert r.stdout.splitlines()[0].startswith("kernels: generic portable"), r.stdout
 
 
 def test_kernel_fuzz_guard_is_live(kernel_fuzzer) -> None:

@@ -98,7 +98,7 @@ __device__ __forceinline__ bitcos_cuda_layout bitcos_cuda_read_layout(const uint
     l.rows_per_mat = bitcos_cuda_u64(comp, BITCOS_HDR_N_ROWS) / (n_mats ? n_mats : 1);
     const uint64_t sb = (uint64_t) bitcos_variant_scale_block(l.variant);
     l.scales_per_row = sb ? l.k / sb : 0;
-    l.word_shift = sb == 2 * QK_BITCOS ? 3u : 2u;      // words per scale: 4 (128 weights), 8 (256)
+    l.word_shift = sb == QK_BITCOS_B256 ? 3u : 2u;      // words per scale: 4 (128 weights), 8 (256)
     return l;
 }
 
@@ -297,6 +297,21 @@ __device__ __forceinline__ void bitcos_cuda_decode_word(uint32_t word, uint32_t 
     }
 }
 
+// The integer dot product of a 32-weight word's codes (bitcos_cuda_decode_word: 8 dwords of 4 int8) with its 32
+// int8 activations (two uint4), one dp4a chain in weight order.
+__device__ __forceinline__ int bitcos_cuda_dot32(const uint32_t (&codes)[8], uint4 x0, uint4 x1) {
+    int dot = 0;
+    dot = bitcos_cuda_dp4a(codes[0], x0.x, dot);
+    dot = bitcos_cuda_dp4a(codes[1], x0.y, dot);
+    dot = bitcos_cuda_dp4a(codes[2], x0.z, dot);
+    dot = bitcos_cuda_dp4a(codes[3], x0.w, dot);
+    dot = bitcos_cuda_dp4a(codes[4], x1.x, dot);
+    dot = bitcos_cuda_dp4a(codes[5], x1.y, dot);
+    dot = bitcos_cuda_dp4a(codes[6], x1.z, dot);
+    dot = bitcos_cuda_dp4a(codes[7], x1.w, dot);
+    return dot;
+}
+
 // Cooperative over a segment of LANES lanes (the whole warp, or an aligned half / quarter of it: the warp's
 // other segments run other rows in lockstep, every shuffle stays in its segment): out[c] (valid in every lane of
 // the segment) = row r of W times quantized column c, c < NC: q (int8) + c * q_stride, d (fp32 per 32) + c *
@@ -323,6 +338,12 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
         : reinterpret_cast<const uint16_t *>(l.scales) + r * l.scales_per_row;
     float acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+    // the fp16 scale of word w (1 for the row-scaled kinds: their scale is applied at the end)
+    auto word_scale = [&](uint32_t w) {
+        return KIND == BITCOS_CUDA_WORDS32 ? 1.0f
+             : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
+             : __half2float(__ushort_as_half(scales[w >> l.word_shift]));
+    };
 
     // words w (even) and w + 1 of a whole step (both in the row: has0 = has1 = true, the bounds checks compiled out)
     auto step = [&](uint32_t w, bool has0, bool has1) {
@@ -350,31 +371,12 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
             uint32_t codes0[8], codes1[8];
             bitcos_cuda_decode_word<COPIES>(word0, s0, lut, copy_bits, codes0);
             bitcos_cuda_decode_word<COPIES>(word1, s1, lut, copy_bits, codes1);
-            // both words share a scale block (4 or 8 words, aligned)
-            const float ws = KIND == BITCOS_CUDA_WORDS32 ? 1.0f
-                           : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
-                           : __half2float(__ushort_as_half(scales[w >> l.word_shift]));
+            const float ws = word_scale(w);   // both words share a scale block (4 or 8 words, aligned)
             for (int c = 0; c < NC; ++c) {
                 const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + 32 * (int64_t) w);
                 const uint4 x0 = xq[0], x1 = xq[1], x2 = xq[2], x3 = xq[3];
                 const float2 dw = *reinterpret_cast<const float2 *>(d + c * d_stride + w);
-                int dot0 = 0, dot1 = 0;
-                dot0 = bitcos_cuda_dp4a(codes0[0], x0.x, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[1], x0.y, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[2], x0.z, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[3], x0.w, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[4], x1.x, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[5], x1.y, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[6], x1.z, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[7], x1.w, dot0);
-                dot1 = bitcos_cuda_dp4a(codes1[0], x2.x, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[1], x2.y, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[2], x2.z, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[3], x2.w, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[4], x3.x, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[5], x3.y, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[6], x3.z, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[7], x3.w, dot1);
+                const int dot0 = bitcos_cuda_dot32(codes0, x0, x1), dot1 = bitcos_cuda_dot32(codes1, x2, x3);
                 acc[c] += (float) dot0 * (ws * dw.x);
                 acc[c] += (float) dot1 * (ws * dw.y);
             }
@@ -402,21 +404,11 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
             const uint32_t s0 = __funnelshift_r(pw[0], pw[1], pos);
             uint32_t codes[8];
             bitcos_cuda_decode_word<COPIES>(word, s0, lut, copy_bits, codes);
-            const float ws = KIND == BITCOS_CUDA_WORDS32 ? 1.0f
-                           : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
-                           : __half2float(__ushort_as_half(scales[w >> l.word_shift]));
+            const float ws = word_scale(w);
             for (int c = 0; c < NC; ++c) {
                 const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + 32 * (int64_t) w);
                 const uint4 x0 = xq[0], x1 = xq[1];
-                int dot = 0;
-                dot = bitcos_cuda_dp4a(codes[0], x0.x, dot);
-                dot = bitcos_cuda_dp4a(codes[1], x0.y, dot);
-                dot = bitcos_cuda_dp4a(codes[2], x0.z, dot);
-                dot = bitcos_cuda_dp4a(codes[3], x0.w, dot);
-                dot = bitcos_cuda_dp4a(codes[4], x1.x, dot);
-                dot = bitcos_cuda_dp4a(codes[5], x1.y, dot);
-                dot = bitcos_cuda_dp4a(codes[6], x1.z, dot);
-                dot = bitcos_cuda_dp4a(codes[7], x1.w, dot);
+                const int dot = bitcos_cuda_dot32(codes, x0, x1);
                 acc[c] += (float) dot * (ws * d[c * d_stride + w]);
             }
         }

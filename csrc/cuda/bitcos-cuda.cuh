@@ -489,6 +489,24 @@ template <class F> __host__ __forceinline__ void bitcos_cuda_with_lanes(int lane
 #define BITCOS_CUDA_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[]
 #endif
 
+// The mat-vec kernels' rows: LANES lanes a row (the warp's segments take consecutive rows), grid-stride over
+// the block's warps, the companion's layout read once and its row kind fixed (bitcos_cuda_with_kind) before the
+// loop. f(kind, layout, r, ok) per row; ok is false for a segment past the last row, which still takes part in
+// the segment's shuffles (on row rows - 1) and must not write.
+template <int LANES, class F>
+__device__ __forceinline__ void bitcos_cuda_gemv_rows(const uint8_t * comp, int64_t rows, F && f) {
+    constexpr int RPW = BITCOS_CUDA_WARP / LANES;     // rows per warp
+    const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
+    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
+    bitcos_cuda_with_kind(l, [&](auto kind) {
+        for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
+             g += (int64_t) gridDim.x * blockDim.y * RPW) {
+            const int64_t r = g + seg;
+            f(kind, l, r, r < rows);
+        }
+    });
+}
+
 // Mat-vec / small batch on quantized activations: NC columns (q + c * k_pad int8, d + c * (k_pad / 32) scales),
 // dst[c * dst_col_stride + r] for r < rows (global row row0 + r), LANES lanes per row (the glue: BITCOS_CUDA_GEMV_LANES).
 // Block (32, warps) with bitcos_cuda_gemv_lut<COPIES>::BYTES of dynamic shared memory; any grid.x: warp y of
@@ -501,22 +519,14 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_kernel(
         const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp, const int8_t * __restrict__ q,
         const float * __restrict__ d, float * __restrict__ dst, int64_t row0, int64_t rows, int64_t k_pad,
         int64_t dst_col_stride) {
-    constexpr int RPW = BITCOS_CUDA_WARP / LANES;     // rows per warp
     BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
     bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
-    const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
-    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
-    bitcos_cuda_with_kind(l, [&](auto kind) {
-        for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
-             g += (int64_t) gridDim.x * blockDim.y * RPW) {
-            const int64_t r = g + seg;
-            const bool ok = r < rows;
-            float out[NC];
-            bitcos_cuda_row_dot_kind<NC, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
-                (uint64_t) (row0 + (ok ? r : rows - 1)), q, k_pad, d, k_pad / 32, bitcos_cuda_smem, out);
-            if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
-                for (int c = 0; c < NC; ++c) dst[c * dst_col_stride + r] = out[c];
-            }
+    bitcos_cuda_gemv_rows<LANES>(comp, rows, [&](auto kind, const bitcos_cuda_layout & l, int64_t r, bool ok) {
+        float out[NC];
+        bitcos_cuda_row_dot_kind<NC, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
+            (uint64_t) (row0 + (ok ? r : rows - 1)), q, k_pad, d, k_pad / 32, bitcos_cuda_smem, out);
+        if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
+            for (int c = 0; c < NC; ++c) dst[c * dst_col_stride + r] = out[c];
         }
     });
 }
@@ -531,7 +541,6 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_id_kernel(
         const float * __restrict__ d, const int32_t * __restrict__ ids, float * __restrict__ dst, int64_t rows,
         int64_t n_experts, int64_t n_used, int64_t ids_stride, int64_t ne11, int64_t k_pad,
         int64_t dst_slot_stride, int64_t dst_tok_stride) {
-    constexpr int RPW = BITCOS_CUDA_WARP / LANES;
     const int64_t u = (int64_t) blockIdx.y % n_used, t = (int64_t) blockIdx.y / n_used;
     const int32_t e = ids[t * ids_stride + u];
     if (e < 0 || e >= n_experts) {
@@ -540,20 +549,13 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_id_kernel(
     BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
     bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
     const int64_t col = t * ne11 + u % ne11;
-    const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
-    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
-    bitcos_cuda_with_kind(l, [&](auto kind) {
-        for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
-             g += (int64_t) gridDim.x * blockDim.y * RPW) {
-            const int64_t r = g + seg;
-            const bool ok = r < rows;
-            float out[1];
-            bitcos_cuda_row_dot_kind<1, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
-                (uint64_t) (e * rows + (ok ? r : rows - 1)), q + col * k_pad, 0, d + col * (k_pad / 32), 0,
-                bitcos_cuda_smem, out);
-            if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
-                dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
-            }
+    bitcos_cuda_gemv_rows<LANES>(comp, rows, [&](auto kind, const bitcos_cuda_layout & l, int64_t r, bool ok) {
+        float out[1];
+        bitcos_cuda_row_dot_kind<1, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
+            (uint64_t) (e * rows + (ok ? r : rows - 1)), q + col * k_pad, 0, d + col * (k_pad / 32), 0,
+            bitcos_cuda_smem, out);
+        if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
+            dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
         }
     });
 }

@@ -312,6 +312,16 @@ __device__ __forceinline__ int bitcos_cuda_dot32(const uint32_t (&codes)[8], uin
     return dot;
 }
 
+// The fp16 scale of word w of a row of kind KIND (scales: the row's, bitcos_cuda_row_dot_kind's); 1 for the
+// row-scaled kind (its scale is applied once, at the end). A function, not a lambda in the row loop: nvcc
+// 13.0 compiled the lambda to 7 more instructions per step of the mat-vec's hot loop (dev/cuda_sass_count.py).
+template <int KIND>
+__device__ __forceinline__ float bitcos_cuda_kind_word_scale(const uint16_t * scales, uint32_t w, unsigned word_shift) {
+    return KIND == BITCOS_CUDA_WORDS32 ? 1.0f
+         : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
+         : __half2float(__ushort_as_half(scales[w >> word_shift]));
+}
+
 // Cooperative over a segment of LANES lanes (the whole warp, or an aligned half / quarter of it: the warp's
 // other segments run other rows in lockstep, every shuffle stays in its segment): out[c] (valid in every lane of
 // the segment) = row r of W times quantized column c, c < NC: q (int8) + c * q_stride, d (fp32 per 32) + c *
@@ -338,12 +348,6 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
         : reinterpret_cast<const uint16_t *>(l.scales) + r * l.scales_per_row;
     float acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    // the fp16 scale of word w (1 for the row-scaled kinds: their scale is applied at the end)
-    auto word_scale = [&](uint32_t w) {
-        return KIND == BITCOS_CUDA_WORDS32 ? 1.0f
-             : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
-             : __half2float(__ushort_as_half(scales[w >> l.word_shift]));
-    };
 
     // words w (even) and w + 1 of a whole step (both in the row: has0 = has1 = true, the bounds checks compiled out)
     auto step = [&](uint32_t w, bool has0, bool has1) {
@@ -371,7 +375,8 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
             uint32_t codes0[8], codes1[8];
             bitcos_cuda_decode_word<COPIES>(word0, s0, lut, copy_bits, codes0);
             bitcos_cuda_decode_word<COPIES>(word1, s1, lut, copy_bits, codes1);
-            const float ws = word_scale(w);   // both words share a scale block (4 or 8 words, aligned)
+            // both words share a scale block (4 or 8 words, aligned)
+            const float ws = bitcos_cuda_kind_word_scale<KIND>(scales, w, l.word_shift);
             for (int c = 0; c < NC; ++c) {
                 const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + 32 * (int64_t) w);
                 const uint4 x0 = xq[0], x1 = xq[1], x2 = xq[2], x3 = xq[3];
@@ -404,7 +409,7 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
             const uint32_t s0 = __funnelshift_r(pw[0], pw[1], pos);
             uint32_t codes[8];
             bitcos_cuda_decode_word<COPIES>(word, s0, lut, copy_bits, codes);
-            const float ws = word_scale(w);
+            const float ws = bitcos_cuda_kind_word_scale<KIND>(scales, w, l.word_shift);
             for (int c = 0; c < NC; ++c) {
                 const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + 32 * (int64_t) w);
                 const uint4 x0 = xq[0], x1 = xq[1];

@@ -27,6 +27,9 @@ extern "C" {
 #define QK_BITCOS 128
 // Weights per version-2 ggml block (the row-length granularity of GGML_TYPE_BITCOS): a 32-bit bitmap.
 #define QK_BITCOS_BITMAP 32
+// Weights per fp16 scale of variant B256, and its row-length multiple: the 256-weight super-block of the
+// TQ1_0 / TQ2_0 tensors it is converted from.
+#define QK_BITCOS_B256 256
 
 // The variants; the companion header's `variant` byte holds these values (FORMAT.md §4.1). 0 and 1 are
 // version 1 (their own ggml types), 2..5 version 2 (all GGML_TYPE_BITCOS, told apart by the header).
@@ -99,15 +102,15 @@ BITCOS_FORMAT_FN int bitcos_variant_type_id(int variant) {
 
 // Row length K must be a positive multiple of this: 128 (v1, B128), 256 (B256), 32 (MATRIX, ROW).
 BITCOS_FORMAT_FN int64_t bitcos_variant_k_multiple(int variant) {
-    return variant == BITCOS_VARIANT_B256 ? 256
+    return variant == BITCOS_VARIANT_B256 ? QK_BITCOS_B256
          : (variant == BITCOS_VARIANT_MATRIX || variant == BITCOS_VARIANT_ROW) ? QK_BITCOS_BITMAP : QK_BITCOS;
 }
 
 // Weights per scale along a row for block-scaled variants (G128, B128: 128; B256: 256); 0 for the variants
 // with one scale per row or matrix (PT, MATRIX, ROW).
 BITCOS_FORMAT_FN int64_t bitcos_variant_scale_block(int variant) {
-    return (variant == BITCOS_VARIANT_G128 || variant == BITCOS_VARIANT_B128) ? 128
-         : variant == BITCOS_VARIANT_B256 ? 256 : 0;
+    return (variant == BITCOS_VARIANT_G128 || variant == BITCOS_VARIANT_B128) ? QK_BITCOS
+         : variant == BITCOS_VARIANT_B256 ? QK_BITCOS_B256 : 0;
 }
 
 // Bytes of one row of the weight tensor (FORMAT.md §3): K/128 blocks of the variant's size in version 1, the
@@ -129,8 +132,8 @@ BITCOS_FORMAT_FN uint64_t bitcos_scales_bytes(int variant, uint64_t n_cols, uint
         case BITCOS_VARIANT_PT:
         case BITCOS_VARIANT_MATRIX: return 4 * n_mats;
         case BITCOS_VARIANT_ROW:    return 4 * n_rows;
-        case BITCOS_VARIANT_B128:   return 2 * n_rows * (n_cols / 128);
-        case BITCOS_VARIANT_B256:   return 2 * n_rows * (n_cols / 256);
+        case BITCOS_VARIANT_B128:
+        case BITCOS_VARIANT_B256:   return 2 * n_rows * (n_cols / (uint64_t) bitcos_variant_scale_block(variant));
         default:                    return 0;
     }
 }

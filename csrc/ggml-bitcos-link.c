@@ -3,9 +3,9 @@
 // ggml-base by the type-ids patch; the llama.cpp loader calls these (loader patch) so that it carries no
 // BITCOS logic of its own. Byte-level validation is ggml-bitcos.c.
 #include "ggml-bitcos.h"
+#include "ggml-bitcos-impl.h"
 #include "ggml-backend.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,16 +25,6 @@ void ggml_bitcos_set_last_error(const char * msg) {
 
 const char * ggml_bitcos_last_error(void) {
     return g_last_error;
-}
-
-static bool refuse(char * err, size_t err_size, const char * fmt, ...) {
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return false;
 }
 
 bool ggml_bitcos_op_involves(const struct ggml_tensor * op) {
@@ -189,14 +179,16 @@ bool ggml_bitcos_check_use(const struct ggml_tensor * w, enum ggml_op op, bool l
         return true;
     }
     if (op != GGML_OP_MUL_MAT && op != GGML_OP_MUL_MAT_ID) {
-        return refuse(err, err_size, "BITCOS tensor '%s' (%s) is used with %s by this model architecture; a BITCOS "
-                      "type is only valid on the weight of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
-                      ggml_get_name(w), ggml_type_name(w->type), ggml_op_name(op));
+        return ggml_bitcos_fail(err, err_size,
+                "BITCOS tensor '%s' (%s) is used with %s by this model architecture; a BITCOS "
+                "type is only valid on the weight of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
+                ggml_get_name(w), ggml_type_name(w->type), ggml_op_name(op));
     }
     if (lazy) {
-        return refuse(err, err_size, "BITCOS tensor '%s' (%s) would be read lazily (--lazy-mode); BITCOS weights "
-                      "are loaded and validated in full: use --lazy-mode off", ggml_get_name(w),
-                      ggml_type_name(w->type));
+        return ggml_bitcos_fail(err, err_size,
+                "BITCOS tensor '%s' (%s) would be read lazily (--lazy-mode); BITCOS weights "
+                "are loaded and validated in full: use --lazy-mode off", ggml_get_name(w),
+                ggml_type_name(w->type));
     }
     return true;
 }
@@ -222,9 +214,10 @@ bool ggml_bitcos_graph_check(struct ggml_cgraph * graph, struct ggml_backend ** 
         }
         const struct ggml_tensor * base = w->view_src ? w->view_src : w;
         if ((node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_MUL_MAT_ID) || node->src[0] != w) {
-            return refuse(err, err_size, "BITCOS tensor '%s' is used with %s in node '%s'; a BITCOS type is only "
-                          "valid on the weight (src0) of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
-                          ggml_get_name(base), ggml_op_desc(node), ggml_get_name(node));
+            return ggml_bitcos_fail(err, err_size,
+                    "BITCOS tensor '%s' is used with %s in node '%s'; a BITCOS type is only "
+                    "valid on the weight (src0) of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
+                    ggml_get_name(base), ggml_op_desc(node), ggml_get_name(node));
         }
         const ggml_backend_buffer_t buf = base->buffer;
         bool runs = false;
@@ -233,10 +226,11 @@ bool ggml_bitcos_graph_check(struct ggml_cgraph * graph, struct ggml_backend ** 
                    ggml_backend_supports_op(backends[b], node);
         }
         if (!runs) {
-            return refuse(err, err_size, "no backend can run %s '%s' on BITCOS tensor '%s' where it is stored (%s): "
-                          "the companion is missing, the operand is not whole rows of the weight, or the "
-                          "activations are not F32", ggml_op_desc(node), ggml_get_name(node),
-                          ggml_get_name(base), buf ? ggml_backend_buffer_name(buf) : "no buffer");
+            return ggml_bitcos_fail(err, err_size,
+                    "no backend can run %s '%s' on BITCOS tensor '%s' where it is stored (%s): "
+                    "the companion is missing, the operand is not whole rows of the weight, or the "
+                    "activations are not F32", ggml_op_desc(node), ggml_get_name(node),
+                    ggml_get_name(base), buf ? ggml_backend_buffer_name(buf) : "no buffer");
         }
     }
     return true;

@@ -3,6 +3,7 @@
 // type enum and ggml_type_name, so the validator fuzz test compiles it without the ggml library. The link
 // between ggml tensors (companion, views, loading) is ggml-bitcos-link.c.
 #include "ggml-bitcos.h"
+#include "ggml-bitcos-impl.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -52,7 +53,7 @@ static uint64_t align_section(uint64_t x) {
 }
 
 
-static bool fail(char * err, size_t err_size, const char * fmt, ...) {
+bool ggml_bitcos_fail(char * err, size_t err_size, const char * fmt, ...) {
     if (err && err_size) {
         va_list ap;
         va_start(ap, fmt);
@@ -184,65 +185,74 @@ static uint64_t popcount_row(const uint8_t * row, int variant, int64_t k) {
 bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
                           const void * cdata, size_t cbytes, char * err, size_t err_size) {
     if (!ggml_bitcos_is_type(w->type)) {
-        return fail(err, err_size, "not a BITCOS tensor (type %d)", (int) w->type);
+        return ggml_bitcos_fail(err, err_size, "not a BITCOS tensor (type %d)", (int) w->type);
     }
     const int64_t k = w->ne[0];
     const uint64_t n_rows = (uint64_t)(w->ne[1] * w->ne[2] * w->ne[3]);
     const uint64_t n_mats = (uint64_t)(w->ne[2] * w->ne[3]);
     if (cdata == NULL || cbytes < BITCOS_HEADER_BYTES) {
-        return fail(err, err_size, "companion missing or shorter than the %d-byte header (%zu bytes)",
-                    BITCOS_HEADER_BYTES, cbytes);
+        return ggml_bitcos_fail(err, err_size,
+                "companion missing or shorter than the %d-byte header (%zu bytes)",
+                BITCOS_HEADER_BYTES, cbytes);
     }
     struct ggml_bitcos_header h;
     ggml_bitcos_read_header(cdata, &h);
     const uint8_t * c = (const uint8_t *) cdata;
     if (h.magic != BITCOS_MAGIC) {
-        return fail(err, err_size, "bad companion magic 0x%08x", h.magic);
+        return ggml_bitcos_fail(err, err_size, "bad companion magic 0x%08x", h.magic);
     }
     if (h.version < 1 || h.version > BITCOS_FORMAT_VERSION) {
-        return fail(err, err_size, "unsupported companion version %u (this build reads versions 1 to %d)",
-                    (unsigned) h.version, BITCOS_FORMAT_VERSION);
+        return ggml_bitcos_fail(err, err_size,
+                "unsupported companion version %u (this build reads versions 1 to %d)",
+                (unsigned) h.version, BITCOS_FORMAT_VERSION);
     }
     if (!ggml_bitcos_type_has_variant(w->type, h.variant)) {
-        return fail(err, err_size, "companion variant %u does not match the weight type %s (FORMAT.md 2)",
-                    (unsigned) h.variant, ggml_type_name(w->type));
+        return ggml_bitcos_fail(err, err_size,
+                "companion variant %u does not match the weight type %s (FORMAT.md 2)",
+                (unsigned) h.variant, ggml_type_name(w->type));
     }
     const int variant = h.variant;
     if (h.version != bitcos_variant_version(variant)) {
-        return fail(err, err_size, "companion version %u does not match its variant %d (a version-%d variant)",
-                    (unsigned) h.version, variant, bitcos_variant_version(variant));
+        return ggml_bitcos_fail(err, err_size,
+                "companion version %u does not match its variant %d (a version-%d variant)",
+                (unsigned) h.version, variant, bitcos_variant_version(variant));
     }
     const int64_t kmul = bitcos_variant_k_multiple(variant);
     if (k <= 0 || k % kmul != 0) {
-        return fail(err, err_size, "row length %lld is not a positive multiple of %lld (variant %d)",
-                    (long long) k, (long long) kmul, variant);
+        return ggml_bitcos_fail(err, err_size,
+                "row length %lld is not a positive multiple of %lld (variant %d)",
+                (long long) k, (long long) kmul, variant);
     }
     if (h.row_group_log2 > BITCOS_MAX_ROW_GROUP_LOG2) {
-        return fail(err, err_size, "row_group_log2 %u > %d", (unsigned) h.row_group_log2, BITCOS_MAX_ROW_GROUP_LOG2);
+        return ggml_bitcos_fail(err, err_size,
+                "row_group_log2 %u > %d", (unsigned) h.row_group_log2, BITCOS_MAX_ROW_GROUP_LOG2);
     }
     if (h.n_cols != (uint64_t) k || h.n_rows != n_rows || h.n_mats != n_mats) {
-        return fail(err, err_size, "companion shape (cols %llu, rows %llu, mats %llu) does not match the weight "
-                    "(cols %lld, rows %llu, mats %llu)", (unsigned long long) h.n_cols, (unsigned long long) h.n_rows,
-                    (unsigned long long) h.n_mats, (long long) k, (unsigned long long) n_rows, (unsigned long long) n_mats);
+        return ggml_bitcos_fail(err, err_size,
+                "companion shape (cols %llu, rows %llu, mats %llu) does not match the weight "
+                "(cols %lld, rows %llu, mats %llu)", (unsigned long long) h.n_cols, (unsigned long long) h.n_rows,
+                (unsigned long long) h.n_mats, (long long) k, (unsigned long long) n_rows, (unsigned long long) n_mats);
     }
     struct bitcos_layout L;
     if (!bitcos_layout_of(variant, (uint64_t) k, n_rows, n_mats, h.n_sign_bits, h.row_group_log2, &L)) {
-        return fail(err, err_size, "companion sizes overflow");
+        return ggml_bitcos_fail(err, err_size, "companion sizes overflow");
     }
     if (h.n_sign_bits > n_rows * (uint64_t) k) {
-        return fail(err, err_size, "n_sign_bits %llu exceeds the number of weights", (unsigned long long) h.n_sign_bits);
+        return ggml_bitcos_fail(err, err_size,
+                "n_sign_bits %llu exceeds the number of weights", (unsigned long long) h.n_sign_bits);
     }
     for (int i = BITCOS_HDR_RESERVED; i < BITCOS_HEADER_BYTES; ++i) {
         if (c[i] != 0) {
-            return fail(err, err_size, "reserved header byte %d is not zero", i);
+            return ggml_bitcos_fail(err, err_size, "reserved header byte %d is not zero", i);
         }
     }
     if (h.scales_offset != L.scales_offset || h.row_base_offset != L.row_base_offset ||
         h.row_delta_offset != L.row_delta_offset || h.pool_offset != L.pool_offset || h.pool_bytes != L.pool_bytes) {
-        return fail(err, err_size, "companion section offsets/sizes are not canonical (FORMAT.md 4.1)");
+        return ggml_bitcos_fail(err, err_size, "companion section offsets/sizes are not canonical (FORMAT.md 4.1)");
     }
     if (L.total != (uint64_t) cbytes) {
-        return fail(err, err_size, "companion size %zu != %llu implied by its header", cbytes, (unsigned long long) L.total);
+        return ggml_bitcos_fail(err, err_size,
+                "companion size %zu != %llu implied by its header", cbytes, (unsigned long long) L.total);
     }
     // From here on every offset is canonical and inside the companion (its size is checked above), so the
     // accessors read within cbytes. Scales of the companion (FORMAT.md 3.1, 4.2): finite, sign bit clear,
@@ -252,9 +262,10 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
         for (uint64_t m = 0; m < (per_row ? n_rows : n_mats); ++m) {
             const float s = rd_f32(c + L.scales_offset + sizeof(float)*m);
             if (!ggml_bitcos_scale_f32_valid(s)) {
-                return fail(err, err_size, "invalid scale %g of %s %llu (valid: finite, >= +0.0, <= %d; "
-                            "FORMAT.md 3.1)", (double) s, per_row ? "row" : "matrix", (unsigned long long) m,
-                            BITCOS_MAX_SCALE);
+                return ggml_bitcos_fail(err, err_size,
+                        "invalid scale %g of %s %llu (valid: finite, >= +0.0, <= %d; "
+                        "FORMAT.md 3.1)", (double) s, per_row ? "row" : "matrix", (unsigned long long) m,
+                        BITCOS_MAX_SCALE);
             }
         }
     } else if (variant == BITCOS_VARIANT_B128 || variant == BITCOS_VARIANT_B256) {
@@ -262,9 +273,10 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
         for (uint64_t b = 0; b < n_rows * nbs; ++b) {
             const uint16_t d = rd_u16(c + L.scales_offset + sizeof(uint16_t)*b);
             if (!ggml_bitcos_scale_f16_valid(d)) {
-                return fail(err, err_size, "invalid fp16 scale 0x%04x in block %llu of row %llu (valid: finite, "
-                            ">= +0.0; FORMAT.md 3.1)", (unsigned) d, (unsigned long long)(b % nbs),
-                            (unsigned long long)(b / nbs));
+                return ggml_bitcos_fail(err, err_size,
+                        "invalid fp16 scale 0x%04x in block %llu of row %llu (valid: finite, "
+                        ">= +0.0; FORMAT.md 3.1)", (unsigned) d, (unsigned long long)(b % nbs),
+                        (unsigned long long)(b / nbs));
             }
         }
     }
@@ -276,28 +288,31 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
     for (uint64_t r = 0; r < n_rows; ++r) {
         const uint16_t delta = rd_u16(c + L.row_delta_offset + sizeof(uint16_t)*r);
         if ((r & gmask) == 0 && delta != 0) {
-            return fail(err, err_size, "row_delta[%llu] of a group's first row is %u, not 0",
-                        (unsigned long long) r, (unsigned) delta);
+            return ggml_bitcos_fail(err, err_size,
+                    "row_delta[%llu] of a group's first row is %u, not 0",
+                    (unsigned long long) r, (unsigned) delta);
         }
         const uint64_t pos = rd_u64(c + L.row_base_offset + sizeof(uint64_t)*(r >> h.row_group_log2)) + delta;
         if (pos != expect) {
-            return fail(err, err_size, "row index: sign_pos(%llu) = %llu, expected %llu from the bitmap",
-                        (unsigned long long) r, (unsigned long long) pos, (unsigned long long) expect);
+            return ggml_bitcos_fail(err, err_size,
+                    "row index: sign_pos(%llu) = %llu, expected %llu from the bitmap",
+                    (unsigned long long) r, (unsigned long long) pos, (unsigned long long) expect);
         }
         expect += popcount_row(wb + r * row_size, variant, k);
     }
     if (expect != h.n_sign_bits) {
-        return fail(err, err_size, "bitmap holds %llu non-zero weights but n_sign_bits = %llu",
-                    (unsigned long long) expect, (unsigned long long) h.n_sign_bits);
+        return ggml_bitcos_fail(err, err_size,
+                "bitmap holds %llu non-zero weights but n_sign_bits = %llu",
+                (unsigned long long) expect, (unsigned long long) h.n_sign_bits);
     }
     // every pool bit beyond S is zero (the tail decoders read past the last sign)
     const uint8_t * pool = c + L.pool_offset;
     if (h.n_sign_bits % 8 != 0 && (pool[h.n_sign_bits / 8] >> (h.n_sign_bits % 8)) != 0) {
-        return fail(err, err_size, "sign pool bits beyond n_sign_bits are not zero");
+        return ggml_bitcos_fail(err, err_size, "sign pool bits beyond n_sign_bits are not zero");
     }
     for (uint64_t i = (h.n_sign_bits + 7) / 8; i < L.pool_bytes; ++i) {
         if (pool[i] != 0) {
-            return fail(err, err_size, "sign pool tail byte %llu is not zero", (unsigned long long) i);
+            return ggml_bitcos_fail(err, err_size, "sign pool tail byte %llu is not zero", (unsigned long long) i);
         }
     }
     // G128 block scales (in the weight's blocks): finite, sign bit clear (FORMAT.md 3.1); fp16 is
@@ -308,9 +323,10 @@ bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
         for (uint64_t b = 0; b < n_rows * nb; ++b) {
             const uint16_t d = rd_u16(wb + b * bb + offsetof(block_bitcos_g128, d));
             if (!ggml_bitcos_scale_f16_valid(d)) {
-                return fail(err, err_size, "invalid fp16 scale 0x%04x in block %llu of row %llu (valid: finite, "
-                            ">= +0.0; FORMAT.md 3.1)", (unsigned) d, (unsigned long long)(b % nb),
-                            (unsigned long long)(b / nb));
+                return ggml_bitcos_fail(err, err_size,
+                        "invalid fp16 scale 0x%04x in block %llu of row %llu (valid: finite, "
+                        ">= +0.0; FORMAT.md 3.1)", (unsigned) d, (unsigned long long)(b % nb),
+                        (unsigned long long)(b / nb));
             }
         }
     }

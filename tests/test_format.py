@@ -128,6 +128,7 @@ def python_mirror(packed: bytes, values: dict[str, int], c: CHeader) -> dict[str
         "BITCOS_TYPE_ID_BITMAP": TYPE_ID_BITMAP,
         "QK_BITCOS": QK,
         "QK_BITCOS_BITMAP": QK_BITMAP,
+        "QK_BITCOS_B256": Variant.B256.scale_block,
         **{f"BITCOS_VARIANT_{v.name}": int(v) for v in Variant},
         "BITCOS_VARIANT_COUNT": len(Variant),
         "BITCOS_BITMAP_BYTES": BITMAP_BYTES,

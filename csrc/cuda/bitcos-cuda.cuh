@@ -98,7 +98,7 @@ __device__ __forceinline__ bitcos_cuda_layout bitcos_cuda_read_layout(const uint
     l.rows_per_mat = bitcos_cuda_u64(comp, BITCOS_HDR_N_ROWS) / (n_mats ? n_mats : 1);
     const uint64_t sb = (uint64_t) bitcos_variant_scale_block(l.variant);
     l.scales_per_row = sb ? l.k / sb : 0;
-    l.word_shift = sb == 2 * QK_BITCOS ? 3u : 2u;      // words per scale: 4 (128 weights), 8 (256)
+    l.word_shift = sb == QK_BITCOS_B256 ? 3u : 2u;      // words per scale: 4 (128 weights), 8 (256)
     return l;
 }
 
@@ -297,6 +297,31 @@ __device__ __forceinline__ void bitcos_cuda_decode_word(uint32_t word, uint32_t 
     }
 }
 
+// The integer dot product of a 32-weight word's codes (bitcos_cuda_decode_word: 8 dwords of 4 int8) with its 32
+// int8 activations (two uint4), one dp4a chain in weight order.
+__device__ __forceinline__ int bitcos_cuda_dot32(const uint32_t (&codes)[8], uint4 x0, uint4 x1) {
+    int dot = 0;
+    dot = bitcos_cuda_dp4a(codes[0], x0.x, dot);
+    dot = bitcos_cuda_dp4a(codes[1], x0.y, dot);
+    dot = bitcos_cuda_dp4a(codes[2], x0.z, dot);
+    dot = bitcos_cuda_dp4a(codes[3], x0.w, dot);
+    dot = bitcos_cuda_dp4a(codes[4], x1.x, dot);
+    dot = bitcos_cuda_dp4a(codes[5], x1.y, dot);
+    dot = bitcos_cuda_dp4a(codes[6], x1.z, dot);
+    dot = bitcos_cuda_dp4a(codes[7], x1.w, dot);
+    return dot;
+}
+
+// The fp16 scale of word w of a row of kind KIND (scales: the row's, bitcos_cuda_row_dot_kind's); 1 for the
+// row-scaled kind (its scale is applied once, at the end). A function, not a lambda in the row loop: nvcc
+// 13.0 compiled the lambda to 7 more instructions per step of the mat-vec's hot loop (dev/cuda_sass_count.py).
+template <int KIND>
+__device__ __forceinline__ float bitcos_cuda_kind_word_scale(const uint16_t * scales, uint32_t w, unsigned word_shift) {
+    return KIND == BITCOS_CUDA_WORDS32 ? 1.0f
+         : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
+         : __half2float(__ushort_as_half(scales[w >> word_shift]));
+}
+
 // Cooperative over a segment of LANES lanes (the whole warp, or an aligned half / quarter of it: the warp's
 // other segments run other rows in lockstep, every shuffle stays in its segment): out[c] (valid in every lane of
 // the segment) = row r of W times quantized column c, c < NC: q (int8) + c * q_stride, d (fp32 per 32) + c *
@@ -351,30 +376,12 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
             bitcos_cuda_decode_word<COPIES>(word0, s0, lut, copy_bits, codes0);
             bitcos_cuda_decode_word<COPIES>(word1, s1, lut, copy_bits, codes1);
             // both words share a scale block (4 or 8 words, aligned)
-            const float ws = KIND == BITCOS_CUDA_WORDS32 ? 1.0f
-                           : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
-                           : __half2float(__ushort_as_half(scales[w >> l.word_shift]));
+            const float ws = bitcos_cuda_kind_word_scale<KIND>(scales, w, l.word_shift);
             for (int c = 0; c < NC; ++c) {
                 const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + 32 * (int64_t) w);
                 const uint4 x0 = xq[0], x1 = xq[1], x2 = xq[2], x3 = xq[3];
                 const float2 dw = *reinterpret_cast<const float2 *>(d + c * d_stride + w);
-                int dot0 = 0, dot1 = 0;
-                dot0 = bitcos_cuda_dp4a(codes0[0], x0.x, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[1], x0.y, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[2], x0.z, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[3], x0.w, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[4], x1.x, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[5], x1.y, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[6], x1.z, dot0);
-                dot0 = bitcos_cuda_dp4a(codes0[7], x1.w, dot0);
-                dot1 = bitcos_cuda_dp4a(codes1[0], x2.x, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[1], x2.y, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[2], x2.z, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[3], x2.w, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[4], x3.x, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[5], x3.y, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[6], x3.z, dot1);
-                dot1 = bitcos_cuda_dp4a(codes1[7], x3.w, dot1);
+                const int dot0 = bitcos_cuda_dot32(codes0, x0, x1), dot1 = bitcos_cuda_dot32(codes1, x2, x3);
                 acc[c] += (float) dot0 * (ws * dw.x);
                 acc[c] += (float) dot1 * (ws * dw.y);
             }
@@ -402,21 +409,11 @@ __device__ __forceinline__ void bitcos_cuda_row_dot_kind(const bitcos_cuda_layou
             const uint32_t s0 = __funnelshift_r(pw[0], pw[1], pos);
             uint32_t codes[8];
             bitcos_cuda_decode_word<COPIES>(word, s0, lut, copy_bits, codes);
-            const float ws = KIND == BITCOS_CUDA_WORDS32 ? 1.0f
-                           : KIND == BITCOS_CUDA_G128 ? __half2float(__ushort_as_half(scales[(w / 4) * (sizeof(block_bitcos_g128) / 2)]))
-                           : __half2float(__ushort_as_half(scales[w >> l.word_shift]));
+            const float ws = bitcos_cuda_kind_word_scale<KIND>(scales, w, l.word_shift);
             for (int c = 0; c < NC; ++c) {
                 const uint4 * xq = reinterpret_cast<const uint4 *>(q + c * q_stride + 32 * (int64_t) w);
                 const uint4 x0 = xq[0], x1 = xq[1];
-                int dot = 0;
-                dot = bitcos_cuda_dp4a(codes[0], x0.x, dot);
-                dot = bitcos_cuda_dp4a(codes[1], x0.y, dot);
-                dot = bitcos_cuda_dp4a(codes[2], x0.z, dot);
-                dot = bitcos_cuda_dp4a(codes[3], x0.w, dot);
-                dot = bitcos_cuda_dp4a(codes[4], x1.x, dot);
-                dot = bitcos_cuda_dp4a(codes[5], x1.y, dot);
-                dot = bitcos_cuda_dp4a(codes[6], x1.z, dot);
-                dot = bitcos_cuda_dp4a(codes[7], x1.w, dot);
+                const int dot = bitcos_cuda_dot32(codes, x0, x1);
                 acc[c] += (float) dot * (ws * d[c * d_stride + w]);
             }
         }
@@ -497,6 +494,24 @@ template <class F> __host__ __forceinline__ void bitcos_cuda_with_lanes(int lane
 #define BITCOS_CUDA_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[]
 #endif
 
+// The mat-vec kernels' rows: LANES lanes a row (the warp's segments take consecutive rows), grid-stride over
+// the block's warps, the companion's layout read once and its row kind fixed (bitcos_cuda_with_kind) before the
+// loop. f(kind, layout, r, ok) per row; ok is false for a segment past the last row, which still takes part in
+// the segment's shuffles (on row rows - 1) and must not write.
+template <int LANES, class F>
+__device__ __forceinline__ void bitcos_cuda_gemv_rows(const uint8_t * comp, int64_t rows, F && f) {
+    constexpr int RPW = BITCOS_CUDA_WARP / LANES;     // rows per warp
+    const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
+    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
+    bitcos_cuda_with_kind(l, [&](auto kind) {
+        for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
+             g += (int64_t) gridDim.x * blockDim.y * RPW) {
+            const int64_t r = g + seg;
+            f(kind, l, r, r < rows);
+        }
+    });
+}
+
 // Mat-vec / small batch on quantized activations: NC columns (q + c * k_pad int8, d + c * (k_pad / 32) scales),
 // dst[c * dst_col_stride + r] for r < rows (global row row0 + r), LANES lanes per row (the glue: BITCOS_CUDA_GEMV_LANES).
 // Block (32, warps) with bitcos_cuda_gemv_lut<COPIES>::BYTES of dynamic shared memory; any grid.x: warp y of
@@ -509,22 +524,14 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_kernel(
         const uint8_t * __restrict__ blocks, const uint8_t * __restrict__ comp, const int8_t * __restrict__ q,
         const float * __restrict__ d, float * __restrict__ dst, int64_t row0, int64_t rows, int64_t k_pad,
         int64_t dst_col_stride) {
-    constexpr int RPW = BITCOS_CUDA_WARP / LANES;     // rows per warp
     BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
     bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
-    const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
-    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
-    bitcos_cuda_with_kind(l, [&](auto kind) {
-        for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
-             g += (int64_t) gridDim.x * blockDim.y * RPW) {
-            const int64_t r = g + seg;
-            const bool ok = r < rows;
-            float out[NC];
-            bitcos_cuda_row_dot_kind<NC, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
-                (uint64_t) (row0 + (ok ? r : rows - 1)), q, k_pad, d, k_pad / 32, bitcos_cuda_smem, out);
-            if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
-                for (int c = 0; c < NC; ++c) dst[c * dst_col_stride + r] = out[c];
-            }
+    bitcos_cuda_gemv_rows<LANES>(comp, rows, [&](auto kind, const bitcos_cuda_layout & l, int64_t r, bool ok) {
+        float out[NC];
+        bitcos_cuda_row_dot_kind<NC, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
+            (uint64_t) (row0 + (ok ? r : rows - 1)), q, k_pad, d, k_pad / 32, bitcos_cuda_smem, out);
+        if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
+            for (int c = 0; c < NC; ++c) dst[c * dst_col_stride + r] = out[c];
         }
     });
 }
@@ -539,7 +546,6 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_id_kernel(
         const float * __restrict__ d, const int32_t * __restrict__ ids, float * __restrict__ dst, int64_t rows,
         int64_t n_experts, int64_t n_used, int64_t ids_stride, int64_t ne11, int64_t k_pad,
         int64_t dst_slot_stride, int64_t dst_tok_stride) {
-    constexpr int RPW = BITCOS_CUDA_WARP / LANES;
     const int64_t u = (int64_t) blockIdx.y % n_used, t = (int64_t) blockIdx.y / n_used;
     const int32_t e = ids[t * ids_stride + u];
     if (e < 0 || e >= n_experts) {
@@ -548,20 +554,13 @@ static __global__ void __launch_bounds__(512) bitcos_cuda_mul_mat_vec_id_kernel(
     BITCOS_CUDA_EXTERN_SHARED(uint8_t, bitcos_cuda_smem);
     bitcos_cuda_gemv_lut_fill<COPIES>(bitcos_cuda_smem);
     const int64_t col = t * ne11 + u % ne11;
-    const int seg = (int) (threadIdx.x & (BITCOS_CUDA_WARP - 1)) / LANES;
-    const bitcos_cuda_layout l = bitcos_cuda_read_layout(comp);
-    bitcos_cuda_with_kind(l, [&](auto kind) {
-        for (int64_t g = ((int64_t) blockIdx.x * blockDim.y + threadIdx.y) * RPW; g < rows;
-             g += (int64_t) gridDim.x * blockDim.y * RPW) {
-            const int64_t r = g + seg;
-            const bool ok = r < rows;
-            float out[1];
-            bitcos_cuda_row_dot_kind<1, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
-                (uint64_t) (e * rows + (ok ? r : rows - 1)), q + col * k_pad, 0, d + col * (k_pad / 32), 0,
-                bitcos_cuda_smem, out);
-            if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
-                dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
-            }
+    bitcos_cuda_gemv_rows<LANES>(comp, rows, [&](auto kind, const bitcos_cuda_layout & l, int64_t r, bool ok) {
+        float out[1];
+        bitcos_cuda_row_dot_kind<1, COPIES, decltype(kind)::value, LANES>(l, blocks, comp,
+            (uint64_t) (e * rows + (ok ? r : rows - 1)), q + col * k_pad, 0, d + col * (k_pad / 32), 0,
+            bitcos_cuda_smem, out);
+        if ((threadIdx.x & (LANES - 1)) == 0 && ok) {
+            dst[t * dst_tok_stride + u * dst_slot_stride + r] = out[0];
         }
     });
 }

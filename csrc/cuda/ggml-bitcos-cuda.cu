@@ -10,6 +10,7 @@
 // columns per launch).
 #include "ggml-bitcos-cuda.cuh"
 
+#include "../ggml-bitcos-gpu.h"
 #include "bitcos-cuda.cuh"
 #include "ggml-bitcos.h"
 
@@ -47,13 +48,6 @@ static bool mmq_available() {
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
     check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
     return major * 10 + minor >= 72;
-}
-
-// The BITCOS weight a (view of a) tensor reads: its base tensor, and the base row of the view's first row.
-static const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
-    int64_t step[3];
-    GGML_ASSERT(ggml_bitcos_row_map(w, row0, step));
-    return w->view_src ? w->view_src : w;
 }
 
 // The mat-vec's launch shape on the current device: the table copies its blocks can hold (32: 64 KiB of
@@ -165,18 +159,10 @@ bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op) {
 
 void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
                               void * tmp, size_t tmp_bytes) {
-    int64_t view_row0 = 0;
-    const ggml_tensor * base = bitcos_base(src0, &view_row0);
-    const uint8_t * w = static_cast<const uint8_t *>(base->data);
-    const uint8_t * c = static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data);
-    const float   * x = static_cast<const float *>(src1->data);
-    float         * d = static_cast<float *>(dst->data);
-
-    const int64_t rows = src0->ne[1], ne02 = src0->ne[2], ne03 = src0->ne[3];
-    const int64_t ne11 = src1->ne[1], ne12 = src1->ne[2], ne13 = src1->ne[3];
-    const int64_t s11 = src1->nb[1] / sizeof(float), s12 = src1->nb[2] / sizeof(float), s13 = src1->nb[3] / sizeof(float);
-    const int64_t d1 = dst->nb[1] / sizeof(float), d2 = dst->nb[2] / sizeof(float), d3 = dst->nb[3] / sizeof(float);
-    const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;                 // broadcast of the weight's matrices
+    const ggml_bitcos_gpu_mul_mat m = ggml_bitcos_gpu_mul_mat_of(src0, src1, dst);
+    const uint8_t * w = m.weight.w;
+    const uint8_t * c = m.weight.c;
+    const int64_t rows = m.rows, ne11 = m.ne11, d1 = m.d1;
 
     // activations quantized per 32 into the hook's temporary (one batch at a time, reused; the stream orders
     // the reuse), then the batched tensor-core kernel (more than 8 columns) or the mat-vec
@@ -188,11 +174,11 @@ void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, con
     int8_t * xq = reinterpret_cast<int8_t *>(xd + ne11 * nqb);      // 16-byte aligned: nqb % 4 == 0
     const dim3 mgrid((unsigned) ((rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
                      (unsigned) ((ne11 + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN));
-    for (int64_t i13 = 0; i13 < ne13; ++i13) {
-        for (int64_t i12 = 0; i12 < ne12; ++i12) {
-            const int64_t row0 = view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows;     // global first row
-            float * dd = d + i13 * d3 + i12 * d2;
-            quantize_columns(stream, x + i13 * s13 + i12 * s12, xq, xd, k, ne11, s11, ne11, 0);
+    for (int64_t i13 = 0; i13 < m.ne13; ++i13) {
+        for (int64_t i12 = 0; i12 < m.ne12; ++i12) {
+            const int64_t row0 = m.batch_row0(i12, i13);     // global first row
+            float * dd = m.d + i13 * m.d3 + i12 * m.d2;
+            quantize_columns(stream, m.x + i13 * m.s13 + i12 * m.s12, xq, xd, k, ne11, m.s11, ne11, 0);
             if (batched) {
                 bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS, 0, stream>>>(w, c, xq, xd, dd, row0,
                     rows, ne11, k_pad, d1, bitcos_cuda_mmq_ids{});
@@ -215,11 +201,10 @@ void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst, void * 
     const ggml_tensor * src0 = dst->src[0];
     const ggml_tensor * src1 = dst->src[1];
     const ggml_tensor * ids  = dst->src[2];
-    int64_t view_row0 = 0;
-    const ggml_tensor * base = bitcos_base(src0, &view_row0);
-    GGML_ASSERT(view_row0 == 0);
-    const uint8_t * w = static_cast<const uint8_t *>(base->data);
-    const uint8_t * c = static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data);
+    const ggml_bitcos_gpu_weight weight = ggml_bitcos_gpu_weight_of(src0);
+    GGML_ASSERT(weight.row0 == 0);
+    const uint8_t * w = weight.w;
+    const uint8_t * c = weight.c;
 
     const int64_t rows = src0->ne[1], n_experts = src0->ne[2];
     const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];

@@ -13,6 +13,7 @@
 //    with fp32 activations and accumulation; work-groups of 16 rows, the paper's 16 lanes with 16 sign cursors.
 #include "ggml-bitcos-sycl.h"
 
+#include "../ggml-bitcos-gpu.h"
 #include "bitcos-sycl.hpp"
 #include "ggml-bitcos.h"
 
@@ -30,11 +31,23 @@ constexpr int ROWS_PER_TILE_GROUP = TILE_SUB_GROUPS * bitcos_sycl::TILE_N;
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-// The BITCOS weight a (view of a) tensor reads: its base tensor, and the base row of the view's first row.
-const ggml_tensor * bitcos_base(const ggml_tensor * w, int64_t * row0) {
-    int64_t step[3];
-    GGML_ASSERT(ggml_bitcos_row_map(w, row0, step));
-    return w->view_src ? w->view_src : w;
+// The fp32 kernel over (job, row): work-groups of ROWS_PER_GROUP rows of one job, each filling the code table
+// in local memory first (every work-item takes part, so the rows past `rows` return only after it);
+// f(g, r, table) for row r < rows of job g.
+template <typename F>
+void submit_rows(const queue_ptr & stream, int64_t rows, int64_t n_jobs, F f) {
+    const sycl::nd_range<2> range{{(size_t) n_jobs, round_up((size_t) rows, ROWS_PER_GROUP)}, {1, ROWS_PER_GROUP}};
+    stream->submit([&](sycl::handler & cgh) {
+        sycl::local_accessor<uint16_t, 1> lut(sycl::range<1>(bitcos_sycl::LUT_ENTRIES * bitcos_sycl::LUT_CODES), cgh);
+        cgh.parallel_for(range, [=](sycl::nd_item<2> it) {
+            const uint16_t * t = bitcos_sycl::lut_fill(lut.get_multi_ptr<sycl::access::decorated::no>().get(), it);
+            const int64_t r = (int64_t) it.get_global_id(1);
+            if (r >= rows) {
+                return;
+            }
+            f((int64_t) it.get_global_id(0), r, t);
+        });
+    });
 }
 
 #if BITCOS_SYCL_XMX
@@ -113,18 +126,10 @@ bool ggml_sycl_bitcos_supports_op(const ggml_tensor * op) {
 
 void ggml_sycl_bitcos_mul_mat(ggml_backend_sycl_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1,
                               ggml_tensor * dst) {
-    int64_t view_row0 = 0;
-    const ggml_tensor * base = bitcos_base(src0, &view_row0);
-    const uint8_t * w = static_cast<const uint8_t *>(base->data);
-    const uint8_t * c = static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data);
-    const float   * x = static_cast<const float *>(src1->data);
-    float         * d = static_cast<float *>(dst->data);
-
-    const int64_t rows = src0->ne[1], ne02 = src0->ne[2], ne03 = src0->ne[3];
-    const int64_t ne11 = src1->ne[1], ne12 = src1->ne[2], ne13 = src1->ne[3];
-    const int64_t s11 = src1->nb[1] / sizeof(float), s12 = src1->nb[2] / sizeof(float), s13 = src1->nb[3] / sizeof(float);
-    const int64_t d1 = dst->nb[1] / sizeof(float), d2 = dst->nb[2] / sizeof(float), d3 = dst->nb[3] / sizeof(float);
-    const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;                 // broadcast of the weight's matrices
+    const ggml_bitcos_gpu_mul_mat m = ggml_bitcos_gpu_mul_mat_of(src0, src1, dst);
+    const uint8_t * w = m.weight.w;
+    const uint8_t * c = m.weight.c;
+    const int64_t rows = m.rows, ne11 = m.ne11, ne12 = m.ne12, ne13 = m.ne13;
     const int64_t col_groups = (ne11 + bitcos_sycl::MAX_COLS - 1) / bitcos_sycl::MAX_COLS;
     queue_ptr stream = ctx.stream();
 
@@ -135,35 +140,24 @@ void ggml_sycl_bitcos_mul_mat(ggml_backend_sycl_context & ctx, const ggml_tensor
             const int64_t i12 = bat % ne12, i13 = bat / ne12;
             const int64_t c0  = cg * bitcos_sycl::MAX_COLS;
             const int     nc  = (int) std::min<int64_t>(bitcos_sycl::MAX_COLS, ne11 - c0);
-            return bitcos_sycl::tile_job{view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows,
-                                         x + i13 * s13 + i12 * s12 + c0 * s11, s11, nc,
-                                         d + i13 * d3 + i12 * d2 + c0 * d1, d1, false};
+            return bitcos_sycl::tile_job{m.batch_row0(i12, i13), m.x + i13 * m.s13 + i12 * m.s12 + c0 * m.s11, m.s11,
+                                         nc, m.d + i13 * m.d3 + i12 * m.d2 + c0 * m.d1, m.d1, false};
         });
         return;
     }
 #endif
-    const sycl::nd_range<2> range{{(size_t)(ne12 * ne13 * col_groups), round_up((size_t) rows, ROWS_PER_GROUP)},
-                                  {1, ROWS_PER_GROUP}};
-    stream->submit([&](sycl::handler & cgh) {
-        sycl::local_accessor<uint16_t, 1> lut(sycl::range<1>(bitcos_sycl::LUT_ENTRIES * bitcos_sycl::LUT_CODES), cgh);
-        cgh.parallel_for(range, [=](sycl::nd_item<2> it) {
-            const uint16_t * t = bitcos_sycl::lut_fill(lut.get_multi_ptr<sycl::access::decorated::no>().get(), it);
-            const int64_t r = (int64_t) it.get_global_id(1);
-            if (r >= rows) {
-                return;
-            }
-            const int64_t g   = (int64_t) it.get_global_id(0);
-            const int64_t cg  = g % col_groups, bat = g / col_groups;
-            const int64_t i12 = bat % ne12, i13 = bat / ne12;
-            const int64_t row = view_row0 + ((i13 / r3) * ne02 + i12 / r2) * rows + r;      // global row
-            const int64_t c0  = cg * bitcos_sycl::MAX_COLS;
-            const int     nc  = (int) std::min<int64_t>(bitcos_sycl::MAX_COLS, ne11 - c0);
-            float out[bitcos_sycl::MAX_COLS];
-            bitcos_sycl::rows_dot(w, c, (uint64_t) row, x + i13 * s13 + i12 * s12 + c0 * s11, (uint64_t) s11, nc, t, out);
-            for (int j = 0; j < nc; ++j) {
-                d[i13 * d3 + i12 * d2 + (c0 + j) * d1 + r] = out[j];
-            }
-        });
+    submit_rows(stream, rows, ne12 * ne13 * col_groups, [=](int64_t g, int64_t r, const uint16_t * t) {
+        const int64_t cg  = g % col_groups, bat = g / col_groups;
+        const int64_t i12 = bat % ne12, i13 = bat / ne12;
+        const int64_t row = m.batch_row0(i12, i13) + r;      // global row
+        const int64_t c0  = cg * bitcos_sycl::MAX_COLS;
+        const int     nc  = (int) std::min<int64_t>(bitcos_sycl::MAX_COLS, ne11 - c0);
+        float out[bitcos_sycl::MAX_COLS];
+        const float * xc = m.x + i13 * m.s13 + i12 * m.s12 + c0 * m.s11;
+        bitcos_sycl::rows_dot(w, c, (uint64_t) row, xc, (uint64_t) m.s11, nc, t, out);
+        for (int j = 0; j < nc; ++j) {
+            m.d[i13 * m.d3 + i12 * m.d2 + (c0 + j) * m.d1 + r] = out[j];
+        }
     });
 }
 
@@ -171,10 +165,10 @@ void ggml_sycl_bitcos_mul_mat_id(ggml_backend_sycl_context & ctx, ggml_tensor * 
     const ggml_tensor * src0 = dst->src[0];
     const ggml_tensor * src1 = dst->src[1];
     const ggml_tensor * ids  = dst->src[2];
-    int64_t view_row0 = 0;
-    const ggml_tensor * base = bitcos_base(src0, &view_row0);
-    const uint8_t * w = static_cast<const uint8_t *>(base->data);
-    const uint8_t * c = static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data);
+    const ggml_bitcos_gpu_weight weight = ggml_bitcos_gpu_weight_of(src0);
+    const uint8_t * w = weight.w;
+    const uint8_t * c = weight.c;
+    const int64_t view_row0 = weight.row0;
     const float   * x = static_cast<const float *>(src1->data);
     const char    * id = static_cast<const char *>(ids->data);
     float         * d = static_cast<float *>(dst->data);
@@ -200,25 +194,14 @@ void ggml_sycl_bitcos_mul_mat_id(ggml_backend_sycl_context & ctx, ggml_tensor * 
         return;
     }
 #endif
-    const sycl::nd_range<2> range{{(size_t)(n_tokens * n_used), round_up((size_t) rows, ROWS_PER_GROUP)},
-                                  {1, ROWS_PER_GROUP}};
-    stream->submit([&](sycl::handler & cgh) {
-        sycl::local_accessor<uint16_t, 1> lut(sycl::range<1>(bitcos_sycl::LUT_ENTRIES * bitcos_sycl::LUT_CODES), cgh);
-        cgh.parallel_for(range, [=](sycl::nd_item<2> it) {
-            const uint16_t * t = bitcos_sycl::lut_fill(lut.get_multi_ptr<sycl::access::decorated::no>().get(), it);
-            const int64_t r = (int64_t) it.get_global_id(1);
-            if (r >= rows) {
-                return;
-            }
-            const int64_t g = (int64_t) it.get_global_id(0);
-            const int64_t slot = g % n_used, tok = g / n_used;
-            const int32_t e = *reinterpret_cast<const int32_t *>(id + tok * ids_nb1 + slot * sizeof(int32_t));
-            if (e < 0 || e >= n_experts) {
-                return;    // ggml's CPU backend asserts on an out-of-range id; never read out of bounds here
-            }
-            const int64_t row = view_row0 + (int64_t) e * rows + r;
-            d[tok * d2 + slot * d1 + r] =
-                bitcos_sycl::row_dot(w, c, (uint64_t) row, x + tok * s12 + (slot % ne11) * s11, t);
-        });
+    submit_rows(stream, rows, n_tokens * n_used, [=](int64_t g, int64_t r, const uint16_t * t) {
+        const int64_t slot = g % n_used, tok = g / n_used;
+        const int32_t e = *reinterpret_cast<const int32_t *>(id + tok * ids_nb1 + slot * sizeof(int32_t));
+        if (e < 0 || e >= n_experts) {
+            return;    // ggml's CPU backend asserts on an out-of-range id; never read out of bounds here
+        }
+        const int64_t row = view_row0 + (int64_t) e * rows + r;
+        d[tok * d2 + slot * d1 + r] =
+            bitcos_sycl::row_dot(w, c, (uint64_t) row, x + tok * s12 + (slot % ne11) * s11, t);
     });
 }

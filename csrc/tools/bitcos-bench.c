@@ -70,12 +70,17 @@ static void fill_uniform(float * x, int64_t n, uint32_t * s) {
     }
 }
 
+// The companion "<name>.bitcos" of weight `name` in wctx; NULL for a weight without one.
+static struct ggml_tensor * find_companion(struct ggml_context * wctx, const char * name) {
+    char cname[GGML_MAX_NAME + sizeof(BITCOS_COMPANION_SUFFIX)];
+    snprintf(cname, sizeof(cname), "%s" BITCOS_COMPANION_SUFFIX, name);
+    return ggml_get_tensor(wctx, cname);
+}
+
 // Links a BITCOS weight to its companion "<name>.bitcos" through src[0], as the patched loader does;
 // returns the bytes the matmul reads (weight plus companion, if any).
 static size_t link_companion(struct ggml_context * wctx, const char * name, struct ggml_tensor * w) {
-    char cname[GGML_MAX_NAME + sizeof(BITCOS_COMPANION_SUFFIX)];
-    snprintf(cname, sizeof(cname), "%s" BITCOS_COMPANION_SUFFIX, name);
-    struct ggml_tensor * comp = ggml_get_tensor(wctx, cname);
+    struct ggml_tensor * comp = find_companion(wctx, name);
     if (comp) {
         w->src[0] = comp;
         return ggml_nbytes(w) + ggml_nbytes(comp);
@@ -117,14 +122,16 @@ static void gguf_files_close(gguf_files * fs) {
     }
 }
 
-// One JSON line per timed weight; `where` is the run's "threads": N or "device": "NAME" field.
+// One JSON line per timed weight (median and minimum of its reps times t, which it sorts); `where` is the
+// run's "threads": N or "device": "NAME" field.
 static void print_gemv_record(int file, const char * tensor, const struct ggml_tensor * w, int64_t ncols,
-                              const char * where, int reps, size_t bytes, const double * t_sorted, double checksum) {
+                              const char * where, int reps, size_t bytes, double * t, double checksum) {
+    qsort(t, reps, sizeof(double), cmp_double);
     printf("{\"file\": %d, \"tensor\": \"%s\", \"type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64
            ", \"ncols\": %" PRId64 ", %s, \"reps\": %d, \"bytes\": %zu, \"median_us\": %.3f,"
            " \"min_us\": %.3f, \"checksum\": %.6g}\n",
            file, tensor, ggml_type_name(w->type), w->ne[0], w->ne[1], ncols, where, reps, bytes,
-           t_sorted[reps / 2], t_sorted[0], checksum);
+           t[reps / 2], t[0], checksum);
 }
 
 // One timed MUL_MAT per weight of a GGUF. All graphs are built first and the repetitions interleave the
@@ -212,7 +219,6 @@ static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncol
     }
     for (int i = 0; i < nc; ++i) {
         gemv_case * c = &cs[i];
-        qsort(c->t, reps, sizeof(double), cmp_double);
         const int64_t rows = c->w->ne[1];
         char where[32];
         snprintf(where, sizeof(where), "\"threads\": %d", n_threads);
@@ -458,9 +464,7 @@ static int bench_gemv_device(const char * fnames, const char * device, int reps,
             c->ctx = ggml_init(ip);
             struct ggml_tensor * w = ggml_dup_tensor(c->ctx, src);
             ggml_set_name(w, name);
-            char cname[GGML_MAX_NAME + sizeof(BITCOS_COMPANION_SUFFIX)];
-            snprintf(cname, sizeof(cname), "%s" BITCOS_COMPANION_SUFFIX, name);
-            const struct ggml_tensor * csrc = ggml_get_tensor(fs.ctx[fi], cname);
+            const struct ggml_tensor * csrc = find_companion(fs.ctx[fi], name);
             struct ggml_tensor * comp = csrc ? ggml_dup_tensor(c->ctx, csrc) : NULL;
             if (comp) {
                 w->src[0] = comp;   // the link the patched loader makes
@@ -502,7 +506,6 @@ static int bench_gemv_device(const char * fnames, const char * device, int reps,
         struct ggml_tensor * y = ggml_graph_node(c->gf, 0);
         float y0;
         ggml_backend_tensor_get(y, &y0, 0, sizeof(float));
-        qsort(c->t, reps, sizeof(double), cmp_double);
         char where[GGML_MAX_NAME + 16];
         snprintf(where, sizeof(where), "\"device\": \"%s\"", device);
         print_gemv_record(c->file, c->name, c->src, ncols, where, reps, c->bytes, c->t, (double) y0);

@@ -39,6 +39,7 @@
 // a signal / sanitizer report on a bad access.
 #define _GNU_SOURCE
 #include "bitcos-kernels.h"
+#include "bitcos-test.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -49,21 +50,6 @@
 #include <unistd.h>
 
 #define MAX_COLS 20
-
-// ---- deterministic PRNG (splitmix64 seeding, xorshift64*) ----
-static uint64_t g_rng;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
-    return g_rng * 2685821657736338717ull;
-}
-static uint64_t splitmix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-static uint64_t below(uint64_t n) { return n ? rnd() % n : 0; }
-static double unif(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); }
 
 // ---- guard-page buffers ----
 static size_t g_page;
@@ -85,7 +71,7 @@ static gbuf galloc(size_t n) {
     if (g_front) {
         // half of the buffers start 8..56 bytes after the guard: only 8-byte aligned, as the companion
         // sections of a GGUF with general.alignment 8 are under mmap
-        const size_t mis = (rnd() & 1) ? 8 * (size_t)(1 + below(7)) : 0;
+        const size_t mis = (rng_u64() & 1) ? 8 * (size_t)(1 + rng_below(7)) : 0;
         if (n + mis > data_pages * g_page) {
             munmap(b.map, b.map_len);
             b.map_len += g_page;
@@ -107,23 +93,23 @@ static void gfree(gbuf * b) {
 
 // ---- values ----
 static uint16_t rand_fp16_scale(void) {
-    switch (below(16)) {
+    switch (rng_below(16)) {
     case 0:  return 0;                                        // +0
-    case 1:  return (uint16_t)(1 + below(0x3ff));             // subnormal
+    case 1:  return (uint16_t)(1 + rng_below(0x3ff));             // subnormal
     case 2:  return 0x7bff;                                   // 65504, the largest valid scale
-    case 3:  return (uint16_t)(0x0400 + below(0x7800));       // any normal
-    default: return (uint16_t)(0x2000 + below(0x2000));       // 2^-7 .. 2: the usual range
+    case 3:  return (uint16_t)(0x0400 + rng_below(0x7800));       // any normal
+    default: return (uint16_t)(0x2000 + rng_below(0x2000));       // 2^-7 .. 2: the usual range
     }
 }
 
 static float rand_q8_d(void) {
     float d;
-    switch (below(12)) {
+    switch (rng_below(12)) {
     case 0:  d = 16384.0f; break;
     case 1:  d = 1e-8f; break;
-    default: d = (float)(unif() * 0.05 + 1e-4); break;
+    default: d = (float)(rng_unit() * 0.05 + 1e-4); break;
     }
-    return (rnd() & 1) ? -d : d;
+    return (rng_u64() & 1) ? -d : d;
 }
 
 typedef struct {
@@ -145,11 +131,11 @@ static void print_case(FILE * f, const case_desc * c) {
 }
 
 static float rand_f32_scale(void) {
-    switch (below(10)) {
+    switch (rng_below(10)) {
     case 0:  return 0.0f;
     case 1:  return 65504.0f;
     case 2:  return 1e-30f;                                   // far below fp16's range: fine for fp32 scales
-    default: return (float)(unif() * 4.0);
+    default: return (float)(rng_unit() * 4.0);
     }
 }
 
@@ -159,23 +145,23 @@ static uint64_t g_nan_cases = 0;
 
 // Runs one case; returns 0 when every kernel matched the generic one.
 static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_impls) {
-    g_rng = splitmix(seed * 0x100000001b3ull ^ splitmix(index + 1)) | 1;
+    rng_seed_case(seed, index);
     case_desc c = { .seed = seed, .index = index, .scale_stride = sizeof(uint16_t) };
-    c.variant = (int)below(BITCOS_VARIANT_COUNT);
+    c.variant = (int)rng_below(BITCOS_VARIANT_COUNT);
     const int64_t km = bitcos_variant_k_multiple(c.variant);
     const int64_t kmax = 6144 / km;                                  // rows up to 6144 weights
-    c.k = km * (below(4) == 0 ? 1 + (int64_t)below((uint64_t)kmax) : 1 + (int64_t)below((uint64_t)(kmax < 24 ? kmax : 24)));
-    c.rows = below(3) == 0 ? 1 + (int64_t)below(80) : 1 + (int64_t)below(12);
+    c.k = km * (rng_below(4) == 0 ? 1 + (int64_t)rng_below((uint64_t)kmax) : 1 + (int64_t)rng_below((uint64_t)(kmax < 24 ? kmax : 24)));
+    c.rows = rng_below(3) == 0 ? 1 + (int64_t)rng_below(80) : 1 + (int64_t)rng_below(12);
     static const double zs[] = { 0.0, 0.01, 0.3, 0.5, 0.95, 0.99, 1.0, -1.0 };
-    c.z = zs[below(8)];
+    c.z = zs[rng_below(8)];
     if (c.z < 0) {
-        c.z = unif();
+        c.z = rng_unit();
     }
     // the run: mid-tensor start half of the time, ending at the last row half of the time
-    c.r0 = (rnd() & 1) ? (int64_t)below((uint64_t)c.rows) : 0;
-    c.nr = (rnd() & 1) ? c.rows - c.r0 : 1 + (int64_t)below((uint64_t)(c.rows - c.r0));
+    c.r0 = (rng_u64() & 1) ? (int64_t)rng_below((uint64_t)c.rows) : 0;
+    c.nr = (rng_u64() & 1) ? c.rows - c.r0 : 1 + (int64_t)rng_below((uint64_t)(c.rows - c.r0));
     static const int64_t ncs[] = { 1, 1, 1, 2, 3, 4, 5, 8, 9, 16, 17, 20 };
-    c.nc = ncs[below(12)];
+    c.nc = ncs[rng_below(12)];
 
     const int g128 = c.variant == BITCOS_VARIANT_G128;
     const int64_t nu = (c.k + QK_BITCOS - 1) / QK_BITCOS;               // 128-weight units, the last maybe partial
@@ -184,24 +170,24 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
     const int64_t nby = (c.k + BITCOS_Q8K_BLOCK - 1) / BITCOS_Q8K_BLOCK;
     const int64_t sblock = bitcos_variant_scale_block(c.variant);       // weights per block scale (0: row scales)
     const int64_t nscale = sblock ? c.k / sblock : 0;                    // block scales per row
-    if (sblock && !g128 && below(4) == 0) {
-        c.scale_stride = below(2) ? 4 : 6;                               // not the format's layout: see the header
+    if (sblock && !g128 && rng_below(4) == 0) {
+        c.scale_stride = rng_below(2) ? 4 : 6;                               // not the format's layout: see the header
     }
 
     // codes of the whole tensor, with empty / full units and rows mixed in
     int8_t * codes = malloc((size_t)(c.rows * c.k));
     for (int64_t r = 0; r < c.rows; ++r) {
-        const int row_mode = (int)below(10);                 // 0: empty row, 1: full row, else per unit
+        const int row_mode = (int)rng_below(10);                 // 0: empty row, 1: full row, else per unit
         for (int64_t u = 0; u < nu; ++u) {
-            const int blk_mode = row_mode == 0 ? 0 : row_mode == 1 ? 1 : (int)below(12);
+            const int blk_mode = row_mode == 0 ? 0 : row_mode == 1 ? 1 : (int)rng_below(12);
             for (int64_t j = 0; j < QK_BITCOS && u * QK_BITCOS + j < c.k; ++j) {
                 int8_t t;
                 if (blk_mode == 0) {
                     t = 0;
                 } else if (blk_mode == 1) {
-                    t = (rnd() & 1) ? 1 : -1;
+                    t = (rng_u64() & 1) ? 1 : -1;
                 } else {
-                    t = unif() < c.z ? 0 : ((rnd() & 1) ? 1 : -1);
+                    t = rng_unit() < c.z ? 0 : ((rng_u64() & 1) ? 1 : -1);
                 }
                 codes[r * c.k + u * QK_BITCOS + j] = t;
             }
@@ -256,7 +242,7 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
         uint16_t prev_d = 0;
         for (int64_t g = 0; g < nscale; ++g) {
             // the second unit of a Q8_K block shares its scale half of the time (the contract's one-D path)
-            const uint16_t d = ((g & 1) && (rnd() & 1)) ? prev_d : rand_fp16_scale();
+            const uint16_t d = ((g & 1) && (rng_u64() & 1)) ? prev_d : rand_fp16_scale();
             prev_d = d;
             uint8_t * dp = g128 ? row + (size_t)g * unit_bytes + BITCOS_BITMAP_BYTES
                                 : bscale.p + (size_t)r * scale_row_bytes + (size_t)g * c.scale_stride;
@@ -268,9 +254,9 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
     // row scales: the matrix's repeated (PT, MATRIX), or one per row (ROW, a quarter of them the same)
     gbuf rscale = galloc(sblock ? 0 : sizeof(float) * (size_t)c.nr);
     if (!sblock) {
-        const float m = below(10) == 0 ? 0.0f : (float)(unif() * 4.0);
+        const float m = rng_below(10) == 0 ? 0.0f : (float)(rng_unit() * 4.0);
         for (int64_t r = 0; r < c.nr; ++r) {
-            const float v = c.variant == BITCOS_VARIANT_ROW ? (below(4) == 0 ? m : rand_f32_scale()) : m;
+            const float v = c.variant == BITCOS_VARIANT_ROW ? (rng_below(4) == 0 ? m : rand_f32_scale()) : m;
             memcpy(rscale.p + sizeof(float) * (size_t)r, &v, sizeof v);
         }
     }
@@ -283,16 +269,16 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
     for (int64_t col = 0; col < c.nc; ++col) {
         ybuf[col] = galloc(sizeof(bitcos_q8_K) * (size_t)nby);
         bitcos_q8_K * y = (bitcos_q8_K *)(void *)ybuf[col].p;
-        const int small = below(3) == 0;
+        const int small = rng_below(3) == 0;
         for (int64_t b = 0; b < nby; ++b) {
             y[b].d = rand_q8_d();
             for (int j = 0; j < BITCOS_Q8K_BLOCK; ++j) {
                 const int64_t kk = b * BITCOS_Q8K_BLOCK + j;
                 int8_t q = 0;
                 if (kk < c.k) {
-                    const int sel = (int)below(20);
-                    q = sel == 0 ? -128 : sel == 1 ? 127 : small ? (int8_t)((int)below(7) - 3)
-                                                                 : (int8_t)((int)below(255) - 127);
+                    const int sel = (int)rng_below(20);
+                    q = sel == 0 ? -128 : sel == 1 ? 127 : small ? (int8_t)((int)rng_below(7) - 3)
+                                                                 : (int8_t)((int)rng_below(255) - 127);
                 }
                 y[b].qs[j] = q;
             }

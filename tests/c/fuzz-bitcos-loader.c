@@ -28,6 +28,7 @@
 #include "llama.h"
 #include "ggml.h"
 #include "ggml-bitcos.h"
+#include "bitcos-test.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -52,20 +53,6 @@
 #ifdef FUZZ_ASAN
 #include <sanitizer/common_interface_defs.h>
 #endif
-
-// ---- PRNG ----
-static uint64_t g_rng = 1;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
-    return g_rng * 2685821657736338717ull;
-}
-static uint64_t splitmix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-static uint64_t below(uint64_t n) { return n ? rnd() % n : 0; }
 
 // ---- little-endian access ----
 static uint64_t get_le(const uint8_t * p, int n) {
@@ -307,7 +294,7 @@ static void log_cb(enum ggml_log_level level, const char * text, void * ud) {
 
 // ---- mutations ----
 static uint64_t interesting_u64(uint64_t orig) {
-    switch (below(20)) {
+    switch (rng_below(20)) {
     case 0:  return 0;
     case 1:  return 1;
     case 2:  return orig - 1;
@@ -322,11 +309,11 @@ static uint64_t interesting_u64(uint64_t orig) {
     case 11: return ~0ull - 63;
     case 12: return 0x7fffffffull;
     case 13: return 0xffffffffull;
-    case 14: return orig ^ (1ull << below(64));
+    case 14: return orig ^ (1ull << rng_below(64));
     case 15: return orig + 8;
     case 16: return orig - 8;
-    case 17: return (uint64_t)1 << (below(40));
-    default: return rnd() >> below(64);
+    case 17: return (uint64_t)1 << (rng_below(40));
+    default: return rng_u64() >> rng_below(64);
     }
 }
 
@@ -346,13 +333,13 @@ static uint32_t interesting_f32_bits(void) {
         0x3f800000u,  // 1
         0x7f7fffffu,  // FLT_MAX
     };
-    return v[below(sizeof v / sizeof v[0])];
+    return v[rng_below(sizeof v / sizeof v[0])];
 }
 
 static uint16_t interesting_f16_bits(void) {
     static const uint16_t v[] = { 0x7e00, 0x7c00, 0xfc00, 0x8000, 0xbc00, 0x7bff, 0x0001, 0x0000, 0x3c00, 0xfbff,
                                   0x7c01, 0xffff };
-    return v[below(sizeof v / sizeof v[0])];
+    return v[rng_below(sizeof v / sizeof v[0])];
 }
 
 static const seed_file * g_s;   // seed of the current case
@@ -360,12 +347,12 @@ static const seed_file * g_s;   // seed of the current case
 static const tensor_rec * pick_tensor(int want_companion) {
     // want_companion: 1 companion, 0 BITCOS weight, -1 any
     for (int tries = 0; tries < 64; ++tries) {
-        const tensor_rec * t = &g_s->t[below((uint64_t)g_s->n_t)];
+        const tensor_rec * t = &g_s->t[rng_below((uint64_t)g_s->n_t)];
         if (want_companion < 0) return t;
         if (want_companion == 1 && t->companion) return t;
         if (want_companion == 0 && ggml_bitcos_is_type((enum ggml_type) t->type)) return t;
     }
-    return &g_s->t[below((uint64_t)g_s->n_t)];
+    return &g_s->t[rng_below((uint64_t)g_s->n_t)];
 }
 
 static int in_buf(size_t pos, size_t n) {
@@ -378,16 +365,16 @@ static void mut_companion_header(void) {
         { 56, 8 }, { 64, 8 }, { 72, 8 }, { 80, 8 }, { 120, 8 },
     };
     const tensor_rec * t = pick_tensor(1);
-    const int i = (int)below(sizeof f / sizeof f[0]);
+    const int i = (int)rng_below(sizeof f / sizeof f[0]);
     const size_t p = t->data + (size_t)f[i].off;
     if (!in_buf(p, (size_t)f[i].size)) return;
     uint64_t v = get_le(g_buf + p, f[i].size);
-    if (below(4) == 0 && f[i].size == 8) {
-        v = get_le(g_buf + t->data + 8 * (1 + below(9)), 8);   // another field's value
+    if (rng_below(4) == 0 && f[i].size == 8) {
+        v = get_le(g_buf + t->data + 8 * (1 + rng_below(9)), 8);   // another field's value
     } else if (f[i].size == 8) {
         v = interesting_u64(v);
     } else {
-        v = below(2) ? (v ^ (1ull << below(8 * (uint64_t)f[i].size))) : (below(2) ? 0 : v + 1);
+        v = rng_below(2) ? (v ^ (1ull << rng_below(8 * (uint64_t)f[i].size))) : (rng_below(2) ? 0 : v + 1);
     }
     put_le(g_buf + p, f[i].size, v);
 }
@@ -395,15 +382,15 @@ static void mut_companion_header(void) {
 static void mut_row_index(void) {
     const tensor_rec * t = pick_tensor(1);
     if (!t->companion || t->c_rows == 0) return;
-    if (below(2)) {
+    if (rng_below(2)) {
         const uint64_t n = (t->c_rows + (1ull << t->c_g) - 1) >> t->c_g;
-        const size_t p = t->data + t->c_row_base + 8 * below(n);
+        const size_t p = t->data + t->c_row_base + 8 * rng_below(n);
         if (in_buf(p, 8)) put_le(g_buf + p, 8, interesting_u64(get_le(g_buf + p, 8)));
     } else {
-        const size_t p = t->data + t->c_row_delta + 2 * below(t->c_rows);
+        const size_t p = t->data + t->c_row_delta + 2 * rng_below(t->c_rows);
         if (!in_buf(p, 2)) return;
         const uint64_t v = get_le(g_buf + p, 2);
-        const uint64_t nv = below(3) == 0 ? 0xffff : below(2) ? v + 1 : v - 1;
+        const uint64_t nv = rng_below(3) == 0 ? 0xffff : rng_below(2) ? v + 1 : v - 1;
         put_le(g_buf + p, 2, nv);
     }
 }
@@ -412,10 +399,11 @@ static void mut_pool(void) {
     const tensor_rec * t = pick_tensor(1);
     if (!t->companion) return;
     uint64_t bit;
-    if (below(2) && t->c_sign_bits) {
-        bit = below(t->c_sign_bits);                              // a sign: still valid
+    if (rng_below(2) && t->c_sign_bits) {
+        bit = rng_below(t->c_sign_bits);                              // a sign: still valid
     } else {
-        bit = t->c_sign_bits + below(t->c_pool_bytes * 8 - t->c_sign_bits + (t->c_pool_bytes * 8 == t->c_sign_bits));
+        const uint64_t pool_bits = t->c_pool_bytes * 8;
+        bit = t->c_sign_bits + rng_below(pool_bits - t->c_sign_bits + (pool_bits == t->c_sign_bits));
     }
     const size_t p = t->data + t->c_pool + bit / 8;
     if (in_buf(p, 1)) g_buf[p] ^= (uint8_t)(1u << (bit & 7));
@@ -438,7 +426,7 @@ static void mut_scale(void) {
     if (t->type == GGML_TYPE_BITCOS_G128) {
         const uint64_t nblocks = t->size / BITCOS_BLOCK_BYTES_G128;
         if (nblocks == 0) return;
-        const size_t p = t->data + BITCOS_BLOCK_BYTES_G128 * below(nblocks) + BITCOS_BITMAP_BYTES;
+        const size_t p = t->data + BITCOS_BLOCK_BYTES_G128 * rng_below(nblocks) + BITCOS_BITMAP_BYTES;
         if (in_buf(p, 2)) put_le(g_buf + p, 2, interesting_f16_bits());
         return;
     }
@@ -449,7 +437,7 @@ static void mut_scale(void) {
     const int f16 = bitcos_variant_scale_block(c->c_variant) != 0;
     const uint64_t n = bytes / (f16 ? 2 : 4);
     if (n == 0) return;
-    const size_t p = c->data + c->c_scales + (f16 ? 2 : 4) * below(n);
+    const size_t p = c->data + c->c_scales + (f16 ? 2 : 4) * rng_below(n);
     if (f16) {
         if (in_buf(p, 2)) put_le(g_buf + p, 2, interesting_f16_bits());
     } else {
@@ -466,15 +454,15 @@ static void mut_bitmap(void) {
     const unsigned nbits = v2 ? QK_BITCOS_BITMAP : QK_BITCOS;
     const uint64_t nblocks = t->size / bb;
     if (nblocks == 0) return;
-    const uint64_t blk = below(nblocks);
+    const uint64_t blk = rng_below(nblocks);
     const size_t p = t->data + bb * blk;
     if (!in_buf(p, nbits / 8)) return;
-    const unsigned a = (unsigned)below(nbits);
-    if (below(2)) {
+    const unsigned a = (unsigned)rng_below(nbits);
+    if (rng_below(2)) {
         g_buf[p + a / 8] ^= (uint8_t)(1u << (a % 8));          // popcount changes: the row index breaks
     } else {
         // move a set bit to a clear position in the same block: popcount (and the index) unchanged, valid
-        const unsigned c = (unsigned)below(nbits);
+        const unsigned c = (unsigned)rng_below(nbits);
         const int sa = (g_buf[p + a / 8] >> (a % 8)) & 1, sc = (g_buf[p + c / 8] >> (c % 8)) & 1;
         if (sa != sc) {
             g_buf[p + a / 8] ^= (uint8_t)(1u << (a % 8));
@@ -496,33 +484,33 @@ static void mut_type(void) {
                                       GGML_TYPE_F16, GGML_TYPE_TQ2_0, GGML_TYPE_TQ1_0, GGML_TYPE_Q8_0, GGML_TYPE_I32,
                                       43, 100, 159, 163, 255, 0xffffffffu, 0x800000a0u };
     const tensor_rec * t = pick_tensor(-1);
-    if (below(4) == 0) {
+    if (rng_below(4) == 0) {
         // swap the types of two BITCOS weights / companions (a weight and its companion, two variants, ...)
-        const tensor_rec * a = pick_tensor(below(2)), * b = pick_tensor(below(2));
+        const tensor_rec * a = pick_tensor(rng_below(2)), * b = pick_tensor(rng_below(2));
         const uint32_t ta = (uint32_t)get_le(g_buf + a->type_off, 4), tb = (uint32_t)get_le(g_buf + b->type_off, 4);
         put_le(g_buf + a->type_off, 4, tb);
         put_le(g_buf + b->type_off, 4, ta);
         return;
     }
     if (is_bitcos_related(t)) {
-        put_le(g_buf + t->type_off, 4, types[below(sizeof types / sizeof types[0])]);
+        put_le(g_buf + t->type_off, 4, types[rng_below(sizeof types / sizeof types[0])]);
     } else {
         static const uint32_t bitcos_types[] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_BITCOS };
-        put_le(g_buf + t->type_off, 4, bitcos_types[below(3)]);
+        put_le(g_buf + t->type_off, 4, bitcos_types[rng_below(3)]);
     }
 }
 
 static void mut_shape(void) {
     const tensor_rec * t = pick_tensor(-1);
-    if (below(5) == 0) {
-        put_le(g_buf + t->ndims_off, 4, below(8) == 0 ? 0xffffffffu : below(6));   // the layout after it shifts
+    if (rng_below(5) == 0) {
+        put_le(g_buf + t->ndims_off, 4, rng_below(8) == 0 ? 0xffffffffu : rng_below(6));   // the layout after it shifts
         return;
     }
     if (t->ndims == 0) return;
-    const uint32_t d = (uint32_t)below(t->ndims);
+    const uint32_t d = (uint32_t)rng_below(t->ndims);
     const uint64_t v = get_le(g_buf + t->ne_off[d], 8);
     uint64_t nv;
-    switch (below(12)) {
+    switch (rng_below(12)) {
     case 0:  nv = 0; break;
     case 1:  nv = v + 128; break;
     case 2:  nv = v - 128; break;
@@ -539,10 +527,10 @@ static void mut_shape(void) {
 static void mut_offset(void) {
     const tensor_rec * t = pick_tensor(-1);
     uint64_t v = get_le(g_buf + t->offs_off, 8);
-    switch (below(6)) {
-    case 0:  v = g_s->t[below((uint64_t)g_s->n_t)].offs; break;     // another tensor's data
-    case 1:  v += 32 * (1 + below(4)); break;
-    case 2:  v -= 32 * (1 + below(4)); break;
+    switch (rng_below(6)) {
+    case 0:  v = g_s->t[rng_below((uint64_t)g_s->n_t)].offs; break;     // another tensor's data
+    case 1:  v += 32 * (1 + rng_below(4)); break;
+    case 2:  v -= 32 * (1 + rng_below(4)); break;
     case 3:  v = g_len - g_s->data_start; break;
     default: v = interesting_u64(v); break;
     }
@@ -550,11 +538,11 @@ static void mut_offset(void) {
 }
 
 static void mut_name(void) {
-    const tensor_rec * t = pick_tensor(below(2) ? 1 : -1);
+    const tensor_rec * t = pick_tensor(rng_below(2) ? 1 : -1);
     if (t->name_len == 0) return;
-    switch (below(4)) {
+    switch (rng_below(4)) {
     case 0:   // break the suffix or the weight part
-        g_buf[t->name_off + below(t->name_len)] ^= (uint8_t)(1u << below(7));
+        g_buf[t->name_off + rng_below(t->name_len)] ^= (uint8_t)(1u << rng_below(7));
         break;
     case 1: { // take another tensor's name of the same length (duplicate names / companion of another weight)
         const tensor_rec * u = pick_tensor(-1);
@@ -562,7 +550,7 @@ static void mut_name(void) {
         break;
     }
     case 2:   // a NUL inside the name
-        g_buf[t->name_off + below(t->name_len)] = 0;
+        g_buf[t->name_off + rng_below(t->name_len)] = 0;
         break;
     default:  // name length field
         put_le(g_buf + t->name_off - 8, 8, interesting_u64(t->name_len));
@@ -592,14 +580,14 @@ static void mut_kv(void) {
         if (kv_fuzzable(g_s->kv[i].key)) cand[n++] = &g_s->kv[i];
     }
     if (n == 0) return;
-    const kv_rec * r = cand[below((uint64_t)n)];
+    const kv_rec * r = cand[rng_below((uint64_t)n)];
     if (r->size == 0) {
         // string or array: corrupt its length
         put_le(g_buf + r->off, 8, interesting_u64(get_le(g_buf + r->off, 8)));
         return;
     }
     const uint64_t v = get_le(g_buf + r->off, r->size);
-    uint64_t nv = below(2) ? interesting_u64(v) : v + (below(2) ? 1 : (uint64_t)-1);
+    uint64_t nv = rng_below(2) ? interesting_u64(v) : v + (rng_below(2) ? 1 : (uint64_t)-1);
     if (strstr(r->key, "alignment") && nv != 0 && nv < 32 && (nv & (nv - 1)) == 0 && nv != v) {
         // a smaller power of two moves the data section off a 32-byte boundary, and upstream then aborts in
         // ggml_backend_cpu_buffer_from_ptr under mmap (found by this fuzzer; fuzz-regressions/upstream/)
@@ -609,38 +597,39 @@ static void mut_kv(void) {
 }
 
 static void mut_counts(void) {
-    const size_t p = 8 + 8 * below(2);
+    const size_t p = 8 + 8 * rng_below(2);
     put_le(g_buf + p, 8, interesting_u64(get_le(g_buf + p, 8)));
 }
 
 static void mut_truncate(void) {
     if (g_len == 0) return;
-    if (below(2)) {
+    if (rng_below(2)) {
         // inside a companion, near its end, or anywhere
         const tensor_rec * t = pick_tensor(1);
         const size_t end = t->data + t->size;
-        const size_t cut = below(2) ? end - 1 - below(t->size < 256 ? t->size : 256) : t->data + below(t->size + 1);
+        const size_t cut = rng_below(2) ? end - 1 - rng_below(t->size < 256 ? t->size : 256)
+                                        : t->data + rng_below(t->size + 1);
         if (cut < g_len) g_len = cut;
     } else {
-        g_len = below(g_len);
+        g_len = rng_below(g_len);
     }
 }
 
 static void mut_append(void) {
-    const size_t n = 1 + below(256);
+    const size_t n = 1 + rng_below(256);
     if (g_len + n > g_cap) return;
     for (size_t i = 0; i < n; ++i) {
-        g_buf[g_len + i] = (uint8_t)rnd();
+        g_buf[g_len + i] = (uint8_t)rng_u64();
     }
     g_len += n;
 }
 
 // Random bytes in the tensor infos and data (not in the KV section: see kv_fuzzable).
 static void mut_havoc(void) {
-    const int n = 1 + (int)below(8);
+    const int n = 1 + (int)rng_below(8);
     for (int i = 0; i < n && g_len > g_s->kv_end; ++i) {
-        const size_t p = g_s->kv_end + below(g_len - g_s->kv_end);
-        g_buf[p] = below(2) ? (uint8_t)rnd() : (uint8_t)(g_buf[p] ^ (1u << below(8)));
+        const size_t p = g_s->kv_end + rng_below(g_len - g_s->kv_end);
+        g_buf[p] = rng_below(2) ? (uint8_t)rng_u64() : (uint8_t)(g_buf[p] ^ (1u << rng_below(8)));
     }
 }
 
@@ -673,7 +662,7 @@ static const struct { mutator fn; int weight; const char * name; } k_mutators[] 
 #define N_MUTATORS (int)(sizeof k_mutators / sizeof k_mutators[0])
 
 static void make_case(const seed_file * seeds, int n_seeds) {
-    g_rng = splitmix(g_seed * 0x100000001b3ull ^ splitmix(g_index + 1)) | 1;
+    rng_seed_case(g_seed, g_index);
     g_s = &seeds[g_index % (uint64_t)n_seeds];
     memcpy(g_buf, g_s->bytes, g_s->len);
     g_len = g_s->len;
@@ -681,9 +670,9 @@ static void make_case(const seed_file * seeds, int n_seeds) {
     for (int i = 0; i < N_MUTATORS; ++i) {
         total += k_mutators[i].weight;
     }
-    const int n = below(2) ? 1 : 2 + (int)below(5);
+    const int n = rng_below(2) ? 1 : 2 + (int)rng_below(5);
     for (int m = 0; m < n; ++m) {
-        int r = (int)below((uint64_t)total);
+        int r = (int)rng_below((uint64_t)total);
         int i = 0;
         while (r >= k_mutators[i].weight) {
             r -= k_mutators[i].weight;
@@ -787,7 +776,7 @@ static int load_case(int decode, int mode_pick) {
             const int32_t nv = llama_vocab_n_tokens(llama_model_get_vocab(model));
             llama_token tok[3];
             for (int i = 0; i < 3; ++i) {
-                tok[i] = nv > 0 ? (llama_token)below((uint64_t)nv) : 0;
+                tok[i] = nv > 0 ? (llama_token)rng_below((uint64_t)nv) : 0;
             }
             if (nv > 0 && llama_decode(ctx, llama_batch_get_one(tok, 3)) == 0) {
                 ++g_decoded;
@@ -941,7 +930,7 @@ int main(int argc, char ** argv) {
         if (save) {
             save_case("case");
         }
-        const int mode_pick = (int)below(96);
+        const int mode_pick = (int)rng_below(96);
         const int decode = decode_every > 0 && (accepted_seen % (uint64_t)decode_every) == 0;
         alarm(timeout);
         if (load_case(decode, mode_pick)) {

@@ -9,6 +9,7 @@
 #include "ggml.h"
 #include "ggml-bitcos.h"
 #include "bitcos-kernels.h"
+#include "bitcos-test.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,29 +20,24 @@ const char * ggml_type_name(enum ggml_type type) {
     return type == GGML_TYPE_BITCOS_PT ? "bitcos_pt" : type == GGML_TYPE_BITCOS_G128 ? "bitcos_g128" : "bitcos";
 }
 
-static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
-    return g_rng * 2685821657736338717ull;
-}
-
 int main(void) {
+    rng_seed(0x2545f4914f6cdd1dull);
     const int iters = 6000;
     int accepted = 0, rejected = 0;
     for (int it = 0; it < iters; ++it) {
         const int variant = it % BITCOS_VARIANT_COUNT;
         const enum ggml_type type = (enum ggml_type) bitcos_variant_type_id(variant);
-        const int64_t k = bitcos_variant_k_multiple(variant) * (int64_t)(1 + rnd() % 9);
-        const int64_t n = 1 + (int64_t)(rnd() % 40), mats = 1 + (int64_t)(rnd() % 2);
+        const int64_t k = bitcos_variant_k_multiple(variant) * (int64_t)(1 + rng_u64() % 9);
+        const int64_t n = 1 + (int64_t)(rng_u64() % 40), mats = 1 + (int64_t)(rng_u64() % 2);
         const int64_t rows = n * mats;
         const int64_t sblk = bitcos_variant_scale_block(variant);
         const int64_t nbs = sblk ? rows * (k / sblk) : 0;
         int8_t * codes = malloc((size_t)(rows * k));
         uint16_t * d = malloc(sizeof(uint16_t) * (size_t)(nbs + 1));
         float * scales = malloc(sizeof(float) * (size_t) rows);   // PT / MATRIX use the first mats
-        const unsigned pz = (unsigned)(rnd() % 101);
+        const unsigned pz = (unsigned)(rng_u64() % 101);
         for (int64_t i = 0; i < rows * k; ++i) {
-            codes[i] = (rnd() % 100) < pz ? 0 : ((rnd() & 1) ? 1 : -1);
+            codes[i] = (rng_u64() % 100) < pz ? 0 : ((rng_u64() & 1) ? 1 : -1);
         }
         for (int64_t i = 0; i < nbs; ++i) {
             d[i] = 0x2c00;  // 1/16
@@ -69,14 +65,14 @@ int main(void) {
         }
         // mutate: header bytes, index bytes, any byte, bitmap bytes, or the declared size
         size_t csize = cb;
-        const int n_mut = 1 + (int)(rnd() % 4);
+        const int n_mut = 1 + (int)(rng_u64() % 4);
         for (int m = 0; m < n_mut; ++m) {
-            switch (rnd() % 5) {
-                case 0: cd[rnd() % BITCOS_HEADER_BYTES] ^= (uint8_t)(1u << (rnd() % 8)); break;
-                case 1: cd[BITCOS_HEADER_BYTES + rnd() % (cb - BITCOS_HEADER_BYTES)] ^= (uint8_t)(1u << (rnd() % 8)); break;
-                case 2: cd[rnd() % cb] = (uint8_t) rnd(); break;
-                case 3: wb[rnd() % wb_size] ^= (uint8_t)(1u << (rnd() % 8)); break;
-                case 4: csize = (size_t)(rnd() % (cb + 1)); break;
+            switch (rng_u64() % 5) {
+                case 0: cd[rng_u64() % BITCOS_HEADER_BYTES] ^= (uint8_t)(1u << (rng_u64() % 8)); break;
+                case 1: cd[BITCOS_HEADER_BYTES + rng_u64() % (cb - BITCOS_HEADER_BYTES)] ^= (uint8_t)(1u << (rng_u64() % 8)); break;
+                case 2: cd[rng_u64() % cb] = (uint8_t) rng_u64(); break;
+                case 3: wb[rng_u64() % wb_size] ^= (uint8_t)(1u << (rng_u64() % 8)); break;
+                case 4: csize = (size_t)(rng_u64() % (cb + 1)); break;
             }
         }
         // the buffer handed to the validator is exactly csize bytes (ASan sees reads beyond it)

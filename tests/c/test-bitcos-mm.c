@@ -262,6 +262,18 @@ static void fill_random(struct ggml_tensor * t) {
 
 // MUL_MAT: weight [k, n, mats], src1 [k, batch, mats*bcast] (broadcast over dim 2), optional view of rows.
 // With TQ2_0-comparable data the same graph also runs on a TQ2_0 copy of the weight (reference (3)).
+// out (the BITCOS product) and outq (its TQ2_0 twin; NULL where there is none) computed in one graph.
+static void compute(struct ggml_context * ctx, struct ggml_tensor * out, struct ggml_tensor * outq, int n_threads,
+                    const char * what) {
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    if (outq) {
+        ggml_build_forward_expand(gf, outq);
+    }
+    const enum ggml_status st = ggml_graph_compute_with_ctx(ctx, gf, n_threads);
+    CHECK(st == GGML_STATUS_SUCCESS, "%s: compute status %d", what, (int) st);
+}
+
 static void test_mul_mat(int variant, int64_t k, int64_t n, int64_t mats, int64_t bcast, int64_t batch,
                          double z, int n_threads, int64_t view_row0) {
     char what[200];
@@ -285,13 +297,7 @@ static void test_mul_mat(int variant, int64_t k, int64_t n, int64_t mats, int64_
     fill_random(x);
     struct ggml_tensor * out = ggml_mul_mat(ctx, wt, x);
     struct ggml_tensor * outq = wq ? ggml_mul_mat(ctx, wq, x) : NULL;
-    struct ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, out);
-    if (outq) {
-        ggml_build_forward_expand(gf, outq);
-    }
-    const enum ggml_status st = ggml_graph_compute_with_ctx(ctx, gf, n_threads);
-    CHECK(st == GGML_STATUS_SUCCESS, "%s: compute status %d", what, (int) st);
+    compute(ctx, out, outq, n_threads, what);
 
     q8k_block * y = malloc(sizeof(q8k_block) * (size_t)((k + 255) / 256));
     for (int64_t i2 = 0; i2 < mats * bcast; ++i2) {
@@ -344,13 +350,7 @@ static void test_mul_mat_id(int variant, int64_t k, int64_t n, int64_t n_exp, in
     }
     struct ggml_tensor * out = ggml_mul_mat_id(ctx, wt, x, ids);
     struct ggml_tensor * outq = wq ? ggml_mul_mat_id(ctx, wq, x, ids) : NULL;
-    struct ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, out);
-    if (outq) {
-        ggml_build_forward_expand(gf, outq);
-    }
-    const enum ggml_status st = ggml_graph_compute_with_ctx(ctx, gf, n_threads);
-    CHECK(st == GGML_STATUS_SUCCESS, "%s: compute status %d", what, (int) st);
+    compute(ctx, out, outq, n_threads, what);
 
     q8k_block * y = malloc(sizeof(q8k_block) * (size_t)((k + 255) / 256));
     for (int64_t t = 0; t < n_tok; ++t) {

@@ -89,6 +89,24 @@ static int bitcos_h_setup(bitcos_h_call * call, int64_t k, const uint8_t * bits,
     return 0;
 }
 
+// The table entry `impl` (-1 when it is not available here) and the call its arguments describe, in this
+// thread's call record (-2 when they are no valid descriptor): the common start of the timing and coverage
+// entry points.
+static int bitcos_h_prepare(int impl, const bitcos_kernel ** kernel, const bitcos_h_call ** call, int64_t k,
+                            const uint8_t * bits, size_t unit_bytes, size_t row_bytes, const uint8_t * pool,
+                            const uint64_t * sign_pos, const float * row_scale, const uint8_t * block_scale,
+                            size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
+                            const bitcos_q8_K * y, int64_t nc, float * dst, int64_t nr) {
+    static _Thread_local bitcos_h_call record;
+    *kernel = bitcos_h_kernel(impl);
+    *call   = &record;
+    if (*kernel == NULL) {
+        return -1;
+    }
+    return bitcos_h_setup(&record, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale,
+                          scale_stride, scale_row_bytes, block_scale_shift, y, nc, dst, nr);
+}
+
 static inline uint64_t bitcos_h_tsc(void) {
 #if defined(__x86_64__) || defined(__i386__)
     uint32_t lo, hi;
@@ -106,20 +124,17 @@ int bitcos_h_time(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, 
                   const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
                   const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
                   int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst, int reps, uint64_t * ticks) {
-    const bitcos_kernel * kernel = bitcos_h_kernel(impl);
-    if (kernel == NULL) {
-        return -1;
-    }
-    static _Thread_local bitcos_h_call call;
-    const int rc = bitcos_h_setup(&call, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale,
-                                  scale_stride, scale_row_bytes, block_scale_shift, y, nc, dst, nr);
+    const bitcos_kernel * kernel;
+    const bitcos_h_call * call;
+    const int rc = bitcos_h_prepare(impl, &kernel, &call, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale,
+                                    block_scale, scale_stride, scale_row_bytes, block_scale_shift, y, nc, dst, nr);
     if (rc != 0) {
         return rc;
     }
-    bitcos_kernel_mm(kernel, &call.rows, nr, call.ycols, nc, call.dcols, NULL);
+    bitcos_kernel_mm(kernel, &call->rows, nr, call->ycols, nc, call->dcols, NULL);
     for (int i = 0; i < reps; ++i) {
         const uint64_t t0 = bitcos_h_tsc();
-        bitcos_kernel_mm(kernel, &call.rows, nr, call.ycols, nc, call.dcols, NULL);
+        bitcos_kernel_mm(kernel, &call->rows, nr, call->ycols, nc, call->dcols, NULL);
         ticks[i] = bitcos_h_tsc() - t0;
     }
     return 0;
@@ -131,17 +146,11 @@ int bitcos_h_covers(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes
                     const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
                     const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
                     int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst) {
-    const bitcos_kernel * kernel = bitcos_h_kernel(impl);
-    if (kernel == NULL) {
-        return -1;
-    }
-    static _Thread_local bitcos_h_call call;
-    const int rc = bitcos_h_setup(&call, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale,
-                                  scale_stride, scale_row_bytes, block_scale_shift, y, nc, dst, nr);
-    if (rc != 0) {
-        return rc;
-    }
-    return kernel->covers == NULL || kernel->covers(&call.rows);
+    const bitcos_kernel * kernel;
+    const bitcos_h_call * call;
+    const int rc = bitcos_h_prepare(impl, &kernel, &call, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale,
+                                    block_scale, scale_stride, scale_row_bytes, block_scale_shift, y, nc, dst, nr);
+    return rc != 0 ? rc : kernel->covers == NULL || kernel->covers(&call->rows);
 }
 
 // One kernel call (bitcos_h_time with no timed repetition). Returns 0, -1 when impl is not available

@@ -7,19 +7,6 @@
 
 _Static_assert(BITCOS_BITMAP_BYTES == 2 * sizeof(uint64_t), "a block's bitmap is two u64 presence words");
 
-// Reads the 64 sign bits starting at pool bit `pos` (little-endian, LSB first). The pool carries >= 64
-// zero bytes of tail (FORMAT.md §4.4), so the 9-byte window below never leaves the tensor.
-static inline uint64_t bitcos_sign_window(const uint8_t * pool, uint64_t pos) {
-    uint64_t lo, hi;
-    memcpy(&lo, pool + (pos >> 3), 8);
-    const unsigned sh = (unsigned)(pos & 7);
-    if (sh == 0) {
-        return lo;
-    }
-    hi = pool[(pos >> 3) + 8];
-    return (lo >> sh) | (hi << (64 - sh));
-}
-
 static inline uint64_t bitcos_load_u64(const uint8_t * p) {
     uint64_t v;
     memcpy(&v, p, 8);
@@ -42,15 +29,6 @@ static inline void bitcos_decode_block(const uint8_t * bits, const uint8_t * poo
         }
         *cursor += (uint64_t)__builtin_popcountll(present);
     }
-}
-
-static inline float bitcos_fma(float a, float b, float c) {
-#if BITCOS_FMA
-    return fmaf(a, b, c);
-#else
-    const float p = a * b;
-    return p + c;
-#endif
 }
 
 void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
@@ -94,14 +72,14 @@ void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
                 if (w->row_scale != NULL || e[0] == e[1]) {
                     const float D = yb->d * (w->row_scale != NULL ? w->row_scale[i] : bitcos_fp16_to_fp32(e[0]));
                     for (int l = 0; l < 8; ++l) {
-                        acc[l] = bitcos_fma((float)(L[0][l] + L[1][l]), D, acc[l]);
+                        acc[l] = bitcos_contract_fma((float)(L[0][l] + L[1][l]), D, acc[l]);
                     }
                 } else {
                     const float D0 = yb->d * bitcos_fp16_to_fp32(e[0]);
                     const float D1 = yb->d * bitcos_fp16_to_fp32(e[1]);
                     for (int l = 0; l < 8; ++l) {
-                        acc[l] = bitcos_fma((float)L[0][l], D0, acc[l]);
-                        acc[l] = bitcos_fma((float)L[1][l], D1, acc[l]);
+                        acc[l] = bitcos_contract_fma((float)L[0][l], D0, acc[l]);
+                        acc[l] = bitcos_contract_fma((float)L[1][l], D1, acc[l]);
                     }
                 }
             }

@@ -47,21 +47,13 @@ static const int8_t bitcos_portable_codes[256][4] = {
 // Present weights of a nibble.
 static const uint8_t bitcos_portable_popcount4[16] = { 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4 };
 
-// The 64 sign bits from pool bit `pos` (the pool has >= 64 zero bytes of tail: FORMAT.md §4.4).
-static inline uint64_t bitcos_portable_window(const uint8_t * pool, uint64_t pos) {
-    uint64_t lo;
-    memcpy(&lo, pool + (pos >> 3), 8);
-    const unsigned sh = (unsigned) (pos & 7);
-    return sh ? (lo >> sh) | ((uint64_t) pool[(pos >> 3) + 8] << (64 - sh)) : lo;
-}
-
 // The 128 codes of one unit (bitmap `bits`, 16 bytes) into t[0..127]; advances the row's sign cursor.
 static inline void bitcos_portable_decode(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor,
                                           int8_t * t) {
     for (int h = 0; h < 2; ++h) {
         uint64_t present;
         memcpy(&present, bits + 8 * h, 8);
-        uint64_t signs = bitcos_portable_window(pool, *cursor);
+        uint64_t signs = bitcos_sign_window(pool, *cursor);
         unsigned used  = 0;
         for (int m = 0; m < 16; ++m) {
             const unsigned p = (unsigned) (present >> (4 * m)) & 15u;
@@ -84,15 +76,6 @@ static inline void bitcos_portable_dot(const int8_t * t, const int8_t * q, int32
     for (int l = 0; l < 8; ++l) {
         L[l] += (p[4 * l] + p[4 * l + 1]) + (p[4 * l + 2] + p[4 * l + 3]);
     }
-}
-
-static inline float bitcos_portable_fma(float a, float b, float c) {
-#if BITCOS_FMA
-    return fmaf(a, b, c);
-#else
-    const float p = a * b;
-    return p + c;
-#endif
 }
 
 // The activation part of a half's lane sums for column block yb: corr[l] = (sum of q over lane l's positions)
@@ -171,14 +154,14 @@ static void bitcos_portable_rows(const bitcos_rows * w, int64_t i0, int ng, cons
                 if (w->row_scale != NULL || e[r][0] == e[r][1]) {
                     const float D = yb->d * (w->row_scale != NULL ? w->row_scale[i0 + r] : bitcos_fp16_to_fp32(e[r][0]));
                     for (int l = 0; l < 8; ++l) {
-                        a[l] = bitcos_portable_fma((float) (L[0][l] + L[1][l]), D, a[l]);
+                        a[l] = bitcos_contract_fma((float) (L[0][l] + L[1][l]), D, a[l]);
                     }
                 } else {
                     const float D0 = yb->d * bitcos_fp16_to_fp32(e[r][0]);
                     const float D1 = yb->d * bitcos_fp16_to_fp32(e[r][1]);
                     for (int l = 0; l < 8; ++l) {
-                        a[l] = bitcos_portable_fma((float) L[0][l], D0, a[l]);
-                        a[l] = bitcos_portable_fma((float) L[1][l], D1, a[l]);
+                        a[l] = bitcos_contract_fma((float) L[0][l], D0, a[l]);
+                        a[l] = bitcos_contract_fma((float) L[1][l], D1, a[l]);
                     }
                 }
             }

@@ -47,8 +47,10 @@
 
 #include "bitcos-format.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -160,6 +162,25 @@ int  bitcos_covers_avx2(const bitcos_rows * w);
 void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
                       const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
 int  bitcos_covers_avx512(const bitcos_rows * w);
+
+// The contract's FMA(a, b, c) in the form BITCOS_FMA selects (the plain C kernels; SIMD kernels use intrinsics).
+static inline float bitcos_contract_fma(float a, float b, float c) {
+#if BITCOS_FMA
+    return fmaf(a, b, c);
+#else
+    const float p = a * b;
+    return p + c;
+#endif
+}
+
+// The 64 sign bits from pool bit `pos`, the first in bit 0. The pool carries >= 64 zero bytes of tail
+// (FORMAT.md §4.4), so the 9-byte window never leaves the tensor.
+static inline uint64_t bitcos_sign_window(const uint8_t * pool, uint64_t pos) {
+    uint64_t lo;
+    memcpy(&lo, pool + (pos >> 3), 8);
+    const unsigned sh = (unsigned)(pos & 7);
+    return sh ? (lo >> sh) | ((uint64_t)pool[(pos >> 3) + 8] << (64 - sh)) : lo;
+}
 
 // IEEE binary16 -> binary32, exact (no ggml dependency).
 static inline float bitcos_fp16_to_fp32(uint16_t h) {

@@ -173,7 +173,7 @@ def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_batched(c: dict, mm: np.ndarray) -> None:
-    """The batched path: (1) the error bound of bitcos-cuda.cuh's comment against the exact fp64 product,
+    """The batched path: (1) the error bound of bitcos-cuda-mmq.cuh's comment against the exact fp64 product,
     |err| <= M (1/254 (1 + 2^-12) + (K/32 + 4) 2^-23), M = sum over 32-blocks b of (sum_b |W|) * amax_b(x)
     (int8 rounding moves a value by at most amax_b / 254; the rest is fp32 rounding of the per-block products
     and their K/32-term sum); (2) tighter, against the fp64 product with the same quantized activations, within

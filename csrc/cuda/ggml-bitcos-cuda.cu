@@ -6,12 +6,12 @@
 // (bitcos_cuda_quantize_q8_kernel into a ggml-cuda pool temporary). Mat-vec (up to BITCOS_CUDA_MMQ_MIN_COLS
 // columns): blocks of 16 warps, 8 lanes a row (4 rows a warp: BITCOS_CUDA_GEMV_LANES), one block per
 // multiprocessor, each block's 64 KiB decode tables filled once for the many rows it takes. More columns: the
-// batched tensor-core kernel (bitcos-cuda.cuh; compute capability 7.2+, older devices keep the mat-vec, 8
+// batched tensor-core kernel (bitcos-cuda-mmq.cuh; compute capability 7.2+, older devices keep the mat-vec, 8
 // columns per launch).
 #include "ggml-bitcos-cuda.cuh"
 
 #include "../ggml-bitcos-gpu.h"
-#include "bitcos-cuda.cuh"
+#include "bitcos-cuda-mmq.cuh"
 #include "ggml-bitcos.h"
 
 #include <algorithm>

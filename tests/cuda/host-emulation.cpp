@@ -1,11 +1,11 @@
-// tests/cuda/test-bitcos-cuda.cu's runs, with the kernels of csrc/cuda/bitcos-cuda.cuh compiled for the host
+// tests/cuda/test-bitcos-cuda.cu's runs, with the kernels of csrc/cuda/bitcos-cuda*.cuh compiled for the host
 // against tests/cuda/host-shim (a thread per CUDA thread, barriers for __syncthreads / __syncwarp, shuffles
 // through a per-warp buffer, wmma on whole 16 x 16 matrices with its alignment rules checked). Same input and
 // output as the device program, so tests/test_cuda.py checks both with the same code; it runs here, in CI,
 // where no GPU is: the kernels' source, index math and barrier structure execute, the GPU does not.
 //
 //   g++ -std=c++20 -O1 -pthread -Itests/cuda/host-shim -Icsrc -Icsrc/cuda tests/cuda/host-emulation.cpp
-#include "bitcos-cuda.cuh"
+#include "bitcos-cuda-mmq.cuh"
 
 #include "../gpu-cases.hpp"
 

@@ -1,4 +1,4 @@
-"""A CPU emulation of bitcos_cuda_mul_mat_mmq_kernel's index math (csrc/cuda/bitcos-cuda.cuh), statement by
+"""A CPU emulation of bitcos_cuda_mul_mat_mmq_kernel's index math (csrc/cuda/bitcos-cuda-mmq.cuh), statement by
 statement: thread roles, the width-4 prefix sum of popcounts and the per-row sign cursor, the k-slab layout
 of the shared tiles, the wmma fragments' element mapping (row-major A, col-major B, ldm 16, the accumulator
 stored row-major) and the per-32 scales, in fp32 where the kernel is. Reads the real encoded bytes (blocks,

@@ -1,4 +1,4 @@
-// Runs the BITCOS CUDA kernels (csrc/cuda/bitcos-cuda.cuh: activation quantization, then the mat-vec and the
+// Runs the BITCOS CUDA kernels (csrc/cuda/bitcos-cuda.cuh, bitcos-cuda-mmq.cuh: activation quantization, then the mat-vec and the
 // batched tensor-core tile kernel on the quantized activations) on a GPU for tests/test_cuda.py, which writes the inputs with the
 // project's reference codec and checks the outputs against numpy. Same input format as
 // tests/sycl/test-bitcos-sycl.cpp (tests/gpu-cases.hpp; the work-group field is ignored):
@@ -9,7 +9,7 @@
 //
 // Built by nvcc (`nvcc -std=c++17 -arch=sm_80 -Icsrc -Icsrc/cuda ...`); tests/test_cuda.py compiles it for
 // sm_80 and sm_90 everywhere nvcc exists and runs it where a CUDA device exists.
-#include "bitcos-cuda.cuh"
+#include "bitcos-cuda-mmq.cuh"
 
 #include "../gpu-cases.hpp"
 

@@ -35,6 +35,7 @@ def _bitcos_build():
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from ggml_bitcos import build, upstream
+
     return build, upstream
 
 

@@ -16,30 +16,31 @@ extern "C" {
 #endif
 
 // ggml type ids (FORMAT.md §2): far above upstream's 0..42 and the forks' 36..39 / 142..143.
-#define BITCOS_TYPE_ID_G128 160   // version 1: bitmap + fp16 scale per 128 weights
-#define BITCOS_TYPE_ID_PT   161   // version 1: bitmap per 128 weights, one fp32 scale per matrix
-#define BITCOS_TYPE_ID_BITMAP 162 // version 2 (GGML_TYPE_BITCOS): bitmap only, 32 weights per block; every scale
-                                  // lives in the companion, at the granularity its header's variant names
+#define BITCOS_TYPE_ID_G128   160 // version 1: bitmap + fp16 scale per 128 weights
+#define BITCOS_TYPE_ID_PT     161 // version 1: bitmap per 128 weights, one fp32 scale per matrix
+// version 2 (GGML_TYPE_BITCOS): bitmap only, 32 weights per block; every scale lives in the companion, at the
+// granularity its header's variant names
+#define BITCOS_TYPE_ID_BITMAP 162
 
 // Weights per version-1 block, and the kernels' unit: one presence bitmap of 128 bits (two little-endian
 // u64 words). Version-2 rows are cut into the same 128-weight units; a row whose length is not a multiple
 // of 128 ends in a partial unit of 32, 64 or 96 weights.
-#define QK_BITCOS 128
+#define QK_BITCOS        128
 // Weights per version-2 ggml block (the row-length granularity of GGML_TYPE_BITCOS): a 32-bit bitmap.
 #define QK_BITCOS_BITMAP 32
 // Weights per fp16 scale of variant B256, and its row-length multiple: the 256-weight super-block of the
 // TQ1_0 / TQ2_0 tensors it is converted from.
-#define QK_BITCOS_B256 256
+#define QK_BITCOS_B256   256
 
 // The variants; the companion header's `variant` byte holds these values (FORMAT.md §4.1). 0 and 1 are
 // version 1 (their own ggml types), 2..5 version 2 (all GGML_TYPE_BITCOS, told apart by the header).
 enum bitcos_variant {
-    BITCOS_VARIANT_G128   = 0,  // v1: fp16 scale per 128-weight block, in the weight's block
-    BITCOS_VARIANT_PT     = 1,  // v1: one fp32 scale per matrix, in the companion
-    BITCOS_VARIANT_MATRIX = 2,  // v2: one fp32 scale per matrix (BitNet: per-tensor absmean)
-    BITCOS_VARIANT_ROW    = 3,  // v2: one fp32 scale per row (TriLM, ParetoQ, BitCPM: per output channel)
-    BITCOS_VARIANT_B128   = 4,  // v2: fp16 scale per 128 weights of a row (Bonsai, CAT-Q, PQ2_0)
-    BITCOS_VARIANT_B256   = 5,  // v2: fp16 scale per 256 weights of a row (TQ1_0 / TQ2_0 sources)
+    BITCOS_VARIANT_G128   = 0, // v1: fp16 scale per 128-weight block, in the weight's block
+    BITCOS_VARIANT_PT     = 1, // v1: one fp32 scale per matrix, in the companion
+    BITCOS_VARIANT_MATRIX = 2, // v2: one fp32 scale per matrix (BitNet: per-tensor absmean)
+    BITCOS_VARIANT_ROW    = 3, // v2: one fp32 scale per row (TriLM, ParetoQ, BitCPM: per output channel)
+    BITCOS_VARIANT_B128   = 4, // v2: fp16 scale per 128 weights of a row (Bonsai, CAT-Q, PQ2_0)
+    BITCOS_VARIANT_B256   = 5, // v2: fp16 scale per 256 weights of a row (TQ1_0 / TQ2_0 sources)
     BITCOS_VARIANT_COUNT  = 6,
 };
 
@@ -61,9 +62,9 @@ typedef struct {
 } block_bitcos;
 
 #ifdef __cplusplus
-#define BITCOS_STATIC_ASSERT static_assert
+#    define BITCOS_STATIC_ASSERT static_assert
 #else
-#define BITCOS_STATIC_ASSERT _Static_assert
+#    define BITCOS_STATIC_ASSERT _Static_assert
 #endif
 BITCOS_STATIC_ASSERT(sizeof(block_bitcos_g128) == QK_BITCOS / 8 + 2, "wrong block_bitcos_g128 size/padding");
 BITCOS_STATIC_ASSERT(sizeof(block_bitcos_pt) == QK_BITCOS / 8, "wrong block_bitcos_pt size/padding");
@@ -78,9 +79,9 @@ BITCOS_STATIC_ASSERT(sizeof(block_bitcos) == QK_BITCOS_BITMAP / 8, "wrong block_
 // The helpers below are the format's arithmetic for host and device code alike: under nvcc they are
 // __host__ __device__ (else CUDA kernels could not call them and would need copies); elsewhere plain C.
 #if defined(__CUDACC__)
-#define BITCOS_FORMAT_FN static inline __host__ __device__
+#    define BITCOS_FORMAT_FN static inline __host__ __device__
 #else
-#define BITCOS_FORMAT_FN static inline
+#    define BITCOS_FORMAT_FN static inline
 #endif
 
 // Bytes from one 128-weight unit's bitmap to the next within a row: 18 for v1 G128 (the scale sits between),
@@ -96,21 +97,24 @@ BITCOS_FORMAT_FN int bitcos_variant_version(int variant) {
 
 // ggml type id a variant is stored as.
 BITCOS_FORMAT_FN int bitcos_variant_type_id(int variant) {
-    return variant == BITCOS_VARIANT_G128 ? BITCOS_TYPE_ID_G128
-         : variant == BITCOS_VARIANT_PT   ? BITCOS_TYPE_ID_PT : BITCOS_TYPE_ID_BITMAP;
+    return variant == BITCOS_VARIANT_G128 ? BITCOS_TYPE_ID_G128 :
+           variant == BITCOS_VARIANT_PT   ? BITCOS_TYPE_ID_PT :
+                                            BITCOS_TYPE_ID_BITMAP;
 }
 
 // Row length K must be a positive multiple of this: 128 (v1, B128), 256 (B256), 32 (MATRIX, ROW).
 BITCOS_FORMAT_FN int64_t bitcos_variant_k_multiple(int variant) {
-    return variant == BITCOS_VARIANT_B256 ? QK_BITCOS_B256
-         : (variant == BITCOS_VARIANT_MATRIX || variant == BITCOS_VARIANT_ROW) ? QK_BITCOS_BITMAP : QK_BITCOS;
+    return variant == BITCOS_VARIANT_B256                                      ? QK_BITCOS_B256 :
+           (variant == BITCOS_VARIANT_MATRIX || variant == BITCOS_VARIANT_ROW) ? QK_BITCOS_BITMAP :
+                                                                                 QK_BITCOS;
 }
 
 // Weights per scale along a row for block-scaled variants (G128, B128: 128; B256: 256); 0 for the variants
 // with one scale per row or matrix (PT, MATRIX, ROW).
 BITCOS_FORMAT_FN int64_t bitcos_variant_scale_block(int variant) {
-    return (variant == BITCOS_VARIANT_G128 || variant == BITCOS_VARIANT_B128) ? QK_BITCOS
-         : variant == BITCOS_VARIANT_B256 ? QK_BITCOS_B256 : 0;
+    return (variant == BITCOS_VARIANT_G128 || variant == BITCOS_VARIANT_B128) ? QK_BITCOS :
+           variant == BITCOS_VARIANT_B256                                     ? QK_BITCOS_B256 :
+                                                                                0;
 }
 
 // Bytes of one row of the weight tensor (FORMAT.md §3): K/128 blocks of the variant's size in version 1, the
@@ -130,21 +134,25 @@ BITCOS_FORMAT_FN uint64_t bitcos_row_scale_index(int variant, uint64_t r, uint64
 BITCOS_FORMAT_FN uint64_t bitcos_scales_bytes(int variant, uint64_t n_cols, uint64_t n_rows, uint64_t n_mats) {
     switch (variant) {
         case BITCOS_VARIANT_PT:
-        case BITCOS_VARIANT_MATRIX: return 4 * n_mats;
-        case BITCOS_VARIANT_ROW:    return 4 * n_rows;
+        case BITCOS_VARIANT_MATRIX:
+            return 4 * n_mats;
+        case BITCOS_VARIANT_ROW:
+            return 4 * n_rows;
         case BITCOS_VARIANT_B128:
-        case BITCOS_VARIANT_B256:   return 2 * n_rows * (n_cols / (uint64_t) bitcos_variant_scale_block(variant));
-        default:                    return 0;
+        case BITCOS_VARIANT_B256:
+            return 2 * n_rows * (n_cols / (uint64_t) bitcos_variant_scale_block(variant));
+        default:
+            return 0;
     }
 }
 
 // Companion tensor (FORMAT.md §4): named <weight name> + suffix, I8, 1-D.
-#define BITCOS_COMPANION_SUFFIX  ".bitcos"
-#define BITCOS_FORMAT_VERSION    2            // the newest version; readers accept 1 and 2
-#define BITCOS_MAGIC             0x53435442u  // bytes "BTCS"
-#define BITCOS_HEADER_BYTES      128
-#define BITCOS_SECTION_ALIGN     64           // every section starts at a multiple of this
-#define BITCOS_POOL_TAIL_BYTES   64           // zero bytes after the padded pool: one unchecked 64-byte load
+#define BITCOS_COMPANION_SUFFIX   ".bitcos"
+#define BITCOS_FORMAT_VERSION     2           // the newest version; readers accept 1 and 2
+#define BITCOS_MAGIC              0x53435442u // bytes "BTCS"
+#define BITCOS_HEADER_BYTES       128
+#define BITCOS_SECTION_ALIGN      64          // every section starts at a multiple of this
+#define BITCOS_POOL_TAIL_BYTES    64          // zero bytes after the padded pool: one unchecked 64-byte load
 #define BITCOS_MAX_ROW_GROUP_LOG2 6
 
 // Valid scales (FORMAT.md §3.1): every scale of every variant (fp16 block scales, fp32 matrix and row scales)
@@ -155,20 +163,20 @@ BITCOS_FORMAT_FN uint64_t bitcos_scales_bytes(int variant, uint64_t n_cols, uint
 
 // Byte offsets of the header fields (FORMAT.md §4.1; all little-endian).
 enum bitcos_header_offset {
-    BITCOS_HDR_MAGIC            = 0,   // u32
-    BITCOS_HDR_VERSION          = 4,   // u16
-    BITCOS_HDR_VARIANT          = 6,   // u8: enum bitcos_variant (0, 1 with version 1; 2..5 with version 2)
-    BITCOS_HDR_ROW_GROUP_LOG2   = 7,   // u8
-    BITCOS_HDR_N_COLS           = 8,   // u64
-    BITCOS_HDR_N_ROWS           = 16,  // u64
-    BITCOS_HDR_N_MATS           = 24,  // u64
-    BITCOS_HDR_N_SIGN_BITS      = 32,  // u64
-    BITCOS_HDR_SCALES_OFFSET    = 40,  // u64
-    BITCOS_HDR_ROW_BASE_OFFSET  = 48,  // u64
-    BITCOS_HDR_ROW_DELTA_OFFSET = 56,  // u64
-    BITCOS_HDR_POOL_OFFSET      = 64,  // u64
-    BITCOS_HDR_POOL_BYTES       = 72,  // u64
-    BITCOS_HDR_RESERVED         = 80,  // zero up to BITCOS_HEADER_BYTES
+    BITCOS_HDR_MAGIC            = 0,  // u32
+    BITCOS_HDR_VERSION          = 4,  // u16
+    BITCOS_HDR_VARIANT          = 6,  // u8: enum bitcos_variant (0, 1 with version 1; 2..5 with version 2)
+    BITCOS_HDR_ROW_GROUP_LOG2   = 7,  // u8
+    BITCOS_HDR_N_COLS           = 8,  // u64
+    BITCOS_HDR_N_ROWS           = 16, // u64
+    BITCOS_HDR_N_MATS           = 24, // u64
+    BITCOS_HDR_N_SIGN_BITS      = 32, // u64
+    BITCOS_HDR_SCALES_OFFSET    = 40, // u64
+    BITCOS_HDR_ROW_BASE_OFFSET  = 48, // u64
+    BITCOS_HDR_ROW_DELTA_OFFSET = 56, // u64
+    BITCOS_HDR_POOL_OFFSET      = 64, // u64
+    BITCOS_HDR_POOL_BYTES       = 72, // u64
+    BITCOS_HDR_RESERVED         = 80, // zero up to BITCOS_HEADER_BYTES
 };
 
 #ifdef __cplusplus

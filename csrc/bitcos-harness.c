@@ -46,7 +46,7 @@ int bitcos_h_abi(void) {
 typedef struct {
     bitcos_rows         rows;
     const bitcos_q8_K * ycols[BITCOS_H_MAX_COLS];
-    float             * dcols[BITCOS_H_MAX_COLS];
+    float *             dcols[BITCOS_H_MAX_COLS];
 } bitcos_h_call;
 
 // The descriptor's fields as bitcos_rows names them (csrc/bitcos-kernels.h), checked for what every kernel
@@ -58,18 +58,18 @@ static int bitcos_h_setup(bitcos_h_call * call, int64_t k, const uint8_t * bits,
                           int block_scale_shift, const bitcos_q8_K * y, int64_t nc, float * dst, int64_t nr) {
     const int64_t nu = (k + QK_BITCOS - 1) / QK_BITCOS;
     if (nc < 1 || nc > BITCOS_H_MAX_COLS || k <= 0 || k % QK_BITCOS_BITMAP != 0 || nr < 0 ||
-        unit_bytes < BITCOS_BITMAP_BYTES || row_bytes < (size_t)(k / 8) || (nr > 0 && (bits == NULL || pool == NULL ||
-        sign_pos == NULL))) {
+        unit_bytes < BITCOS_BITMAP_BYTES || row_bytes < (size_t) (k / 8) ||
+        (nr > 0 && (bits == NULL || pool == NULL || sign_pos == NULL))) {
         return -2;
     }
     if (row_scale == NULL) {
         if (block_scale == NULL || (block_scale_shift != 0 && block_scale_shift != 1) ||
-            k % ((int64_t)QK_BITCOS << block_scale_shift) != 0 || scale_stride < sizeof(uint16_t) ||
-            scale_row_bytes < (size_t)((nu >> block_scale_shift) - 1) * scale_stride + sizeof(uint16_t)) {
+            k % ((int64_t) QK_BITCOS << block_scale_shift) != 0 || scale_stride < sizeof(uint16_t) ||
+            scale_row_bytes < (size_t) ((nu >> block_scale_shift) - 1) * scale_stride + sizeof(uint16_t)) {
             return -2;
         }
     }
-    bitcos_rows * r = &call->rows;
+    bitcos_rows * r      = &call->rows;
     r->k                 = k;
     r->bits              = bits;
     r->unit_bytes        = unit_bytes;
@@ -81,7 +81,7 @@ static int bitcos_h_setup(bitcos_h_call * call, int64_t k, const uint8_t * bits,
     r->scale_stride      = scale_stride;
     r->scale_row_bytes   = scale_row_bytes;
     r->block_scale_shift = block_scale_shift;
-    const int64_t nby = (k + BITCOS_Q8K_BLOCK - 1) / BITCOS_Q8K_BLOCK;
+    const int64_t nby    = (k + BITCOS_Q8K_BLOCK - 1) / BITCOS_Q8K_BLOCK;
     for (int64_t c = 0; c < nc; ++c) {
         call->ycols[c] = y + c * nby;
         call->dcols[c] = dst + c * nr;
@@ -95,23 +95,23 @@ static int bitcos_h_setup(bitcos_h_call * call, int64_t k, const uint8_t * bits,
 static int bitcos_h_prepare(int impl, const bitcos_kernel ** kernel, const bitcos_h_call ** call, int64_t k,
                             const uint8_t * bits, size_t unit_bytes, size_t row_bytes, const uint8_t * pool,
                             const uint64_t * sign_pos, const float * row_scale, const uint8_t * block_scale,
-                            size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
-                            const bitcos_q8_K * y, int64_t nc, float * dst, int64_t nr) {
+                            size_t scale_stride, size_t scale_row_bytes, int block_scale_shift, const bitcos_q8_K * y,
+                            int64_t nc, float * dst, int64_t nr) {
     static _Thread_local bitcos_h_call record;
     *kernel = bitcos_h_kernel(impl);
     *call   = &record;
     if (*kernel == NULL) {
         return -1;
     }
-    return bitcos_h_setup(&record, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale,
-                          scale_stride, scale_row_bytes, block_scale_shift, y, nc, dst, nr);
+    return bitcos_h_setup(&record, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale, scale_stride,
+                          scale_row_bytes, block_scale_shift, y, nc, dst, nr);
 }
 
 static inline uint64_t bitcos_h_tsc(void) {
 #if defined(__x86_64__) || defined(__i386__)
     uint32_t lo, hi;
-    __asm__ __volatile__("lfence\n\trdtsc\n\tlfence" : "=a"(lo), "=d"(hi) :: "memory");
-    return ((uint64_t)hi << 32) | lo;
+    __asm__ __volatile__("lfence\n\trdtsc\n\tlfence" : "=a"(lo), "=d"(hi)::"memory");
+    return ((uint64_t) hi << 32) | lo;
 #else
     return 0;
 #endif
@@ -120,10 +120,10 @@ static inline uint64_t bitcos_h_tsc(void) {
 // Times `reps` back-to-back calls (after one warm-up call), writing each call's TSC ticks to ticks[rep].
 // rdtsc counts at the constant reference frequency, not the core clock (see docs/KERNELS.md). The
 // descriptor's fields are bitcos_rows' (k .. block_scale_shift); row_scale NULL selects block scales.
-int bitcos_h_time(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes,
-                  const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
-                  const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
-                  int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst, int reps, uint64_t * ticks) {
+int bitcos_h_time(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes, const uint8_t * pool,
+                  const uint64_t * sign_pos, const float * row_scale, const uint8_t * block_scale, size_t scale_stride,
+                  size_t scale_row_bytes, int block_scale_shift, int64_t nr, const bitcos_q8_K * y, int64_t nc,
+                  float * dst, int reps, uint64_t * ticks) {
     const bitcos_kernel * kernel;
     const bitcos_h_call * call;
     const int rc = bitcos_h_prepare(impl, &kernel, &call, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale,
@@ -155,10 +155,10 @@ int bitcos_h_covers(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes
 
 // One kernel call (bitcos_h_time with no timed repetition). Returns 0, -1 when impl is not available
 // here, -2 on bad arguments.
-int bitcos_h_mm(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes,
-                const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
-                const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
-                int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst) {
+int bitcos_h_mm(int impl, int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes, const uint8_t * pool,
+                const uint64_t * sign_pos, const float * row_scale, const uint8_t * block_scale, size_t scale_stride,
+                size_t scale_row_bytes, int block_scale_shift, int64_t nr, const bitcos_q8_K * y, int64_t nc,
+                float * dst) {
     return bitcos_h_time(impl, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale, scale_stride,
                          scale_row_bytes, block_scale_shift, nr, y, nc, dst, 0, NULL);
 }

@@ -8,7 +8,8 @@
 //   popcount. A unit of 128 weights is decoded once per row and serves every activation column (the generic
 //   kernel decodes it again per column).
 // * The lane sums split into a weight part and an activation part:
-//       L[h][l] = sum_{j in lane l of half h} t_j q_j  +  sum_{j in lane l of half h} q_j  -  sum_{j in half h, j / 32 == l} q_j
+//       L[h][l] = sum_{j in lane l of half h} t_j q_j  +  sum_{j in lane l of half h} q_j  -  sum_{j in half h, j / 32
+//       == l} q_j
 //   The last two terms depend on the column alone, so they are summed once per column and block and added
 //   to every row; per weight only t_j q_j remains, where nibble m of a half (weights 4m..4m+3) belongs to
 //   lane m % 8.
@@ -26,16 +27,16 @@
 // its present weights taking the low bits of `signs` in order (1: -1, 0: +1).
 #define PORTABLE_BIT(p, i)        (((p) >> (i)) & 1)
 #define PORTABLE_CODE(p, s, i, n) (PORTABLE_BIT(p, i) ? ((((s) >> (n)) & 1) ? -1 : 1) : 0)
-#define PORTABLE_ENTRY(x)                                                                                     \
+#define PORTABLE_ENTRY(x)                                                                                       \
     { PORTABLE_CODE((x) >> 4, (x) & 15, 0, 0), PORTABLE_CODE((x) >> 4, (x) & 15, 1, PORTABLE_BIT((x) >> 4, 0)), \
-      PORTABLE_CODE((x) >> 4, (x) & 15, 2, PORTABLE_BIT((x) >> 4, 0) + PORTABLE_BIT((x) >> 4, 1)),             \
-      PORTABLE_CODE((x) >> 4, (x) & 15, 3,                                                                    \
+      PORTABLE_CODE((x) >> 4, (x) & 15, 2, PORTABLE_BIT((x) >> 4, 0) + PORTABLE_BIT((x) >> 4, 1)),              \
+      PORTABLE_CODE((x) >> 4, (x) & 15, 3,                                                                      \
                     PORTABLE_BIT((x) >> 4, 0) + PORTABLE_BIT((x) >> 4, 1) + PORTABLE_BIT((x) >> 4, 2)) }
 #define PORTABLE_ROW16(b)                                                                                     \
-    PORTABLE_ENTRY((b) + 0), PORTABLE_ENTRY((b) + 1), PORTABLE_ENTRY((b) + 2), PORTABLE_ENTRY((b) + 3),         \
-    PORTABLE_ENTRY((b) + 4), PORTABLE_ENTRY((b) + 5), PORTABLE_ENTRY((b) + 6), PORTABLE_ENTRY((b) + 7),         \
-    PORTABLE_ENTRY((b) + 8), PORTABLE_ENTRY((b) + 9), PORTABLE_ENTRY((b) + 10), PORTABLE_ENTRY((b) + 11),       \
-    PORTABLE_ENTRY((b) + 12), PORTABLE_ENTRY((b) + 13), PORTABLE_ENTRY((b) + 14), PORTABLE_ENTRY((b) + 15)
+    PORTABLE_ENTRY((b) + 0), PORTABLE_ENTRY((b) + 1), PORTABLE_ENTRY((b) + 2), PORTABLE_ENTRY((b) + 3),       \
+        PORTABLE_ENTRY((b) + 4), PORTABLE_ENTRY((b) + 5), PORTABLE_ENTRY((b) + 6), PORTABLE_ENTRY((b) + 7),   \
+        PORTABLE_ENTRY((b) + 8), PORTABLE_ENTRY((b) + 9), PORTABLE_ENTRY((b) + 10), PORTABLE_ENTRY((b) + 11), \
+        PORTABLE_ENTRY((b) + 12), PORTABLE_ENTRY((b) + 13), PORTABLE_ENTRY((b) + 14), PORTABLE_ENTRY((b) + 15)
 
 static const int8_t bitcos_portable_codes[256][4] = {
     PORTABLE_ROW16(0),   PORTABLE_ROW16(16),  PORTABLE_ROW16(32),  PORTABLE_ROW16(48),
@@ -48,8 +49,7 @@ static const int8_t bitcos_portable_codes[256][4] = {
 static const uint8_t bitcos_portable_popcount4[16] = { 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4 };
 
 // The 128 codes of one unit (bitmap `bits`, 16 bytes) into t[0..127]; advances the row's sign cursor.
-static inline void bitcos_portable_decode(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor,
-                                          int8_t * t) {
+static inline void bitcos_portable_decode(const uint8_t * bits, const uint8_t * pool, uint64_t * cursor, int8_t * t) {
     for (int h = 0; h < 2; ++h) {
         uint64_t present;
         memcpy(&present, bits + 8 * h, 8);
@@ -98,16 +98,16 @@ static inline void bitcos_portable_corr(const int8_t * q, int h, int32_t * corr)
 }
 
 // Columns [0, nc) (nc <= PORTABLE_COLS) of rows [i0, i0 + ng) (ng <= PORTABLE_ROWS).
-static void bitcos_portable_rows(const bitcos_rows * w, int64_t i0, int ng, const bitcos_q8_K * const * y,
-                                 int64_t nc, float * const * dst) {
-    const int64_t nu   = (w->k + QK_BITCOS - 1) / QK_BITCOS;   // 128-weight units, the last maybe partial
-    const int64_t nby  = (nu + 1) / 2;                          // Q8_K blocks
-    const size_t  tail = (size_t) (w->k % QK_BITCOS) / 8;       // bitmap bytes of a partial last unit (0: none)
-    int8_t   t[PORTABLE_ROWS][2][QK_BITCOS];                    // one block's codes, per row
-    uint16_t e[PORTABLE_ROWS][2];                               // one block's fp16 unit scales, per row
-    uint64_t cursor[PORTABLE_ROWS];
-    uint8_t  partial[BITCOS_BITMAP_BYTES];
-    float    acc[PORTABLE_COLS][PORTABLE_ROWS][8];
+static void bitcos_portable_rows(const bitcos_rows * w, int64_t i0, int ng, const bitcos_q8_K * const * y, int64_t nc,
+                                 float * const * dst) {
+    const int64_t nu   = (w->k + QK_BITCOS - 1) / QK_BITCOS; // 128-weight units, the last maybe partial
+    const int64_t nby  = (nu + 1) / 2;                       // Q8_K blocks
+    const size_t  tail = (size_t) (w->k % QK_BITCOS) / 8;    // bitmap bytes of a partial last unit (0: none)
+    int8_t        t[PORTABLE_ROWS][2][QK_BITCOS];            // one block's codes, per row
+    uint16_t      e[PORTABLE_ROWS][2];                       // one block's fp16 unit scales, per row
+    uint64_t      cursor[PORTABLE_ROWS];
+    uint8_t       partial[BITCOS_BITMAP_BYTES];
+    float         acc[PORTABLE_COLS][PORTABLE_ROWS][8];
     memset(acc, 0, sizeof acc);
     for (int r = 0; r < ng; ++r) {
         cursor[r] = w->sign_pos[i0 + r];
@@ -127,8 +127,9 @@ static void bitcos_portable_rows(const bitcos_rows * w, int64_t i0, int ng, cons
                 bitcos_portable_decode(blk, w->pool, &cursor[r], t[r][h]);
                 e[r][h] = 0;
                 if (w->row_scale == NULL) {
-                    memcpy(&e[r][h], w->block_scale + (size_t) (i0 + r) * w->scale_row_bytes +
-                                         (size_t) (u >> w->block_scale_shift) * w->scale_stride,
+                    memcpy(&e[r][h],
+                           w->block_scale + (size_t) (i0 + r) * w->scale_row_bytes +
+                               (size_t) (u >> w->block_scale_shift) * w->scale_stride,
                            sizeof e[r][h]);
                 }
             }
@@ -137,8 +138,8 @@ static void bitcos_portable_rows(const bitcos_rows * w, int64_t i0, int ng, cons
             }
         }
         for (int64_t c = 0; c < nc; ++c) {
-            const bitcos_q8_K * yb = &y[c][b];
-            int32_t corr[2][8] = { { 0 } };
+            const bitcos_q8_K * yb         = &y[c][b];
+            int32_t             corr[2][8] = { { 0 } };
             for (int h = 0; h < halves; ++h) {
                 bitcos_portable_corr(yb->qs + QK_BITCOS * h, h, corr[h]);
             }
@@ -152,7 +153,8 @@ static void bitcos_portable_rows(const bitcos_rows * w, int64_t i0, int ng, cons
                 }
                 float * a = acc[c][r];
                 if (w->row_scale != NULL || e[r][0] == e[r][1]) {
-                    const float D = yb->d * (w->row_scale != NULL ? w->row_scale[i0 + r] : bitcos_fp16_to_fp32(e[r][0]));
+                    const float D =
+                        yb->d * (w->row_scale != NULL ? w->row_scale[i0 + r] : bitcos_fp16_to_fp32(e[r][0]));
                     for (int l = 0; l < 8; ++l) {
                         a[l] = bitcos_contract_fma((float) (L[0][l] + L[1][l]), D, a[l]);
                     }

@@ -17,15 +17,15 @@
 #include <stdio.h>
 
 #if defined(BITCOS_KERNELS_PER_FILE_FLAGS) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define BITCOS_TABLE_AVX2   1
-#define BITCOS_TABLE_AVX512 1
+#    define BITCOS_TABLE_AVX2   1
+#    define BITCOS_TABLE_AVX512 1
 #else
-#if defined(BITCOS_BUILD_AVX2)
-#define BITCOS_TABLE_AVX2   1
-#endif
-#if defined(BITCOS_BUILD_AVX512)
-#define BITCOS_TABLE_AVX512 1
-#endif
+#    if defined(BITCOS_BUILD_AVX2)
+#        define BITCOS_TABLE_AVX2 1
+#    endif
+#    if defined(BITCOS_BUILD_AVX512)
+#        define BITCOS_TABLE_AVX512 1
+#    endif
 #endif
 
 static int bitcos_always(void) {
@@ -36,8 +36,8 @@ static int bitcos_always(void) {
 // The extensions of the x86-64-v3 flags the harness compiles bitcos-kernels-avx2.c with (CMakeLists.txt).
 static int bitcos_cpu_avx2(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
+           __builtin_cpu_supports("f16c");
 }
 // The extensions of the x86-64-v4 + Ice Lake / Zen 4 flags bitcos-kernels-avx512.c is compiled with.
 static int bitcos_cpu_avx512(void) {
@@ -46,11 +46,11 @@ static int bitcos_cpu_avx512(void) {
            __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("avx512bitalg") &&
            __builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("bmi2");
 }
-#define BITCOS_AVAILABLE_AVX2   bitcos_cpu_avx2
-#define BITCOS_AVAILABLE_AVX512 bitcos_cpu_avx512
+#    define BITCOS_AVAILABLE_AVX2   bitcos_cpu_avx2
+#    define BITCOS_AVAILABLE_AVX512 bitcos_cpu_avx512
 #else
-#define BITCOS_AVAILABLE_AVX2   bitcos_always
-#define BITCOS_AVAILABLE_AVX512 bitcos_always
+#    define BITCOS_AVAILABLE_AVX2   bitcos_always
+#    define BITCOS_AVAILABLE_AVX512 bitcos_always
 #endif
 
 static const bitcos_kernel bitcos_kernels[] = {
@@ -64,7 +64,7 @@ static const bitcos_kernel bitcos_kernels[] = {
 #endif
 };
 
-#define BITCOS_N_KERNELS ((int)(sizeof(bitcos_kernels) / sizeof(bitcos_kernels[0])))
+#define BITCOS_N_KERNELS ((int) (sizeof(bitcos_kernels) / sizeof(bitcos_kernels[0])))
 
 int bitcos_kernel_count(void) {
     return BITCOS_N_KERNELS;
@@ -76,8 +76,11 @@ const bitcos_kernel * bitcos_kernel_at(int i) {
 
 const bitcos_kernel * bitcos_kernel_named(const char * name) {
     for (int i = 0; i < BITCOS_N_KERNELS; ++i) {
-        const char * a = bitcos_kernels[i].name, * b = name;
-        while (*a && *a == *b) { ++a; ++b; }
+        const char *a = bitcos_kernels[i].name, *b = name;
+        while (*a && *a == *b) {
+            ++a;
+            ++b;
+        }
         if (*a == *b) {
             return &bitcos_kernels[i];
         }
@@ -98,15 +101,15 @@ const bitcos_kernel * bitcos_kernel_best(void) {
 // line twice, so plain C11 atomics where the compiler has them, a volatile int elsewhere (MSVC's C mode).
 #if defined(__STDC_NO_ATOMICS__) || defined(_MSC_VER)
 static volatile int bitcos_fallback_told[BITCOS_N_KERNELS];
-static int bitcos_first_fallback(int i) {
-    const int first = !bitcos_fallback_told[i];
+static int          bitcos_first_fallback(int i) {
+    const int first         = !bitcos_fallback_told[i];
     bitcos_fallback_told[i] = 1;
     return first;
 }
 #else
-#include <stdatomic.h>
+#    include <stdatomic.h>
 static atomic_int bitcos_fallback_told[BITCOS_N_KERNELS];
-static int bitcos_first_fallback(int i) {
+static int        bitcos_first_fallback(int i) {
     return atomic_exchange_explicit(&bitcos_fallback_told[i], 1, memory_order_relaxed) == 0;
 }
 #endif
@@ -116,9 +119,11 @@ static void bitcos_tell_fallback(const bitcos_kernel * k, const bitcos_rows * w,
     snprintf(text, sizeof text,
              "BITCOS: the %s kernel does not cover this weight layout (k %% 128 = %d, unit stride %zu, %s, scale "
              "stride %zu); the generic kernel runs it and every other such call (reported once)\n",
-             k->name, (int)(w->k % QK_BITCOS), w->unit_bytes,
-             w->row_scale != NULL ? "row scales" : w->block_scale_shift ? "a scale per 256" : "a scale per 128",
-             w->row_scale != NULL ? (size_t)0 : w->scale_stride);
+             k->name, (int) (w->k % QK_BITCOS), w->unit_bytes,
+             w->row_scale != NULL ? "row scales" :
+             w->block_scale_shift ? "a scale per 256" :
+                                    "a scale per 128",
+             w->row_scale != NULL ? (size_t) 0 : w->scale_stride);
     if (log != NULL) {
         log(text);
     } else {
@@ -126,10 +131,10 @@ static void bitcos_tell_fallback(const bitcos_kernel * k, const bitcos_rows * w,
     }
 }
 
-void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr,
-                      const bitcos_q8_K * const * y, int64_t nc, float * const * dst, bitcos_log_fn log) {
+void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,
+                      int64_t nc, float * const * dst, bitcos_log_fn log) {
     if (k->covers != NULL && !k->covers(w)) {
-        if (bitcos_first_fallback((int)(k - bitcos_kernels))) {
+        if (bitcos_first_fallback((int) (k - bitcos_kernels))) {
             bitcos_tell_fallback(k, w, log);
         }
         bitcos_mm_generic(w, nr, y, nc, dst);

@@ -23,7 +23,7 @@
 #include "bitcos-kernels.h"
 
 #if !defined(BITCOS_BUILD_AVX2)
-#error "bitcos-kernels-x86.h needs x86-64, GCC or clang, and AVX2 (BITCOS_BUILD_AVX2, bitcos-kernels.h)"
+#    error "bitcos-kernels-x86.h needs x86-64, GCC or clang, and AVX2 (BITCOS_BUILD_AVX2, bitcos-kernels.h)"
 #endif
 
 #include <immintrin.h>
@@ -31,34 +31,34 @@
 #include <string.h>
 
 #if BITCOS_FMA && !defined(__FMA__)
-#error "BITCOS_FMA=1 needs FMA instructions in the x86 kernels: compile with -mfma (or -DBITCOS_FMA=0)"
+#    error "BITCOS_FMA=1 needs FMA instructions in the x86 kernels: compile with -mfma (or -DBITCOS_FMA=0)"
 #endif
 
-#define X86_ALWAYS_INLINE static inline __attribute__((always_inline))
-#define X86_CHUNK_BLOCKS 8               // Q8_K blocks per chunk (2048 weights): staging granularity
-#define X86_TILE_COLS    8               // activation columns per tile
-#define X86_TILE_ROWS    32              // rows per tile (amortises the staging of the columns)
+#define X86_ALWAYS_INLINE    static inline __attribute__((always_inline))
+#define X86_CHUNK_BLOCKS     8  // Q8_K blocks per chunk (2048 weights): staging granularity
+#define X86_TILE_COLS        8  // activation columns per tile
+#define X86_TILE_ROWS        32 // rows per tile (amortises the staging of the columns)
 // GEMV memory order (docs/KERNELS.md §5): a row (AVX2) or a row pair (AVX-512) walks up to
 // X86_GEMV_SPAN_CHUNKS chunks before the next, so the bitmap and the sign pool are read as a few sequential
 // streams through the row tile; the bitmap is also prefetched X86_BITMAP_PREFETCH_BYTES bytes ahead of each
 // row's position (0: no prefetch).
-#define X86_GEMV_SPAN_CHUNKS 8           // chunks (16384 weights) of a column staged at once
+#define X86_GEMV_SPAN_CHUNKS 8 // chunks (16384 weights) of a column staged at once
 #ifndef X86_BITMAP_PREFETCH_BYTES
-#define X86_BITMAP_PREFETCH_BYTES 512
+#    define X86_BITMAP_PREFETCH_BYTES 512
 #endif
 
 // Layout facts (bitcos-format.h) the decode relies on. A unit's bitmap is two little-endian u64 presence
 // words (word 1 at X86_WORD_BYTES); a Q8_K block covers two 128-weight units; v1 G128 puts each unit's
 // fp16 scale right after its bitmap, v2 rows are bitmaps back to back.
 #define X86_WORD_BYTES sizeof(uint64_t)
-#define X86_UNIT_BYTES BITCOS_BITMAP_BYTES             // unit stride of every variant but v1 G128
-#define X86_G128_BYTES sizeof(block_bitcos_g128)       // unit stride of v1 G128
+#define X86_UNIT_BYTES BITCOS_BITMAP_BYTES       // unit stride of every variant but v1 G128
+#define X86_G128_BYTES sizeof(block_bitcos_g128) // unit stride of v1 G128
 _Static_assert(BITCOS_BITMAP_BYTES == 2 * sizeof(uint64_t), "a unit's bitmap is two u64 presence words");
 _Static_assert(offsetof(block_bitcos_g128, bits) == 0 && offsetof(block_bitcos_g128, d) == BITCOS_BITMAP_BYTES,
                "a G128 block is its bitmap, then its scale");
 _Static_assert(sizeof(block_bitcos_pt) == X86_UNIT_BYTES, "a v1 PT block is its bitmap alone");
-_Static_assert(2 * QK_BITCOS == sizeof(((const bitcos_q8_K *)0)->qs), "a Q8_K block is two 128-weight units");
-_Static_assert(sizeof(((const block_bitcos_g128 *)0)->d) == sizeof(uint16_t), "a block scale is one fp16");
+_Static_assert(2 * QK_BITCOS == sizeof(((const bitcos_q8_K *) 0)->qs), "a Q8_K block is two 128-weight units");
+_Static_assert(sizeof(((const block_bitcos_g128 *) 0)->d) == sizeof(uint16_t), "a block scale is one fp16");
 
 X86_ALWAYS_INLINE uint64_t x86_load_u64(const uint8_t * p) {
     uint64_t v;
@@ -82,7 +82,8 @@ X86_ALWAYS_INLINE uint64_t x86_pdep(uint64_t src, uint64_t mask) {
 #else
     uint64_t out = 0;
     for (uint64_t m = mask; m != 0; m &= m - 1) {
-        if (src & 1) out |= m & (~m + 1);
+        if (src & 1)
+            out |= m & (~m + 1);
         src >>= 1;
     }
     return out;
@@ -102,7 +103,7 @@ X86_ALWAYS_INLINE uint64_t x86_sign_window(const uint8_t * pool, uint64_t pos) {
 // Negative-lane word of the 64 weights with presence word p at the row's cursor; advances the cursor.
 X86_ALWAYS_INLINE uint64_t x86_negatives(uint64_t p, const uint8_t * pool, uint64_t * cursor) {
     const uint64_t pos = *cursor;
-    *cursor = pos + (uint64_t)__builtin_popcountll(p);
+    *cursor            = pos + (uint64_t) __builtin_popcountll(p);
     return x86_pdep(x86_sign_window(pool, pos), p);
 }
 
@@ -114,10 +115,11 @@ X86_ALWAYS_INLINE uint64_t x86_negatives(uint64_t p, const uint8_t * pool, uint6
 // GEMV checks a row pair's chunk with vector popcounts up front), so the per-word test goes away.
 X86_ALWAYS_INLINE uint64_t x86_negatives_byte(uint64_t p, const uint8_t * pool, uint64_t * cursor, const int checked) {
     const uint64_t pos = *cursor;
-    const uint64_t n   = (uint64_t)__builtin_popcountll(p);
-    *cursor = pos + n;
-    uint64_t s = x86_load_u64(pool + (pos >> 3)) >> (pos & 7);
-    if (checked && __builtin_expect(n > 57, 0)) s = x86_sign_window(pool, pos);
+    const uint64_t n   = (uint64_t) __builtin_popcountll(p);
+    *cursor            = pos + n;
+    uint64_t s         = x86_load_u64(pool + (pos >> 3)) >> (pos & 7);
+    if (checked && __builtin_expect(n > 57, 0))
+        s = x86_sign_window(pool, pos);
     return x86_pdep(s, p);
 }
 
@@ -132,15 +134,15 @@ X86_ALWAYS_INLINE float x86_fp16_to_fp32(uint16_t h) {
 
 // The contract's FMA(a, b, c) on vectors of the intrinsic family `ps` (_mm256, _mm512).
 #if BITCOS_FMA
-#define X86_CONTRACT_FMA(ps, a, b, c) ps##_fmadd_ps(a, b, c)
+#    define X86_CONTRACT_FMA(ps, a, b, c) ps##_fmadd_ps(a, b, c)
 #else
-#define X86_CONTRACT_FMA(ps, a, b, c) ps##_add_ps(ps##_mul_ps(a, b), c)
+#    define X86_CONTRACT_FMA(ps, a, b, c) ps##_add_ps(ps##_mul_ps(a, b), c)
 #endif
 
 // ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), the contract's final reduction.
 X86_ALWAYS_INLINE float x86_reduce8(__m256 a) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));  // a_l + a_{l+4}
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));                                    // s0+s2, s1+s3
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); // a_l + a_{l+4}
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));                                 // s0+s2, s1+s3
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
@@ -150,7 +152,7 @@ X86_ALWAYS_INLINE __m256i x86_totals8(const __m256i x[8]) {
     const __m256i h23 = _mm256_hadd_epi32(x[2], x[3]);
     const __m256i h45 = _mm256_hadd_epi32(x[4], x[5]);
     const __m256i h67 = _mm256_hadd_epi32(x[6], x[7]);
-    const __m256i k03 = _mm256_hadd_epi32(h01, h23);    // per 128-bit lane: x0..x3 partials
+    const __m256i k03 = _mm256_hadd_epi32(h01, h23); // per 128-bit lane: x0..x3 partials
     const __m256i k47 = _mm256_hadd_epi32(h45, h67);
     return _mm256_add_epi32(_mm256_permute2x128_si256(k03, k47, 0x20), _mm256_permute2x128_si256(k03, k47, 0x31));
 }
@@ -159,11 +161,12 @@ X86_ALWAYS_INLINE __m256i x86_totals8(const __m256i x[8]) {
 // zero when the block has only its first half in the matrix): the contract's subtracted term.
 X86_ALWAYS_INLINE __m256i x86_block_qsums(const int8_t * qs, int halves) {
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-    __m256i v[8];
+    __m256i       v[8];
     for (int i = 0; i < 8; ++i) {
-        v[i] = i < 4*halves
-             ? _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)(qs + 32*i))), ones16)
-             : _mm256_setzero_si256();
+        v[i] = i < 4 * halves ?
+                   _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *) (qs + 32 * i))),
+                                     ones16) :
+                   _mm256_setzero_si256();
     }
     return x86_totals8(v);
 }
@@ -171,37 +174,38 @@ X86_ALWAYS_INLINE __m256i x86_block_qsums(const int8_t * qs, int halves) {
 // Number of 128-weight units of a Q8_K block's halves present in a row of nb units: 2, or 1 for the last
 // Q8_K block of a row with an odd number of units (a partial last unit counts as one).
 X86_ALWAYS_INLINE int x86_halves(int64_t b, int64_t nb) {
-    return 2*b + 1 < nb ? 2 : 1;
+    return 2 * b + 1 < nb ? 2 : 1;
 }
 
 // Q8_K blocks of the chunk starting at Q8_K block b0 of a row of nby.
 X86_ALWAYS_INLINE int x86_chunk_blocks(int64_t b0, int64_t nby) {
-    return (int)(nby - b0 < X86_CHUNK_BLOCKS ? nby - b0 : X86_CHUNK_BLOCKS);
+    return (int) (nby - b0 < X86_CHUNK_BLOCKS ? nby - b0 : X86_CHUNK_BLOCKS);
 }
 
 // Staged data of one activation column for one chunk of blocks.
 typedef struct {
-    __m256i        qsum[X86_CHUNK_BLOCKS];   // x86_block_qsums of each block
-    float          yd[X86_CHUNK_BLOCKS];     // y.d
-    float          dpt[X86_CHUNK_BLOCKS];    // TILE_SCALE_SHARED: y.d * the tile's scale
-    const int8_t * qs[X86_CHUNK_BLOCKS];     // the block's activations
+    __m256i        qsum[X86_CHUNK_BLOCKS]; // x86_block_qsums of each block
+    float          yd[X86_CHUNK_BLOCKS];   // y.d
+    float          dpt[X86_CHUNK_BLOCKS];  // TILE_SCALE_SHARED: y.d * the tile's scale
+    const int8_t * qs[X86_CHUNK_BLOCKS];   // the block's activations
 } x86_col_chunk;
 
 X86_ALWAYS_INLINE void x86_stage_column(const bitcos_q8_K * yc, int64_t b0, int nbk, int64_t nb, float scale,
                                         x86_col_chunk * cc) {
     for (int j = 0; j < nbk; ++j) {
         const int64_t b = b0 + j;
-        cc->qsum[j] = x86_block_qsums(yc[b].qs, x86_halves(b, nb));
-        cc->yd[j]   = yc[b].d;
-        cc->dpt[j]  = yc[b].d * scale;
-        cc->qs[j]   = yc[b].qs;
+        cc->qsum[j]     = x86_block_qsums(yc[b].qs, x86_halves(b, nb));
+        cc->yd[j]       = yc[b].d;
+        cc->dpt[j]      = yc[b].d * scale;
+        cc->qs[j]       = yc[b].qs;
     }
 }
 
 // x86_stage_column for each of the nct columns y[0 .. nct) of a GEMM tile, into cc[0 .. nct).
 X86_ALWAYS_INLINE void x86_stage_columns(const bitcos_q8_K * const * y, int nct, int64_t b0, int nbk, int64_t nb,
                                          float scale, x86_col_chunk * cc) {
-    for (int c = 0; c < nct; ++c) x86_stage_column(y[c], b0, nbk, nb, scale, &cc[c]);
+    for (int c = 0; c < nct; ++c)
+        x86_stage_column(y[c], b0, nbk, nb, scale, &cc[c]);
 }
 
 // How a tile's float part finds a row's scale for a Q8_K block (bitcos-kernels.h, "Row scales" / "Block
@@ -211,23 +215,33 @@ X86_ALWAYS_INLINE void x86_stage_columns(const bitcos_q8_K * const * y, int nct,
 // SHARED, which stages y.d * scale once per column block instead of multiplying per row and block (D is the
 // same float either way).
 enum x86_tile_scale {
-    TILE_SCALE_SHARED           = 0,  // one fp32 scale for every row of the tile: D = staged y.d * scale
-    TILE_SCALE_PER_ROW          = 1,  // an fp32 scale per row: D = y.d * the row's scale
-    TILE_SCALE_PER_256          = 2,  // an fp16 scale per Q8_K block (block_scale_shift 1): e0 == e1, one FMA
-    TILE_SCALE_PER_128          = 3,  // an fp16 scale per unit, adjacent (scale_stride 2): e0, e1 may differ
-    TILE_SCALE_PER_128_IN_BLOCK = 4,  // an fp16 scale per unit inside v1 G128 blocks, right after each bitmap
+    TILE_SCALE_SHARED           = 0, // one fp32 scale for every row of the tile: D = staged y.d * scale
+    TILE_SCALE_PER_ROW          = 1, // an fp32 scale per row: D = y.d * the row's scale
+    TILE_SCALE_PER_256          = 2, // an fp16 scale per Q8_K block (block_scale_shift 1): e0 == e1, one FMA
+    TILE_SCALE_PER_128          = 3, // an fp16 scale per unit, adjacent (scale_stride 2): e0, e1 may differ
+    TILE_SCALE_PER_128_IN_BLOCK = 4, // an fp16 scale per unit inside v1 G128 blocks, right after each bitmap
     TILE_SCALE_KINDS
 };
 
 // Runs CALL(ts) with the tile scale as a compile-time constant: the hot loops are instantiated per kind, so
 // no block pays a dispatch, and PER_128_IN_BLOCK also gets its unit stride as a constant.
-#define X86_TILE_SCALE_DISPATCH(ts, CALL)                                        \
-    switch (ts) {                                                                \
-    case TILE_SCALE_SHARED:   CALL(TILE_SCALE_SHARED);           break;          \
-    case TILE_SCALE_PER_ROW:  CALL(TILE_SCALE_PER_ROW);          break;          \
-    case TILE_SCALE_PER_256:  CALL(TILE_SCALE_PER_256);          break;          \
-    case TILE_SCALE_PER_128:  CALL(TILE_SCALE_PER_128);          break;          \
-    default:                  CALL(TILE_SCALE_PER_128_IN_BLOCK); break;          \
+#define X86_TILE_SCALE_DISPATCH(ts, CALL)      \
+    switch (ts) {                              \
+        case TILE_SCALE_SHARED:                \
+            CALL(TILE_SCALE_SHARED);           \
+            break;                             \
+        case TILE_SCALE_PER_ROW:               \
+            CALL(TILE_SCALE_PER_ROW);          \
+            break;                             \
+        case TILE_SCALE_PER_256:               \
+            CALL(TILE_SCALE_PER_256);          \
+            break;                             \
+        case TILE_SCALE_PER_128:               \
+            CALL(TILE_SCALE_PER_128);          \
+            break;                             \
+        default:                               \
+            CALL(TILE_SCALE_PER_128_IN_BLOCK); \
+            break;                             \
     }
 
 // Unit stride of a tile scale kind: v1 G128's blocks (x86_covered), else bitmaps back to back.
@@ -248,14 +262,14 @@ X86_ALWAYS_INLINE x86_shape x86_shape_of(const bitcos_rows * w) {
     x86_shape s;
     s.nb      = (w->k + QK_BITCOS - 1) / QK_BITCOS;
     s.nby     = (s.nb + 1) / 2;
-    s.tail    = (size_t)(w->k % QK_BITCOS) / 8;
+    s.tail    = (size_t) (w->k % QK_BITCOS) / 8;
     s.nfull   = s.tail ? s.nby - 1 : s.nb / 2;
     s.ub      = w->unit_bytes;
     s.sstride = w->scale_stride;
-    s.ts      = w->row_scale != NULL                ? TILE_SCALE_PER_ROW
-              : w->block_scale_shift != 0           ? TILE_SCALE_PER_256
-              : w->scale_stride == sizeof(uint16_t) ? TILE_SCALE_PER_128
-              :                                       TILE_SCALE_PER_128_IN_BLOCK;
+    s.ts      = w->row_scale != NULL                ? TILE_SCALE_PER_ROW :
+                w->block_scale_shift != 0           ? TILE_SCALE_PER_256 :
+                w->scale_stride == sizeof(uint16_t) ? TILE_SCALE_PER_128 :
+                                                      TILE_SCALE_PER_128_IN_BLOCK;
     return s;
 }
 
@@ -283,12 +297,12 @@ X86_ALWAYS_INLINE int x86_tile_scale_of(const bitcos_rows * w, x86_shape sh, int
         return sh.ts;
     }
     // 8 scales per compare: the check runs once per tile, and one by one it cost a 16 x 2048 GEMV 2 %
-    const float * rs = w->row_scale + r0;
+    const float * rs    = w->row_scale + r0;
     const __m256i first = _mm256_castps_si256(_mm256_set1_ps(rs[0]));
-    __m256i diff = _mm256_setzero_si256();
-    int r = 0;
+    __m256i       diff  = _mm256_setzero_si256();
+    int           r     = 0;
     for (; r + 8 <= nrt; r += 8) {
-        diff = _mm256_or_si256(diff, _mm256_xor_si256(first, _mm256_loadu_si256((const __m256i *)(rs + r))));
+        diff = _mm256_or_si256(diff, _mm256_xor_si256(first, _mm256_loadu_si256((const __m256i *) (rs + r))));
     }
     uint32_t d = 0, f, v;
     memcpy(&f, rs, sizeof f);
@@ -305,12 +319,12 @@ X86_ALWAYS_INLINE int x86_tile_scale_of(const bitcos_rows * w, x86_shape sh, int
 
 // Bitmap of unit 0 of row r of the run.
 X86_ALWAYS_INLINE const uint8_t * x86_row(const bitcos_rows * w, int64_t r) {
-    return w->bits + (size_t)r * w->row_bytes;
+    return w->bits + (size_t) r * w->row_bytes;
 }
 
 // Scale of unit 0 of row r of the run (block scales only: block_scale is NULL with row scales).
 X86_ALWAYS_INLINE const uint8_t * x86_row_scales(const bitcos_rows * w, int64_t r) {
-    return w->block_scale + (size_t)r * w->scale_row_bytes;
+    return w->block_scale + (size_t) r * w->scale_row_bytes;
 }
 
 // A row's last Q8_K block when its last unit is partial (tail != 0): a zero-filled copy of the row's bytes
@@ -331,24 +345,25 @@ X86_ALWAYS_INLINE void x86_copy_last(const bitcos_rows * w, x86_shape sh, int64_
         return;
     }
     _Static_assert(X86_LAST_BYTES == sizeof(__m256i), "a last block is one 32-byte vector");
-    const int64_t u0 = 2 * (sh.nby - 1);                                  // first unit of the last block
-    const int     n4 = (int)(((size_t)(sh.nb - 1 - u0) * X86_UNIT_BYTES + sh.tail) / sizeof(int32_t));
+    const int64_t u0   = 2 * (sh.nby - 1); // first unit of the last block
+    const int     n4   = (int) (((size_t) (sh.nb - 1 - u0) * X86_UNIT_BYTES + sh.tail) / sizeof(int32_t));
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n4), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int r = 0; r < nrt; ++r) {
-        const int * src = (const int *)(const void *)(x86_row(w, r0 + r) + (size_t)u0 * X86_UNIT_BYTES);
-        _mm256_store_si256((__m256i *)(void *)last[r].b, _mm256_maskload_epi32(src, mask));
+        const int * src = (const int *) (const void *) (x86_row(w, r0 + r) + (size_t) u0 * X86_UNIT_BYTES);
+        _mm256_store_si256((__m256i *) (void *) last[r].b, _mm256_maskload_epi32(src, mask));
     }
 }
 
 // Bitmap of Q8_K block b of a row (its first unit; the second is ub bytes on): in place, or the row's copy
 // for the last block of a row with a partial unit.
 X86_ALWAYS_INLINE const uint8_t * x86_block_bits(x86_shape sh, const uint8_t * row, const uint8_t * last, int64_t b) {
-    return (sh.tail != 0 && b == sh.nby - 1) ? last : row + (size_t)(2*b) * sh.ub;
+    return (sh.tail != 0 && b == sh.nby - 1) ? last : row + (size_t) (2 * b) * sh.ub;
 }
 
 // Sign cursors of the tile's rows r0 .. r0 + nrt: pool bit of each row's first sign.
 X86_ALWAYS_INLINE void x86_load_cursors(const bitcos_rows * w, int64_t r0, int nrt, uint64_t * cursor) {
-    for (int r = 0; r < nrt; ++r) cursor[r] = w->sign_pos[r0 + r];
+    for (int r = 0; r < nrt; ++r)
+        cursor[r] = w->sign_pos[r0 + r];
 }
 
 // A kernel's two tile routines: rows r0 .. r0 + nrt (nrt <= X86_TILE_ROWS) against one column yc (GEMV; dc
@@ -364,11 +379,13 @@ typedef void (*x86_gemm_tile_fn)(const bitcos_rows * w, int64_t r0, int nrt, con
 X86_ALWAYS_INLINE void x86_tiles(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                                  float * const * dst, x86_gemv_tile_fn gemv, x86_gemm_tile_fn gemm) {
     for (int64_t r0 = 0; r0 < nr; r0 += X86_TILE_ROWS) {
-        const int nrt = (int)(nr - r0 < X86_TILE_ROWS ? nr - r0 : X86_TILE_ROWS);
+        const int nrt = (int) (nr - r0 < X86_TILE_ROWS ? nr - r0 : X86_TILE_ROWS);
         for (int64_t c0 = 0; c0 < nc; c0 += X86_TILE_COLS) {
-            const int nct = (int)(nc - c0 < X86_TILE_COLS ? nc - c0 : X86_TILE_COLS);
-            if (nct == 1) gemv(w, r0, nrt, y[c0], dst[c0] + r0);
-            else          gemm(w, r0, nrt, y + c0, nct, dst + c0);
+            const int nct = (int) (nc - c0 < X86_TILE_COLS ? nc - c0 : X86_TILE_COLS);
+            if (nct == 1)
+                gemv(w, r0, nrt, y[c0], dst[c0] + r0);
+            else
+                gemm(w, r0, nrt, y + c0, nct, dst + c0);
         }
     }
 }

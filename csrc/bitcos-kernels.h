@@ -58,11 +58,11 @@ extern "C" {
 
 // Overridable (-DBITCOS_FMA=0/1) so the harness can test both forms in every implementation.
 #ifndef BITCOS_FMA
-#if defined(__FMA__) && !defined(__clang__)
-#define BITCOS_FMA 1
-#else
-#define BITCOS_FMA 0
-#endif
+#    if defined(__FMA__) && !defined(__clang__)
+#        define BITCOS_FMA 1
+#    else
+#        define BITCOS_FMA 0
+#    endif
 #endif
 
 // Weights per Q8_K activation block (ggml's QK_K): the contract's unit of integer accumulation.
@@ -72,7 +72,7 @@ extern "C" {
 typedef struct {
     float   d;
     int8_t  qs[BITCOS_Q8K_BLOCK];
-    int16_t bsums[BITCOS_Q8K_BLOCK/16];
+    int16_t bsums[BITCOS_Q8K_BLOCK / 16];
 } bitcos_q8_K;
 
 // A run of consecutive rows of one BITCOS matrix, in any variant (the kernels never look at the variant: the
@@ -84,36 +84,36 @@ typedef struct {
 // row: the kernels read no further (the next bytes are the next row's, or past the tensor's end) and
 // treat the missing bits as absent weights.
 typedef struct {
-    int64_t          k;             // weights per row, a positive multiple of 32
-    const uint8_t  * bits;          // bitmap of unit 0 of the first row of the run
-    size_t           unit_bytes;    // bytes from one unit's bitmap to the next: 18 (v1 G128), 16 (every other variant)
-    size_t           row_bytes;     // bytes from one row's bitmap to the next
-    const uint8_t  * pool;          // sign pool of the tensor (bit 0 = first sign); >= 64 zero bytes of tail
-    const uint64_t * sign_pos;      // sign_pos[i]: pool bit of the first sign of row i of this run
+    int64_t          k;          // weights per row, a positive multiple of 32
+    const uint8_t *  bits;       // bitmap of unit 0 of the first row of the run
+    size_t           unit_bytes; // bytes from one unit's bitmap to the next: 18 (v1 G128), 16 (every other variant)
+    size_t           row_bytes;  // bytes from one row's bitmap to the next
+    const uint8_t *  pool;       // sign pool of the tensor (bit 0 = first sign); >= 64 zero bytes of tail
+    const uint64_t * sign_pos;   // sign_pos[i]: pool bit of the first sign of row i of this run
     // Scales, one of two forms. Row scales: row_scale != NULL, row i's fp32 scale is row_scale[i] (PT and
     // MATRIX repeat the matrix's scale). Block scales (row_scale == NULL; k % (128 << block_scale_shift) == 0):
     // the fp16 scale of unit u of row i is at block_scale + i*scale_row_bytes + (u >> block_scale_shift)*scale_stride.
-    const float    * row_scale;
-    const uint8_t  * block_scale;   // v1 G128: bits + 16 (d inside each block); B128 / B256: the companion's scales
-    size_t           scale_stride;  // v1 G128: 18; B128 / B256: 2
-    size_t           scale_row_bytes; // v1 G128: row_bytes; B128 / B256: 2 * k / (128 << block_scale_shift)
+    const float *    row_scale;
+    const uint8_t *  block_scale;       // v1 G128: bits + 16 (d inside each block); B128 / B256: the companion's scales
+    size_t           scale_stride;      // v1 G128: 18; B128 / B256: 2
+    size_t           scale_row_bytes;   // v1 G128: row_bytes; B128 / B256: 2 * k / (128 << block_scale_shift)
     int              block_scale_shift; // 0: a scale per 128 weights (G128, B128); 1: per 256 (B256)
 } bitcos_rows;
 
 // dst[c][i] = sum_k W[i][k] * Y[c][k] for 0 <= i < nr, 0 <= c < nc, with the arithmetic contract above.
 // y[c] points at the ceil(k/256) Q8_K blocks of column c; dst[c] at the nr floats of column c.
-typedef void (*bitcos_mm_fn)(const bitcos_rows * w, int64_t nr,
-                             const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+typedef void (*bitcos_mm_fn)(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                             float * const * dst);
 
 // ---- The kernel table (bitcos-kernels-table.c) ----
 //
 // Every caller (the ggml-cpu glue, the harness library and through it the Python tests and benchmarks, the
 // kernel fuzzer) finds the kernels here, by index or name, and runs them through bitcos_kernel_mm.
 typedef struct {
-    const char * name;                                 // "generic", "portable", "avx2", "avx512": the harness/bench/test name
-    int        (*available)(void);                     // 1 when this CPU can run it
-    int        (*covers)(const bitcos_rows * w);       // 1 when its own paths handle w; NULL: every descriptor
-    bitcos_mm_fn mm;                                   // the kernel; w must be one `covers` accepts
+    const char * name;                    // "generic", "portable", "avx2", "avx512": the harness/bench/test name
+    int (*available)(void);               // 1 when this CPU can run it
+    int (*covers)(const bitcos_rows * w); // 1 when its own paths handle w; NULL: every descriptor
+    bitcos_mm_fn mm;                      // the kernel; w must be one `covers` accepts
 } bitcos_kernel;
 
 // Receives the one line a kernel's fallback reports (bitcos_kernel_mm); NULL: stderr.
@@ -122,15 +122,15 @@ typedef void (*bitcos_log_fn)(const char * text);
 // The kernels compiled into this build, in order of preference (the generic one first, always index 0).
 int                   bitcos_kernel_count(void);
 const bitcos_kernel * bitcos_kernel_at(int i);
-const bitcos_kernel * bitcos_kernel_named(const char * name);   // NULL when not compiled in
+const bitcos_kernel * bitcos_kernel_named(const char * name); // NULL when not compiled in
 // The last available entry: the best kernel this CPU can run.
 const bitcos_kernel * bitcos_kernel_best(void);
 
 // Runs k->mm, or bitcos_mm_generic when k does not cover w; the first time that happens for k, log gets one
 // line naming the kernel, the layout and the kernel that runs instead (reported once per kernel and process).
 // k must be an entry of the table (bitcos_kernel_at, bitcos_kernel_named, bitcos_kernel_best).
-void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr,
-                      const bitcos_q8_K * const * y, int64_t nc, float * const * dst, bitcos_log_fn log);
+void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,
+                      int64_t nc, float * const * dst, bitcos_log_fn log);
 
 // ---- The kernels ----
 //
@@ -141,26 +141,25 @@ void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr
 // kernel fuzzer compile each kernel file with its own flags instead and define BITCOS_KERNELS_PER_FILE_FLAGS
 // for the table, which then lists all of them and asks the CPU at run time (bitcos-kernels-table.c).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__AVX2__)
-#define BITCOS_BUILD_AVX2 1
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define BITCOS_BUILD_AVX512 1
-#endif
+#    define BITCOS_BUILD_AVX2 1
+#    if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#        define BITCOS_BUILD_AVX512 1
+#    endif
 #endif
 
 // The reference: portable C, every descriptor (bitcos-kernels-generic.c).
-void bitcos_mm_generic(const bitcos_rows * w, int64_t nr,
-                       const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+void bitcos_mm_generic(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                       float * const * dst);
 // Portable C, every descriptor, several times the reference's speed (table decode, one decode for every
 // column): the kernel of every CPU without a SIMD kernel of its own (bitcos-kernels-portable.c).
-void bitcos_mm_portable(const bitcos_rows * w, int64_t nr,
-                        const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+void bitcos_mm_portable(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                        float * const * dst);
 // AVX2 (+ FMA, BMI2, F16C when present): bitcos-kernels-avx2.c.
-void bitcos_mm_avx2(const bitcos_rows * w, int64_t nr,
-                    const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+void bitcos_mm_avx2(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
 int  bitcos_covers_avx2(const bitcos_rows * w);
 // AVX-512 F/BW/VL (+ VNNI, VPOPCNTDQ, BMI2, F16C when present): bitcos-kernels-avx512.c.
-void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr,
-                      const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                      float * const * dst);
 int  bitcos_covers_avx512(const bitcos_rows * w);
 
 // The contract's FMA(a, b, c) in the form BITCOS_FMA selects (the plain C kernels; SIMD kernels use intrinsics).
@@ -178,16 +177,16 @@ static inline float bitcos_contract_fma(float a, float b, float c) {
 static inline uint64_t bitcos_sign_window(const uint8_t * pool, uint64_t pos) {
     uint64_t lo;
     memcpy(&lo, pool + (pos >> 3), 8);
-    const unsigned sh = (unsigned)(pos & 7);
-    return sh ? (lo >> sh) | ((uint64_t)pool[(pos >> 3) + 8] << (64 - sh)) : lo;
+    const unsigned sh = (unsigned) (pos & 7);
+    return sh ? (lo >> sh) | ((uint64_t) pool[(pos >> 3) + 8] << (64 - sh)) : lo;
 }
 
 // IEEE binary16 -> binary32, exact (no ggml dependency).
 static inline float bitcos_fp16_to_fp32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp  = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu;
-    uint32_t bits;
+    const uint32_t sign = (uint32_t) (h & 0x8000u) << 16;
+    uint32_t       exp  = (h >> 10) & 0x1fu;
+    uint32_t       mant = h & 0x3ffu;
+    uint32_t       bits;
     if (exp == 0x1fu) {
         bits = sign | 0x7f800000u | (mant << 13);
     } else if (exp != 0) {
@@ -197,11 +196,17 @@ static inline float bitcos_fp16_to_fp32(uint16_t h) {
     } else {
         // subnormal: normalise
         exp = 113u;
-        while ((mant & 0x400u) == 0) { mant <<= 1; exp--; }
+        while ((mant & 0x400u) == 0) {
+            mant <<= 1;
+            exp--;
+        }
         mant &= 0x3ffu;
         bits = sign | (exp << 23) | (mant << 13);
     }
-    union { uint32_t u; float f; } v = { bits };
+    union {
+        uint32_t u;
+        float    f;
+    } v = { bits };
     return v.f;
 }
 

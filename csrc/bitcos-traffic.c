@@ -23,16 +23,16 @@
 #define BITCOS_TRAFFIC_WRITE 1
 #define BITCOS_TRAFFIC_COPY  2
 
-#define BITCOS_TRAFFIC_SLICE ((size_t)256 * 1024)
+#define BITCOS_TRAFFIC_SLICE ((size_t) 256 * 1024)
 
 static double bitcos_traffic_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
 }
 
 static uint64_t bitcos_traffic_read_slice(const uint8_t * p, size_t n) {
-    uint64_t a[8] = {0};
+    uint64_t     a[8]  = { 0 };
     const size_t words = n / sizeof(uint64_t);
     for (size_t i = 0; i + 8 <= words; i += 8) {
         for (int j = 0; j < 8; ++j) {
@@ -55,37 +55,37 @@ double bitcos_h_traffic(int mode, uint8_t * buf, size_t bytes, double gb_per_s, 
         return -1.0;
     }
     // copy reads the first half and writes the second; the others walk the whole buffer
-    const size_t span = mode == BITCOS_TRAFFIC_COPY ? bytes / 2 : bytes;
+    const size_t span   = mode == BITCOS_TRAFFIC_COPY ? bytes / 2 : bytes;
     const size_t slices = span / BITCOS_TRAFFIC_SLICE;
-    const double t0 = bitcos_traffic_now();
-    uint64_t done = 0, sum = 0;
-    size_t s = 0;
+    const double t0     = bitcos_traffic_now();
+    uint64_t     done = 0, sum = 0;
+    size_t       s = 0;
     for (;;) {
         const size_t off = s * BITCOS_TRAFFIC_SLICE;
         switch (mode) {
-        case BITCOS_TRAFFIC_READ:
-            sum += bitcos_traffic_read_slice(buf + off, BITCOS_TRAFFIC_SLICE);
-            done += BITCOS_TRAFFIC_SLICE;
-            break;
-        case BITCOS_TRAFFIC_WRITE:
-            memset(buf + off, (int)(s & 0xff), BITCOS_TRAFFIC_SLICE);
-            done += BITCOS_TRAFFIC_SLICE;
-            break;
-        default:
-            memcpy(buf + span + off, buf + off, BITCOS_TRAFFIC_SLICE);
-            done += 2 * BITCOS_TRAFFIC_SLICE;
-            break;
+            case BITCOS_TRAFFIC_READ:
+                sum += bitcos_traffic_read_slice(buf + off, BITCOS_TRAFFIC_SLICE);
+                done += BITCOS_TRAFFIC_SLICE;
+                break;
+            case BITCOS_TRAFFIC_WRITE:
+                memset(buf + off, (int) (s & 0xff), BITCOS_TRAFFIC_SLICE);
+                done += BITCOS_TRAFFIC_SLICE;
+                break;
+            default:
+                memcpy(buf + span + off, buf + off, BITCOS_TRAFFIC_SLICE);
+                done += 2 * BITCOS_TRAFFIC_SLICE;
+                break;
         }
-        s = s + 1 == slices ? 0 : s + 1;
+        s        = s + 1 == slices ? 0 : s + 1;
         double t = bitcos_traffic_now() - t0;
         if (gb_per_s > 0) {
-            const double due = (double)done / (gb_per_s * 1e9);   // when this much traffic is due
+            const double due = (double) done / (gb_per_s * 1e9); // when this much traffic is due
             while (t < due) {
                 t = bitcos_traffic_now() - t0;
             }
         }
         if (t >= seconds) {
-            *moved = done;
+            *moved    = done;
             *checksum = sum ^ buf[span - 1];
             return t;
         }

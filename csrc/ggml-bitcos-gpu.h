@@ -25,34 +25,32 @@ static inline ggml_bitcos_gpu_weight ggml_bitcos_gpu_weight_of(const ggml_tensor
     int64_t row0 = 0, step[3];
     GGML_ASSERT(ggml_bitcos_row_map(src0, &row0, step));
     const ggml_tensor * base = src0->view_src ? src0->view_src : src0;
-    return {static_cast<const uint8_t *>(base->data), static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data),
-            row0};
+    return { static_cast<const uint8_t *>(base->data), static_cast<const uint8_t *>(ggml_bitcos_companion(src0)->data),
+             row0 };
 }
 
 // MUL_MAT dst = src0 * src1 with a BITCOS src0: shapes, strides in floats (f32 activations and output), and
 // ggml's broadcast of the weight's matrices over src1's batches (r2, r3).
 struct ggml_bitcos_gpu_mul_mat {
     ggml_bitcos_gpu_weight weight;
-    const float * x;
-    float       * d;
-    int64_t rows, ne02, ne03;          // src0: rows per matrix, matrices
-    int64_t ne11, ne12, ne13;          // src1: columns, batches
-    int64_t s11, s12, s13;             // src1 strides
-    int64_t d1, d2, d3;                // dst strides
-    int64_t r2, r3;                    // src1 batches per weight matrix
+    const float *          x;
+    float *                d;
+    int64_t                rows, ne02, ne03; // src0: rows per matrix, matrices
+    int64_t                ne11, ne12, ne13; // src1: columns, batches
+    int64_t                s11, s12, s13;    // src1 strides
+    int64_t                d1, d2, d3;       // dst strides
+    int64_t                r2, r3;           // src1 batches per weight matrix
 
     // The base row of the weight matrix that batch (i12, i13) multiplies.
-    int64_t batch_row0(int64_t i12, int64_t i13) const {
-        return weight.row0 + ((i13 / r3) * ne02 + i12 / r2) * rows;
-    }
+    int64_t batch_row0(int64_t i12, int64_t i13) const { return weight.row0 + ((i13 / r3) * ne02 + i12 / r2) * rows; }
 };
 
 static inline ggml_bitcos_gpu_mul_mat ggml_bitcos_gpu_mul_mat_of(const ggml_tensor * src0, const ggml_tensor * src1,
-                                                                ggml_tensor * dst) {
+                                                                 ggml_tensor * dst) {
     ggml_bitcos_gpu_mul_mat m;
     m.weight = ggml_bitcos_gpu_weight_of(src0);
-    m.x = static_cast<const float *>(src1->data);
-    m.d = static_cast<float *>(dst->data);
+    m.x      = static_cast<const float *>(src1->data);
+    m.d      = static_cast<float *>(dst->data);
     m.rows = src0->ne[1], m.ne02 = src0->ne[2], m.ne03 = src0->ne[3];
     m.ne11 = src1->ne[1], m.ne12 = src1->ne[2], m.ne13 = src1->ne[3];
     m.s11 = src1->nb[1] / sizeof(float), m.s12 = src1->nb[2] / sizeof(float), m.s13 = src1->nb[3] / sizeof(float);

@@ -54,7 +54,7 @@ struct ggml_tensor * ggml_bitcos_companion(const struct ggml_tensor * w) {
 
 bool ggml_bitcos_row_map(const struct ggml_tensor * w, int64_t * row0, int64_t step[3]) {
     const struct ggml_tensor * base = w->view_src ? w->view_src : w;
-    const size_t rb = base->nb[1];
+    const size_t               rb   = base->nb[1];
     if (w->ne[0] != base->ne[0] || w->nb[0] != base->nb[0] || rb == 0) {
         return false;
     }
@@ -62,16 +62,16 @@ bool ggml_bitcos_row_map(const struct ggml_tensor * w, int64_t * row0, int64_t s
     if (offs % rb != 0 || w->nb[1] % rb != 0 || w->nb[2] % rb != 0 || w->nb[3] % rb != 0) {
         return false;
     }
-    *row0   = (int64_t)(offs / rb);
-    step[0] = (int64_t)(w->nb[1] / rb);
-    step[1] = (int64_t)(w->nb[2] / rb);
-    step[2] = (int64_t)(w->nb[3] / rb);
+    *row0   = (int64_t) (offs / rb);
+    step[0] = (int64_t) (w->nb[1] / rb);
+    step[1] = (int64_t) (w->nb[2] / rb);
+    step[2] = (int64_t) (w->nb[3] / rb);
     return true;
 }
 
 bool ggml_bitcos_gpu_supports_op(const struct ggml_tensor * op) {
     switch (op->op) {
-        case GGML_OP_NONE:        // the weight itself as a scheduler asks about it: storage, no computation
+        case GGML_OP_NONE: // the weight itself as a scheduler asks about it: storage, no computation
         case GGML_OP_RESHAPE:
         case GGML_OP_VIEW:
         case GGML_OP_PERMUTE:
@@ -96,7 +96,7 @@ bool ggml_bitcos_gpu_supports_op(const struct ggml_tensor * op) {
         // a view: consecutive whole rows of a 2-D weight (e.g. a slice of a fused projection), MUL_MAT only;
         // the kernels then read the base weight from the view's first row
         const struct ggml_tensor * base = src0->view_src;
-        int64_t row0, step[3];
+        int64_t                    row0, step[3];
         if (op->op != GGML_OP_MUL_MAT || !ggml_bitcos_row_map(src0, &row0, step) || step[0] != 1 ||
             base->ne[2] * base->ne[3] != 1 || src0->ne[2] * src0->ne[3] != 1) {
             return false;
@@ -127,8 +127,8 @@ bool ggml_bitcos_link(struct ggml_tensor * w, struct ggml_tensor * c, char * err
         return false;
     }
     if (c == NULL) {
-        snprintf(err, err_size, "BITCOS tensor '%s' has no companion tensor '%s%s'",
-                 ggml_get_name(w), ggml_get_name(w), BITCOS_COMPANION_SUFFIX);
+        snprintf(err, err_size, "BITCOS tensor '%s' has no companion tensor '%s%s'", ggml_get_name(w), ggml_get_name(w),
+                 BITCOS_COMPANION_SUFFIX);
         return false;
     }
     if (c->type != GGML_TYPE_I8 || ggml_n_dims(c) != 1) {
@@ -158,13 +158,13 @@ bool ggml_bitcos_validate_tensor(const struct ggml_tensor * w, char * err, size_
         snprintf(err, err_size, "companion not loaded");
         return false;
     }
-    void * wcopy, * ccopy;
+    void *       wcopy, *ccopy;
     const void * wdata = host_data(w, &wcopy);
     const void * cdata = host_data(c, &ccopy);
-    bool ok;
+    bool         ok;
     if (wdata == NULL || cdata == NULL) {
-        snprintf(err, err_size, "out of memory for a host copy of the tensor (%zu + %zu bytes)",
-                 ggml_nbytes(w), ggml_nbytes(c));
+        snprintf(err, err_size, "out of memory for a host copy of the tensor (%zu + %zu bytes)", ggml_nbytes(w),
+                 ggml_nbytes(c));
         ok = false;
     } else {
         ok = ggml_bitcos_validate(w, wdata, cdata, ggml_nbytes(c), err, err_size);
@@ -180,15 +180,15 @@ bool ggml_bitcos_check_use(const struct ggml_tensor * w, enum ggml_op op, bool l
     }
     if (op != GGML_OP_MUL_MAT && op != GGML_OP_MUL_MAT_ID) {
         return ggml_bitcos_fail(err, err_size,
-                "BITCOS tensor '%s' (%s) is used with %s by this model architecture; a BITCOS "
-                "type is only valid on the weight of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
-                ggml_get_name(w), ggml_type_name(w->type), ggml_op_name(op));
+                                "BITCOS tensor '%s' (%s) is used with %s by this model architecture; a BITCOS "
+                                "type is only valid on the weight of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
+                                ggml_get_name(w), ggml_type_name(w->type), ggml_op_name(op));
     }
     if (lazy) {
         return ggml_bitcos_fail(err, err_size,
-                "BITCOS tensor '%s' (%s) would be read lazily (--lazy-mode); BITCOS weights "
-                "are loaded and validated in full: use --lazy-mode off", ggml_get_name(w),
-                ggml_type_name(w->type));
+                                "BITCOS tensor '%s' (%s) would be read lazily (--lazy-mode); BITCOS weights "
+                                "are loaded and validated in full: use --lazy-mode off",
+                                ggml_get_name(w), ggml_type_name(w->type));
     }
     return true;
 }
@@ -198,8 +198,8 @@ static bool is_view_op(enum ggml_op op) {
            op == GGML_OP_TRANSPOSE;
 }
 
-bool ggml_bitcos_graph_check(struct ggml_cgraph * graph, struct ggml_backend ** backends, int n_backends,
-                             char * err, size_t err_size) {
+bool ggml_bitcos_graph_check(struct ggml_cgraph * graph, struct ggml_backend ** backends, int n_backends, char * err,
+                             size_t err_size) {
     for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
         const struct ggml_tensor * node = ggml_graph_node(graph, i);
         if (!ggml_bitcos_op_involves(node) || is_view_op(node->op)) {
@@ -215,22 +215,23 @@ bool ggml_bitcos_graph_check(struct ggml_cgraph * graph, struct ggml_backend ** 
         const struct ggml_tensor * base = w->view_src ? w->view_src : w;
         if ((node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_MUL_MAT_ID) || node->src[0] != w) {
             return ggml_bitcos_fail(err, err_size,
-                    "BITCOS tensor '%s' is used with %s in node '%s'; a BITCOS type is only "
-                    "valid on the weight (src0) of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
-                    ggml_get_name(base), ggml_op_desc(node), ggml_get_name(node));
+                                    "BITCOS tensor '%s' is used with %s in node '%s'; a BITCOS type is only "
+                                    "valid on the weight (src0) of a matrix multiplication (MUL_MAT / MUL_MAT_ID)",
+                                    ggml_get_name(base), ggml_op_desc(node), ggml_get_name(node));
         }
-        const ggml_backend_buffer_t buf = base->buffer;
-        bool runs = false;
+        const ggml_backend_buffer_t buf  = base->buffer;
+        bool                        runs = false;
         for (int b = 0; b < n_backends && !runs; ++b) {
             runs = (buf == NULL || ggml_backend_supports_buft(backends[b], ggml_backend_buffer_get_type(buf))) &&
                    ggml_backend_supports_op(backends[b], node);
         }
         if (!runs) {
             return ggml_bitcos_fail(err, err_size,
-                    "no backend can run %s '%s' on BITCOS tensor '%s' where it is stored (%s): "
-                    "the companion is missing, the operand is not whole rows of the weight, or the "
-                    "activations are not F32", ggml_op_desc(node), ggml_get_name(node),
-                    ggml_get_name(base), buf ? ggml_backend_buffer_name(buf) : "no buffer");
+                                    "no backend can run %s '%s' on BITCOS tensor '%s' where it is stored (%s): "
+                                    "the companion is missing, the operand is not whole rows of the weight, or the "
+                                    "activations are not F32",
+                                    ggml_op_desc(node), ggml_get_name(node), ggml_get_name(base),
+                                    buf ? ggml_backend_buffer_name(buf) : "no buffer");
         }
     }
     return true;

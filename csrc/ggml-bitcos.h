@@ -69,14 +69,14 @@ GGML_API bool ggml_bitcos_link(struct ggml_tensor * w, struct ggml_tensor * c, c
 // use the architecture declares), and never on a tensor read lazily from disk (`lazy`: llama.cpp's
 // --lazy-mode, which skips the buffer-type checks and full loading that BITCOS validation needs). True for
 // any non-BITCOS tensor; else false with a message naming the tensor in err.
-GGML_API bool ggml_bitcos_check_use(const struct ggml_tensor * w, enum ggml_op op, bool lazy,
-                                    char * err, size_t err_size);
+GGML_API bool ggml_bitcos_check_use(const struct ggml_tensor * w, enum ggml_op op, bool lazy, char * err,
+                                    size_t err_size);
 
 // Check of a built graph before it is scheduled (llama.cpp calls it for every graph it reserves): every node
 // that reads a BITCOS tensor is a view of it or a MUL_MAT / MUL_MAT_ID with it as src0 that one of
 // `backends` supports where the weight is stored. Otherwise ggml's scheduler would abort; this returns false
 // with a message naming the tensor and the node instead.
-struct ggml_backend;  // ggml-backend.h's ggml_backend_t is a struct ggml_backend *
+struct ggml_backend; // ggml-backend.h's ggml_backend_t is a struct ggml_backend *
 GGML_API bool ggml_bitcos_graph_check(struct ggml_cgraph * graph, struct ggml_backend ** backends, int n_backends,
                                       char * err, size_t err_size);
 
@@ -101,7 +101,7 @@ GGML_API bool ggml_bitcos_row_map(const struct ggml_tensor * w, int64_t * row0, 
 struct ggml_bitcos_header {
     uint32_t magic;
     uint16_t version;
-    uint8_t  variant;          // enum bitcos_variant
+    uint8_t  variant; // enum bitcos_variant
     uint8_t  row_group_log2;
     uint64_t n_cols;
     uint64_t n_rows;
@@ -123,16 +123,16 @@ GGML_API uint64_t ggml_bitcos_sign_pos(const void * cdata, const struct ggml_bit
 // Scale accessors (FORMAT.md §4.2; no checks: call after ggml_bitcos_validate, which makes every offset
 // canonical and inside the companion).
 // PT / MATRIX: the fp32 scale of matrix m.
-GGML_API float ggml_bitcos_matrix_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t m);
+GGML_API float           ggml_bitcos_matrix_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t m);
 // The fp32 scale of row r for the row-scaled variants: PT / MATRIX the scale of r's matrix (r / (R / M)),
 // ROW row r's own; 0 for the block-scaled variants (G128, B128, B256).
-GGML_API float ggml_bitcos_row_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t r);
+GGML_API float           ggml_bitcos_row_scale(const void * cdata, const struct ggml_bitcos_header * h, uint64_t r);
 // B128 / B256: the fp16 scales of row r in the companion, K / bitcos_variant_scale_block(variant) IEEE fp16
 // values, little-endian, 2 bytes apart; rows are ggml_bitcos_scale_row_bytes(h) apart. (G128's scales are
 // in the weight's blocks: offsetof(block_bitcos_g128, d), 18 bytes apart.)
 GGML_API const uint8_t * ggml_bitcos_block_scales(const void * cdata, const struct ggml_bitcos_header * h, uint64_t r);
 // Bytes of one row's companion block scales: 2 * K / 128 (B128), 2 * K / 256 (B256); 0 for other variants.
-GGML_API uint64_t ggml_bitcos_scale_row_bytes(const struct ggml_bitcos_header * h);
+GGML_API uint64_t        ggml_bitcos_scale_row_bytes(const struct ggml_bitcos_header * h);
 
 // Full check of a BITCOS weight and its companion after loading (FORMAT.md §3, §3.1, §4): version and
 // variant match the weight type (version 1: 160 / 161 with variant 0 / 1; version 2: 162 with 2..5), K a
@@ -143,8 +143,8 @@ GGML_API uint64_t ggml_bitcos_scale_row_bytes(const struct ggml_bitcos_header * 
 // R * K/8 for GGML_TYPE_BITCOS), cdata of the companion, cbytes the companion's size. Every offset the
 // header holds is checked before it is used: a crafted companion cannot make it read out of bounds.
 // Returns false and writes a message (without the tensor name) into err on the first violation.
-GGML_API bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata,
-                                   const void * cdata, size_t cbytes, char * err, size_t err_size);
+GGML_API bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wdata, const void * cdata, size_t cbytes,
+                                   char * err, size_t err_size);
 
 // Encoder (tests, tools), any variant (enum bitcos_variant; the weight's ggml type is
 // bitcos_variant_type_id(variant)). codes: n_rows*k int8 values in {-1,0,1}, row-major (row = output channel,
@@ -156,9 +156,9 @@ GGML_API bool ggml_bitcos_validate(const struct ggml_tensor * w, const void * wd
 // cdst. Returns the companion size in bytes; when cdst is NULL or cdst_size is too small, writes nothing and
 // only returns the size. Returns 0 on invalid arguments, an invalid scale (ggml_bitcos_scale_*_valid,
 // -0.0 included) among them: the encoder never writes a file the validator refuses.
-GGML_API size_t ggml_bitcos_encode(int variant, int64_t k, int64_t n_rows, int64_t n_mats,
-                                   const int8_t * codes, const uint16_t * block_scales, const float * scales,
-                                   void * wdst, void * cdst, size_t cdst_size);
+GGML_API size_t ggml_bitcos_encode(int variant, int64_t k, int64_t n_rows, int64_t n_mats, const int8_t * codes,
+                                   const uint16_t * block_scales, const float * scales, void * wdst, void * cdst,
+                                   size_t cdst_size);
 
 #ifdef __cplusplus
 }

@@ -67,7 +67,7 @@ BASE_CMAKE_ARGS = [
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_CURL=OFF",
     "-DGGML_NATIVE=ON",
-    "-DGGML_RPC=ON",            # ggml-rpc + rpc-server: a model split over machines (`--rpc host:port`)
+    "-DGGML_RPC=ON",  # ggml-rpc + rpc-server: a model split over machines (`--rpc host:port`)
 ]
 
 
@@ -81,8 +81,11 @@ class BuildError(RuntimeError):
 
 def csrc_destinations() -> list[str]:
     """Paths (relative to the sdist root) that hold copies of this repository's C sources."""
-    return [BITCOS_SRC_DIR, *(f"{LLAMA_DIR}/ggml/include/{h}" for h in PUBLIC_HEADERS),
-            *(f"{VULKAN_SHADER_DIR}/{p.name}" for p in _vulkan_files() if p.suffix in SHADER_SUFFIXES)]
+    return [
+        BITCOS_SRC_DIR,
+        *(f"{LLAMA_DIR}/ggml/include/{h}" for h in PUBLIC_HEADERS),
+        *(f"{VULKAN_SHADER_DIR}/{p.name}" for p in _vulkan_files() if p.suffix in SHADER_SUFFIXES),
+    ]
 
 
 def _csrc_files() -> list[Path]:
@@ -110,8 +113,9 @@ def source_files() -> list[Path]:
     """Every file of this repository the patched tree is made from: patches, csrc (and its backend folders), C
     tests (the sdist must carry them all: tests/test_install.py)."""
     backends = [p for name in BACKEND_CSRC_DIRS for p in _backend_files(name)]
-    return (sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _vulkan_files() + backends + _tool_files()
-            + _ctest_files())
+    return (
+        sorted(PATCH_DIR.glob("*.patch")) + _csrc_files() + _vulkan_files() + backends + _tool_files() + _ctest_files()
+    )
 
 
 def source_hash() -> str:
@@ -158,11 +162,17 @@ def apply_patches(tree: Path) -> list[str]:
     """Apply patches/*.patch in order with `patch -p1`; any failure or fuzz is an error."""
     applied = []
     for patch in sorted(PATCH_DIR.glob("*.patch")):
-        r = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-i", str(patch)],
-                           cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        r = subprocess.run(
+            ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-i", str(patch)],
+            cwd=tree,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         if r.returncode != 0:
-            raise BuildError(f"patch {patch.name} does not apply to llama-cpp-python "
-                             f"{upstream.SDIST_VERSION}:\n{r.stdout}")
+            raise BuildError(
+                f"patch {patch.name} does not apply to llama-cpp-python {upstream.SDIST_VERSION}:\n{r.stdout}"
+            )
         applied.append(patch.name)
     return applied
 
@@ -262,8 +272,7 @@ def build_lock(cache: Path) -> Iterator[None]:
 
 def _run_logged(cmd: list[str], env: dict[str, str], log: Path, verbose: bool, cwd: Path | None = None) -> int:
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         for line in proc.stdout:
             f.write(line)
@@ -297,8 +306,14 @@ def _forget_stale_options(build_dir: Path, cmake_args: str) -> None:
     stamp.write_text(cmake_args)
 
 
-def build(cmake_args: str | None = None, work: Path | None = None, jobs: int | None = None,
-          log: Path | None = None, verbose: bool = False, target: Path | None = None) -> Path:
+def build(
+    cmake_args: str | None = None,
+    work: Path | None = None,
+    jobs: int | None = None,
+    log: Path | None = None,
+    verbose: bool = False,
+    target: Path | None = None,
+) -> Path:
     """Build and pip-install the patched llama-cpp-python. cmake_args defaults to $CMAKE_ARGS.
 
     Returns the patched source tree. Raises BuildError with the log tail on failure.
@@ -311,20 +326,30 @@ def build(cmake_args: str | None = None, work: Path | None = None, jobs: int | N
         tree = prepare_tree(cache)
         env = _build_env(cmake_args, jobs)
         build_dir = cache / "build"
-        cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "-v",
-               f"--config-settings=build-dir={build_dir}", str(tree)]
-        if target is not None:   # a folder instead of this environment (e.g. a portable build for another machine)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-build-isolation",
+            "-v",
+            f"--config-settings=build-dir={build_dir}",
+            str(tree),
+        ]
+        if target is not None:  # a folder instead of this environment (e.g. a portable build for another machine)
             cmd += ["--no-deps", "--upgrade", "--target", str(target)]
         log = log or cache / "build-llama.log"
-        print(f"building patched llama-cpp-python {upstream.SDIST_VERSION} (llama.cpp {upstream.LLAMA_CPP_COMMIT})",
-              flush=True)
+        print(
+            f"building patched llama-cpp-python {upstream.SDIST_VERSION} (llama.cpp {upstream.LLAMA_CPP_COMMIT})",
+            flush=True,
+        )
         print(f"  CMAKE_ARGS={env['CMAKE_ARGS']}\n  build dir {build_dir}\n  log {log}", flush=True)
         _forget_stale_options(build_dir, env["CMAKE_ARGS"])
         rc = _run_logged(cmd, env, log, verbose)
     dt = time.monotonic() - t0
     if rc != 0:
         raise BuildError(f"pip install of the patched tree failed after {dt:.0f} s (log {log}):\n{_log_tail(log)}")
-    print(f"patched llama-cpp-python installed in {dt:.0f} s ({dt/60:.1f} min)", flush=True)
+    print(f"patched llama-cpp-python installed in {dt:.0f} s ({dt / 60:.1f} min)", flush=True)
     return tree
 
 
@@ -338,8 +363,14 @@ print("built wheel:", build_wheel(sys.argv[1], {"build-dir": sys.argv[2]}), flus
 BUILD_INFO = "llama_build.json"
 
 
-def build_package(stage: Path, cmake_args: str | None = None, work: Path | None = None, jobs: int | None = None,
-                  log: Path | None = None, verbose: bool = False) -> Path:
+def build_package(
+    stage: Path,
+    cmake_args: str | None = None,
+    work: Path | None = None,
+    jobs: int | None = None,
+    log: Path | None = None,
+    verbose: bool = False,
+) -> Path:
     """Build the patched llama-cpp-python's wheel in the incremental build dir (<cache>/build, as build-llama
     uses) and unpack its `llama_cpp` package into stage/llama_cpp (replaced), with stage/llama_build.json
     saying how it was built. Returns stage/llama_cpp. Used by the build backend (buildsys/) for the
@@ -351,30 +382,36 @@ def build_package(stage: Path, cmake_args: str | None = None, work: Path | None 
     log = log or cache / "build-llama.log"
     env = _build_env(cmake_args, jobs)
     build_dir = cache / "build"
-    print(f"building patched llama-cpp-python {upstream.SDIST_VERSION} (llama.cpp {upstream.LLAMA_CPP_COMMIT})",
-          flush=True)
+    print(
+        f"building patched llama-cpp-python {upstream.SDIST_VERSION} (llama.cpp {upstream.LLAMA_CPP_COMMIT})",
+        flush=True,
+    )
     print(f"  CMAKE_ARGS={env['CMAKE_ARGS']}\n  build dir {build_dir}\n  log {log}", flush=True)
     with build_lock(cache):
         tree = prepare_tree(cache)
         _forget_stale_options(build_dir, env["CMAKE_ARGS"])
         with tempfile.TemporaryDirectory(prefix="wheel-", dir=cache) as out:
-            rc = _run_logged([sys.executable, "-c", _WHEEL_SCRIPT, out, str(build_dir)], env, log, verbose,
-                             cwd=tree)
+            rc = _run_logged([sys.executable, "-c", _WHEEL_SCRIPT, out, str(build_dir)], env, log, verbose, cwd=tree)
             wheels = sorted(Path(out).glob("*.whl"))
             if rc != 0 or len(wheels) != 1:
                 dt = time.monotonic() - t0
-                raise BuildError(f"building the patched llama-cpp-python failed after {dt:.0f} s (log {log}):\n"
-                                 f"{_log_tail(log)}")
+                raise BuildError(
+                    f"building the patched llama-cpp-python failed after {dt:.0f} s (log {log}):\n{_log_tail(log)}"
+                )
             pkg = _unpack_package(wheels[0], "llama_cpp", stage)
     init = (pkg / "__init__.py").read_text()
     if PATCHED_VERSION_SUFFIX not in init:
         raise BuildError(f"{wheels[0].name}: llama_cpp/__init__.py has no {PATCHED_VERSION_SUFFIX} version")
-    info = {"llama_cpp_python": upstream.SDIST_VERSION + PATCHED_VERSION_SUFFIX,
-            "llama_cpp_commit": upstream.LLAMA_CPP_COMMIT, "source_hash": source_hash(),
-            "user_cmake_args": cmake_args or "", "cmake_args": env["CMAKE_ARGS"]}
+    info = {
+        "llama_cpp_python": upstream.SDIST_VERSION + PATCHED_VERSION_SUFFIX,
+        "llama_cpp_commit": upstream.LLAMA_CPP_COMMIT,
+        "source_hash": source_hash(),
+        "user_cmake_args": cmake_args or "",
+        "cmake_args": env["CMAKE_ARGS"],
+    }
     (stage / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")
     dt = time.monotonic() - t0
-    print(f"patched llama-cpp-python built in {dt:.0f} s ({dt/60:.1f} min): {pkg}", flush=True)
+    print(f"patched llama-cpp-python built in {dt:.0f} s ({dt / 60:.1f} min): {pkg}", flush=True)
     return pkg
 
 
@@ -406,14 +443,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "build-llama",
         help="build and install the patched llama-cpp-python (llama.cpp with BITCOS)",
         description="Fetch the pinned llama-cpp-python sdist, apply patches/ and csrc/, and pip-install it. "
-                    "Extra CMake options come from $CMAKE_ARGS (e.g. -DGGML_VULKAN=ON) or --cmake-args.")
+        "Extra CMake options come from $CMAKE_ARGS (e.g. -DGGML_VULKAN=ON) or --cmake-args.",
+    )
     p.add_argument("--cmake-args", default=None, help="CMake options appended last (default: $CMAKE_ARGS)")
     p.add_argument("--work-dir", type=Path, default=None, help="cache dir (default ~/.cache/ggml-bitcos)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs")
     p.add_argument("-v", "--verbose", action="store_true", help="stream the build output")
     p.add_argument("--prepare-only", action="store_true", help="only stage the patched source tree")
-    p.add_argument("--target", type=Path, default=None,
-                   help="install the built llama_cpp package into this folder instead of this environment")
+    p.add_argument(
+        "--target",
+        type=Path,
+        default=None,
+        help="install the built llama_cpp package into this folder instead of this environment",
+    )
     p.set_defaults(func=_cli)
 
 

@@ -28,9 +28,10 @@ SUBCOMMAND_MODULES: list[str] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ggml-bitcos",
-                                     description="BITCOS ternary weights (presence bitmap + compacted signs) "
-                                                 "for llama.cpp / GGUF")
+    parser = argparse.ArgumentParser(
+        prog="ggml-bitcos",
+        description="BITCOS ternary weights (presence bitmap + compacted signs) for llama.cpp / GGUF",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -49,7 +50,8 @@ def _error_types() -> tuple[type[BaseException], ...]:
 
     from .codec import FormatError
     from .convert import ConvertError
-    from .llama_tools import ToolNotBuiltError   # the patched llama.cpp is missing: the message says what to run
+    from .llama_tools import ToolNotBuiltError  # the patched llama.cpp is missing: the message says what to run
+
     return (GGUFError, ConvertError, FormatError, ToolNotBuiltError)
 
 

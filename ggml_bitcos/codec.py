@@ -28,11 +28,23 @@ from typing import Final
 
 import numpy as np
 
-from .format import (BITMAP_BYTES, HEADER_BYTES, HEADER_FIELDS, MAGIC, MAX_ROW_GROUP_LOG2, MAX_SCALE,
-                     MAX_WEIGHT_NAME, POOL_TAIL, QK, SECTION_ALIGN, VERSIONS, Variant)
+from .format import (
+    BITMAP_BYTES,
+    HEADER_BYTES,
+    HEADER_FIELDS,
+    MAGIC,
+    MAX_ROW_GROUP_LOG2,
+    MAX_SCALE,
+    MAX_WEIGHT_NAME,
+    POOL_TAIL,
+    QK,
+    SECTION_ALIGN,
+    VERSIONS,
+    Variant,
+)
 
 _FIELDS_FORMAT: Final = "<" + "".join(code for _name, code in HEADER_FIELDS)
-HEADER_RESERVED_OFFSET: Final = struct.calcsize(_FIELDS_FORMAT)    # reserved, zero bytes from here on
+HEADER_RESERVED_OFFSET: Final = struct.calcsize(_FIELDS_FORMAT)  # reserved, zero bytes from here on
 _HEADER = struct.Struct(f"{_FIELDS_FORMAT}{HEADER_BYTES - HEADER_RESERVED_OFFSET}x")
 assert _HEADER.size == HEADER_BYTES
 
@@ -80,8 +92,11 @@ class Header:
     def pack(self) -> bytes:
         """The 128 header bytes: the fields in ``format.HEADER_FIELDS`` order, then zero reserved bytes; the
         version is the variant's (1 for G128 / PT, 2 for the rest)."""
-        values = {"magic": MAGIC, "version": header_version(self.variant),
-                  **{f.name: getattr(self, f.name) for f in fields(self)}}
+        values = {
+            "magic": MAGIC,
+            "version": header_version(self.variant),
+            **{f.name: getattr(self, f.name) for f in fields(self)},
+        }
         return _HEADER.pack(*(values[name] for name, _code in HEADER_FIELDS))
 
 
@@ -96,7 +111,7 @@ def invalid_scales(scales: np.ndarray) -> np.ndarray:
     f = np.asarray(s, dtype="<f4")
     bits = f.view("<u4")
     with np.errstate(invalid="ignore"):
-        return ((bits & 0x80000000) != 0) | ~(f <= np.float32(MAX_SCALE))   # NaN fails the comparison
+        return ((bits & 0x80000000) != 0) | ~(f <= np.float32(MAX_SCALE))  # NaN fails the comparison
 
 
 def check_scales(variant: Variant, scales: np.ndarray) -> None:
@@ -110,15 +125,18 @@ def check_scales(variant: Variant, scales: np.ndarray) -> None:
     if variant.scale_block:
         nb = np.asarray(scales).shape[-1]
         value = float(flat.view("<f2")[i]) if flat.dtype.kind == "u" else float(flat[i])
-        raise FormatError(f"invalid fp16 scale {value!r} in block {i % nb} of row {i // nb} "
-                          f"(valid: finite, >= +0.0; FORMAT.md 3.1)")
+        raise FormatError(
+            f"invalid fp16 scale {value!r} in block {i % nb} of row {i // nb} (valid: finite, >= +0.0; FORMAT.md 3.1)"
+        )
     what = "row" if variant is Variant.ROW else "matrix"
-    raise FormatError(f"invalid scale {float(flat[i])!r} of {what} {i} "
-                      f"(valid: finite, >= +0.0, <= {MAX_SCALE}; FORMAT.md 3.1)")
+    raise FormatError(
+        f"invalid scale {float(flat[i])!r} of {what} {i} (valid: finite, >= +0.0, <= {MAX_SCALE}; FORMAT.md 3.1)"
+    )
 
 
-def canonical_header(variant: Variant, n_cols: int, n_rows: int, n_mats: int, n_sign_bits: int,
-                     row_group_log2: int) -> Header:
+def canonical_header(
+    variant: Variant, n_cols: int, n_rows: int, n_mats: int, n_sign_bits: int, row_group_log2: int
+) -> Header:
     """The header with every offset at its canonical value (FORMAT.md §4.1)."""
     variant = Variant(variant)
     off = HEADER_BYTES
@@ -133,12 +151,24 @@ def canonical_header(variant: Variant, n_cols: int, n_rows: int, n_mats: int, n_
     off = _align(off + 2 * n_rows)
     pool_offset = off
     pool_bytes = _align((n_sign_bits + 7) // 8) + POOL_TAIL
-    return Header(variant, row_group_log2, n_cols, n_rows, n_mats, n_sign_bits, scales_offset,
-                  row_base_offset, row_delta_offset, pool_offset, pool_bytes)
+    return Header(
+        variant,
+        row_group_log2,
+        n_cols,
+        n_rows,
+        n_mats,
+        n_sign_bits,
+        scales_offset,
+        row_base_offset,
+        row_delta_offset,
+        pool_offset,
+        pool_bytes,
+    )
 
 
-def companion_size(variant: Variant, n_cols: int, n_rows: int, n_mats: int, n_sign_bits: int,
-                   row_group_log2: int) -> int:
+def companion_size(
+    variant: Variant, n_cols: int, n_rows: int, n_mats: int, n_sign_bits: int, row_group_log2: int
+) -> int:
     """Bytes of the companion tensor of a weight with these dimensions (FORMAT.md §4, §8)."""
     return canonical_header(variant, n_cols, n_rows, n_mats, n_sign_bits, row_group_log2).companion_bytes
 
@@ -169,8 +199,8 @@ class Encoded:
     """A BITCOS weight as the two GGUF tensors' data (FORMAT.md §1)."""
 
     variant: Variant
-    blocks: np.ndarray       # uint8 (R, row bytes): the weight tensor's data (v1 G128 K/128·18, else K/8)
-    companion: np.ndarray    # uint8 (companion bytes,): the ".bitcos" tensor's data
+    blocks: np.ndarray  # uint8 (R, row bytes): the weight tensor's data (v1 G128 K/128·18, else K/8)
+    companion: np.ndarray  # uint8 (companion bytes,): the ".bitcos" tensor's data
     header: Header
 
     @property
@@ -178,8 +208,9 @@ class Encoded:
         return int(self.blocks.nbytes + self.companion.nbytes)
 
 
-def encoded_nbytes(variant: Variant, ne: tuple[int, ...] | list[int], n_sign_bits: int,
-                   row_group_log2: int) -> tuple[int, int]:
+def encoded_nbytes(
+    variant: Variant, ne: tuple[int, ...] | list[int], n_sign_bits: int, row_group_log2: int
+) -> tuple[int, int]:
     """(weight + companion bytes, companion bytes) of a BITCOS tensor of ggml shape ``ne`` (ne0 = K first) in
     ``variant`` with ``n_sign_bits`` non-zero weights: the one size rule of an encoded tensor (FORMAT.md §8)."""
     k, n_rows = int(ne[0]), math.prod(int(x) for x in ne[1:])
@@ -195,12 +226,20 @@ def weight_row_bytes(variant: Variant, n_cols: int) -> int:
 def check_row_length(variant: Variant, n_cols: int) -> None:
     """``ValueError`` unless ``n_cols`` is a positive multiple of the variant's K multiple (FORMAT.md §3)."""
     if n_cols <= 0 or n_cols % variant.k_multiple:
-        raise ValueError(f"row length {n_cols} is not a positive multiple of {variant.k_multiple} "
-                         f"(required by {variant.name})")
+        raise ValueError(
+            f"row length {n_cols} is not a positive multiple of {variant.k_multiple} (required by {variant.name})"
+        )
 
 
-def _scales_array(variant: Variant, n_rows: int, n_cols: int, n_mats: int, block_scales: np.ndarray | None,
-                  matrix_scales: np.ndarray | None, row_scales: np.ndarray | None) -> np.ndarray:
+def _scales_array(
+    variant: Variant,
+    n_rows: int,
+    n_cols: int,
+    n_mats: int,
+    block_scales: np.ndarray | None,
+    matrix_scales: np.ndarray | None,
+    row_scales: np.ndarray | None,
+) -> np.ndarray:
     """The variant's scales as stored: fp16 (R, K / scale_block), fp32 (M,) or fp32 (R,); -0.0 -> +0.0;
     ``ValueError`` on a missing or wrongly shaped argument or an invalid scale (FORMAT.md §3.1)."""
     if variant.scale_block:
@@ -215,7 +254,7 @@ def _scales_array(variant: Variant, n_rows: int, n_cols: int, n_mats: int, block
         cast = None if given is None else np.asarray(given, dtype="<f4")
     if cast is None or cast.shape != want:
         raise ValueError(f"{variant.name} needs {name} of shape {want}")
-    cast = (cast + cast.dtype.type(0)).astype(cast.dtype)    # -0.0 -> +0.0
+    cast = (cast + cast.dtype.type(0)).astype(cast.dtype)  # -0.0 -> +0.0
     try:
         check_scales(variant, cast)
     except FormatError as e:
@@ -223,9 +262,15 @@ def _scales_array(variant: Variant, n_rows: int, n_cols: int, n_mats: int, block
     return cast
 
 
-def encode(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | None = None,
-           matrix_scales: np.ndarray | None = None, row_scales: np.ndarray | None = None,
-           n_mats: int = 1) -> Encoded:
+def encode(
+    codes: np.ndarray,
+    variant: Variant,
+    *,
+    block_scales: np.ndarray | None = None,
+    matrix_scales: np.ndarray | None = None,
+    row_scales: np.ndarray | None = None,
+    n_mats: int = 1,
+) -> Encoded:
     """Encode ternary codes (int8 (R, K), values -1/0/+1) into a BITCOS weight + companion.
 
     Scales (module docstring) as the variant needs them, each valid (FORMAT.md §3.1; -0.0 is stored as +0.0):
@@ -249,7 +294,7 @@ def encode(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | No
         raise ValueError("codes must be -1, 0 or +1")
     scales = _scales_array(variant, n_rows, k, n_mats, block_scales, matrix_scales, row_scales)
 
-    bitmap = np.packbits(present, axis=1, bitorder="little")          # (R, K/8), LSB first
+    bitmap = np.packbits(present, axis=1, bitorder="little")  # (R, K/8), LSB first
     row_counts = np.count_nonzero(present, axis=1)
     sign_pos = row_sign_positions(row_counts)
     n_sign = int(row_counts.sum())
@@ -271,16 +316,16 @@ def encode(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | No
     comp[:HEADER_BYTES] = np.frombuffer(hdr.pack(), dtype=np.uint8)
     if variant is not Variant.G128:
         raw = np.ascontiguousarray(scales).view(np.uint8).reshape(-1)
-        comp[hdr.scales_offset:hdr.scales_offset + raw.shape[0]] = raw
+        comp[hdr.scales_offset : hdr.scales_offset + raw.shape[0]] = raw
     gsize = 1 << g
     row_base = sign_pos[::gsize]
     row_delta = (sign_pos - np.repeat(row_base, gsize)[:n_rows]).astype("<u2")
-    comp[hdr.row_base_offset:hdr.row_base_offset + 8 * row_base.shape[0]] = row_base.astype("<u8").view(np.uint8)
-    comp[hdr.row_delta_offset:hdr.row_delta_offset + 2 * n_rows] = row_delta.view(np.uint8)
+    comp[hdr.row_base_offset : hdr.row_base_offset + 8 * row_base.shape[0]] = row_base.astype("<u8").view(np.uint8)
+    comp[hdr.row_delta_offset : hdr.row_delta_offset + 2 * n_rows] = row_delta.view(np.uint8)
     # sign pool: signs of the non-zero weights in row-major order (rows back to back, increasing k)
     signs = negative[present]
     pool = np.packbits(signs, bitorder="little")
-    comp[hdr.pool_offset:hdr.pool_offset + pool.shape[0]] = pool
+    comp[hdr.pool_offset : hdr.pool_offset + pool.shape[0]] = pool
     return Encoded(variant, blocks, comp, hdr)
 
 
@@ -294,13 +339,16 @@ def parse_header(companion: np.ndarray) -> Header:
     if magic != MAGIC:
         raise FormatError(f"bad companion magic 0x{magic:08x}")
     if version not in VERSIONS:
-        raise FormatError(f"companion version {version} is not supported (this reader knows "
-                          f"{', '.join(map(str, VERSIONS))})")
+        raise FormatError(
+            f"companion version {version} is not supported (this reader knows {', '.join(map(str, VERSIONS))})"
+        )
     if variant not in set(Variant):
         raise FormatError(f"unknown variant {variant}")
     if Variant(variant).version != version:
-        raise FormatError(f"variant {Variant(variant).name} belongs to format version {Variant(variant).version}, "
-                          f"the companion says version {version}")
+        raise FormatError(
+            f"variant {Variant(variant).name} belongs to format version {Variant(variant).version}, "
+            f"the companion says version {version}"
+        )
     if values["row_group_log2"] > MAX_ROW_GROUP_LOG2:
         raise FormatError(f"row_group_log2 {values['row_group_log2']} > {MAX_ROW_GROUP_LOG2}")
     if any(raw[HEADER_RESERVED_OFFSET:]):
@@ -324,16 +372,22 @@ class Decoded:
     """A decoded BITCOS weight: codes and the scales of its variant (module docstring)."""
 
     variant: Variant
-    codes: np.ndarray                      # int8 (R, K)
-    block_scales: np.ndarray | None        # fp16 (R, K / scale_block): G128, B128, B256
-    matrix_scales: np.ndarray | None       # float32 (M,): PT, MATRIX
+    codes: np.ndarray  # int8 (R, K)
+    block_scales: np.ndarray | None  # fp16 (R, K / scale_block): G128, B128, B256
+    matrix_scales: np.ndarray | None  # float32 (M,): PT, MATRIX
     header: Header
-    row_scales: np.ndarray | None = None   # float32 (R,): ROW
+    row_scales: np.ndarray | None = None  # float32 (R,): ROW
 
     def to_float(self, rows: slice | None = None) -> np.ndarray:
         """fp32 values of all rows or of ``rows`` (FORMAT.md §5)."""
-        return codes_to_float(self.codes, self.variant, block_scales=self.block_scales,
-                              matrix_scales=self.matrix_scales, row_scales=self.row_scales, rows=rows)
+        return codes_to_float(
+            self.codes,
+            self.variant,
+            block_scales=self.block_scales,
+            matrix_scales=self.matrix_scales,
+            row_scales=self.row_scales,
+            rows=rows,
+        )
 
     def row_scale_values(self) -> np.ndarray | None:
         """float32 (R,): each row's one scale for PT / MATRIX / ROW (the matrix's, repeated), else None."""
@@ -344,9 +398,15 @@ class Decoded:
         return np.repeat(self.matrix_scales.astype(np.float32), self.codes.shape[0] // self.matrix_scales.shape[0])
 
 
-def codes_to_float(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | None = None,
-                   matrix_scales: np.ndarray | None = None, row_scales: np.ndarray | None = None,
-                   rows: slice | None = None) -> np.ndarray:
+def codes_to_float(
+    codes: np.ndarray,
+    variant: Variant,
+    *,
+    block_scales: np.ndarray | None = None,
+    matrix_scales: np.ndarray | None = None,
+    row_scales: np.ndarray | None = None,
+    rows: slice | None = None,
+) -> np.ndarray:
     """FORMAT.md §5: x = fp32(scale) * (float) t, one fp32 multiplication per weight."""
     variant = Variant(variant)
     n_rows, k = codes.shape
@@ -373,7 +433,7 @@ def codes_to_float(codes: np.ndarray, variant: Variant, *, block_scales: np.ndar
 
 
 _POPCOUNT8: Final = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
-_VALIDATE_ROWS: Final = 1 << 16          # rows per chunk of the bitmap popcount (bounded temporaries)
+_VALIDATE_ROWS: Final = 1 << 16  # rows per chunk of the bitmap popcount (bounded temporaries)
 
 
 def _weight_type_id(weight_type: int) -> int:
@@ -385,8 +445,9 @@ def row_bitmaps(blocks: np.ndarray, variant: Variant, n_cols: int, n_rows: int) 
     """uint8 (R, K/8) view or copy of every row's bitmap (G128 drops the in-block d)."""
     if variant is Variant.G128:
         nb = n_cols // QK
-        return np.ascontiguousarray(blocks.reshape(n_rows, nb, variant.block_bytes)[:, :, :BITMAP_BYTES]
-                                    ).reshape(n_rows, n_cols // 8)
+        return np.ascontiguousarray(blocks.reshape(n_rows, nb, variant.block_bytes)[:, :, :BITMAP_BYTES]).reshape(
+            n_rows, n_cols // 8
+        )
     return blocks.reshape(n_rows, n_cols // 8)
 
 
@@ -395,16 +456,20 @@ def stored_scales(blocks: np.ndarray, companion: np.ndarray, hdr: Header) -> np.
     v, n_rows, n_cols = hdr.variant, hdr.n_rows, hdr.n_cols
     if v is Variant.G128:
         nb = n_cols // QK
-        return np.ascontiguousarray(blocks.reshape(n_rows, nb, v.block_bytes)[:, :, BITMAP_BYTES:]
-                                    ).view("<f2").reshape(n_rows, nb)
-    raw = companion[hdr.scales_offset:hdr.scales_offset + v.scales_bytes(n_cols, n_rows, hdr.n_mats)]
+        return (
+            np.ascontiguousarray(blocks.reshape(n_rows, nb, v.block_bytes)[:, :, BITMAP_BYTES:])
+            .view("<f2")
+            .reshape(n_rows, nb)
+        )
+    raw = companion[hdr.scales_offset : hdr.scales_offset + v.scales_bytes(n_cols, n_rows, hdr.n_mats)]
     if v.scale_block:
         return raw.view("<f2").reshape(n_rows, n_cols // v.scale_block)
     return raw.view("<f4")
 
 
-def validate(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols: int, n_rows: int,
-             n_mats: int) -> Header:
+def validate(
+    blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols: int, n_rows: int, n_mats: int
+) -> Header:
     """Check a BITCOS weight (raw block bytes of ggml type ``weight_type``: 160, 161 or 162) + companion against
     every rule of FORMAT.md §3, §3.1 and §4, as the C validator (csrc/ggml-bitcos.c, run by the llama.cpp loader)
     does, without decoding; returns the header.
@@ -419,11 +484,15 @@ def validate(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols
     companion = np.asarray(companion).reshape(-1).view(np.uint8)
     hdr = parse_header(companion)
     if hdr.variant.type_id != type_id:
-        raise FormatError(f"companion variant {hdr.variant.name} (format version {hdr.variant.version}) does not "
-                          f"match the weight type {type_id} ({_type_name(type_id)})")
+        raise FormatError(
+            f"companion variant {hdr.variant.name} (format version {hdr.variant.version}) does not "
+            f"match the weight type {type_id} ({_type_name(type_id)})"
+        )
     if (hdr.n_cols, hdr.n_rows, hdr.n_mats) != (n_cols, n_rows, n_mats):
-        raise FormatError(f"companion shape (K={hdr.n_cols}, R={hdr.n_rows}, M={hdr.n_mats}) does not match "
-                          f"the weight (K={n_cols}, R={n_rows}, M={n_mats})")
+        raise FormatError(
+            f"companion shape (K={hdr.n_cols}, R={hdr.n_rows}, M={hdr.n_mats}) does not match "
+            f"the weight (K={n_cols}, R={n_rows}, M={n_mats})"
+        )
     variant = hdr.variant
     try:
         check_row_length(variant, n_cols)
@@ -440,7 +509,7 @@ def validate(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols
     row_counts = np.empty(n_rows, dtype=np.uint64)
     for s in range(0, n_rows, _VALIDATE_ROWS):
         e = min(n_rows, s + _VALIDATE_ROWS)
-        part = blocks[s * want_bytes // n_rows:e * want_bytes // n_rows]
+        part = blocks[s * want_bytes // n_rows : e * want_bytes // n_rows]
         bitmaps = row_bitmaps(part, variant, n_cols, e - s)
         row_counts[s:e] = _POPCOUNT8[bitmaps].sum(axis=1, dtype=np.uint64)
     sign_pos = sign_positions(companion, hdr)
@@ -468,8 +537,9 @@ def _type_name(type_id: int) -> str:
     return "not a BITCOS type"
 
 
-def decode(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols: int, n_rows: int,
-           n_mats: int) -> Decoded:
+def decode(
+    blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols: int, n_rows: int, n_mats: int
+) -> Decoded:
     """Decode a BITCOS weight (raw block bytes of ggml type ``weight_type``) + companion, after ``validate`` has
     checked every invariant of FORMAT.md §3 and §4 and the scales' validity (§3.1), as the C validator
     (csrc/ggml-bitcos.c) does."""
@@ -477,11 +547,10 @@ def decode(blocks: np.ndarray, companion: np.ndarray, weight_type: int, n_cols: 
     hdr = validate(blocks, companion, weight_type, n_cols, n_rows, n_mats)
     variant = hdr.variant
     blocks = np.asarray(blocks).reshape(-1).view(np.uint8)
-    present = np.unpackbits(row_bitmaps(blocks, variant, n_cols, n_rows), axis=1,
-                            bitorder="little").view(np.bool_)
+    present = np.unpackbits(row_bitmaps(blocks, variant, n_cols, n_rows), axis=1, bitorder="little").view(np.bool_)
     s = hdr.n_sign_bits
-    signs = np.unpackbits(sign_pool(companion, hdr)[:(s + 7) // 8], bitorder="little", count=s).view(np.bool_)
-    codes = present.view(np.int8).copy()          # 1 where present
+    signs = np.unpackbits(sign_pool(companion, hdr)[: (s + 7) // 8], bitorder="little", count=s).view(np.bool_)
+    codes = present.view(np.int8).copy()  # 1 where present
     codes[present] = np.where(signs, np.int8(-1), np.int8(1))
     del present, signs
     scales = stored_scales(blocks, companion, hdr).copy()
@@ -500,8 +569,8 @@ def sign_positions(companion: np.ndarray, hdr: Header) -> np.ndarray:
     g = hdr.row_group_log2
     n_rows = hdr.n_rows
     n_groups = (n_rows + (1 << g) - 1) >> g
-    row_base = companion[hdr.row_base_offset:hdr.row_base_offset + 8 * n_groups].view("<u8")
-    row_delta = companion[hdr.row_delta_offset:hdr.row_delta_offset + 2 * n_rows].view("<u2")
+    row_base = companion[hdr.row_base_offset : hdr.row_base_offset + 8 * n_groups].view("<u8")
+    row_delta = companion[hdr.row_delta_offset : hdr.row_delta_offset + 2 * n_rows].view("<u2")
     if np.any(row_delta[:: 1 << g] != 0):
         raise FormatError("row_delta of the first row of a group is not 0")
     return np.repeat(row_base, 1 << g)[:n_rows] + row_delta.astype(np.uint64)
@@ -509,7 +578,7 @@ def sign_positions(companion: np.ndarray, hdr: Header) -> np.ndarray:
 
 def sign_pool(companion: np.ndarray, hdr: Header) -> np.ndarray:
     """The sign pool with its zero tail, a uint8 view into the companion (FORMAT.md §4.4)."""
-    return companion[hdr.pool_offset:hdr.pool_offset + hdr.pool_bytes]
+    return companion[hdr.pool_offset : hdr.pool_offset + hdr.pool_bytes]
 
 
 def weight_name_ok(name: str) -> bool:

@@ -56,21 +56,29 @@ def reference_lanes(codes: np.ndarray, q: np.ndarray) -> np.ndarray:
     nby = n_blocks(k)
     tp = np.zeros((nr, nby * QK_K), dtype=np.int64)
     tp[:, :k] = codes + 1
-    tp[:, k:] = 0                       # absent positions: t = 0 and q = 0, so (t + 1) * q = 0 either way
+    tp[:, k:] = 0  # absent positions: t = 0 and q = 0, so (t + 1) * q = 0 either way
     qp = np.zeros((nc, nby * QK_K), dtype=np.int64)
     qp[:, :k] = q
     # position j of half h: 32-chunk x = (j % 128) // 32, lane l = (j % 32) // 4, byte y = j % 4
     t6 = tp.reshape(nr, nby, 2, 4, 8, 4)
     q6 = qp.reshape(nc, nby, 2, 4, 8, 4)
-    lanes = np.einsum("rbhxly,cbhxly->crbhl", t6, q6)                 # sum (t + 1) * q by lane
-    chunk = q6.sum(axis=(4, 5))                                         # (nc, nby, 2, 4): 32-position sums
+    lanes = np.einsum("rbhxly,cbhxly->crbhl", t6, q6)  # sum (t + 1) * q by lane
+    chunk = q6.sum(axis=(4, 5))  # (nc, nby, 2, 4): 32-position sums
     for h in range(2):
-        lanes[:, :, :, h, 4*h:4*h + 4] -= chunk[:, None, :, h, :]
+        lanes[:, :, :, h, 4 * h : 4 * h + 4] -= chunk[:, None, :, h, :]
     return lanes
 
 
-def reference_mm(codes: np.ndarray, variant: Variant, y: np.ndarray, *, block_scales: np.ndarray | None = None,
-                 scale: float = 1.0, row_scales: np.ndarray | None = None, fma: bool = True) -> np.ndarray:
+def reference_mm(
+    codes: np.ndarray,
+    variant: Variant,
+    y: np.ndarray,
+    *,
+    block_scales: np.ndarray | None = None,
+    scale: float = 1.0,
+    row_scales: np.ndarray | None = None,
+    fma: bool = True,
+) -> np.ndarray:
     """Independent numpy evaluation of the kernel contract v2 from the plain codes: dst (nc, nr) float32.
 
     Scales by variant (FORMAT.md §4.2): G128 / B128 ``block_scales`` fp16 (nr, k/128), B256 fp16 (nr, k/256)
@@ -89,27 +97,30 @@ def reference_mm(codes: np.ndarray, variant: Variant, y: np.ndarray, *, block_sc
     y = as_q8k(y, k)
     nc = y.shape[0]
     q = y["qs"].reshape(nc, -1)[:, :k].astype(np.int64)
-    lanes = reference_lanes(codes, q)                                    # (nc, nr, nby, 2, 8)
-    yd = y["d"].astype(np.float32)                                       # (nc, nby)
+    lanes = reference_lanes(codes, q)  # (nc, nr, nby, 2, 8)
+    yd = y["d"].astype(np.float32)  # (nc, nby)
     acc = np.zeros((nc, nr, 8), dtype=np.float32)
     row_scaled = not variant.scale_block
     if row_scaled:
-        rs = (np.full(nr, scale, dtype=np.float32) if row_scales is None
-              else np.asarray(row_scales, dtype=np.float32).reshape(nr))
+        rs = (
+            np.full(nr, scale, dtype=np.float32)
+            if row_scales is None
+            else np.asarray(row_scales, dtype=np.float32).reshape(nr)
+        )
     else:
         e = np.ascontiguousarray(np.asarray(block_scales, dtype="<f2").reshape(nr, k // variant.scale_block))
         if variant.scale_block == 2 * QK:
-            e = np.repeat(e, 2, axis=1)                                  # one scale for both 128-halves
+            e = np.repeat(e, 2, axis=1)  # one scale for both 128-halves
     for b in range(nby):
-        both = (lanes[:, :, b, 0] + lanes[:, :, b, 1]).astype(np.float32)        # exact: |L| < 2^24
+        both = (lanes[:, :, b, 0] + lanes[:, :, b, 1]).astype(np.float32)  # exact: |L| < 2^24
         if row_scaled:
-            d = (yd[:, b, None] * rs[None, :]).astype(np.float32)               # (nc, nr)
+            d = (yd[:, b, None] * rs[None, :]).astype(np.float32)  # (nc, nr)
             acc = _contract_fma(both, d[..., None], acc, fma)
             continue
-        e0 = e[:, 2*b]
-        e1 = e[:, 2*b + 1] if 2*b + 1 < nb else e0
-        same = e0.view(np.uint16) == e1.view(np.uint16)                          # (nr,)
-        d0 = (yd[:, b, None] * e0.astype(np.float32)[None, :]).astype(np.float32)   # (nc, nr)
+        e0 = e[:, 2 * b]
+        e1 = e[:, 2 * b + 1] if 2 * b + 1 < nb else e0
+        same = e0.view(np.uint16) == e1.view(np.uint16)  # (nr,)
+        d0 = (yd[:, b, None] * e0.astype(np.float32)[None, :]).astype(np.float32)  # (nc, nr)
         d1 = (yd[:, b, None] * e1.astype(np.float32)[None, :]).astype(np.float32)
         joint = _contract_fma(both, d0[..., None], acc, fma)
         split = _contract_fma(lanes[:, :, b, 0].astype(np.float32), d0[..., None], acc, fma)

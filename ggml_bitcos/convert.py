@@ -41,25 +41,56 @@ from gguf import GGUFValueType
 from gguf.gguf_reader import ReaderTensor
 from tqdm import tqdm
 
-from gguf_tools import CheckedGGUFReader, bitcos_type, field_value, open_gguf, tensor_bytes, tensor_ggml_shape, type_name
+from gguf_tools import (
+    CheckedGGUFReader,
+    bitcos_type,
+    field_value,
+    open_gguf,
+    tensor_bytes,
+    tensor_ggml_shape,
+    type_name,
+)
 
 from . import codec, foreign
 from .convert_back import KEEP, TARGETS, convert_back, print_summary
-from .format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, COMPANION_TYPE, KEY_CONVERTED_FROM, KEY_FORMAT_VERSION,
-                     TYPE_ID_BITMAP, VERSION, VERSIONS, Variant)
+from .format import (
+    BITCOS_TYPE_IDS,
+    COMPANION_SUFFIX,
+    COMPANION_TYPE,
+    KEY_CONVERTED_FROM,
+    KEY_FORMAT_VERSION,
+    TYPE_ID_BITMAP,
+    VERSION,
+    VERSIONS,
+    Variant,
+)
 from .rewrite import ConvertError, OutputTensor, check_paths, size_line, verify_rewrite, write_verified
-from .source import (SCALE_CHOICES, TQ_SOURCES, TensorResult, add_i2s_layout_option, analyze_tensor,
-                     check_bitcos_file, encode_analysis, encoded_nbytes, is_candidate, iter_row_chunks,
-                     scale_variants, source_float_rows)
+from .source import (
+    SCALE_CHOICES,
+    TQ_SOURCES,
+    TensorResult,
+    add_i2s_layout_option,
+    analyze_tensor,
+    check_bitcos_file,
+    encode_analysis,
+    encoded_nbytes,
+    is_candidate,
+    iter_row_chunks,
+    scale_variants,
+    source_float_rows,
+)
 
-DEFAULT_CACHE_BYTES = 64 << 20      # encoded tensors kept between pass 1 and 2 up to this total (bytes)
+DEFAULT_CACHE_BYTES = 64 << 20  # encoded tensors kept between pass 1 and 2 up to this total (bytes)
 
 
 def default_output(src: Path) -> Path:
-    return src.with_name(src.stem + "-bitcos.gguf") if src.suffix == ".gguf" else src.with_name(src.name + "-bitcos.gguf")
+    return (
+        src.with_name(src.stem + "-bitcos.gguf") if src.suffix == ".gguf" else src.with_name(src.name + "-bitcos.gguf")
+    )
 
 
 # --- the conversion --------------------------------------------------------------------------------
+
 
 @dataclass
 class ConvertResult:
@@ -67,10 +98,10 @@ class ConvertResult:
     out: Path
     tensors: list[TensorResult] = field(default_factory=list)
     verified: bool = False
-    notes: list[str] = field(default_factory=list)            # how the source was read (forms, I2_S layout)
-    layout_assumed: bool = False      # its I2_S tensors were read in the default layout, which the file does not record
+    notes: list[str] = field(default_factory=list)  # how the source was read (forms, I2_S layout)
+    layout_assumed: bool = False  # its I2_S tensors were read in the default layout, which the file does not record
     seconds: dict[str, float] = field(default_factory=dict)
-    removed_stale: list[Path] = field(default_factory=list)   # temp files of killed runs removed (README)
+    removed_stale: list[Path] = field(default_factory=list)  # temp files of killed runs removed (README)
 
     @property
     def converted(self) -> list[TensorResult]:
@@ -107,8 +138,9 @@ def _file_format_version(reader: CheckedGGUFReader, result: ConvertResult) -> in
     """bitcos.format_version of the output (FORMAT.md §6): the highest version of its BITCOS tensors, the
     converted ones and those copied from a source that already held BITCOS."""
     versions = [r.variant.version for r in result.converted if r.variant is not None]
-    versions += [tensor_format_version(int(t.tensor_type)) for t in reader.tensors
-                 if int(t.tensor_type) in BITCOS_TYPE_IDS]
+    versions += [
+        tensor_format_version(int(t.tensor_type)) for t in reader.tensors if int(t.tensor_type) in BITCOS_TYPE_IDS
+    ]
     return max(versions)
 
 
@@ -134,8 +166,9 @@ def _grows(r: TensorResult) -> bool:
     return r.out_bytes > r.src_bytes
 
 
-def _strict_problem(reader: CheckedGGUFReader, plan: dict[str, tuple[TensorResult, codec.Encoded | None]],
-                    existing: set[str]) -> str | None:
+def _strict_problem(
+    reader: CheckedGGUFReader, plan: dict[str, tuple[TensorResult, codec.Encoded | None]], existing: set[str]
+) -> str | None:
     """--strict: the first tensor holding ternary weights that does not end up as BITCOS, and why.
 
     Ternary weights: any TQ1_0/TQ2_0 tensor, and any float tensor whose rows hold one magnitude each.
@@ -151,8 +184,10 @@ def _strict_problem(reader: CheckedGGUFReader, plan: dict[str, tuple[TensorResul
                 hint = " (--force-grow converts it anyway)" if r.grow_kept else ""
                 return f"tensor '{t.name}' ({r.src_type}): ternary but not converted: {r.reason}{hint}"
         elif t.tensor_type in TQ_SOURCES:
-            return (f"tensor '{t.name}' ({type_name(t.tensor_type)}): ternary but not converted: "
-                    f"{len(tensor_ggml_shape(t))}-D (only 2-D and 3-D weights convert)")
+            return (
+                f"tensor '{t.name}' ({type_name(t.tensor_type)}): ternary but not converted: "
+                f"{len(tensor_ggml_shape(t))}-D (only 2-D and 3-D weights convert)"
+            )
     return None
 
 
@@ -160,7 +195,9 @@ def _nothing_to_convert(src: Path, result: ConvertResult, n_bitcos: int) -> str:
     """Why a conversion found nothing to convert, as one line for the error."""
     kept = [r for r in result.tensors if not r.converted and r.ternary_looking]
     if kept:
-        why = "; ".join(f"{r.name}: {r.reason}" for r in kept[:3]) + (f"; and {len(kept) - 3} more" if len(kept) > 3 else "")
+        why = "; ".join(f"{r.name}: {r.reason}" for r in kept[:3]) + (
+            f"; and {len(kept) - 3} more" if len(kept) > 3 else ""
+        )
         what = f"{len(kept)} ternary tensor(s) stay as they are ({why})"
     elif n_bitcos:
         what = f"all {n_bitcos} ternary weights are already BITCOS"
@@ -171,10 +208,21 @@ def _nothing_to_convert(src: Path, result: ConvertResult, n_bitcos: int) -> str:
     return f"{src}: nothing to convert: {what}{grow}; --allow-copy writes an unchanged copy anyway"
 
 
-def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: bool = False,
-            verify: bool = True, force: bool = False, progress: bool = True,
-            cache_bytes: int = DEFAULT_CACHE_BYTES, allow_copy: bool = False,
-            force_grow: bool = False, format_version: int = VERSION, i2s_layout: str | None = None) -> ConvertResult:
+def convert(
+    src: Path,
+    out: Path | None = None,
+    *,
+    scale: str = "auto",
+    strict: bool = False,
+    verify: bool = True,
+    force: bool = False,
+    progress: bool = True,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    allow_copy: bool = False,
+    force_grow: bool = False,
+    format_version: int = VERSION,
+    i2s_layout: str | None = None,
+) -> ConvertResult:
     """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``); see the module docstring for the passes.
 
     ``scale``: auto | tensor | row | 256 | 128 (g128), the variants allowed (``SCALE_VARIANTS``) in
@@ -183,7 +231,7 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
     ``force_grow``; ``strict``: every ternary tensor must end up BITCOS. ``i2s_layout``: the layout of the
     source's I2_S tensors (``foreign.I2S_LAYOUTS``; None: the default, and the result says it was assumed).
     """
-    scale_variants(scale, format_version)         # refuse a bad choice before any work
+    scale_variants(scale, format_version)  # refuse a bad choice before any work
     src = Path(src)
     out = Path(out) if out is not None else default_output(src)
     check_paths(src, out, force)
@@ -206,10 +254,14 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
     existing = {t.name for t in reader.tensors}
 
     # pass 1: analyze (+ encode, cached within budget)
-    candidates = [t for t in reader.tensors if is_candidate(t.name, t)
-                  and t.name + COMPANION_SUFFIX not in existing]
-    bar = tqdm(total=sum(int(t.n_bytes) for t in candidates), desc="analyze", unit="B", unit_scale=True,
-               disable=None if progress else True)
+    candidates = [t for t in reader.tensors if is_candidate(t.name, t) and t.name + COMPANION_SUFFIX not in existing]
+    bar = tqdm(
+        total=sum(int(t.n_bytes) for t in candidates),
+        desc="analyze",
+        unit="B",
+        unit_scale=True,
+        disable=None if progress else True,
+    )
     plan: dict[str, tuple[TensorResult, codec.Encoded | None]] = {}
     cached = 0
     for t in candidates:
@@ -221,9 +273,11 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
             if _grows(r) and not force_grow and not foreign.must_convert(t):
                 r.converted, r.grow_kept = False, True
                 n = max(r.n_weights, 1)
-                r.reason = (f"BITCOS {r.variant.name} would grow it: {8 * r.src_bytes / n:.4f} -> "
-                            f"{8 * r.out_bytes / n:.4f} bits per weight at z = {r.zero_density:.3f}")
-            elif cached + r.out_bytes <= cache_bytes:   # else recomputed in pass 2 (sizes are kept)
+                r.reason = (
+                    f"BITCOS {r.variant.name} would grow it: {8 * r.src_bytes / n:.4f} -> "
+                    f"{8 * r.out_bytes / n:.4f} bits per weight at z = {r.zero_density:.3f}"
+                )
+            elif cached + r.out_bytes <= cache_bytes:  # else recomputed in pass 2 (sizes are kept)
                 enc = encode_analysis(a)
                 if enc.nbytes != r.out_bytes or enc.companion.nbytes != r.companion_bytes:
                     raise ConvertError(f"{src}: tensor '{t.name}': encoded size differs from the computed one")
@@ -243,9 +297,12 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
     problem = foreign.unloadable_left(reader.tensors, plan)
     if problem:
         raise ConvertError(f"{src}: {problem}")
-    result.tensors = [plan[t.name][0] if t.name in plan else
-                      TensorResult(t.name, type_name(t.tensor_type), tensor_ggml_shape(t), src_bytes=int(t.n_bytes))
-                      for t in reader.tensors]
+    result.tensors = [
+        plan[t.name][0]
+        if t.name in plan
+        else TensorResult(t.name, type_name(t.tensor_type), tensor_ggml_shape(t), src_bytes=int(t.n_bytes))
+        for t in reader.tensors
+    ]
     if strict:
         problem = _strict_problem(reader, plan, existing)
         if problem:
@@ -253,14 +310,14 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
     n_bitcos = sum(1 for t in reader.tensors if t.tensor_type in BITCOS_TYPE_IDS)
     if not result.converted and not allow_copy:
         raise ConvertError(_nothing_to_convert(src, result, n_bitcos))
-    tag_bitcos = bool(result.converted) or n_bitcos > 0    # no bitcos.* keys on a file without BITCOS tensors
+    tag_bitcos = bool(result.converted) or n_bitcos > 0  # no bitcos.* keys on a file without BITCOS tensors
 
     # pass 2: write, pass 3: verify the temporary file before it replaces anything (rewrite.write_verified)
     kvs: list[tuple | ValueError] = []
     for key, kv in metadata:
         if isinstance(kv, ValueError):
             kvs.append(kv)
-        elif not (key == "general.file_type" and result.converted):   # replaced: the file is now mostly BITCOS
+        elif not (key == "general.file_type" and result.converted):  # replaced: the file is now mostly BITCOS
             kvs.append((key, *kv))
     if result.converted:
         kvs.append(("general.file_type", file_type_of(result.converted), GGUFValueType.UINT32, None))
@@ -274,23 +331,37 @@ def convert(src: Path, out: Path | None = None, *, scale: str = "auto", strict: 
         if r is not None and r.converted:
             outputs += _converted_outputs(src, t, r, plan, scale, format_version)
         else:
-            outputs.append(OutputTensor(t.name, t.tensor_type, tensor_ggml_shape(t), source=t,
-                                        progress_bytes=int(t.n_bytes)))
+            outputs.append(
+                OutputTensor(t.name, t.tensor_type, tensor_ggml_shape(t), source=t, progress_bytes=int(t.n_bytes))
+            )
 
     def check(tmp_path: Path) -> None:
         verify_output(reader, tmp_path, result, progress=progress, label=str(out))
 
-    result.removed_stale = write_verified(reader, src, out, force=force, metadata=kvs, tensors=outputs,
-                                          verify=check if verify else None, progress=progress,
-                                          seconds=result.seconds)
+    result.removed_stale = write_verified(
+        reader,
+        src,
+        out,
+        force=force,
+        metadata=kvs,
+        tensors=outputs,
+        verify=check if verify else None,
+        progress=progress,
+        seconds=result.seconds,
+    )
     result.verified = verify
     result.seconds["total"] = time.perf_counter() - t0
     return result
 
 
-def _converted_outputs(src: Path, t: ReaderTensor, r: TensorResult,
-                       plan: dict[str, tuple[TensorResult, codec.Encoded | None]], scale: str,
-                       format_version: int) -> list[OutputTensor]:
+def _converted_outputs(
+    src: Path,
+    t: ReaderTensor,
+    r: TensorResult,
+    plan: dict[str, tuple[TensorResult, codec.Encoded | None]],
+    scale: str,
+    format_version: int,
+) -> list[OutputTensor]:
     """The weight and companion of a converted tensor: its encoding from pass 1's cache, or made again when
     the weight is written (the cache keeps only what fits its budget), and released after the companion."""
     held: list[codec.Encoded] = []
@@ -309,12 +380,20 @@ def _converted_outputs(src: Path, t: ReaderTensor, r: TensorResult,
         return held.pop().companion.view(np.int8)
 
     assert r.variant is not None
-    return [OutputTensor(t.name, bitcos_type(r.variant), r.ne, data=weight, progress_bytes=int(t.n_bytes)),
-            OutputTensor(t.name + COMPANION_SUFFIX, COMPANION_TYPE, (r.companion_bytes,), data=companion)]
+    return [
+        OutputTensor(t.name, bitcos_type(r.variant), r.ne, data=weight, progress_bytes=int(t.n_bytes)),
+        OutputTensor(t.name + COMPANION_SUFFIX, COMPANION_TYPE, (r.companion_bytes,), data=companion),
+    ]
 
 
-def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertResult, *,
-                  progress: bool = True, label: str | None = None) -> None:
+def verify_output(
+    src_reader: CheckedGGUFReader,
+    out_path: Path,
+    result: ConvertResult,
+    *,
+    progress: bool = True,
+    label: str | None = None,
+) -> None:
     """Every converted tensor decodes to the source's fp32 bits (−0.0 -> +0.0); others are byte-equal."""
     label = label or str(out_path)
 
@@ -326,13 +405,16 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
             ne = tensor_ggml_shape(o)
             n_rows, k = math.prod(ne[1:]), ne[0]
             try:
-                dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), int(o.tensor_type), k, n_rows,
-                                   codec.n_mats_of(ne))
+                dec = codec.decode(
+                    tensor_bytes(o), tensor_bytes(comp), int(o.tensor_type), k, n_rows, codec.n_mats_of(ne)
+                )
             except codec.FormatError as e:
                 raise ConvertError(f"{label}: tensor '{t.name}': verification failed: {e}") from None
             if dec.variant != r.variant:
-                raise ConvertError(f"{label}: tensor '{t.name}': verification failed: written as "
-                                   f"{dec.variant.name}, chosen {r.variant.name}")
+                raise ConvertError(
+                    f"{label}: tensor '{t.name}': verification failed: written as "
+                    f"{dec.variant.name}, chosen {r.variant.name}"
+                )
             for s, e in iter_row_chunks(n_rows, k):
                 want = source_float_rows(t, s, e)
                 got = dec.to_float(slice(s, e))
@@ -342,14 +424,18 @@ def verify_output(src_reader: CheckedGGUFReader, out_path: Path, result: Convert
                     gb, wb = got.view(np.uint32), want.view(np.uint32)
                     wb = np.where(wb == np.uint32(0x80000000), np.uint32(0), wb)
                     bad = np.argwhere(gb != wb)[0]
-                    raise ConvertError(f"{label}: tensor '{t.name}': verification failed: row {s + int(bad[0])} "
-                                       f"col {int(bad[1])} decodes to bits 0x{int(gb[tuple(bad)]):08x}, "
-                                       f"source 0x{int(wb[tuple(bad)]):08x}")
+                    raise ConvertError(
+                        f"{label}: tensor '{t.name}': verification failed: row {s + int(bad[0])} "
+                        f"col {int(bad[1])} decodes to bits 0x{int(gb[tuple(bad)]):08x}, "
+                        f"source 0x{int(wb[tuple(bad)]):08x}"
+                    )
                 del want, got
+
         return converted
 
-    verify_rewrite(src_reader, out_path, label, rewritten={r.name: check(r) for r in result.converted},
-                   progress=progress)
+    verify_rewrite(
+        src_reader, out_path, label, rewritten={r.name: check(r) for r in result.converted}, progress=progress
+    )
 
 
 def summarize(result: ConvertResult) -> list[str]:
@@ -361,23 +447,31 @@ def summarize(result: ConvertResult) -> list[str]:
     by_var = {v: [r for r in conv if r.variant == v] for v in Variant}
     counts = ", ".join(f"{len(rs)} {v.name}" for v, rs in by_var.items() if rs)
     lines = [f"source: {note}" for note in result.notes]
-    lines.append(f"converted {len(conv)} tensors{f' ({counts})' if counts else ''} of "
-                 f"{len(result.tensors)}; copied {len(result.tensors) - len(conv)} unchanged")
+    lines.append(
+        f"converted {len(conv)} tensors{f' ({counts})' if counts else ''} of "
+        f"{len(result.tensors)}; copied {len(result.tensors) - len(conv)} unchanged"
+    )
     if n_w:
-        lines.append(f"ternary weights {n_w:,}: zero density {n_z / n_w:.4f}, "
-                     f"{8 * src_b / n_w:.4f} -> {8 * out_b / n_w:.4f} bits per weight (tensor data)")
+        lines.append(
+            f"ternary weights {n_w:,}: zero density {n_z / n_w:.4f}, "
+            f"{8 * src_b / n_w:.4f} -> {8 * out_b / n_w:.4f} bits per weight (tensor data)"
+        )
     for v, rs in by_var.items():
         if not rs:
             continue
         w = sum(r.n_weights for r in rs)
         z = sum(r.n_zeros for r in rs) / w
-        lines.append(f"  {v.name} ({v.type_name}, scales {_scale_words(v)}): {len(rs)} tensor(s), {w:,} weights, "
-                     f"z = {z:.4f}: {8 * sum(r.out_bytes for r in rs) / w:.4f} bits per weight (weight + "
-                     f"companion; {8 * sum(r.src_bytes for r in rs) / w:.4f} in the source)")
+        lines.append(
+            f"  {v.name} ({v.type_name}, scales {_scale_words(v)}): {len(rs)} tensor(s), {w:,} weights, "
+            f"z = {z:.4f}: {8 * sum(r.out_bytes for r in rs) / w:.4f} bits per weight (weight + "
+            f"companion; {8 * sum(r.src_bytes for r in rs) / w:.4f} in the source)"
+        )
     grown = [r for r in result.skipped if r.grow_kept]
     if grown:
-        lines.append(f"kept in their source type: {len(grown)} tensor(s) that BITCOS would make larger "
-                     f"(--force-grow converts them):")
+        lines.append(
+            f"kept in their source type: {len(grown)} tensor(s) that BITCOS would make larger "
+            f"(--force-grow converts them):"
+        )
     for r in grown:
         lines.append(f"  {r.name} ({r.src_form or r.src_type}): {r.reason}")
     for r in result.skipped:
@@ -385,13 +479,17 @@ def summarize(result: ConvertResult) -> list[str]:
             lines.append(f"not converted: {r.name} ({r.src_form or r.src_type}): {r.reason}")
     n_nt = sum(1 for r in result.skipped if r.reason == "not ternary")
     if n_nt:
-        lines.append(f"not converted: {n_nt} non-ternary tensor(s): " +
-                     ", ".join(r.name for r in result.skipped if r.reason == "not ternary")[:300])
+        lines.append(
+            f"not converted: {n_nt} non-ternary tensor(s): "
+            + ", ".join(r.name for r in result.skipped if r.reason == "not ternary")[:300]
+        )
     lines.append(size_line(result.src, result.out, result.verified, verified_words(result)))
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items()))
     if result.removed_stale:
-        lines.append(f"removed {len(result.removed_stale)} stale temporary file(s) of {result.out.name} left by "
-                     f"killed runs: " + ", ".join(p.name for p in result.removed_stale))
+        lines.append(
+            f"removed {len(result.removed_stale)} stale temporary file(s) of {result.out.name} left by "
+            f"killed runs: " + ", ".join(p.name for p in result.removed_stale)
+        )
     return lines
 
 
@@ -413,40 +511,75 @@ def _scale_words(v: Variant) -> str:
 
 # --- command line --------------------------------------------------------------------------------
 
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("convert", help="rewrite the ternary weights of a GGUF as BITCOS",
-                              description="Rewrite every exactly-ternary weight (TQ1_0, TQ2_0, or F16/BF16/F32 "
-                                          "holding ternary values) as BITCOS; copy everything else unchanged.")
+    p = subparsers.add_parser(
+        "convert",
+        help="rewrite the ternary weights of a GGUF as BITCOS",
+        description="Rewrite every exactly-ternary weight (TQ1_0, TQ2_0, or F16/BF16/F32 "
+        "holding ternary values) as BITCOS; copy everything else unchanged.",
+    )
     p.add_argument("input", type=Path, metavar="IN.gguf")
     p.add_argument("-o", "--output", type=Path, metavar="OUT.gguf", help="default: IN-bitcos.gguf")
-    p.add_argument("--scale", choices=SCALE_CHOICES, default="auto",
-                   help="the scale granularity: auto (default) picks, per tensor, the one whose exact form takes "
-                        "the fewest bytes (ties to the coarser); tensor (one fp32 per matrix), row (fp32 per row), "
-                        "256 / 128 (fp16 per 256 / 128 weights of a row; g128 = 128) force one, and a tensor it "
-                        "cannot hold exactly stays unconverted")
-    p.add_argument("--format-version", type=int, choices=VERSIONS, default=None,
-                   help=f"BITCOS format version to write (default {VERSION}); 1 for readers that predate version "
-                        "2: types BITCOS_PT / BITCOS_G128, rows a multiple of 128, --scale auto|tensor|128")
-    p.add_argument("--strict", action="store_true",
-                   help="fail unless every tensor holding ternary weights (TQ1_0/TQ2_0, or F16/BF16/F32 "
-                        "holding ternary values) ends up BITCOS; lookup tables (token_embd) are exempt")
-    p.add_argument("--allow-copy", action="store_true",
-                   help="write the output even when nothing converts (otherwise an error, and no output)")
-    p.add_argument("--force-grow", action="store_true",
-                   help="convert tensors whose BITCOS form is larger than the source (e.g. TQ1_0 at low zero "
-                        "density); by default they stay in their source type and the summary lists them")
-    p.add_argument("--to", choices=sorted(TARGETS), metavar="TYPE",
-                   help="the other direction: convert the BITCOS weights of IN back to TYPE "
-                        f"({', '.join(TARGETS)}), bit-exactly; default output IN-TYPE.gguf")
-    p.add_argument("--fallback", choices=sorted([*TARGETS, KEEP]), metavar="TYPE",
-                   help="with --to: tensors that TYPE cannot hold exactly go to this type instead (f32 always "
-                        "can; keep: leave them BITCOS); without it such a tensor is an error")
+    p.add_argument(
+        "--scale",
+        choices=SCALE_CHOICES,
+        default="auto",
+        help="the scale granularity: auto (default) picks, per tensor, the one whose exact form takes "
+        "the fewest bytes (ties to the coarser); tensor (one fp32 per matrix), row (fp32 per row), "
+        "256 / 128 (fp16 per 256 / 128 weights of a row; g128 = 128) force one, and a tensor it "
+        "cannot hold exactly stays unconverted",
+    )
+    p.add_argument(
+        "--format-version",
+        type=int,
+        choices=VERSIONS,
+        default=None,
+        help=f"BITCOS format version to write (default {VERSION}); 1 for readers that predate version "
+        "2: types BITCOS_PT / BITCOS_G128, rows a multiple of 128, --scale auto|tensor|128",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail unless every tensor holding ternary weights (TQ1_0/TQ2_0, or F16/BF16/F32 "
+        "holding ternary values) ends up BITCOS; lookup tables (token_embd) are exempt",
+    )
+    p.add_argument(
+        "--allow-copy",
+        action="store_true",
+        help="write the output even when nothing converts (otherwise an error, and no output)",
+    )
+    p.add_argument(
+        "--force-grow",
+        action="store_true",
+        help="convert tensors whose BITCOS form is larger than the source (e.g. TQ1_0 at low zero "
+        "density); by default they stay in their source type and the summary lists them",
+    )
+    p.add_argument(
+        "--to",
+        choices=sorted(TARGETS),
+        metavar="TYPE",
+        help="the other direction: convert the BITCOS weights of IN back to TYPE "
+        f"({', '.join(TARGETS)}), bit-exactly; default output IN-TYPE.gguf",
+    )
+    p.add_argument(
+        "--fallback",
+        choices=sorted([*TARGETS, KEEP]),
+        metavar="TYPE",
+        help="with --to: tensors that TYPE cannot hold exactly go to this type instead (f32 always "
+        "can; keep: leave them BITCOS); without it such a tensor is an error",
+    )
     add_i2s_layout_option(p)
     p.add_argument("--no-verify", action="store_true", help="skip the bit-exact check of the output")
-    p.add_argument("--cache-mb", type=int, default=DEFAULT_CACHE_BYTES >> 20, metavar="MB",
-                   help="encodings kept in memory between the analyze and write passes (default "
-                        f"{DEFAULT_CACHE_BYTES >> 20}); tensors beyond it are encoded again when written: "
-                        "larger is faster and adds up to MB to the peak memory")
+    p.add_argument(
+        "--cache-mb",
+        type=int,
+        default=DEFAULT_CACHE_BYTES >> 20,
+        metavar="MB",
+        help="encodings kept in memory between the analyze and write passes (default "
+        f"{DEFAULT_CACHE_BYTES >> 20}); tensors beyond it are encoded again when written: "
+        "larger is faster and adds up to MB to the peak memory",
+    )
     p.add_argument("--force", action="store_true", help="overwrite the output if it exists")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     p.set_defaults(func=run)
@@ -454,12 +587,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.to is not None:
-        if (args.scale != "auto" or args.strict or args.allow_copy or args.force_grow
-                or args.format_version is not None or args.i2s_layout is not None):
-            raise ConvertError("--to converts BITCOS back; --scale, --format-version, --strict, --allow-copy, "
-                               "--force-grow and --i2s-layout belong to the forward direction")
-        back = convert_back(args.input, args.output, to=args.to, fallback=args.fallback,
-                                         verify=not args.no_verify, force=args.force, progress=not args.quiet)
+        if (
+            args.scale != "auto"
+            or args.strict
+            or args.allow_copy
+            or args.force_grow
+            or args.format_version is not None
+            or args.i2s_layout is not None
+        ):
+            raise ConvertError(
+                "--to converts BITCOS back; --scale, --format-version, --strict, --allow-copy, "
+                "--force-grow and --i2s-layout belong to the forward direction"
+            )
+        back = convert_back(
+            args.input,
+            args.output,
+            to=args.to,
+            fallback=args.fallback,
+            verify=not args.no_verify,
+            force=args.force,
+            progress=not args.quiet,
+        )
         if not args.quiet:
             print_summary(back)
         return 0
@@ -467,19 +615,37 @@ def run(args: argparse.Namespace) -> int:
         raise ConvertError("--fallback applies to --to only")
     if args.cache_mb < 0:
         raise ConvertError("--cache-mb must be >= 0")
-    res = convert(args.input, args.output, scale=args.scale, strict=args.strict, verify=not args.no_verify,
-                  force=args.force, progress=not args.quiet, allow_copy=args.allow_copy,
-                  force_grow=args.force_grow, cache_bytes=args.cache_mb << 20,
-                  format_version=VERSION if args.format_version is None else args.format_version,
-                  i2s_layout=args.i2s_layout)
+    res = convert(
+        args.input,
+        args.output,
+        scale=args.scale,
+        strict=args.strict,
+        verify=not args.no_verify,
+        force=args.force,
+        progress=not args.quiet,
+        allow_copy=args.allow_copy,
+        force_grow=args.force_grow,
+        cache_bytes=args.cache_mb << 20,
+        format_version=VERSION if args.format_version is None else args.format_version,
+        i2s_layout=args.i2s_layout,
+    )
     if not args.quiet:
         for line in summarize(res):
             print(line, file=sys.stderr)
-    elif res.layout_assumed:          # an assumption about the input is said even with -q
+    elif res.layout_assumed:  # an assumption about the input is said even with -q
         for note in res.notes:
             print(f"source: {note}", file=sys.stderr)
     return 0
 
 
-__all__ = ["ConvertError", "ConvertResult", "DEFAULT_CACHE_BYTES", "convert", "default_output", "summarize",
-           "verify_output", "register", "run"]
+__all__ = [
+    "ConvertError",
+    "ConvertResult",
+    "DEFAULT_CACHE_BYTES",
+    "convert",
+    "default_output",
+    "summarize",
+    "verify_output",
+    "register",
+    "run",
+]

@@ -60,7 +60,7 @@ class NotRepresentable(Exception):
 def default_output(src: Path, to: str) -> Path:
     stem = src.stem if src.suffix == ".gguf" else src.name
     if stem.endswith("-bitcos"):
-        stem = stem[:-len("-bitcos")]
+        stem = stem[: -len("-bitcos")]
     return src.with_name(f"{stem}-{to}.gguf")
 
 
@@ -69,9 +69,9 @@ class BackResult:
     name: str
     variant: str
     ne: tuple[int, ...]
-    target: str = ""                  # the type written ("keep": left BITCOS)
-    reason: str = ""                  # why the requested target was not possible
-    src_bytes: int = 0                # weight + companion
+    target: str = ""  # the type written ("keep": left BITCOS)
+    reason: str = ""  # why the requested target was not possible
+    src_bytes: int = 0  # weight + companion
     out_bytes: int = 0
 
 
@@ -88,8 +88,9 @@ class ConvertBackResult:
 def _decode(path: Path, w: ReaderTensor, comp: ReaderTensor) -> codec.Decoded:
     ne = tensor_ggml_shape(w)
     try:
-        return codec.decode(tensor_bytes(w), tensor_bytes(comp), int(w.tensor_type), ne[0], math.prod(ne[1:]),
-                            codec.n_mats_of(ne))
+        return codec.decode(
+            tensor_bytes(w), tensor_bytes(comp), int(w.tensor_type), ne[0], math.prod(ne[1:]), codec.n_mats_of(ne)
+        )
     except codec.FormatError as e:
         raise ConvertError(f"{path}: tensor '{w.name}': {e}") from None
 
@@ -101,7 +102,7 @@ def tq_scales(dec: codec.Decoded) -> np.ndarray:
         raise NotRepresentable(f"row length {k} is not a multiple of {QK_K} (one TQ block)")
     nb = k // QK_K
     halves = QK_K // QK
-    if dec.block_scales is None:       # fp32 per matrix (PT, MATRIX) or per row (ROW): each must be an fp16
+    if dec.block_scales is None:  # fp32 per matrix (PT, MATRIX) or per row (ROW): each must be an fp16
         per_matrix = dec.matrix_scales is not None
         s = (dec.matrix_scales if per_matrix else dec.row_scales).astype(np.float32)
         with np.errstate(over="ignore"):
@@ -109,12 +110,14 @@ def tq_scales(dec: codec.Decoded) -> np.ndarray:
         bad = np.flatnonzero(s16.astype(np.float32).view(np.uint32) != s.view(np.uint32))
         if bad.size:
             i = int(bad[0])
-            raise NotRepresentable(f"{'matrix' if per_matrix else 'row'} {i}: fp32 scale {float(s[i])!r} is not an "
-                                   f"fp16 value ({bad.size} such scales)")
+            raise NotRepresentable(
+                f"{'matrix' if per_matrix else 'row'} {i}: fp32 scale {float(s[i])!r} is not an "
+                f"fp16 value ({bad.size} such scales)"
+            )
         if per_matrix:
             s16 = np.repeat(s16, n_rows // s16.shape[0])
         return np.ascontiguousarray(np.repeat(s16[:, None], nb, axis=1)).astype("<f2")
-    if dec.block_scales.shape[1] == nb:   # one fp16 scale per 256 (B256): TQ's own granularity
+    if dec.block_scales.shape[1] == nb:  # one fp16 scale per 256 (B256): TQ's own granularity
         return np.ascontiguousarray(dec.block_scales).view("<f2")
     d = dec.block_scales.reshape(n_rows, nb, halves)
     bits = d.view(np.uint16)
@@ -125,9 +128,11 @@ def tq_scales(dec: codec.Decoded) -> np.ndarray:
     clash = present.all(axis=2) & (bits[:, :, 0] != bits[:, :, 1])
     if clash.any():
         r, b = (int(x) for x in np.argwhere(clash)[0])
-        raise NotRepresentable(f"row {r}, weights {b * QK_K}..{b * QK_K + QK_K - 1}: the two 128-blocks carry "
-                               f"different scales {float(d[r, b, 0])!r} and {float(d[r, b, 1])!r} "
-                               f"({int(clash.sum())} such 256-blocks)")
+        raise NotRepresentable(
+            f"row {r}, weights {b * QK_K}..{b * QK_K + QK_K - 1}: the two 128-blocks carry "
+            f"different scales {float(d[r, b, 0])!r} and {float(d[r, b, 1])!r} "
+            f"({int(clash.sum())} such 256-blocks)"
+        )
     return np.ascontiguousarray(chosen).view("<f2")
 
 
@@ -152,13 +157,22 @@ def encode_target(dec: codec.Decoded, target: str) -> np.ndarray:
         raise ValueError(f"unknown target {target}")
     if bad.any():
         r, c = (int(v) for v in np.argwhere(bad)[0])
-        raise NotRepresentable(f"row {r} col {c}: value {float(x[r, c])!r} is not a {target.upper()} value "
-                               f"({int(bad.sum())} such weights)")
+        raise NotRepresentable(
+            f"row {r} col {c}: value {float(x[r, c])!r} is not a {target.upper()} value ({int(bad.sum())} such weights)"
+        )
     return y.view(np.uint8)
 
 
-def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str | None = None,
-                 verify: bool = True, force: bool = False, progress: bool = True) -> ConvertBackResult:
+def convert_back(
+    src: Path,
+    out: Path | None = None,
+    *,
+    to: str,
+    fallback: str | None = None,
+    verify: bool = True,
+    force: bool = False,
+    progress: bool = True,
+) -> ConvertBackResult:
     """Write ``src`` with every BITCOS weight as ``to`` (see the module docstring)."""
     if to not in TARGETS:
         raise ConvertError(f"--to {to}: choose one of {', '.join(TARGETS)}")
@@ -196,8 +210,10 @@ def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str |
                 if fallback is None or cand == fallback:
                     msg = f"{src}: tensor '{w.name}' ({r.variant}): cannot be stored as {cand.upper()} exactly: {e}"
                     if fallback is None:
-                        msg += (" (--fallback f32|f16|bf16|keep converts such tensors to another type or leaves "
-                                "them BITCOS)")
+                        msg += (
+                            " (--fallback f32|f16|bf16|keep converts such tensors to another type or leaves "
+                            "them BITCOS)"
+                        )
                     bar.close()
                     raise ConvertError(msg) from None
         del dec
@@ -226,22 +242,39 @@ def convert_back(src: Path, out: Path | None = None, *, to: str, fallback: str |
         kvs.append(("general.file_type", int(TARGETS[to][1]), GGUFValueType.UINT32, None))
     outputs: list[OutputTensor] = []
     for t in reader.tensors:
-        base = t.name[:-len(COMPANION_SUFFIX)] if t.name.endswith(COMPANION_SUFFIX) else None
+        base = t.name[: -len(COMPANION_SUFFIX)] if t.name.endswith(COMPANION_SUFFIX) else None
         if base in plan and plan[base].target != KEEP:
-            continue                                   # the companion of a weight converted back
+            continue  # the companion of a weight converted back
         r = plan.get(t.name)
         if r is not None and r.target != KEEP:
-            outputs.append(OutputTensor(t.name, TARGETS[r.target][0], r.ne, progress_bytes=int(t.n_bytes),
-                                        data=_encoder(src, t, by_name[t.name + COMPANION_SUFFIX], r.target)))
+            outputs.append(
+                OutputTensor(
+                    t.name,
+                    TARGETS[r.target][0],
+                    r.ne,
+                    progress_bytes=int(t.n_bytes),
+                    data=_encoder(src, t, by_name[t.name + COMPANION_SUFFIX], r.target),
+                )
+            )
         else:
-            outputs.append(OutputTensor(t.name, t.tensor_type, tensor_ggml_shape(t), source=t,
-                                        progress_bytes=int(t.n_bytes)))
+            outputs.append(
+                OutputTensor(t.name, t.tensor_type, tensor_ggml_shape(t), source=t, progress_bytes=int(t.n_bytes))
+            )
 
     def check(tmp_path: Path) -> None:
         verify_back(reader, tmp_path, result, label=str(out))
 
-    write_verified(reader, src, out, force=force, metadata=kvs, tensors=outputs, verify=check if verify else None,
-                   progress=progress, seconds=result.seconds)
+    write_verified(
+        reader,
+        src,
+        out,
+        force=force,
+        metadata=kvs,
+        tensors=outputs,
+        verify=check if verify else None,
+        progress=progress,
+        seconds=result.seconds,
+    )
     result.verified = verify
     result.seconds["total"] = time.perf_counter() - t0
     return result
@@ -252,8 +285,7 @@ def _encoder(src: Path, w: ReaderTensor, comp: ReaderTensor, target: str):
     return lambda: encode_target(_decode(src, w, comp), target)
 
 
-def verify_back(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertBackResult, *,
-                label: str) -> None:
+def verify_back(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertBackResult, *, label: str) -> None:
     """Each converted tensor dequantizes (ggml's arithmetic) to the BITCOS decode's fp32 bits; others are
     byte-equal; no companion of a converted weight is left."""
     src_t = {t.name: t for t in src_reader.tensors}
@@ -263,29 +295,42 @@ def verify_back(src_reader: CheckedGGUFReader, out_path: Path, result: ConvertBa
         r = converted[t.name]
         want_type = TARGETS[r.target][0]
         if int(o.tensor_type) != int(want_type) or tensor_ggml_shape(o) != r.ne:
-            raise ConvertError(f"{label}: tensor '{t.name}': verification failed: written as "
-                               f"{type_name(o.tensor_type)} {tensor_ggml_shape(o)}")
+            raise ConvertError(
+                f"{label}: tensor '{t.name}': verification failed: written as "
+                f"{type_name(o.tensor_type)} {tensor_ggml_shape(o)}"
+            )
         want = _decode(Path(label), t, src_t[t.name + COMPANION_SUFFIX]).to_float().view(np.uint32)
-        got = source_float_rows(o, 0, want.shape[0]).view(np.uint32)     # ggml's dequantization
+        got = source_float_rows(o, 0, want.shape[0]).view(np.uint32)  # ggml's dequantization
         if not np.array_equal(got, want):
             rr, cc = (int(v) for v in np.argwhere(got != want)[0])
-            raise ConvertError(f"{label}: tensor '{t.name}': verification failed: row {rr} col {cc} dequantizes "
-                               f"to bits 0x{int(got[rr, cc]):08x}, BITCOS 0x{int(want[rr, cc]):08x}")
+            raise ConvertError(
+                f"{label}: tensor '{t.name}': verification failed: row {rr} col {cc} dequantizes "
+                f"to bits 0x{int(got[rr, cc]):08x}, BITCOS 0x{int(want[rr, cc]):08x}"
+            )
 
-    verify_rewrite(src_reader, out_path, label, rewritten={name: check for name in converted},
-                   dropped=frozenset(name + COMPANION_SUFFIX for name in converted))
+    verify_rewrite(
+        src_reader,
+        out_path,
+        label,
+        rewritten={name: check for name in converted},
+        dropped=frozenset(name + COMPANION_SUFFIX for name in converted),
+    )
 
 
 def summarize(res: ConvertBackResult) -> list[str]:
     counts: dict[str, int] = {}
     for r in res.tensors:
         counts[r.target] = counts.get(r.target, 0) + 1
-    lines = [f"converted {len(res.tensors)} BITCOS tensors back: " +
-             ", ".join(f"{n} to {t.upper() if t != KEEP else 'BITCOS (kept)'}" for t, n in counts.items())]
+    lines = [
+        f"converted {len(res.tensors)} BITCOS tensors back: "
+        + ", ".join(f"{n} to {t.upper() if t != KEEP else 'BITCOS (kept)'}" for t, n in counts.items())
+    ]
     for r in res.tensors:
         if r.target != res.to:
-            lines.append(f"fallback: {r.name} ({r.variant}) -> {r.target.upper() if r.target != KEEP else 'BITCOS'}: "
-                         f"not {res.to.upper()}: {r.reason}")
+            lines.append(
+                f"fallback: {r.name} ({r.variant}) -> {r.target.upper() if r.target != KEEP else 'BITCOS'}: "
+                f"not {res.to.upper()}: {r.reason}"
+            )
     lines.append(size_line(res.src, res.out, res.verified))
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.seconds.items()))
     return lines
@@ -296,5 +341,15 @@ def print_summary(res: ConvertBackResult) -> None:
         print(line, file=sys.stderr)
 
 
-__all__ = ["TARGETS", "KEEP", "NotRepresentable", "ConvertBackResult", "BackResult", "convert_back",
-           "default_output", "encode_target", "tq_scales", "summarize"]
+__all__ = [
+    "TARGETS",
+    "KEEP",
+    "NotRepresentable",
+    "ConvertBackResult",
+    "BackResult",
+    "convert_back",
+    "default_output",
+    "encode_target",
+    "tq_scales",
+    "summarize",
+]

@@ -22,8 +22,22 @@ import numpy as np
 from ggml_bitcos import llama_run, llama_tools
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX
 
-DEMO_SHAPE = ["--preset", "tiny", "--n-embd", "1024", "--n-ff", "2816", "--n-layer", "8", "--n-head", "16",
-              "--n-head-kv", "8", "--embd-type", "q8_0"]
+DEMO_SHAPE = [
+    "--preset",
+    "tiny",
+    "--n-embd",
+    "1024",
+    "--n-ff",
+    "2816",
+    "--n-layer",
+    "8",
+    "--n-head",
+    "16",
+    "--n-head-kv",
+    "8",
+    "--embd-type",
+    "q8_0",
+]
 PROMPT = "Once upon a time, in a small river town,"
 
 
@@ -47,14 +61,18 @@ def ternary_weights(path: Path) -> tuple[int, int]:
         if t.tensor_type in ternary_types:
             n += int(t.n_elements)
             nbytes += int(t.n_bytes)
-        elif t.name.endswith(COMPANION_SUFFIX) and t.name[:-len(COMPANION_SUFFIX)] in names:
+        elif t.name.endswith(COMPANION_SUFFIX) and t.name[: -len(COMPANION_SUFFIX)] in names:
             nbytes += int(t.n_bytes)
     return n, nbytes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="offline end-to-end demo: make, convert, run, compare with TQ2_0",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "demo",
+        help="offline end-to-end demo: make, convert, run, compare with TQ2_0",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--workdir", type=Path, default=Path("bitcos-demo"))
     p.add_argument("--zero-density", type=float, default=0.42)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -69,21 +87,40 @@ def run(args: argparse.Namespace) -> int:
     out = wd / f"demo-z{args.zero_density:.2f}-bitcos.gguf"
     print(f"== 1. default model: {src}")
     if not src.exists():
-        _cli(["make-model", "-o", str(src), *DEMO_SHAPE, "--zero-density", str(args.zero_density),
-              "--type", "tq2_0", "--scale", "tensor", "--seed", "1", "-q"])
+        _cli(
+            [
+                "make-model",
+                "-o",
+                str(src),
+                *DEMO_SHAPE,
+                "--zero-density",
+                str(args.zero_density),
+                "--type",
+                "tq2_0",
+                "--scale",
+                "tensor",
+                "--seed",
+                "1",
+                "-q",
+            ]
+        )
     print(f"== 2. convert to BITCOS: {out}")
     _cli(["convert", str(src), "-o", str(out), "--force"])
 
     print("== 3. sizes")
     for label, path in (("TQ2_0 ", src), ("BITCOS", out)):
         n, b = ternary_weights(path)
-        print(f"   {label}  file {path.stat().st_size / 2**20:7.2f} MiB   ternary weights {n / 1e6:6.1f} M   "
-              f"{8 * b / n:.4f} bits/weight (incl. scales, index)")
+        print(
+            f"   {label}  file {path.stat().st_size / 2**20:7.2f} MiB   ternary weights {n / 1e6:6.1f} M   "
+            f"{8 * b / n:.4f} bits/weight (incl. scales, index)"
+        )
     print(f"   BITCOS formula 2 - z = {2 - args.zero_density:.3f} bits/weight (per-tensor scale variant)")
 
     if not llama_run.is_patched():
-        print(f"ggml-bitcos demo: steps 4-5 need the patched llama.cpp: {llama_tools.not_patched_message()}",
-              file=sys.stderr)
+        print(
+            f"ggml-bitcos demo: steps 4-5 need the patched llama.cpp: {llama_tools.not_patched_message()}",
+            file=sys.stderr,
+        )
         return 1
     print(f"== 4. greedy {args.n_tokens} tokens through llama_cpp.Llama (patched llama.cpp)")
     a = llama_run.greedy_generate(src, PROMPT, args.n_tokens, n_threads=args.threads)
@@ -93,12 +130,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"   BITCOS: {b.text!r}")
     same = a.tokens == b.tokens
     diff = float(np.max(np.abs(a.logits - b.logits)))
-    print(f"   identical tokens: {'yes' if same else 'NO'}; max |logit difference| {diff:.2e} "
-          f"(largest logit {float(np.max(np.abs(a.logits))):.2f})")
+    print(
+        f"   identical tokens: {'yes' if same else 'NO'}; max |logit difference| {diff:.2e} "
+        f"(largest logit {float(np.max(np.abs(a.logits))):.2f})"
+    )
 
     print(f"== 5. llama-bench (tg{args.n_tokens}, pp128), {args.threads} thread(s), same run")
-    rows = llama_run.run_bench([src, out], n_prompt=128, n_gen=args.n_tokens, threads=[args.threads],
-                               repetitions=3)
+    rows = llama_run.run_bench([src, out], n_prompt=128, n_gen=args.n_tokens, threads=[args.threads], repetitions=3)
     ts = {}
     for r in rows:
         kind = "pp128" if r["n_prompt"] else f"tg{args.n_tokens}"

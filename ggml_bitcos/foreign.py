@@ -43,8 +43,8 @@ Q2_0: Final = 42
 PQ2_0: Final = 142
 PTQ1_0: Final = 143
 
-I2_S_TAIL: Final = 32            # bytes after the packed codes: the fp32 scale, then 28 bytes the quantizer leaves unwritten
-HADAMARD_KEY_PREFIX: Final = "prism.hadamard."   # Prism's rotated-basis models: need a runtime transform
+I2_S_TAIL: Final = 32  # bytes after the packed codes: the fp32 scale, then 28 bytes the quantizer leaves unwritten
+HADAMARD_KEY_PREFIX: Final = "prism.hadamard."  # Prism's rotated-basis models: need a runtime transform
 
 # bitnet.cpp's quantize_i2_s writes one of three layouts, chosen by its build (FORMAT.md §7.1):
 #   x86       - x86 with ACT_PARALLEL (its default config) and its Python converters: blocks of 128 weights of
@@ -54,31 +54,34 @@ HADAMARD_KEY_PREFIX: Final = "prism.hadamard."   # Prism's rotated-basis models:
 #               7-2i..6-2i.
 I2S_LAYOUTS: Final = ("x86", "x86-rows4", "arm")
 I2S_DEFAULT_LAYOUT: Final = "x86"
-Q2_0_LEGACY_FORM: Final = "g128"     # SourceTensor.form of a Q2_0 tensor in Prism's legacy group-128 form
+Q2_0_LEGACY_FORM: Final = "g128"  # SourceTensor.form of a Q2_0 tensor in Prism's legacy group-128 form
 
 
 @dataclass(frozen=True)
 class ForeignType:
     name: str
     type_id: int
-    block: int            # weights per sizing unit: the tensor's bytes are n / block * block_bytes + tail_bytes
+    block: int  # weights per sizing unit: the tensor's bytes are n / block * block_bytes + tail_bytes
     block_bytes: int
-    tail_bytes: int       # bytes after the blocks (I2_S: the fp32 scale's 32-byte tail)
-    loadable: bool        # this project's llama.cpp (upstream 0c1e570 + patches) loads tensors of this form
-    scale: str            # the scale granularity, in words
+    tail_bytes: int  # bytes after the blocks (I2_S: the fp32 scale's 32-byte tail)
+    loadable: bool  # this project's llama.cpp (upstream 0c1e570 + patches) loads tensors of this form
+    scale: str  # the scale granularity, in words
 
     def nbytes(self, n_weights: int) -> int:
         """Bytes of a tensor of ``n_weights`` weights in a GGUF file (its producer's ggml_nbytes)."""
         return n_weights // self.block * self.block_bytes + self.tail_bytes
 
 
-FOREIGN_TYPES: Final[dict[int, ForeignType]] = {ft.type_id: ft for ft in (
-    # I2_S's ggml traits size 1 weight per byte, and its ggml_nbytes quarters that and adds the tail
-    ForeignType("I2_S", I2_S, 4, 1, I2_S_TAIL, False, "one fp32 per tensor"),
-    ForeignType("Q2_0", Q2_0, 64, 18, 0, True, "fp16 per 64 weights"),
-    ForeignType("PQ2_0", PQ2_0, 128, 34, 0, False, "fp16 per 128 weights"),
-    ForeignType("PTQ1_0", PTQ1_0, 128, 28, 0, False, "fp16 per 128 weights"),
-)}
+FOREIGN_TYPES: Final[dict[int, ForeignType]] = {
+    ft.type_id: ft
+    for ft in (
+        # I2_S's ggml traits size 1 weight per byte, and its ggml_nbytes quarters that and adds the tail
+        ForeignType("I2_S", I2_S, 4, 1, I2_S_TAIL, False, "one fp32 per tensor"),
+        ForeignType("Q2_0", Q2_0, 64, 18, 0, True, "fp16 per 64 weights"),
+        ForeignType("PQ2_0", PQ2_0, 128, 34, 0, False, "fp16 per 128 weights"),
+        ForeignType("PTQ1_0", PTQ1_0, 128, 28, 0, False, "fp16 per 128 weights"),
+    )
+}
 Q2_0_LEGACY: Final = ForeignType("Q2_0", Q2_0, 128, 34, 0, False, "fp16 per 128 weights")
 
 
@@ -107,6 +110,7 @@ def form_label(type_id: int, form: str) -> str:
 # --- 2-bit codes: Q2_0 / PQ2_0 ----------------------------------------------------------------------
 # block: fp16 d, then qs[block/4]; weight j is bits 2(j%4)..2(j%4)+1 of qs[j/4]; code = field - 1
 
+
 def _q2_decode(raw: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     raw = np.asarray(raw).view(np.uint8)
     rows = raw.shape[0] if raw.ndim == 2 else 1
@@ -114,7 +118,7 @@ def _q2_decode(raw: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     blk = raw.reshape(rows, -1, bb)
     nblk = blk.shape[1]
     d = np.ascontiguousarray(blk[:, :, :2]).view("<f2").reshape(rows, nblk)
-    qs = blk[:, :, 2:]                                               # (rows, nblk, block/4)
+    qs = blk[:, :, 2:]  # (rows, nblk, block/4)
     fields = (qs[:, :, :, None] >> np.array([0, 2, 4, 6], dtype=np.uint8)) & np.uint8(3)
     codes = fields.reshape(rows, nblk * block).view(np.int8) - np.int8(1)
     return codes, d
@@ -128,7 +132,7 @@ def _q2_encode(codes: np.ndarray, d: np.ndarray, block: int) -> np.ndarray:
         raise ValueError(f"codes must be in -1..2 and rows a multiple of {block}")
     out = np.empty((rows, nblk, 2 + block // 4), dtype=np.uint8)
     out[:, :, :2] = np.asarray(d, dtype="<f2").reshape(rows, nblk, 1).view(np.uint8)
-    f = (codes + 1).astype(np.uint8).reshape(rows, nblk, block // 4, 4)    # weight 4b + i -> field i of byte b
+    f = (codes + 1).astype(np.uint8).reshape(rows, nblk, block // 4, 4)  # weight 4b + i -> field i of byte b
     out[:, :, 2:] = f[..., 0] | (f[..., 1] << 2) | (f[..., 2] << 4) | (f[..., 3] << 6)
     return out.reshape(rows, -1)
 
@@ -157,7 +161,7 @@ def pq2_0_encode(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
 # qs[0:16]: weight 16n + m is digit n of byte m; qs[16:24]: weight 80 + 8n + m is digit n of byte 16 + m;
 # qh: weight 120 + 2n + h is digit n of qh[h]. Code = digit - 1.
 
-_PTQ1_GROUPS: Final = ((0, 16, 5, 0), (16, 24, 5, 80), (24, 26, 4, 120))   # (byte lo, hi, digits, first weight)
+_PTQ1_GROUPS: Final = ((0, 16, 5, 0), (16, 24, 5, 80), (24, 26, 4, 120))  # (byte lo, hi, digits, first weight)
 
 
 def ptq1_0_decode(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -168,10 +172,10 @@ def ptq1_0_decode(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     nblk = blk.shape[1]
     codes = np.empty((rows, nblk, 128), dtype=np.int8)
     for lo, hi, nd, first in _PTQ1_GROUPS:
-        b = blk[:, :, lo:hi].astype(np.uint16)                           # (rows, nblk, c)
+        b = blk[:, :, lo:hi].astype(np.uint16)  # (rows, nblk, c)
         pw = (3 ** np.arange(nd, dtype=np.uint16)).reshape(nd, 1)
-        digit = ((((b[:, :, None, :] * pw) & 0xFF) * 3) >> 8)            # (rows, nblk, nd, c)
-        codes[:, :, first:first + nd * (hi - lo)] = digit.reshape(rows, nblk, -1).astype(np.int8) - 1
+        digit = (((b[:, :, None, :] * pw) & 0xFF) * 3) >> 8  # (rows, nblk, nd, c)
+        codes[:, :, first : first + nd * (hi - lo)] = digit.reshape(rows, nblk, -1).astype(np.int8) - 1
     d = np.ascontiguousarray(blk[:, :, 26:28]).view("<f2").reshape(rows, nblk)
     return codes.reshape(rows, nblk * 128), d
 
@@ -182,14 +186,14 @@ def ptq1_0_encode(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
     if k % 128 or np.any(np.abs(codes) > 1):
         raise ValueError("PTQ1_0 codes must be in -1..1 and rows a multiple of 128")
     nblk = k // 128
-    t = (codes + 1).astype(np.uint16).reshape(rows, nblk, 128)          # digits 0..2
+    t = (codes + 1).astype(np.uint16).reshape(rows, nblk, 128)  # digits 0..2
     out = np.empty((rows, nblk, 28), dtype=np.uint8)
     for lo, hi, nd, first in _PTQ1_GROUPS:
         c = hi - lo
         v = np.zeros((rows, nblk, c), dtype=np.uint16)
-        for n in range(nd):                                              # most significant digit first
-            v = v * 3 + t[:, :, first + n * c: first + (n + 1) * c]
-        v = v * (3 ** (5 - nd))                                          # qh: pad with a zero lowest digit
+        for n in range(nd):  # most significant digit first
+            v = v * 3 + t[:, :, first + n * c : first + (n + 1) * c]
+        v = v * (3 ** (5 - nd))  # qh: pad with a zero lowest digit
         out[:, :, lo:hi] = ((v * 256 + 242) // 243).astype(np.uint8)
     out[:, :, 26:28] = np.asarray(d, dtype="<f2").reshape(rows, nblk, 1).view(np.uint8)
     return out.reshape(rows, -1)
@@ -198,6 +202,7 @@ def ptq1_0_encode(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
 # --- I2_S: bitnet.cpp -----------------------------------------------------------------------------
 # The n/4 code bytes of a whole tensor in one of I2S_LAYOUTS, then a 32-byte tail whose first 4 bytes are the
 # fp32 scale. Field f of a weight is code f - 1 (field 3 is unused).
+
 
 def i2_s_layout_problem(layout: str, n_rows: int, k: int) -> str | None:
     """Why a tensor of ``n_rows`` rows of ``k`` weights cannot be stored in ``layout`` by bitnet.cpp's
@@ -218,15 +223,16 @@ def _i2_s_fields(b: np.ndarray, k: int, layout: str) -> np.ndarray:
     """Fields (0..3) of the code bytes ``b`` in ``layout``, as (rows, k) in weight order."""
     shifts = np.array([6, 4, 2, 0], dtype=np.uint8)
     if layout == "x86-rows4":
-        g = b.reshape(-1, 1, k)                                          # (row groups, 1, col)
-        return ((g >> shifts.reshape(1, 4, 1)) & np.uint8(3)).reshape(-1, k)   # row 4r + i = shift 6 - 2i
-    per = 32 if layout == "x86" else 16                                  # bytes per block
-    blk = b.reshape(-1, 1, per)                                          # (blocks, 1, pos p)
-    return ((blk >> shifts.reshape(1, 4, 1)) & np.uint8(3)).reshape(-1, k)     # weight per*g + p of a block
+        g = b.reshape(-1, 1, k)  # (row groups, 1, col)
+        return ((g >> shifts.reshape(1, 4, 1)) & np.uint8(3)).reshape(-1, k)  # row 4r + i = shift 6 - 2i
+    per = 32 if layout == "x86" else 16  # bytes per block
+    blk = b.reshape(-1, 1, per)  # (blocks, 1, pos p)
+    return ((blk >> shifts.reshape(1, 4, 1)) & np.uint8(3)).reshape(-1, k)  # weight per*g + p of a block
 
 
-def i2_s_decode(packed: np.ndarray, scale: float, k: int, layout: str = I2S_DEFAULT_LAYOUT
-                ) -> tuple[np.ndarray, np.float32]:
+def i2_s_decode(
+    packed: np.ndarray, scale: float, k: int, layout: str = I2S_DEFAULT_LAYOUT
+) -> tuple[np.ndarray, np.float32]:
     """I2_S code bytes in ``layout`` (whole blocks / row groups, tail excluded) -> (codes int8 (rows, k), fp32
     scale). Field 3 (never written by bitnet.cpp) decodes to code 2, which no ternary check accepts."""
     b = np.asarray(packed).view(np.uint8).reshape(-1)
@@ -244,11 +250,11 @@ def i2_s_encode(codes: np.ndarray, scale: float, layout: str = I2S_DEFAULT_LAYOU
         raise ValueError(problem or "I2_S codes must be in -1..1")
     f = (codes + 1).astype(np.uint8)
     if layout == "x86-rows4":
-        f = f.reshape(rows // 4, 4, k)                                   # (row group, row i, col)
+        f = f.reshape(rows // 4, 4, k)  # (row group, row i, col)
         packed = (f[:, 0] << 6) | (f[:, 1] << 4) | (f[:, 2] << 2) | f[:, 3]
     else:
         per = 32 if layout == "x86" else 16
-        f = f.reshape(-1, 4, per)                                        # (block, group g, pos p)
+        f = f.reshape(-1, 4, per)  # (block, group g, pos p)
         packed = (f[:, 0] << 6) | (f[:, 1] << 4) | (f[:, 2] << 2) | f[:, 3]
     tail = np.zeros(I2_S_TAIL, dtype=np.uint8)
     tail[:4] = np.frombuffer(np.float32(scale).tobytes(), dtype=np.uint8)
@@ -261,6 +267,7 @@ def i2_s_nbytes(n_weights: int) -> int:
 
 
 # --- reading source tensors ----------------------------------------------------------------------
+
 
 def _file_map(arr: np.ndarray) -> np.ndarray:
     """The whole-file memory map a gguf-py tensor view was cut from (GGUFReader maps the file at offset 0)."""
@@ -279,7 +286,7 @@ def i2_s_scale(t) -> np.float32:
     at = int(t.data_offset) + n // 4
     if at + I2_S_TAIL > fmap.size:
         raise ValueError(f"tensor '{t.name}': I2_S scale tail lies beyond the end of the file")
-    return np.frombuffer(fmap[at:at + 4].tobytes(), dtype="<f4")[0]
+    return np.frombuffer(fmap[at : at + 4].tobytes(), dtype="<f4")[0]
 
 
 def _float(codes: np.ndarray, scales: np.ndarray, group: int) -> np.ndarray:
@@ -294,16 +301,16 @@ def _i2_s_rows(t, start: int, stop: int) -> np.ndarray:
     """Codes of rows [start, stop) of an I2_S tensor in its layout (decoding only the blocks they touch)."""
     k = int(t.shape[0])
     layout = tensor_form(t) or I2S_DEFAULT_LAYOUT
-    b = np.asarray(t.data).reshape(-1).view(np.uint8)                  # the n/4 code bytes
+    b = np.asarray(t.data).reshape(-1).view(np.uint8)  # the n/4 code bytes
     if layout == "x86-rows4":
         g0, g1 = start // 4, -(-stop // 4)
-        codes, _ = i2_s_decode(b[g0 * k:g1 * k], 0.0, k, layout)
-        return codes[start - 4 * g0:stop - 4 * g0]
+        codes, _ = i2_s_decode(b[g0 * k : g1 * k], 0.0, k, layout)
+        return codes[start - 4 * g0 : stop - 4 * g0]
     per = 128 if layout == "x86" else 64
-    if k % per:                  # blocks run over the flattened tensor and straddle rows: decode it all
+    if k % per:  # blocks run over the flattened tensor and straddle rows: decode it all
         codes, _ = i2_s_decode(b, 0.0, k, layout)
         return codes[start:stop]
-    codes, _ = i2_s_decode(b[start * k // 4:stop * k // 4], 0.0, k, layout)
+    codes, _ = i2_s_decode(b[start * k // 4 : stop * k // 4], 0.0, k, layout)
     return codes
 
 
@@ -320,11 +327,12 @@ def float_rows(t, raw_rows: np.ndarray, start: int, stop: int) -> np.ndarray:
         return _float(*ptq1_0_decode(raw_rows), 128)
     codes = _i2_s_rows(t, start, stop)
     x = codes.astype(np.float32) * i2_s_scale(t)
-    x[codes > 1] = np.nan                                      # field 3: not a ternary weight
+    x[codes > 1] = np.nan  # field 3: not a ternary weight
     return x
 
 
 # --- the converter's policy ------------------------------------------------------------------------
+
 
 def must_convert(t) -> bool:
     """Tensor ``t`` must become BITCOS: this project's llama.cpp cannot load it as it is (so a BITCOS form
@@ -337,8 +345,12 @@ def explain(t, result) -> None:
     """Make the reason of an unconverted foreign-type tensor ``t`` (its ``source.TensorResult``) say what
     the source layout holds and why BITCOS cannot hold it exactly."""
     ft = foreign_type(int(t.tensor_type), tensor_form(t))
-    if ft is None or result.converted or result.grow_kept or not result.reason.startswith(
-            ("not ternary", "no variant holds")):
+    if (
+        ft is None
+        or result.converted
+        or result.grow_kept
+        or not result.reason.startswith(("not ternary", "no variant holds"))
+    ):
         return
     raw = np.asarray(t.data).view(np.uint8)
     rows = math.prod(int(x) for x in t.shape[1:])
@@ -352,10 +364,12 @@ def explain(t, result) -> None:
             result.reason = f"not ternary: non-finite {ft.name} block scale"
         elif ft.type_id == Q2_0 and ft.loadable:
             result.ternary_looking = True
-            result.reason = ("Q2_0 block scales (fp16 per 64 weights) differ between the two halves of a "
-                             "128-weight block and within rows: no BITCOS variant (one scale per matrix, per "
-                             "row, per 256 or per 128 weights) holds them exactly; kept as Q2_0, which "
-                             "llama.cpp runs")
+            result.reason = (
+                "Q2_0 block scales (fp16 per 64 weights) differ between the two halves of a "
+                "128-weight block and within rows: no BITCOS variant (one scale per matrix, per "
+                "row, per 256 or per 128 weights) holds them exactly; kept as Q2_0, which "
+                "llama.cpp runs"
+            )
     elif ft.type_id == I2_S:
         result.reason = "not ternary: I2_S field 3 (never written by bitnet.cpp) or a non-finite scale"
     elif ft.type_id == PTQ1_0:
@@ -366,9 +380,11 @@ def source_problem(reader) -> str | None:
     """A reason the source cannot be converted to a file this llama.cpp runs correctly, before any work."""
     for key in reader.fields:
         if key.startswith(HADAMARD_KEY_PREFIX):
-            return (f"metadata key '{key}': the model's weights are stored in Prism's Hadamard-rotated basis, "
-                    f"which needs the activation transform of Prism's llama.cpp fork; this llama.cpp does not "
-                    f"apply it, so the converted file (bit-exact weights) would compute a different model")
+            return (
+                f"metadata key '{key}': the model's weights are stored in Prism's Hadamard-rotated basis, "
+                f"which needs the activation transform of Prism's llama.cpp fork; this llama.cpp does not "
+                f"apply it, so the converted file (bit-exact weights) would compute a different model"
+            )
     for t in reader.tensors:
         if int(t.tensor_type) == I2_S:
             k = int(t.shape[0])
@@ -377,8 +393,11 @@ def source_problem(reader) -> str | None:
             why = i2_s_layout_problem(layout, n_rows, k)
             if why:
                 fits = [x for x in I2S_LAYOUTS if i2_s_layout_problem(x, n_rows, k) is None]
-                hint = (f"--i2s-layout {' or '.join(fits)} reads it if the file holds that layout" if fits
-                        else "no layout of bitnet.cpp's quantizer holds it")
+                hint = (
+                    f"--i2s-layout {' or '.join(fits)} reads it if the file holds that layout"
+                    if fits
+                    else "no layout of bitnet.cpp's quantizer holds it"
+                )
                 return f"tensor '{t.name}' (I2_S, shape {list(t.shape)}): {why}; {hint}"
     return None
 
@@ -391,9 +410,11 @@ def i2_s_layout_note(reader) -> str | None:
     layout = getattr(reader, "i2s_layout", None)
     if layout:
         return f"I2_S tensors read in bitnet.cpp's {layout} layout (--i2s-layout {layout})"
-    return (f"I2_S tensors read in bitnet.cpp's {I2S_DEFAULT_LAYOUT} layout, an assumption: the file does not "
-            f"record its layout; a file quantized by an ARM build of bitnet.cpp, or by an x86 build without "
-            f"ACT_PARALLEL, needs --i2s-layout arm or --i2s-layout x86-rows4 (FORMAT.md §7.1)")
+    return (
+        f"I2_S tensors read in bitnet.cpp's {I2S_DEFAULT_LAYOUT} layout, an assumption: the file does not "
+        f"record its layout; a file quantized by an ARM build of bitnet.cpp, or by an x86 build without "
+        f"ACT_PARALLEL, needs --i2s-layout arm or --i2s-layout x86-rows4 (FORMAT.md §7.1)"
+    )
 
 
 def unloadable_left(tensors, plan) -> str | None:
@@ -420,12 +441,41 @@ def unloadable_left(tensors, plan) -> str | None:
     name = form_label(int(t.tensor_type), tensor_form(t))
     more = f" (and {len(left) - 1} more such tensor(s))" if len(left) > 1 else ""
     cannot = "would misread" if int(t.tensor_type) == Q2_0 else "cannot load"
-    return (f"tensor '{t.name}' ({name}) cannot become BITCOS: {why}{more}; this llama.cpp {cannot} "
-            f"{name} tensors, so the output would not load right and none is written")
+    return (
+        f"tensor '{t.name}' ({name}) cannot become BITCOS: {why}{more}; this llama.cpp {cannot} "
+        f"{name} tensors, so the output would not load right and none is written"
+    )
 
 
-__all__ = ["I2_S", "Q2_0", "PQ2_0", "PTQ1_0", "FOREIGN_TYPES", "ForeignType", "I2S_LAYOUTS", "I2S_DEFAULT_LAYOUT",
-           "Q2_0_LEGACY", "Q2_0_LEGACY_FORM", "foreign_type", "tensor_form", "form_label", "q2_0_decode",
-           "q2_0_encode", "pq2_0_decode", "pq2_0_encode", "ptq1_0_decode", "ptq1_0_encode", "i2_s_layout_problem",
-           "i2_s_decode", "i2_s_encode", "i2_s_nbytes", "i2_s_scale", "float_rows", "must_convert", "explain",
-           "source_problem", "i2_s_layout_note", "unloadable_left"]
+__all__ = [
+    "I2_S",
+    "Q2_0",
+    "PQ2_0",
+    "PTQ1_0",
+    "FOREIGN_TYPES",
+    "ForeignType",
+    "I2S_LAYOUTS",
+    "I2S_DEFAULT_LAYOUT",
+    "Q2_0_LEGACY",
+    "Q2_0_LEGACY_FORM",
+    "foreign_type",
+    "tensor_form",
+    "form_label",
+    "q2_0_decode",
+    "q2_0_encode",
+    "pq2_0_decode",
+    "pq2_0_encode",
+    "ptq1_0_decode",
+    "ptq1_0_encode",
+    "i2_s_layout_problem",
+    "i2_s_decode",
+    "i2_s_encode",
+    "i2_s_nbytes",
+    "i2_s_scale",
+    "float_rows",
+    "must_convert",
+    "explain",
+    "source_problem",
+    "i2_s_layout_note",
+    "unloadable_left",
+]

@@ -15,12 +15,12 @@ from typing import Final
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-QK: Final = 128                      # weights per v1 block and per kernel unit (QK_BITCOS): a 128-bit bitmap
-BITMAP_BYTES: Final = QK // 8        # bytes of the bitmap of 128 weights, the same in every variant
-QK_BITMAP: Final = 32                # weights per v2 ggml block (QK_BITCOS_BITMAP): the v2 row-length granularity
+QK: Final = 128  # weights per v1 block and per kernel unit (QK_BITCOS): a 128-bit bitmap
+BITMAP_BYTES: Final = QK // 8  # bytes of the bitmap of 128 weights, the same in every variant
+QK_BITMAP: Final = 32  # weights per v2 ggml block (QK_BITCOS_BITMAP): the v2 row-length granularity
 TYPE_ID_G128: Final = 160
 TYPE_ID_PT: Final = 161
-TYPE_ID_BITMAP: Final = 162          # every version-2 variant (ggml GGML_TYPE_BITCOS, type name "bitcos")
+TYPE_ID_BITMAP: Final = 162  # every version-2 variant (ggml GGML_TYPE_BITCOS, type name "bitcos")
 
 
 class Variant(enum.IntEnum):
@@ -32,12 +32,12 @@ class Variant(enum.IntEnum):
     """
 
     # name    value type id         version  bytes/128 weights   K multiple  scale_block
-    G128 = (0, TYPE_ID_G128, 1, BITMAP_BYTES + 2, 128, 128)    # v1: bitmap + fp16 d per 128 weights
-    PT = (1, TYPE_ID_PT, 1, BITMAP_BYTES, 128, 0)              # v1: bitmap; fp32 scale per matrix in the companion
-    MATRIX = (2, TYPE_ID_BITMAP, 2, BITMAP_BYTES, 32, 0)       # v2: fp32 scale per matrix
-    ROW = (3, TYPE_ID_BITMAP, 2, BITMAP_BYTES, 32, 0)          # v2: fp32 scale per row
-    B128 = (4, TYPE_ID_BITMAP, 2, BITMAP_BYTES, 128, 128)      # v2: fp16 scale per 128 weights of a row
-    B256 = (5, TYPE_ID_BITMAP, 2, BITMAP_BYTES, 256, 256)      # v2: fp16 scale per 256 weights of a row
+    G128 = (0, TYPE_ID_G128, 1, BITMAP_BYTES + 2, 128, 128)  # v1: bitmap + fp16 d per 128 weights
+    PT = (1, TYPE_ID_PT, 1, BITMAP_BYTES, 128, 0)  # v1: bitmap; fp32 scale per matrix in the companion
+    MATRIX = (2, TYPE_ID_BITMAP, 2, BITMAP_BYTES, 32, 0)  # v2: fp32 scale per matrix
+    ROW = (3, TYPE_ID_BITMAP, 2, BITMAP_BYTES, 32, 0)  # v2: fp32 scale per row
+    B128 = (4, TYPE_ID_BITMAP, 2, BITMAP_BYTES, 128, 128)  # v2: fp16 scale per 128 weights of a row
+    B256 = (5, TYPE_ID_BITMAP, 2, BITMAP_BYTES, 256, 256)  # v2: fp16 scale per 256 weights of a row
 
     type_id: int
     version: int
@@ -45,8 +45,9 @@ class Variant(enum.IntEnum):
     k_multiple: int
     scale_block: int
 
-    def __new__(cls, value: int, type_id: int, version: int, block_bytes: int, k_multiple: int,
-                scale_block: int) -> Variant:
+    def __new__(
+        cls, value: int, type_id: int, version: int, block_bytes: int, k_multiple: int, scale_block: int
+    ) -> Variant:
         member = int.__new__(cls, value)
         member._value_ = value
         member.type_id = type_id
@@ -89,16 +90,16 @@ class Variant(enum.IntEnum):
 BITCOS_TYPE_IDS: Final = frozenset(v.type_id for v in Variant)
 
 # --- companion tensor (FORMAT.md §1, §4) -------------------------------------------------------------
-COMPANION_SUFFIX: Final = ".bitcos"                   # companion name = weight name + suffix
-COMPANION_TYPE: Final = GGMLQuantizationType.I8       # its ggml type; 1-D, one element per byte
-GGML_MAX_NAME: Final = 64                             # ggml's tensor name buffer, NUL included
-MAX_WEIGHT_NAME: Final = GGML_MAX_NAME - 1 - len(COMPANION_SUFFIX)   # 56: the companion name must fit
-MAGIC: Final = 0x53435442                             # bytes "BTCS"
-VERSION: Final = 2                                    # the newest format version; readers accept 1 and 2
+COMPANION_SUFFIX: Final = ".bitcos"  # companion name = weight name + suffix
+COMPANION_TYPE: Final = GGMLQuantizationType.I8  # its ggml type; 1-D, one element per byte
+GGML_MAX_NAME: Final = 64  # ggml's tensor name buffer, NUL included
+MAX_WEIGHT_NAME: Final = GGML_MAX_NAME - 1 - len(COMPANION_SUFFIX)  # 56: the companion name must fit
+MAGIC: Final = 0x53435442  # bytes "BTCS"
+VERSION: Final = 2  # the newest format version; readers accept 1 and 2
 VERSIONS: Final = (1, 2)
 HEADER_BYTES: Final = 128
-SECTION_ALIGN: Final = 64                             # every section starts at a multiple of this
-POOL_TAIL: Final = 64                                 # zero bytes after the padded sign pool
+SECTION_ALIGN: Final = 64  # every section starts at a multiple of this
+POOL_TAIL: Final = 64  # zero bytes after the padded sign pool
 MAX_ROW_GROUP_LOG2: Final = 6
 # Valid scales (FORMAT.md §3.1), every scale of every variant: finite, sign bit clear (>= +0.0), at most
 # MAX_SCALE, the largest finite fp16 (an fp16 scale cannot exceed it; fp32 scales share TQ1_0/TQ2_0's range).
@@ -107,10 +108,19 @@ MAX_SCALE: Final = 65504
 # The header's fields in order, as (name, struct format character); the rest up to HEADER_BYTES is reserved
 # and zero. Field offsets follow from the sizes (no padding: every field is at a multiple of its size).
 HEADER_FIELDS: Final[tuple[tuple[str, str], ...]] = (
-    ("magic", "I"), ("version", "H"), ("variant", "B"), ("row_group_log2", "B"),
-    ("n_cols", "Q"), ("n_rows", "Q"), ("n_mats", "Q"), ("n_sign_bits", "Q"),
-    ("scales_offset", "Q"), ("row_base_offset", "Q"), ("row_delta_offset", "Q"),
-    ("pool_offset", "Q"), ("pool_bytes", "Q"),
+    ("magic", "I"),
+    ("version", "H"),
+    ("variant", "B"),
+    ("row_group_log2", "B"),
+    ("n_cols", "Q"),
+    ("n_rows", "Q"),
+    ("n_mats", "Q"),
+    ("n_sign_bits", "Q"),
+    ("scales_offset", "Q"),
+    ("row_base_offset", "Q"),
+    ("row_delta_offset", "Q"),
+    ("pool_offset", "Q"),
+    ("pool_bytes", "Q"),
 )
 
 # --- GGUF metadata (FORMAT.md §6) --------------------------------------------------------------------
@@ -118,9 +128,9 @@ KEY_FORMAT_VERSION: Final = "bitcos.format_version"
 KEY_CONVERTED_FROM: Final = "bitcos.converted_from"
 
 # --- the ternary source types BITCOS converts from losslessly (ggml's own tables, via gguf-py) --------
-QK_K: Final = GGML_QUANT_SIZES[GGMLQuantizationType.TQ2_0][0]                # 256 weights per TQ block
-TQ1_0_BLOCK_BYTES: Final = GGML_QUANT_SIZES[GGMLQuantizationType.TQ1_0][1]   # qs[48] qh[4] d: 54
-TQ2_0_BLOCK_BYTES: Final = GGML_QUANT_SIZES[GGMLQuantizationType.TQ2_0][1]   # qs[64] d: 66
+QK_K: Final = GGML_QUANT_SIZES[GGMLQuantizationType.TQ2_0][0]  # 256 weights per TQ block
+TQ1_0_BLOCK_BYTES: Final = GGML_QUANT_SIZES[GGMLQuantizationType.TQ1_0][1]  # qs[48] qh[4] d: 54
+TQ2_0_BLOCK_BYTES: Final = GGML_QUANT_SIZES[GGMLQuantizationType.TQ2_0][1]  # qs[64] d: 66
 assert GGML_QUANT_SIZES[GGMLQuantizationType.TQ1_0][0] == QK_K
 
 
@@ -139,9 +149,31 @@ def bits_per_weight(variant: Variant, zero_density: float, n_cols: int = 0) -> f
 
 
 __all__ = [
-    "QK", "BITMAP_BYTES", "QK_BITMAP", "TYPE_ID_G128", "TYPE_ID_PT", "TYPE_ID_BITMAP", "Variant", "BITCOS_TYPE_IDS", "COMPANION_SUFFIX", "COMPANION_TYPE", "GGML_MAX_NAME",
-    "MAX_WEIGHT_NAME", "MAGIC", "VERSION", "VERSIONS", "HEADER_BYTES", "SECTION_ALIGN", "POOL_TAIL", "MAX_ROW_GROUP_LOG2",
+    "QK",
+    "BITMAP_BYTES",
+    "QK_BITMAP",
+    "TYPE_ID_G128",
+    "TYPE_ID_PT",
+    "TYPE_ID_BITMAP",
+    "Variant",
+    "BITCOS_TYPE_IDS",
+    "COMPANION_SUFFIX",
+    "COMPANION_TYPE",
+    "GGML_MAX_NAME",
+    "MAX_WEIGHT_NAME",
+    "MAGIC",
+    "VERSION",
+    "VERSIONS",
+    "HEADER_BYTES",
+    "SECTION_ALIGN",
+    "POOL_TAIL",
+    "MAX_ROW_GROUP_LOG2",
     "MAX_SCALE",
-    "HEADER_FIELDS", "KEY_FORMAT_VERSION", "KEY_CONVERTED_FROM", "QK_K", "TQ1_0_BLOCK_BYTES",
-    "TQ2_0_BLOCK_BYTES", "bits_per_weight",
+    "HEADER_FIELDS",
+    "KEY_FORMAT_VERSION",
+    "KEY_CONVERTED_FROM",
+    "QK_K",
+    "TQ1_0_BLOCK_BYTES",
+    "TQ2_0_BLOCK_BYTES",
+    "bits_per_weight",
 ]

@@ -35,7 +35,7 @@ from . import codec
 from .format import BITMAP_BYTES, QK, Variant
 from .q8k import Q8K_DTYPE, as_q8k, n_blocks
 
-HARNESS_ABI: Final = 3            # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
+HARNESS_ABI: Final = 3  # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
 _LIB_NAMES: Final = {True: "libbitcos_kernels.so", False: "libbitcos_kernels_nofma.so"}
 _LIB_ENV: Final = {True: "BITCOS_KERNELS_LIB", False: "BITCOS_KERNELS_NOFMA_LIB"}
 
@@ -72,14 +72,16 @@ def load_library(fma: bool = True) -> ctypes.CDLL:
             lib = ctypes.CDLL(str(path))
             if hasattr(lib, "bitcos_h_abi") and lib.bitcos_h_abi() == HARNESS_ABI:
                 break
-            stale.append(str(path))        # a build of other entry points (before the v2 descriptor): skip it
+            stale.append(str(path))  # a build of other entry points (before the v2 descriptor): skip it
     else:
         searched = ", ".join(str(p) for p in library_candidates(fma))
         raise KernelLibraryNotFound(
             f"{_LIB_NAMES[fma]} not found (searched {searched}"
-            + (f"; outdated builds skipped: {', '.join(stale)}" if stale else "") + "); build it with "
+            + (f"; outdated builds skipped: {', '.join(stale)}" if stale else "")
+            + "); build it with "
             "`cmake -S . -B build/kernels -DCMAKE_BUILD_TYPE=Release && cmake --build build/kernels` "
-            "in the repository, or `pip install .`")
+            "in the repository, or `pip install .`"
+        )
     vp, i64, i32, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
     # impl, then the descriptor (k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale,
     # scale_stride, scale_row_bytes, block_scale_shift), nr, y, nc, dst
@@ -145,13 +147,13 @@ class Descriptor:
     into kept alive. ``row_scale`` None selects block scales."""
 
     k: int
-    bits: np.ndarray                  # uint8 (nr, row_bytes)
+    bits: np.ndarray  # uint8 (nr, row_bytes)
     unit_bytes: int
     pool: np.ndarray
     sign_pos: np.ndarray
-    row_scale: np.ndarray | None      # float32 (nr,)
-    block_scale: np.ndarray | None    # the array holding the block scales
-    block_scale_offset: int           # byte offset of row 0's first scale in block_scale
+    row_scale: np.ndarray | None  # float32 (nr,)
+    block_scale: np.ndarray | None  # the array holding the block scales
+    block_scale_offset: int  # byte offset of row 0's first scale in block_scale
     scale_stride: int
     scale_row_bytes: int
     block_scale_shift: int
@@ -160,8 +162,19 @@ class Descriptor:
         """The descriptor's arguments of bitcos_h_mm / bitcos_h_time, in order."""
         bs = None if self.block_scale is None else _ptr(self.block_scale) + self.block_scale_offset
         rs = None if self.row_scale is None else _ptr(self.row_scale)
-        return (self.k, _ptr(self.bits), self.unit_bytes, self.bits.shape[1], _ptr(self.pool), _ptr(self.sign_pos),
-                rs, bs, self.scale_stride, self.scale_row_bytes, self.block_scale_shift)
+        return (
+            self.k,
+            _ptr(self.bits),
+            self.unit_bytes,
+            self.bits.shape[1],
+            _ptr(self.pool),
+            _ptr(self.sign_pos),
+            rs,
+            bs,
+            self.scale_stride,
+            self.scale_row_bytes,
+            self.block_scale_shift,
+        )
 
 
 @dataclass(frozen=True)
@@ -170,11 +183,11 @@ class BitcosRows:
 
     variant: Variant
     k: int
-    blocks: np.ndarray     # uint8 (nr, row bytes): the weight's rows (G128: bits[16] + fp16 d per 128; else K/8 bitmap)
-    pool: np.ndarray       # uint8: sign bits of all rows back to back, zero tail >= 64 bytes
-    sign_pos: np.ndarray   # uint64 (nr,): pool bit of each row's first sign
-    scale: float = 1.0     # PT / MATRIX: the matrix's scale (ignored by the other variants)
-    row_scales: np.ndarray | None = None    # ROW: float32 (nr,) (PT / MATRIX: overrides `scale` when given)
+    blocks: np.ndarray  # uint8 (nr, row bytes): the weight's rows (G128: bits[16] + fp16 d per 128; else K/8 bitmap)
+    pool: np.ndarray  # uint8: sign bits of all rows back to back, zero tail >= 64 bytes
+    sign_pos: np.ndarray  # uint64 (nr,): pool bit of each row's first sign
+    scale: float = 1.0  # PT / MATRIX: the matrix's scale (ignored by the other variants)
+    row_scales: np.ndarray | None = None  # ROW: float32 (nr,) (PT / MATRIX: overrides `scale` when given)
     block_scales: np.ndarray | None = None  # B128 / B256: fp16 (nr, k / scale_block) (G128: in `blocks`)
 
     @property
@@ -183,9 +196,13 @@ class BitcosRows:
 
     def rows(self, lo: int, hi: int) -> BitcosRows:
         """Rows lo .. hi of the run, with the same sign pool (how a ggml thread sees its share of a matrix)."""
-        return replace(self, blocks=self.blocks[lo:hi], sign_pos=self.sign_pos[lo:hi],
-                       row_scales=None if self.row_scales is None else self.row_scales[lo:hi],
-                       block_scales=None if self.block_scales is None else self.block_scales[lo:hi])
+        return replace(
+            self,
+            blocks=self.blocks[lo:hi],
+            sign_pos=self.sign_pos[lo:hi],
+            row_scales=None if self.row_scales is None else self.row_scales[lo:hi],
+            block_scales=None if self.block_scales is None else self.block_scales[lo:hi],
+        )
 
     def descriptor(self) -> Descriptor:
         """The C descriptor of these rows (csrc/bitcos-kernels.h ``bitcos_rows``), built as the CPU glue does:
@@ -200,13 +217,27 @@ class BitcosRows:
             raise ValueError(f"blocks must be uint8 (rows, >= {self.k // 8}) for k = {self.k}")
         sign_pos = np.ascontiguousarray(self.sign_pos, dtype=np.uint64)
         if not v.scale_block:
-            rs = (np.full(nr, self.scale, dtype=np.float32) if self.row_scales is None
-                  else np.ascontiguousarray(self.row_scales, dtype=np.float32).reshape(nr))
+            rs = (
+                np.full(nr, self.scale, dtype=np.float32)
+                if self.row_scales is None
+                else np.ascontiguousarray(self.row_scales, dtype=np.float32).reshape(nr)
+            )
             return Descriptor(self.k, bits, unit_bytes, self.pool, sign_pos, rs, None, 0, 0, 0, 0)
-        shift = (v.scale_block // QK).bit_length() - 1                      # 128 -> 0, 256 -> 1
+        shift = (v.scale_block // QK).bit_length() - 1  # 128 -> 0, 256 -> 1
         if v is Variant.G128:
-            return Descriptor(self.k, bits, unit_bytes, self.pool, sign_pos, None, bits, BITMAP_BYTES,
-                              v.block_bytes, bits.shape[1], shift)
+            return Descriptor(
+                self.k,
+                bits,
+                unit_bytes,
+                self.pool,
+                sign_pos,
+                None,
+                bits,
+                BITMAP_BYTES,
+                v.block_bytes,
+                bits.shape[1],
+                shift,
+            )
         e = np.ascontiguousarray(np.asarray(self.block_scales).astype("<f2").reshape(nr, self.k // v.scale_block))
         return Descriptor(self.k, bits, unit_bytes, self.pool, sign_pos, None, e, 0, e.itemsize, e.strides[0], shift)
 
@@ -222,17 +253,31 @@ class BitcosRows:
         scale, row_scales, block_scales = 1.0, None, None
         comp, off = enc.companion, hdr.scales_offset
         if v in (Variant.PT, Variant.MATRIX):
-            scale = float(comp[off:off + 4].view("<f4")[0])
+            scale = float(comp[off : off + 4].view("<f4")[0])
         elif v is Variant.ROW:
-            row_scales = comp[off:off + 4 * nr].view("<f4")
+            row_scales = comp[off : off + 4 * nr].view("<f4")
         elif v is not Variant.G128:
-            block_scales = comp[off:off + v.scales_bytes(k, nr, 1)].view("<f2").reshape(nr, k // v.scale_block)
-        return cls(v, k, enc.blocks, codec.sign_pool(comp, hdr), codec.sign_positions(comp, hdr), scale,
-                   row_scales, block_scales)
+            block_scales = comp[off : off + v.scales_bytes(k, nr, 1)].view("<f2").reshape(nr, k // v.scale_block)
+        return cls(
+            v,
+            k,
+            enc.blocks,
+            codec.sign_pool(comp, hdr),
+            codec.sign_positions(comp, hdr),
+            scale,
+            row_scales,
+            block_scales,
+        )
 
 
-def encode_rows(codes: np.ndarray, variant: Variant, *, block_scales: np.ndarray | None = None,
-                scale: float = 1.0, row_scales: np.ndarray | None = None) -> BitcosRows:
+def encode_rows(
+    codes: np.ndarray,
+    variant: Variant,
+    *,
+    block_scales: np.ndarray | None = None,
+    scale: float = 1.0,
+    row_scales: np.ndarray | None = None,
+) -> BitcosRows:
     """``BitcosRows`` of ternary codes int8 (nr, k) in {-1, 0, 1}, encoded by ``codec.encode`` as one matrix:
     G128 / B128 / B256 with ``block_scales`` (float16-castable (nr, k / scale_block), >= 0), PT / MATRIX with
     the matrix scale ``scale`` (>= 0), ROW with ``row_scales`` (nr,)."""

@@ -33,8 +33,10 @@ tool_path = llama_tools.tool_path
 
 # what llama.cpp logs when it refuses a model or cannot create a context (the patched build records the
 # same reason for the Python bindings: Llama() raises it)
-_LOAD_ERROR_RE = re.compile(r"(?:error loading model|failed to initialize the context|failed to load model "
-                            r"'[^']*'): (.+)")
+_LOAD_ERROR_RE = re.compile(
+    r"(?:error loading model|failed to initialize the context|failed to load model "
+    r"'[^']*'): (.+)"
+)
 
 
 def load_error(log: str) -> str | None:
@@ -54,10 +56,10 @@ def tool_failure(tool: str, returncode: int, model: Path | str, log: str) -> Run
 @dataclass
 class Generation:
     tokens: list[int]
-    logits: np.ndarray          # [n_generated, n_vocab] float32, logits that chose each token
+    logits: np.ndarray  # [n_generated, n_vocab] float32, logits that chose each token
     text: str
     prompt_tokens: int
-    seconds: float              # wall time of the generation loop (excludes load)
+    seconds: float  # wall time of the generation loop (excludes load)
     load_seconds: float = 0.0
     meta: dict = field(default_factory=dict)
 
@@ -66,9 +68,16 @@ class Generation:
         return len(self.tokens) / self.seconds if self.seconds > 0 else float("nan")
 
 
-def greedy_generate(model: Path, prompt: str, n_tokens: int = 64, n_threads: int | None = None,
-                    n_ctx: int = 512, use_mmap: bool = True, n_gpu_layers: int = 0,
-                    verbose: bool = False) -> Generation:
+def greedy_generate(
+    model: Path,
+    prompt: str,
+    n_tokens: int = 64,
+    n_threads: int | None = None,
+    n_ctx: int = 512,
+    use_mmap: bool = True,
+    n_gpu_layers: int = 0,
+    verbose: bool = False,
+) -> Generation:
     """Greedy decoding through llama_cpp.Llama, returning the tokens and the logits of every step.
 
     n_gpu_layers as in llama.cpp (-1: all); which GPU devices exist is the backend's business (e.g.
@@ -79,9 +88,17 @@ def greedy_generate(model: Path, prompt: str, n_tokens: int = 64, n_threads: int
     from llama_cpp import Llama  # imported here: loading the library is the caller's choice
 
     t0 = time.perf_counter()
-    llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(),
-                n_threads_batch=n_threads or os.cpu_count(), logits_all=True, verbose=verbose, seed=0,
-                use_mmap=use_mmap, n_gpu_layers=n_gpu_layers)
+    llm = Llama(
+        model_path=str(model),
+        n_ctx=n_ctx,
+        n_threads=n_threads or os.cpu_count(),
+        n_threads_batch=n_threads or os.cpu_count(),
+        logits_all=True,
+        verbose=verbose,
+        seed=0,
+        use_mmap=use_mmap,
+        n_gpu_layers=n_gpu_layers,
+    )
     load_s = time.perf_counter() - t0
     prompt_toks = llm.tokenize(prompt.encode(), add_bos=True)
     t1 = time.perf_counter()
@@ -100,8 +117,15 @@ def greedy_generate(model: Path, prompt: str, n_tokens: int = 64, n_threads: int
     return Generation(out, np.stack(logits), text, len(prompt_toks), secs, load_s)
 
 
-def run_bench(models: list[Path], n_prompt: int = 512, n_gen: int = 128, threads: list[int] | None = None,
-              repetitions: int = 3, timeout: float = 3600, extra: list[str] | None = None) -> list[dict]:
+def run_bench(
+    models: list[Path],
+    n_prompt: int = 512,
+    n_gen: int = 128,
+    threads: list[int] | None = None,
+    repetitions: int = 3,
+    timeout: float = 3600,
+    extra: list[str] | None = None,
+) -> list[dict]:
     """llama-bench in JSON mode over several models in one run; `extra`: more llama-bench options
     (e.g. ["-ngl", "99"])."""
     cmd = [str(tool_path("llama-bench"))]
@@ -110,8 +134,9 @@ def run_bench(models: list[Path], n_prompt: int = 512, n_gen: int = 128, threads
     cmd += ["-p", str(n_prompt), "-n", str(n_gen), "-r", str(repetitions), "-o", "json", *(extra or [])]
     if threads:
         cmd += ["-t", ",".join(str(t) for t in threads)]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
     if r.returncode != 0:
         raise tool_failure("llama-bench", r.returncode, ", ".join(map(str, models)), r.stderr)
     return json.loads(r.stdout)
@@ -126,9 +151,21 @@ class LlamaServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.cmd = [str(tool_path("llama-server")), "-m", str(model), "--host", "127.0.0.1",
-                    "--port", str(self.port), "-t", str(threads), "-c", str(ctx), "--no-webui",
-                    *(extra or [])]
+        self.cmd = [
+            str(tool_path("llama-server")),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-t",
+            str(threads),
+            "-c",
+            str(ctx),
+            "--no-webui",
+            *(extra or []),
+        ]
         self.proc: subprocess.Popen | None = None
         self._log = None
 
@@ -151,8 +188,7 @@ class LlamaServer:
         import requests
 
         self._log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self._log,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self._log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -181,9 +217,16 @@ class LlamaServer:
     def chat(self, content: str, max_tokens: int = 16) -> dict:
         import requests
 
-        r = requests.post(self.url + "/v1/chat/completions", timeout=120, json={
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens, "temperature": 0, "seed": 0})
+        r = requests.post(
+            self.url + "/v1/chat/completions",
+            timeout=120,
+            json={
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "seed": 0,
+            },
+        )
         r.raise_for_status()
         return r.json()
 
@@ -191,8 +234,17 @@ class LlamaServer:
         """One greedy raw completion (/completion: no chat template), the JSON reply."""
         import requests
 
-        r = requests.post(self.url + "/completion", timeout=timeout, json={
-            "prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1, "seed": seed,
-            "cache_prompt": False})
+        r = requests.post(
+            self.url + "/completion",
+            timeout=timeout,
+            json={
+                "prompt": prompt,
+                "n_predict": n_predict,
+                "temperature": 0,
+                "top_k": 1,
+                "seed": seed,
+                "cache_prompt": False,
+            },
+        )
         r.raise_for_status()
         return r.json()

@@ -144,9 +144,11 @@ def not_patched_message(pkg: Path | None = None) -> str | None:
     if pkg is None:
         what = f"llama_cpp is not installed in this Python ({sys.executable})"
     else:
-        what = (f"the llama_cpp at {pkg} is {'stock llama-cpp-python ' + version if version else 'not'} "
-                f"the BITCOS build of ggml-bitcos (llama-cpp-python 0.3.36{PATCHED_VERSION_SUFFIX}): it cannot "
-                f"load BITCOS files")
+        what = (
+            f"the llama_cpp at {pkg} is {'stock llama-cpp-python ' + version if version else 'not'} "
+            f"the BITCOS build of ggml-bitcos (llama-cpp-python 0.3.36{PATCHED_VERSION_SUFFIX}): it cannot "
+            f"load BITCOS files"
+        )
     return what + ". Install the patched llama.cpp with:\n" + "\n".join("    " + c for c in install_commands())
 
 
@@ -165,9 +167,10 @@ def tool_path(name: str) -> Path:
     pkg = require_patched()
     exe = pkg / "bin" / (name + (".exe" if os.name == "nt" else ""))
     if not exe.is_file():
-        raise ToolNotBuiltError(f"{exe} not found: the patched llama_cpp at {pkg} was built without {name} (an "
-                                "older ggml-bitcos build?). Rebuild it with:\n"
-                                + "\n".join("    " + c for c in install_commands()))
+        raise ToolNotBuiltError(
+            f"{exe} not found: the patched llama_cpp at {pkg} was built without {name} (an "
+            "older ggml-bitcos build?). Rebuild it with:\n" + "\n".join("    " + c for c in install_commands())
+        )
     return exe
 
 

@@ -38,11 +38,13 @@ from . import codec, tq
 from .format import QK, QK_K
 from .ternary import random_codes
 
-SOURCE_TYPES = {"tq2_0": GGMLQuantizationType.TQ2_0, "tq1_0": GGMLQuantizationType.TQ1_0,
-                "f16": GGMLQuantizationType.F16}
+SOURCE_TYPES = {
+    "tq2_0": GGMLQuantizationType.TQ2_0,
+    "tq1_0": GGMLQuantizationType.TQ1_0,
+    "f16": GGMLQuantizationType.F16,
+}
 EMBD_TYPES = {"f16": GGMLQuantizationType.F16, "q8_0": GGMLQuantizationType.Q8_0}
-FILE_TYPES = {"tq2_0": LlamaFileType.MOSTLY_TQ2_0, "tq1_0": LlamaFileType.MOSTLY_TQ1_0,
-              "f16": LlamaFileType.MOSTLY_F16}
+FILE_TYPES = {"tq2_0": LlamaFileType.MOSTLY_TQ2_0, "tq1_0": LlamaFileType.MOSTLY_TQ1_0, "f16": LlamaFileType.MOSTLY_F16}
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class ModelShape:
     n_head: int
     n_head_kv: int
     n_ctx: int
-    vocab: str                      # upstream vocab name for ggml_bitcos.upstream.vocab_gguf
+    vocab: str  # upstream vocab name for ggml_bitcos.upstream.vocab_gguf
     embd_type: str = "f16"
     n_expert: int = 0
     n_expert_used: int = 0
@@ -72,8 +74,17 @@ PRESETS: dict[str, ModelShape] = {
     # F16 ternary matrices (TQ1_0/TQ2_0 need K % 256), 3 layers
     "smol": ModelShape(n_embd=576, n_ff=1536, n_layer=3, n_head=9, n_head_kv=3, n_ctx=512, vocab="llama-spm"),
     # BitNet b1.58 2B4T's shape
-    "bitnet-2b": ModelShape(n_embd=2560, n_ff=6912, n_layer=30, n_head=20, n_head_kv=5, n_ctx=4096,
-                            vocab="llama-bpe", embd_type="q8_0", rope_freq_base=500000.0),
+    "bitnet-2b": ModelShape(
+        n_embd=2560,
+        n_ff=6912,
+        n_layer=30,
+        n_head=20,
+        n_head_kv=5,
+        n_ctx=4096,
+        vocab="llama-bpe",
+        embd_type="q8_0",
+        rope_freq_base=500000.0,
+    ),
 }
 
 
@@ -81,8 +92,8 @@ PRESETS: dict[str, ModelShape] = {
 class TensorPlan:
     name: str
     ggml_type: GGMLQuantizationType
-    ne: tuple[int, ...]                       # ggml order
-    make: Callable[[], np.ndarray]            # produces the data (bytes or typed array)
+    ne: tuple[int, ...]  # ggml order
+    make: Callable[[], np.ndarray]  # produces the data (bytes or typed array)
     ternary: bool = False
 
 
@@ -94,8 +105,9 @@ def _base_scale(k: int, z: float) -> float:
     return 1.0 / math.sqrt(k * max(1.0 - z, 1.0 / k))
 
 
-def ternary_tensor(rng: np.random.Generator, ne: tuple[int, ...], z: float, scale_mode: str,
-                   src_type: str) -> tuple[GGMLQuantizationType, np.ndarray]:
+def ternary_tensor(
+    rng: np.random.Generator, ne: tuple[int, ...], z: float, scale_mode: str, src_type: str
+) -> tuple[GGMLQuantizationType, np.ndarray]:
     """(ggml type, data) of one ternary weight with ggml shape ne = (K, N[, E])."""
     k = ne[0]
     n_mats = codec.n_mats_of(ne)
@@ -103,9 +115,9 @@ def ternary_tensor(rng: np.random.Generator, ne: tuple[int, ...], z: float, scal
     codes = random_codes(rng, (rows, k), z)
     base = _base_scale(k, z)
     use_tq = src_type in ("tq2_0", "tq1_0") and k % QK_K == 0
-    group = QK_K if use_tq else QK                # scale group for g128 mode
+    group = QK_K if use_tq else QK  # scale group for g128 mode
     if k % group:
-        group = k                                             # odd row length: one scale per row
+        group = k  # odd row length: one scale per row
     if scale_mode == "tensor":
         per_mat = (base * rng.uniform(0.8, 1.2, n_mats)).astype(np.float16)
         d = np.repeat(per_mat, rows // n_mats)[:, None].repeat(k // group, axis=1)
@@ -129,7 +141,7 @@ def _q8_0_random(rng: np.random.Generator, rows: int, k: int, std: float) -> np.
     qs = np.frombuffer(rng.bytes(rows * k), dtype=np.int8).reshape(rows, nb, 32)
     qs = np.maximum(qs, np.int8(-127))
     out = np.empty((rows, nb, 34), dtype=np.uint8)
-    d = np.float16(std * math.sqrt(3.0) / 127.0)               # uniform[-127,127] has std 127/sqrt(3)
+    d = np.float16(std * math.sqrt(3.0) / 127.0)  # uniform[-127,127] has std 127/sqrt(3)
     out[:, :, :2] = np.frombuffer(np.array([d], dtype="<f2").tobytes(), dtype=np.uint8)
     out[:, :, 2:] = qs.view(np.uint8)
     return out.reshape(rows, nb * 34)
@@ -143,8 +155,9 @@ def _dense(rng: np.random.Generator, ne: tuple[int, int], std: float, ggml_type:
     return x.astype(np.float16) if ggml_type == GGMLQuantizationType.F16 else x
 
 
-def plan_tensors(shape: ModelShape, n_vocab: int, z: float, scale_mode: str, src_type: str,
-                 seed: int) -> list[TensorPlan]:
+def plan_tensors(
+    shape: ModelShape, n_vocab: int, z: float, scale_mode: str, src_type: str, seed: int
+) -> list[TensorPlan]:
     e, f, hd = shape.n_embd, shape.n_ff, shape.head_dim
     q_out, kv_out = shape.n_head * hd, shape.n_head_kv * hd
     embd_type = EMBD_TYPES[shape.embd_type]
@@ -159,9 +172,11 @@ def plan_tensors(shape: ModelShape, n_vocab: int, z: float, scale_mode: str, src
     def ternary(name: str, ne: tuple[int, ...]) -> None:
         k = ne[0]
         t = SOURCE_TYPES[src_type] if (src_type != "f16" and k % QK_K == 0) else GGMLQuantizationType.F16
-        plans.append(TensorPlan(name, t, ne,
-                                lambda: ternary_tensor(_rng(seed, name), ne, z, scale_mode, src_type)[1],
-                                ternary=True))
+        plans.append(
+            TensorPlan(
+                name, t, ne, lambda: ternary_tensor(_rng(seed, name), ne, z, scale_mode, src_type)[1], ternary=True
+            )
+        )
 
     dense("token_embd.weight", (e, n_vocab), 1.0, embd_type)
     norm("output_norm.weight", e)
@@ -189,6 +204,7 @@ def plan_tensors(shape: ModelShape, n_vocab: int, z: float, scale_mode: str, src
 @functools.lru_cache(maxsize=4)
 def _tokenizer_fields(vocab: str) -> tuple[list[tuple[str, object, GGUFValueType, GGUFValueType | None]], int]:
     from .upstream import vocab_gguf
+
     reader = open_gguf(vocab_gguf(vocab))
     out = []
     n_vocab = 0
@@ -203,8 +219,17 @@ def _tokenizer_fields(vocab: str) -> tuple[list[tuple[str, object, GGUFValueType
     return out, n_vocab
 
 
-def make_model(out: Path, shape: ModelShape, *, z: float = 0.4, scale_mode: str = "tensor",
-               src_type: str = "tq2_0", seed: int = 0, force: bool = False, progress: bool = True) -> Path:
+def make_model(
+    out: Path,
+    shape: ModelShape,
+    *,
+    z: float = 0.4,
+    scale_mode: str = "tensor",
+    src_type: str = "tq2_0",
+    seed: int = 0,
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
     if not 0.0 <= z <= 1.0:
         raise ValueError(f"zero density {z} is not in [0, 1]")
     if shape.n_embd % shape.n_head or shape.n_head % shape.n_head_kv:
@@ -221,8 +246,12 @@ def make_model(out: Path, shape: ModelShape, *, z: float = 0.4, scale_mode: str 
         kv("general.architecture", arch, GGUFValueType.STRING)
         kv("general.type", "model", GGUFValueType.STRING)
         kv("general.name", f"bitcos-synthetic-{shape.n_layer}L-{shape.n_embd}", GGUFValueType.STRING)
-        kv("general.description", f"synthetic ternary model: zero density {z}, scale {scale_mode}, "
-                                  f"{src_type}, seed {seed} (ggml-bitcos make-model)", GGUFValueType.STRING)
+        kv(
+            "general.description",
+            f"synthetic ternary model: zero density {z}, scale {scale_mode}, "
+            f"{src_type}, seed {seed} (ggml-bitcos make-model)",
+            GGUFValueType.STRING,
+        )
         kv("general.file_type", int(FILE_TYPES[src_type]), GGUFValueType.UINT32)
         kv("general.quantization_version", 2, GGUFValueType.UINT32)
         kv(f"{arch}.vocab_size", n_vocab, GGUFValueType.UINT32)
@@ -244,8 +273,9 @@ def make_model(out: Path, shape: ModelShape, *, z: float = 0.4, scale_mode: str 
             w.add_tensor_info(p.name, p.ggml_type, p.ne)
         w.begin()
         # disable=None: no bar when stderr is not a terminal
-        with tqdm(total=len(plans), desc=f"make-model {out.name}", unit="tensor",
-                  disable=None if progress else True) as bar:
+        with tqdm(
+            total=len(plans), desc=f"make-model {out.name}", unit="tensor", disable=None if progress else True
+        ) as bar:
             for p in plans:
                 w.write_tensor(p.name, p.make())
                 bar.update(1)
@@ -258,17 +288,30 @@ def make_model(out: Path, shape: ModelShape, *, z: float = 0.4, scale_mode: str 
 
 # --- command line --------------------------------------------------------------------------------
 
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("make-model", help="write a synthetic ternary llama GGUF with a real tokenizer",
-                              description=__doc__.splitlines()[0])
+    p = subparsers.add_parser(
+        "make-model",
+        help="write a synthetic ternary llama GGUF with a real tokenizer",
+        description=__doc__.splitlines()[0],
+    )
     p.add_argument("-o", "--output", required=True, type=Path, help="output .gguf path")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument("--zero-density", type=float, default=0.4, metavar="Z", help="fraction of zero weights (0..1)")
-    p.add_argument("--scale", choices=["g128", "row", "tensor"], default="tensor",
-                   help="tensor: one scale per matrix (BitNet-style); row: one per output row (TriLM-style); "
-                        "g128: one per 128 weights (per 256 for TQ1_0/TQ2_0)")
-    p.add_argument("--type", dest="src_type", choices=sorted(SOURCE_TYPES), default="tq2_0",
-                   help="storage of the ternary matrices (F16 where K %% 256 != 0)")
+    p.add_argument(
+        "--scale",
+        choices=["g128", "row", "tensor"],
+        default="tensor",
+        help="tensor: one scale per matrix (BitNet-style); row: one per output row (TriLM-style); "
+        "g128: one per 128 weights (per 256 for TQ1_0/TQ2_0)",
+    )
+    p.add_argument(
+        "--type",
+        dest="src_type",
+        choices=sorted(SOURCE_TYPES),
+        default="tq2_0",
+        help="storage of the ternary matrices (F16 where K %% 256 != 0)",
+    )
     p.add_argument("--embd-type", choices=sorted(EMBD_TYPES), help="token_embd/output type (preset default)")
     p.add_argument("--moe", type=int, default=0, metavar="N_EXPERTS", help="mixture of experts with N experts")
     p.add_argument("--experts-used", type=int, default=2, help="experts used per token (MoE)")
@@ -287,10 +330,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def shape_from_args(args: argparse.Namespace) -> ModelShape:
     shape = PRESETS[args.preset]
-    overrides = {k: v for k, v in {
-        "n_embd": args.n_embd, "n_ff": args.n_ff, "n_layer": args.n_layer, "n_head": args.n_head,
-        "n_head_kv": args.n_head_kv, "n_ctx": args.n_ctx, "vocab": args.vocab, "embd_type": args.embd_type,
-    }.items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in {
+            "n_embd": args.n_embd,
+            "n_ff": args.n_ff,
+            "n_layer": args.n_layer,
+            "n_head": args.n_head,
+            "n_head_kv": args.n_head_kv,
+            "n_ctx": args.n_ctx,
+            "vocab": args.vocab,
+            "embd_type": args.embd_type,
+        }.items()
+        if v is not None
+    }
     if args.moe:
         overrides["n_expert"] = args.moe
         overrides["n_expert_used"] = min(args.experts_used, args.moe)
@@ -299,11 +352,20 @@ def shape_from_args(args: argparse.Namespace) -> ModelShape:
 
 def run(args: argparse.Namespace) -> int:
     import sys
+
     out: Path = args.output
     if out.exists() and not args.force:
         raise FileExistsError(errno.EEXIST, "output already exists (use --force to overwrite)", str(out))
     t0 = time.perf_counter()
-    make_model(out, shape_from_args(args), z=args.zero_density, scale_mode=args.scale, src_type=args.src_type,
-               seed=args.seed, force=args.force, progress=not args.quiet)
+    make_model(
+        out,
+        shape_from_args(args),
+        z=args.zero_density,
+        scale_mode=args.scale,
+        src_type=args.src_type,
+        seed=args.seed,
+        force=args.force,
+        progress=not args.quiet,
+    )
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0

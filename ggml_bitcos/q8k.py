@@ -52,7 +52,7 @@ def quantize_q8k(x: np.ndarray) -> np.ndarray:
     xp[:, :k] = x
     xb = xp.reshape(nc, nby, QK_K)
     idx = np.abs(xb).argmax(axis=2)
-    vmax = np.take_along_axis(xb, idx[..., None], axis=2)[..., 0]     # signed value of largest |x|
+    vmax = np.take_along_axis(xb, idx[..., None], axis=2)[..., 0]  # signed value of largest |x|
     y = np.zeros((nc, nby), dtype=Q8K_DTYPE)
     nz = vmax != 0
     iscale = np.where(nz, np.float32(-127.0) / np.where(nz, vmax, 1), 0).astype(np.float32)

@@ -48,17 +48,27 @@ def check_paths(src: Path, out: Path, force: bool) -> None:
 class OutputTensor:
     """One tensor of the output, in file order: copied byte for byte from ``source`` (``data`` None), or the
     bytes ``data()`` returns (called once, when the tensor is written)."""
+
     name: str
     ggml_type: Any
     ne: tuple[int, ...]
     source: ReaderTensor | None = None
     data: Callable[[], np.ndarray] | None = None
-    progress_bytes: int = 0           # how far the write bar advances after this tensor
+    progress_bytes: int = 0  # how far the write bar advances after this tensor
 
 
-def write_verified(reader: CheckedGGUFReader, src: Path, out: Path, *, force: bool,
-                   metadata: Sequence[tuple[str, Any, Any, Any] | ValueError], tensors: Sequence[OutputTensor],
-                   verify: Callable[[Path], None] | None, progress: bool, seconds: dict[str, float]) -> list[Path]:
+def write_verified(
+    reader: CheckedGGUFReader,
+    src: Path,
+    out: Path,
+    *,
+    force: bool,
+    metadata: Sequence[tuple[str, Any, Any, Any] | ValueError],
+    tensors: Sequence[OutputTensor],
+    verify: Callable[[Path], None] | None,
+    progress: bool,
+    seconds: dict[str, float],
+) -> list[Path]:
     """Write ``metadata`` (key, value, type, item type; a ValueError for a key that cannot be copied) and
     ``tensors`` to ``out`` through a temporary file, run ``verify(temporary path)`` unless None, then rename it
     onto ``out``. Returns the stale temporary files of killed runs that the writer removed; ``seconds`` gets
@@ -74,8 +84,13 @@ def write_verified(reader: CheckedGGUFReader, src: Path, out: Path, *, force: bo
         for t in tensors:
             writer.add_tensor_info(t.name, t.ggml_type, t.ne)
         writer.begin()
-        bar = tqdm(total=sum(t.progress_bytes for t in tensors), desc="write", unit="B", unit_scale=True,
-                   disable=None if progress else True)   # None: off unless stderr is a terminal
+        bar = tqdm(
+            total=sum(t.progress_bytes for t in tensors),
+            desc="write",
+            unit="B",
+            unit_scale=True,
+            disable=None if progress else True,
+        )  # None: off unless stderr is a terminal
         for t in tensors:
             if t.data is None:
                 assert t.source is not None
@@ -89,7 +104,7 @@ def write_verified(reader: CheckedGGUFReader, src: Path, out: Path, *, force: bo
         bar.close()
         tmp_path = writer.flush()
         seconds["write"] = time.perf_counter() - t1
-        if verify is not None:            # the temporary file, before it replaces anything
+        if verify is not None:  # the temporary file, before it replaces anything
             t2 = time.perf_counter()
             assert tmp_path is not None
             verify(tmp_path)
@@ -98,9 +113,15 @@ def write_verified(reader: CheckedGGUFReader, src: Path, out: Path, *, force: bo
     return writer.removed_stale
 
 
-def verify_rewrite(src_reader: CheckedGGUFReader, out_path: Path, label: str, *,
-                   rewritten: dict[str, Callable[[ReaderTensor, ReaderTensor, dict[str, ReaderTensor]], None]],
-                   dropped: frozenset[str] = frozenset(), progress: bool = False) -> None:
+def verify_rewrite(
+    src_reader: CheckedGGUFReader,
+    out_path: Path,
+    label: str,
+    *,
+    rewritten: dict[str, Callable[[ReaderTensor, ReaderTensor, dict[str, ReaderTensor]], None]],
+    dropped: frozenset[str] = frozenset(),
+    progress: bool = False,
+) -> None:
     """Reopen the output and check every source tensor: one in ``dropped`` must be absent; one in
     ``rewritten`` is checked by its callback (source tensor, output tensor, all output tensors by name), which
     raises ConvertError; every other one must be present with the same type and bytes."""
@@ -108,10 +129,15 @@ def verify_rewrite(src_reader: CheckedGGUFReader, out_path: Path, label: str, *,
         out_reader = open_gguf(out_path)
     except GGUFError as e:
         raise ConvertError(f"{label}: verification failed: output does not parse: {e.problem}") from None
-    out_reader.drop_array_fields()    # the metadata is not compared here; its parsed arrays only cost memory
+    out_reader.drop_array_fields()  # the metadata is not compared here; its parsed arrays only cost memory
     out_tensors = {t.name: t for t in out_reader.tensors}
-    bar = tqdm(total=sum(int(t.n_bytes) for t in src_reader.tensors), desc="verify", unit="B", unit_scale=True,
-               disable=None if progress else True)
+    bar = tqdm(
+        total=sum(int(t.n_bytes) for t in src_reader.tensors),
+        desc="verify",
+        unit="B",
+        unit_scale=True,
+        disable=None if progress else True,
+    )
     for t in src_reader.tensors:
         o = out_tensors.get(t.name)
         if t.name in dropped:
@@ -121,8 +147,9 @@ def verify_rewrite(src_reader: CheckedGGUFReader, out_path: Path, label: str, *,
             raise ConvertError(f"{label}: tensor '{t.name}': verification failed: missing from the output")
         elif t.name in rewritten:
             rewritten[t.name](t, o, out_tensors)
-        elif o.tensor_type != t.tensor_type or not bytes_equal(tensor_bytes(o), tensor_bytes(t),
-                                                               release=release_pages_of(src_reader, out_reader)):
+        elif o.tensor_type != t.tensor_type or not bytes_equal(
+            tensor_bytes(o), tensor_bytes(t), release=release_pages_of(src_reader, out_reader)
+        ):
             raise ConvertError(f"{label}: tensor '{t.name}': verification failed: copied tensor differs")
         src_reader.release_pages()
         out_reader.release_pages()
@@ -136,8 +163,9 @@ def size_line(src: Path, out: Path, verified: bool, verified_words: str = "verif
     """The summary line of a rewrite: both files' sizes and what the verification established."""
     size_in = src.stat().st_size
     size_out = out.stat().st_size if out.exists() else 0
-    return (f"{src} ({size_in / 1e6:.1f} MB) -> {out} ({size_out / 1e6:.1f} MB)"
-            + (f", {verified_words}" if verified else ", not verified (--no-verify)"))
+    return f"{src} ({size_in / 1e6:.1f} MB) -> {out} ({size_out / 1e6:.1f} MB)" + (
+        f", {verified_words}" if verified else ", not verified (--no-verify)"
+    )
 
 
 @contextlib.contextmanager
@@ -170,14 +198,13 @@ def describe_write_error(e: OSError, folder: Path) -> str:
     return str(e)
 
 
-def bytes_equal(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 24,
-                release: Callable[[], None] | None = None) -> bool:
+def bytes_equal(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 24, release: Callable[[], None] | None = None) -> bool:
     """``np.array_equal`` of two flat uint8 arrays in chunks (no temporary as large as the tensor);
     ``release`` is called after each chunk (to drop the mapped pages compared so far)."""
     if a.shape != b.shape:
         return False
     for i in range(0, a.shape[0], chunk):
-        same = np.array_equal(a[i:i + chunk], b[i:i + chunk])
+        same = np.array_equal(a[i : i + chunk], b[i : i + chunk])
         if release is not None:
             release()
         if not same:
@@ -189,8 +216,19 @@ def release_pages_of(*readers: CheckedGGUFReader) -> Callable[[], None]:
     def release() -> None:
         for r in readers:
             r.release_pages()
+
     return release
 
 
-__all__ = ["ConvertError", "check_paths", "OutputTensor", "write_verified", "verify_rewrite", "size_line",
-           "aborted_on_failure", "describe_write_error", "bytes_equal", "release_pages_of"]
+__all__ = [
+    "ConvertError",
+    "check_paths",
+    "OutputTensor",
+    "write_verified",
+    "verify_rewrite",
+    "size_line",
+    "aborted_on_failure",
+    "describe_write_error",
+    "bytes_equal",
+    "release_pages_of",
+]

@@ -19,22 +19,37 @@ from gguf.gguf_reader import ReaderTensor
 from gguf_tools import CheckedGGUFReader, tensor_ggml_shape, tensor_row_bytes, type_name
 
 from . import codec, foreign, ternary, tq
-from .format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, KEY_FORMAT_VERSION, MAX_WEIGHT_NAME, QK_K, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES,
-                     VERSION, VERSIONS, Variant)
+from .format import (
+    BITCOS_TYPE_IDS,
+    COMPANION_SUFFIX,
+    KEY_FORMAT_VERSION,
+    MAX_WEIGHT_NAME,
+    QK_K,
+    TQ1_0_BLOCK_BYTES,
+    TQ2_0_BLOCK_BYTES,
+    VERSION,
+    VERSIONS,
+    Variant,
+)
 from .rewrite import ConvertError
 
 FLOAT_SOURCES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 TQ_SOURCES = (GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0)
-SOURCE_TYPES = FLOAT_SOURCES + TQ_SOURCES + tuple(foreign.FOREIGN_TYPES)   # + I2_S, Q2_0, PQ2_0, PTQ1_0
-CHUNK_WEIGHTS = 1 << 23              # rows are processed in chunks of about this many weights
+SOURCE_TYPES = FLOAT_SOURCES + TQ_SOURCES + tuple(foreign.FOREIGN_TYPES)  # + I2_S, Q2_0, PQ2_0, PTQ1_0
+CHUNK_WEIGHTS = 1 << 23  # rows are processed in chunks of about this many weights
 
 # --scale: the variants each choice may write, per format version, coarse to fine (auto's tie order, §7)
 SCALE_VARIANTS: dict[int, dict[str, tuple[Variant, ...]]] = {
-    2: {"auto": (Variant.MATRIX, Variant.ROW, Variant.B256, Variant.B128), "tensor": (Variant.MATRIX,),
-        "row": (Variant.ROW,), "256": (Variant.B256,), "128": (Variant.B128,)},
+    2: {
+        "auto": (Variant.MATRIX, Variant.ROW, Variant.B256, Variant.B128),
+        "tensor": (Variant.MATRIX,),
+        "row": (Variant.ROW,),
+        "256": (Variant.B256,),
+        "128": (Variant.B128,),
+    },
     1: {"auto": (Variant.PT, Variant.G128), "tensor": (Variant.PT,), "128": (Variant.G128,)},
 }
-SCALE_ALIASES = {"g128": "128"}      # the version-1 name, kept for old command lines
+SCALE_ALIASES = {"g128": "128"}  # the version-1 name, kept for old command lines
 SCALE_CHOICES = ("auto", "tensor", "row", "256", "128", *SCALE_ALIASES)
 
 
@@ -47,13 +62,16 @@ def scale_variants(scale: str, format_version: int) -> tuple[Variant, ...]:
     key = SCALE_ALIASES.get(scale, scale)
     if key not in choices:
         if key in SCALE_VARIANTS[VERSION]:
-            raise ConvertError(f"--scale {scale} has no version-{format_version} form (version {format_version} "
-                               f"has --scale {', '.join(choices)})")
+            raise ConvertError(
+                f"--scale {scale} has no version-{format_version} form (version {format_version} "
+                f"has --scale {', '.join(choices)})"
+            )
         raise ConvertError(f"--scale {scale}: choose one of {', '.join(SCALE_CHOICES)}")
     return choices[key]
 
 
 # --- reading source tensors as fp32 ----------------------------------------------------------------
+
 
 def bf16_to_float(raw: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns -> float32 (exact: a bf16 is the top half of an fp32)."""
@@ -92,22 +110,23 @@ def iter_row_chunks(n_rows: int, k: int) -> Iterator[tuple[int, int]]:
 
 # --- per-tensor decision ---------------------------------------------------------------------------
 
+
 @dataclass
 class TensorResult:
     name: str
     src_type: str
     ne: tuple[int, ...]
-    src_form: str = ""                # the source type's form where it has several (foreign.form_label)
+    src_form: str = ""  # the source type's form where it has several (foreign.form_label)
     converted: bool = False
     variant: Variant | None = None
-    reason: str = ""                  # why a candidate was not converted
-    ternary_looking: bool = False     # a --strict error when not converted
-    grow_kept: bool = False           # exact BITCOS form is larger than the source: kept (see --force-grow)
-    measured: bool = False            # one magnitude per 32-weight group: n_zeros is the measured count
+    reason: str = ""  # why a candidate was not converted
+    ternary_looking: bool = False  # a --strict error when not converted
+    grow_kept: bool = False  # exact BITCOS form is larger than the source: kept (see --force-grow)
+    measured: bool = False  # one magnitude per 32-weight group: n_zeros is the measured count
     n_weights: int = 0
     n_zeros: int = 0
     src_bytes: int = 0
-    out_bytes: int = 0                # weight + companion for converted tensors
+    out_bytes: int = 0  # weight + companion for converted tensors
     companion_bytes: int = 0
 
     @property
@@ -119,16 +138,20 @@ class TensorResult:
 class Analysis:
     result: TensorResult
     codes: np.ndarray | None = None
-    scales: np.ndarray | None = None       # the chosen variant's scales, as codec.encode takes them
+    scales: np.ndarray | None = None  # the chosen variant's scales, as codec.encode takes them
     row_nonzero: np.ndarray | None = None  # non-zero weights per row (sizes the row index and sign pool)
-    exact_bytes: dict[Variant, int] = field(default_factory=dict)   # every allowed exact variant -> its bytes
+    exact_bytes: dict[Variant, int] = field(default_factory=dict)  # every allowed exact variant -> its bytes
 
 
 def is_candidate(name: str, t: ReaderTensor) -> bool:
     """A tensor convert looks at: a 2-D/3-D weight of a ternary-capable type, not a lookup table."""
     ne = tensor_ggml_shape(t)
-    return (len(ne) in (2, 3) and t.tensor_type in SOURCE_TYPES and "token_embd" not in name
-            and not name.endswith(COMPANION_SUFFIX))
+    return (
+        len(ne) in (2, 3)
+        and t.tensor_type in SOURCE_TYPES
+        and "token_embd" not in name
+        and not name.endswith(COMPANION_SUFFIX)
+    )
 
 
 def _tq_block_scales(t: ReaderTensor, start: int, stop: int) -> np.ndarray:
@@ -148,8 +171,9 @@ def variant_scales(t: ReaderTensor, variant: Variant, ts: ternary.TensorScales) 
     return ts.scales(variant)
 
 
-def analyze_tensor(t: ReaderTensor, scale: str = "auto", format_version: int = VERSION, *,
-                   want_codes: bool = True) -> Analysis:
+def analyze_tensor(
+    t: ReaderTensor, scale: str = "auto", format_version: int = VERSION, *, want_codes: bool = True
+) -> Analysis:
     """Decide whether a candidate converts and in which variant (FORMAT.md §7: among the variants ``scale``
     allows that hold the values exactly, the fewest bytes; ties to the coarser), and gather its codes and
     scales."""
@@ -245,24 +269,44 @@ def check_bitcos_file(reader: CheckedGGUFReader, path: Path) -> None:
     """FORMAT.md §1/§6: refuse a newer format version and unpaired weights/companions."""
     ver = reader.get_field(KEY_FORMAT_VERSION)
     if ver is not None and int(ver.contents()) > VERSION:
-        raise ConvertError(f"{path}: {KEY_FORMAT_VERSION} {int(ver.contents())} is newer than this tool "
-                           f"supports ({VERSION})")
+        raise ConvertError(
+            f"{path}: {KEY_FORMAT_VERSION} {int(ver.contents())} is newer than this tool supports ({VERSION})"
+        )
     types = {t.name: t.tensor_type for t in reader.tensors}
     for name, tt in types.items():
         if tt in BITCOS_TYPE_IDS and name + COMPANION_SUFFIX not in types:
             raise ConvertError(f"{path}: tensor '{name}': BITCOS weight without its companion tensor")
-        if name.endswith(COMPANION_SUFFIX) and types.get(name[:-len(COMPANION_SUFFIX)]) not in BITCOS_TYPE_IDS:
+        if name.endswith(COMPANION_SUFFIX) and types.get(name[: -len(COMPANION_SUFFIX)]) not in BITCOS_TYPE_IDS:
             raise ConvertError(f"{path}: tensor '{name}': companion without a BITCOS weight")
 
 
 def add_i2s_layout_option(p: argparse.ArgumentParser) -> None:
     """``--i2s-layout`` (convert, stats): which of bitnet.cpp's layouts a source's I2_S tensors are in."""
-    p.add_argument("--i2s-layout", choices=foreign.I2S_LAYOUTS, default=None,
-                   help="the layout of the source's I2_S tensors, which the file does not record: x86 (the default: "
-                        "bitnet.cpp's x86 builds and Python converters), arm (llama-quantize on an ARM build), "
-                        "x86-rows4 (an x86 build without ACT_PARALLEL); FORMAT.md §7.1")
+    p.add_argument(
+        "--i2s-layout",
+        choices=foreign.I2S_LAYOUTS,
+        default=None,
+        help="the layout of the source's I2_S tensors, which the file does not record: x86 (the default: "
+        "bitnet.cpp's x86 builds and Python converters), arm (llama-quantize on an ARM build), "
+        "x86-rows4 (an x86 build without ACT_PARALLEL); FORMAT.md §7.1",
+    )
 
 
-__all__ = ["FLOAT_SOURCES", "TQ_SOURCES", "SOURCE_TYPES", "SCALE_VARIANTS", "SCALE_CHOICES", "scale_variants",
-           "source_float_rows", "iter_row_chunks", "TensorResult", "Analysis", "is_candidate", "analyze_tensor",
-           "encoded_nbytes", "encode_analysis", "check_bitcos_file", "add_i2s_layout_option"]
+__all__ = [
+    "FLOAT_SOURCES",
+    "TQ_SOURCES",
+    "SOURCE_TYPES",
+    "SCALE_VARIANTS",
+    "SCALE_CHOICES",
+    "scale_variants",
+    "source_float_rows",
+    "iter_row_chunks",
+    "TensorResult",
+    "Analysis",
+    "is_candidate",
+    "analyze_tensor",
+    "encoded_nbytes",
+    "encode_analysis",
+    "check_bitcos_file",
+    "add_i2s_layout_option",
+]

@@ -51,8 +51,8 @@ BASELINES: dict[str, tuple[float, float]] = {
     "TQ2_0": (2.0, 2.0625),
 }
 AUTO = "auto"
-V2_VARIANTS = (Variant.MATRIX, Variant.ROW, Variant.B256, Variant.B128)   # auto's candidates, coarse to fine
-_STATS_ROWS = 1 << 14                                                     # rows per chunk of a BITCOS tensor
+V2_VARIANTS = (Variant.MATRIX, Variant.ROW, Variant.B256, Variant.B128)  # auto's candidates, coarse to fine
+_STATS_ROWS = 1 << 14  # rows per chunk of a BITCOS tensor
 
 
 @dataclass
@@ -64,7 +64,7 @@ class TensorStat:
     n_zeros: int
     zero_density: float
     n_mats: int
-    file_bits_per_weight: float | None = None   # BITCOS tensors: (weight + companion) bytes * 8 / n
+    file_bits_per_weight: float | None = None  # BITCOS tensors: (weight + companion) bytes * 8 / n
     # exact bytes (weight + companion) of the tensor in each variant (all six, by name); None: not exact
     variant_bytes: dict[str, int | None] = field(default_factory=dict)
 
@@ -77,22 +77,22 @@ class ModelStats:
     n_zeros: int
     zero_density: float
     bitcos_symbols: float
-    bitcos_g128: float | None                       # real bits per weight stored as G128 (None: not exact)
-    bitcos_pt: float | None                         # real bits per weight stored as PT (None: not exact)
+    bitcos_g128: float | None  # real bits per weight stored as G128 (None: not exact)
+    bitcos_pt: float | None  # real bits per weight stored as PT (None: not exact)
     baselines: dict[str, dict[str, float]]
-    reduction_g128: dict[str, float]                # baseline with scales / real G128 bits (> 1: BITCOS smaller)
+    reduction_g128: dict[str, float]  # baseline with scales / real G128 bits (> 1: BITCOS smaller)
     reduction_pt: dict[str, float]
-    bitcos_auto: float | None = None                # convert's choice per tensor: fewest bytes among v2 variants
-    variant_bits: dict[str, float | None] = field(default_factory=dict)   # every variant (by name) -> real bits
+    bitcos_auto: float | None = None  # convert's choice per tensor: fewest bytes among v2 variants
+    variant_bits: dict[str, float | None] = field(default_factory=dict)  # every variant (by name) -> real bits
     reduction: dict[str, dict[str, float]] = field(default_factory=dict)  # variant -> baseline / its bits
     reduction_auto: dict[str, float] = field(default_factory=dict)
-    reduction_symbols: dict[str, float] = field(default_factory=dict)   # baseline symbols / (2 - z)
-    not_exact: dict[str, int] = field(default_factory=dict)              # variant -> tensors it cannot store
+    reduction_symbols: dict[str, float] = field(default_factory=dict)  # baseline symbols / (2 - z)
+    not_exact: dict[str, int] = field(default_factory=dict)  # variant -> tensors it cannot store
     bitcos_tensors: int = 0
     bitcos_weights: int = 0
-    file_bits_per_weight: float | None = None          # over the BITCOS tensors of the file
+    file_bits_per_weight: float | None = None  # over the BITCOS tensors of the file
     tensors: list[TensorStat] = field(default_factory=list)
-    source_notes: list[str] = field(default_factory=list)   # the forms the reader saw (legacy Q2_0, I2_S layout)
+    source_notes: list[str] = field(default_factory=list)  # the forms the reader saw (legacy Q2_0, I2_S layout)
 
 
 def encoded_bytes(variant: Variant, ne: tuple[int, ...] | list[int], n_sign_bits: int, row_group_log2: int) -> int:
@@ -111,7 +111,7 @@ def bitcos_tensor_scales(weight: np.ndarray, companion: np.ndarray, hdr: codec.H
     groups = k // QK_BITMAP
     for s in range(0, n_rows, _STATS_ROWS):
         e = min(n_rows, s + _STATS_ROWS)
-        bitmaps = codec.row_bitmaps(weight[s * row_bytes:e * row_bytes], v, k, e - s)
+        bitmaps = codec.row_bitmaps(weight[s * row_bytes : e * row_bytes], v, k, e - s)
         present = bitmaps.reshape(e - s, groups, QK_BITMAP // 8).any(axis=2)
         if v.scale_block:
             per_group = np.repeat(scales[s:e].astype(np.float32), v.scale_block // QK_BITMAP, axis=1)
@@ -153,10 +153,18 @@ def collect(path: Path, *, progress: bool = True, i2s_layout: str | None = None)
         notes.append(layout_note)
     by_name = {t.name: t for t in reader.tensors}
     stats: list[TensorStat] = []
-    todo = [t for t in reader.tensors if t.tensor_type in BITCOS_TYPE_IDS or
-            (is_candidate(t.name, t) and t.name + COMPANION_SUFFIX not in by_name)]
-    bar = tqdm(total=sum(int(t.n_bytes) for t in todo), desc="stats", unit="B", unit_scale=True,
-               disable=None if progress else True)   # None: off when stderr is not a terminal
+    todo = [
+        t
+        for t in reader.tensors
+        if t.tensor_type in BITCOS_TYPE_IDS or (is_candidate(t.name, t) and t.name + COMPANION_SUFFIX not in by_name)
+    ]
+    bar = tqdm(
+        total=sum(int(t.n_bytes) for t in todo),
+        desc="stats",
+        unit="B",
+        unit_scale=True,
+        disable=None if progress else True,
+    )  # None: off when stderr is not a terminal
     for t in todo:
         ne = tensor_ggml_shape(t)
         n_rows, k = math.prod(ne[1:]), ne[0]
@@ -164,7 +172,7 @@ def collect(path: Path, *, progress: bool = True, i2s_layout: str | None = None)
             raise GGUFError(path, f"empty weight: a zero dimension (ne = {list(ne)})", t.name)
         if t.tensor_type in BITCOS_TYPE_IDS:
             comp = by_name.get(t.name + COMPANION_SUFFIX)
-            hdr = validate_bitcos_tensor(path, t, comp)     # the loader's rules (info.py, codec.validate)
+            hdr = validate_bitcos_tensor(path, t, comp)  # the loader's rules (info.py, codec.validate)
             weight, cbytes = tensor_bytes(t).reshape(-1).view(np.uint8), tensor_bytes(comp).reshape(-1).view(np.uint8)
             ts = bitcos_tensor_scales(weight, cbytes, hdr)
             exact = {v for v in Variant if ts.why_not(v) is None}
@@ -172,9 +180,19 @@ def collect(path: Path, *, progress: bool = True, i2s_layout: str | None = None)
             actual = int(t.n_bytes) + int(comp.n_bytes)
             vb = _variant_bytes(exact, list(ne), hdr.n_sign_bits, hdr.row_group_log2)
             vb[hdr.variant.name] = actual
-            stats.append(TensorStat(t.name, hdr.variant.type_name if hdr.variant.version == 1
-                                    else f"BITCOS/{hdr.variant.name}", list(ne), n, n - hdr.n_sign_bits,
-                                    1 - hdr.n_sign_bits / n, codec.n_mats_of(ne), 8 * actual / n, vb))
+            stats.append(
+                TensorStat(
+                    t.name,
+                    hdr.variant.type_name if hdr.variant.version == 1 else f"BITCOS/{hdr.variant.name}",
+                    list(ne),
+                    n,
+                    n - hdr.n_sign_bits,
+                    1 - hdr.n_sign_bits / n,
+                    codec.n_mats_of(ne),
+                    8 * actual / n,
+                    vb,
+                )
+            )
         else:
             a = analyze_tensor(t, "auto", want_codes=False)
             r = a.result
@@ -184,8 +202,18 @@ def collect(path: Path, *, progress: bool = True, i2s_layout: str | None = None)
                 n_sign = r.n_weights - r.n_zeros
                 exact_v2 = set(a.exact_bytes)
                 vb = _variant_bytes(exact_v2 | _v1_exact(exact_v2, k), list(ne), n_sign, g)
-                stats.append(TensorStat(t.name, r.src_form or r.src_type, list(ne), r.n_weights, r.n_zeros, r.zero_density,
-                                        codec.n_mats_of(ne), variant_bytes=vb))
+                stats.append(
+                    TensorStat(
+                        t.name,
+                        r.src_form or r.src_type,
+                        list(ne),
+                        r.n_weights,
+                        r.n_zeros,
+                        r.zero_density,
+                        codec.n_mats_of(ne),
+                        variant_bytes=vb,
+                    )
+                )
         reader.release_pages()
         bar.set_postfix_str(t.name, refresh=False)
         bar.update(int(t.n_bytes))
@@ -212,19 +240,32 @@ def summarize_stats(path: str, stats: list[TensorStat]) -> ModelStats:
     for name, get in getters:
         sizes = [get(s) for s in stats]
         not_exact[name] = sum(1 for x in sizes if x is None)
-        real[name] = 8 * sum(sizes) / n if n and not_exact[name] == 0 else None   # type: ignore[arg-type]
+        real[name] = 8 * sum(sizes) / n if n and not_exact[name] == 0 else None  # type: ignore[arg-type]
 
     def red(bits: float | None) -> dict[str, float]:
         return {k: b / bits for k, (_a, b) in BASELINES.items()} if bits else {}
 
     baselines = {k: {"symbols": a, "with_scale": b} for k, (a, b) in BASELINES.items()}
-    m = ModelStats(path, len(stats), n, nz, z, 2.0 - z, real[Variant.G128.name], real[Variant.PT.name], baselines,
-                   red(real[Variant.G128.name]), red(real[Variant.PT.name]), bitcos_auto=real[AUTO],
-                   variant_bits={v.name: real[v.name] for v in Variant},
-                   reduction={v.name: red(real[v.name]) for v in Variant},
-                   reduction_auto=red(real[AUTO]),
-                   reduction_symbols={k: a / (2.0 - z) for k, (a, _b) in BASELINES.items()} if z < 2 else {},
-                   not_exact=not_exact, tensors=stats)
+    m = ModelStats(
+        path,
+        len(stats),
+        n,
+        nz,
+        z,
+        2.0 - z,
+        real[Variant.G128.name],
+        real[Variant.PT.name],
+        baselines,
+        red(real[Variant.G128.name]),
+        red(real[Variant.PT.name]),
+        bitcos_auto=real[AUTO],
+        variant_bits={v.name: real[v.name] for v in Variant},
+        reduction={v.name: red(real[v.name]) for v in Variant},
+        reduction_auto=red(real[AUTO]),
+        reduction_symbols={k: a / (2.0 - z) for k, (a, _b) in BASELINES.items()} if z < 2 else {},
+        not_exact=not_exact,
+        tensors=stats,
+    )
     bit = [s for s in stats if s.file_bits_per_weight is not None]
     if bit:
         nb = sum(s.n_weights for s in bit)
@@ -244,15 +285,20 @@ def _compare(ratio: float | None) -> str:
 
 
 def format_text(m: ModelStats, with_tensors: bool = False) -> str:
-    out = [f"{m.path}", *(f"source: {note}" for note in m.source_notes),
-           f"ternary tensors: {m.n_ternary_tensors}   weights: {m.n_weights:,}   "
-           f"zero density z = {m.zero_density:.4f} ({100 * m.zero_density:.2f} % 0)"]
+    out = [
+        f"{m.path}",
+        *(f"source: {note}" for note in m.source_notes),
+        f"ternary tensors: {m.n_ternary_tensors}   weights: {m.n_weights:,}   "
+        f"zero density z = {m.zero_density:.4f} ({100 * m.zero_density:.2f} % 0)",
+    ]
     if not m.n_weights:
         out.append("no ternary tensors found")
         return "\n".join(out)
     out.append("")
-    out.append("bits per weight as a file stores them (BITCOS: blocks + companion: bitmap, signs, scales, row index, "
-               "header, alignment)")
+    out.append(
+        "bits per weight as a file stores them (BITCOS: blocks + companion: bitmap, signs, scales, row index, "
+        "header, alignment)"
+    )
 
     def bits(v: float | None, key: str) -> str:
         return f"{v:>9.4f}" if v is not None else f"{'n/a':>9}" + f"  (not exact for {m.not_exact[key]} tensors)"
@@ -267,29 +313,42 @@ def format_text(m: ModelStats, with_tensors: bool = False) -> str:
     out.append(f"{'baseline':<30}{'bits/w':>9}{'symbols':>9}   {'BITCOS auto vs it':<22}{'symbols vs symbols':<20}")
     for k, v in m.baselines.items():
         label = k if k.startswith("TQ") else f"{k} (paper layout)"
-        out.append(f"{label:<30}{v['with_scale']:>9.4f}{v['symbols']:>9.3f}   "
-                   f"{_compare(m.reduction_auto.get(k)):<22}{_compare(m.reduction_symbols.get(k)):<20}")
+        out.append(
+            f"{label:<30}{v['with_scale']:>9.4f}{v['symbols']:>9.3f}   "
+            f"{_compare(m.reduction_auto.get(k)):<22}{_compare(m.reduction_symbols.get(k)):<20}"
+        )
     if m.file_bits_per_weight is not None:
         kinds = ",".join(sorted({s.type for s in m.tensors if s.file_bits_per_weight is not None}))
-        out.append(f"file: {m.bitcos_tensors} BITCOS tensors ({kinds}), {m.bitcos_weights:,} weights, "
-                   f"{m.file_bits_per_weight:.4f} bits per weight incl. companion")
+        out.append(
+            f"file: {m.bitcos_tensors} BITCOS tensors ({kinds}), {m.bitcos_weights:,} weights, "
+            f"{m.file_bits_per_weight:.4f} bits per weight incl. companion"
+        )
     if with_tensors:
         out.append("")
-        out.append(f"{'tensor':<36}{'type':<16}{'shape':<22}{'z':>8}"
-                   + "".join(f"{v.name + ' bpw':>11}" for v in V2_VARIANTS) + f"{'file bpw':>10}")
+        out.append(
+            f"{'tensor':<36}{'type':<16}{'shape':<22}{'z':>8}"
+            + "".join(f"{v.name + ' bpw':>11}" for v in V2_VARIANTS)
+            + f"{'file bpw':>10}"
+        )
         for s in m.tensors:
+
             def b(key: str) -> str:
                 x = s.variant_bytes.get(key)
                 return f"{8 * x / s.n_weights:.4f}" if x is not None else "n/a"
+
             fb = f"{s.file_bits_per_weight:.4f}" if s.file_bits_per_weight is not None else "-"
-            out.append(f"{s.name:<36}{s.type:<16}{'x'.join(map(str, s.shape)):<22}{s.zero_density:>8.4f}"
-                       + "".join(f"{b(v.name):>11}" for v in V2_VARIANTS) + f"{fb:>10}")
+            out.append(
+                f"{s.name:<36}{s.type:<16}{'x'.join(map(str, s.shape)):<22}{s.zero_density:>8.4f}"
+                + "".join(f"{b(v.name):>11}" for v in V2_VARIANTS)
+                + f"{fb:>10}"
+            )
     return "\n".join(out)
 
 
 def plot(m: ModelStats, path: Path) -> None:
     """The paper's Fig. 1 view: the model at its z on the 2 − z line vs the five-trit plateau."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -298,8 +357,9 @@ def plot(m: ModelStats, path: Path) -> None:
     ax.plot(zs, 2.0 - zs, color="tab:green", label="BITCOS symbols, 2 − z")
     ax.axhline(1.625, color="tab:red", linestyle="--", label="five-trit packing, 1.625")
     ax.axhline(2.0, color="tab:gray", linestyle=":", label="2-bit packing, 2.000")
-    ax.fill_between(zs, 2.0 - zs, 1.625, where=zs > 0.375, color="tab:green", alpha=0.15,
-                    label="BITCOS smaller (z > 0.375)")
+    ax.fill_between(
+        zs, 2.0 - zs, 1.625, where=zs > 0.375, color="tab:green", alpha=0.15, label="BITCOS smaller (z > 0.375)"
+    )
     z = m.zero_density
     y = min(2.0 - z, 1.625)
     ax.plot([z], [2.0 - z], "o", color="black", label=f"{Path(m.path).name}: z = {z:.3f}")
@@ -325,8 +385,11 @@ def to_json(m: ModelStats, with_tensors: bool) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("stats", help="zero density and bits per weight of a model (paper Table I row)",
-                              description=__doc__.splitlines()[0])
+    p = subparsers.add_parser(
+        "stats",
+        help="zero density and bits per weight of a model (paper Table I row)",
+        description=__doc__.splitlines()[0],
+    )
     p.add_argument("input", type=Path, metavar="IN.gguf")
     p.add_argument("--tensors", action="store_true", help="also list every ternary tensor")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")

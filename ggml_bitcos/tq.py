@@ -35,7 +35,7 @@ def tq2_0_decode(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     blk = raw.reshape(rows, nblk, TQ2_0_BLOCK_BYTES)
     qs = blk[:, :, :64].reshape(rows, nblk, 2, 1, 32)
     shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
-    fields = (qs >> shifts) & np.uint8(3)                       # (rows, nblk, 2, 4, 32)
+    fields = (qs >> shifts) & np.uint8(3)  # (rows, nblk, 2, 4, 32)
     codes = fields.view(np.int8) - np.int8(1)
     d = tq_block_scales(raw, TQ2_0_BLOCK_BYTES)
     return codes.reshape(rows, nblk * QK_K), d
@@ -45,7 +45,7 @@ def tq_block_scales(raw: np.ndarray, block_bytes: int) -> np.ndarray:
     """The fp16 d of every block of TQ1_0/TQ2_0 rows (R, nblk*block_bytes) -> (R, nblk); d is the last 2 bytes."""
     raw, nblk = _tq_check(raw, block_bytes)
     blk = raw.reshape(raw.shape[0], nblk, block_bytes)
-    return np.ascontiguousarray(blk[:, :, block_bytes - 2:]).view("<f2").reshape(raw.shape[0], nblk)
+    return np.ascontiguousarray(blk[:, :, block_bytes - 2 :]).view("<f2").reshape(raw.shape[0], nblk)
 
 
 def tq2_0_encode(codes: np.ndarray, d: np.ndarray) -> np.ndarray:

@@ -53,8 +53,19 @@ def fetch_sdist() -> Path:
     dest.unlink(missing_ok=True)
     # --no-binary for this one package only (build deps stay wheels); --no-build-isolation avoids
     # building cmake from source just to read the sdist's metadata.
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
-           "--no-binary", SDIST_NAME, f"{SDIST_NAME}=={SDIST_VERSION}", "-d", str(dest.parent)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-binary",
+        SDIST_NAME,
+        f"{SDIST_NAME}=={SDIST_VERSION}",
+        "-d",
+        str(dest.parent),
+    ]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0 or not dest.exists():
         raise UpstreamError(f"could not download {SDIST_NAME}=={SDIST_VERSION} with pip:\n{r.stdout[-2000:]}")

@@ -80,19 +80,22 @@ class CheckedGGUFReader(GGUFReader):
         scores); returns their keys. gguf-py keeps two numpy views per string item (~0.7 KB each: ~0.3 GB
         for a 128k-token BPE vocabulary with its merges); a streaming tool that has taken what it needs
         (``field_value``) drops them, so they do not add to its peak memory."""
-        keys = [k for k, f in self.fields.items()
-                if f.types and f.types[0] == GGUFValueType.ARRAY and len(f.data) >= min_items]
+        keys = [
+            k
+            for k, f in self.fields.items()
+            if f.types and f.types[0] == GGUFValueType.ARRAY and len(f.data) >= min_items
+        ]
         for k in keys:
             del self.fields[k]
         return keys
 
     def __init__(self, path: os.PathLike[str] | str, mode: Any = "r", *, i2s_layout: str | None = None):
-        self.i2s_layout = i2s_layout              # None: the default layout, assumed (foreign.i2_s_layout_note)
-        self.form_notes: list[str] = []           # file-level lines on the forms read (stats, info, convert)
+        self.i2s_layout = i2s_layout  # None: the default layout, assumed (foreign.i2_s_layout_note)
+        self.form_notes: list[str] = []  # file-level lines on the forms read (stats, info, convert)
         super().__init__(path, mode)
 
     def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:  # type: ignore[override]
-        _types.register_foreign_types()   # I2_S, Q2_0, PQ2_0, PTQ1_0: convert reads them (ggml_bitcos/foreign.py)
+        _types.register_foreign_types()  # I2_S, Q2_0, PQ2_0, PTQ1_0: convert reads them (ggml_bitcos/foreign.py)
         infos: list[_Info] = []
         names: set[str] = set()
         for field in fields:
@@ -110,13 +113,19 @@ class CheckedGGUFReader(GGUFReader):
         problem = _extent_problem(infos, forms, int(start_offs), int(self.data.shape[0]), int(self.alignment))
         if problem is not None:
             legacy = {i.name: foreign.Q2_0_LEGACY_FORM for i in infos if i.type_id == foreign.Q2_0}
-            if legacy and all(i.ne[0] % foreign.Q2_0_LEGACY.block == 0 for i in infos if i.name in legacy) and \
-                    _extent_problem(infos, forms | legacy, int(start_offs), int(self.data.shape[0]),
-                                    int(self.alignment)) is None:
+            if (
+                legacy
+                and all(i.ne[0] % foreign.Q2_0_LEGACY.block == 0 for i in infos if i.name in legacy)
+                and _extent_problem(
+                    infos, forms | legacy, int(start_offs), int(self.data.shape[0]), int(self.alignment)
+                )
+                is None
+            ):
                 forms |= legacy
                 self.form_notes.append(
                     f"Q2_0 tensors ({len(legacy)}) are Prism's legacy group-128 form (34 bytes per 128 weights, "
-                    f"PQ2_0's layout), not upstream's group-64 Q2_0: only those sizes fit the file's data offsets")
+                    f"PQ2_0's layout), not upstream's group-64 Q2_0: only those sizes fit the file's data offsets"
+                )
                 problem = None
         if problem is not None:
             raise _TensorProblem(*problem)
@@ -132,12 +141,20 @@ class CheckedGGUFReader(GGUFReader):
             item_type, n_bytes = _PLAIN_ITEM_TYPES[ggml_type], n_elems * np.dtype(_PLAIN_ITEM_TYPES[ggml_type]).itemsize
             data = self._get(offs, item_type, n_elems).reshape(np_dims)
         else:
-            block, block_bytes = _types.type_block(info.type_id, form)    # I2_S: its code bytes, tail excluded
+            block, block_bytes = _types.type_block(info.type_id, form)  # I2_S: its code bytes, tail excluded
             n_bytes = n_elems // block * block_bytes
             byte_dims = (*np_dims[:-1], np_dims[-1] // block * block_bytes) if np_dims else ()
             data = self._get(offs, np.uint8, n_bytes).reshape(byte_dims)
-        t = SourceTensor(name=info.name, tensor_type=ggml_type, shape=info.field.parts[3], n_elements=n_elems,
-                         n_bytes=n_bytes, data_offset=offs, data=data, field=info.field)
+        t = SourceTensor(
+            name=info.name,
+            tensor_type=ggml_type,
+            shape=info.field.parts[3],
+            n_elements=n_elems,
+            n_bytes=n_bytes,
+            data_offset=offs,
+            data=data,
+            field=info.field,
+        )
         t.form = form
         return t
 
@@ -145,6 +162,7 @@ class CheckedGGUFReader(GGUFReader):
 class SourceTensor(ReaderTensor):
     """gguf-py's ``ReaderTensor`` and the form it was read in (``form``: "" where the type has one form;
     ``ggml_bitcos.foreign`` for the others)."""
+
     form: str
 
 
@@ -153,18 +171,24 @@ class _Info:
     name: str
     type_id: int
     ne: tuple[int, ...]
-    offset: int               # from the start of the data section
+    offset: int  # from the start of the data section
     field: ReaderField
 
 
 _PLAIN_ITEM_TYPES: dict[GGMLQuantizationType, Any] = {
-    GGMLQuantizationType.F16: np.float16, GGMLQuantizationType.F32: np.float32,
-    GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8, GGMLQuantizationType.I16: np.int16,
-    GGMLQuantizationType.I32: np.int32, GGMLQuantizationType.I64: np.int64}
+    GGMLQuantizationType.F16: np.float16,
+    GGMLQuantizationType.F32: np.float32,
+    GGMLQuantizationType.F64: np.float64,
+    GGMLQuantizationType.I8: np.int8,
+    GGMLQuantizationType.I16: np.int16,
+    GGMLQuantizationType.I32: np.int32,
+    GGMLQuantizationType.I64: np.int64,
+}
 
 
-def _extent_problem(infos: list[_Info], forms: dict[str, str], data_start: int, file_size: int,
-                    alignment: int) -> tuple[str, str] | None:
+def _extent_problem(
+    infos: list[_Info], forms: dict[str, str], data_start: int, file_size: int, alignment: int
+) -> tuple[str, str] | None:
     """The first (tensor, problem) breaking gguf.cpp's rules for the data section, each tensor sized by its
     type in ``forms``, or None: offsets aligned, each tensor's data starting where the previous one's ends
     padded to the alignment (so in order and never overlapping), inside the file, and no bytes after the last
@@ -180,14 +204,19 @@ def _extent_problem(infos: list[_Info], forms: dict[str, str], data_start: int, 
             return info.name, f"data offset {info.offset} is not a multiple of the file's alignment {alignment}"
         if info.offset != expected:
             if not prev:
-                return info.name, (f"data offset {info.offset}: the first tensor's data must start the data "
-                                   f"section (offset 0)")
+                return info.name, (
+                    f"data offset {info.offset}: the first tensor's data must start the data section (offset 0)"
+                )
             if info.offset < expected:
-                return info.name, (f"data offset {info.offset} overlaps tensor '{prev}' ({what}), whose data "
-                                   f"runs to offset {prev_end} (padded: {expected})")
-            return info.name, (f"data offset {info.offset} is {info.offset - expected} bytes past offset "
-                               f"{expected}, where tensor '{prev}' ({what}) ends: that tensor holds more bytes "
-                               f"than its type and shape say")
+                return info.name, (
+                    f"data offset {info.offset} overlaps tensor '{prev}' ({what}), whose data "
+                    f"runs to offset {prev_end} (padded: {expected})"
+                )
+            return info.name, (
+                f"data offset {info.offset} is {info.offset - expected} bytes past offset "
+                f"{expected}, where tensor '{prev}' ({what}) ends: that tensor holds more bytes "
+                f"than its type and shape say"
+            )
         what = f"{_type_label(info.type_id, form)} {list(info.ne)}: {nbytes} bytes"
         end = data_start + info.offset + nbytes
         if end > file_size:
@@ -196,8 +225,10 @@ def _extent_problem(infos: list[_Info], forms: dict[str, str], data_start: int, 
         expected = info.offset + (nbytes + alignment - 1) // alignment * alignment
     extra = file_size - data_start - expected
     if prev and extra > 0:
-        return prev, (f"{extra} bytes follow its data ({what}) and padding to the end of the file: the last "
-                      f"tensor holds more bytes than its type and shape say, or the file has trailing data")
+        return prev, (
+            f"{extra} bytes follow its data ({what}) and padding to the end of the file: the last "
+            f"tensor holds more bytes than its type and shape say, or the file has trailing data"
+        )
     return None
 
 

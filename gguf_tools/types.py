@@ -77,13 +77,16 @@ def register_bitcos_types() -> None:
 
 register_bitcos_types()
 
+
 def register_foreign_types() -> list[str]:
     """Teach gguf-py the foreign ternary types (``ggml_bitcos.foreign.FOREIGN_TYPES``: I2_S, Q2_0, PQ2_0,
     PTQ1_0), for this project's reader only (``CheckedGGUFReader`` calls it; the gguf-py start-up hook does
     not, so stock tools such as gguf-new-metadata never copy an I2_S tensor without its tail). Each is sized
     by its table entry's blocks (I2_S as its ``n/4`` code bytes: the reader adds the tail). An id or name
     gguf-py already uses differently is left alone. Returns the names registered or already present."""
-    return [ft.name for ft in FOREIGN_TYPES.values() if _register(ft.name, ft.type_id, ft.block, ft.block_bytes) is None]
+    return [
+        ft.name for ft in FOREIGN_TYPES.values() if _register(ft.name, ft.type_id, ft.block, ft.block_bytes) is None
+    ]
 
 
 def type_block(type_id: int, form: str = "") -> tuple[int, int]:

@@ -54,7 +54,7 @@ _PLAIN_DTYPES: dict[GGMLQuantizationType, np.dtype] = {
 }
 
 
-COPY_CHUNK = 1 << 24     # bytes per write of a large tensor with a ``release`` callback
+COPY_CHUNK = 1 << 24  # bytes per write of a large tensor with a ``release`` callback
 
 
 class GGUFStreamWriter:
@@ -70,8 +70,9 @@ class GGUFStreamWriter:
         # on normal exit: flushed, fsync'ed, renamed onto out_path, folder fsync'ed; on error: temp file removed
     """
 
-    def __init__(self, path: os.PathLike[str] | str, arch: str, *, alignment: int | None = None,
-                 overwrite: bool = False):
+    def __init__(
+        self, path: os.PathLike[str] | str, arch: str, *, alignment: int | None = None, overwrite: bool = False
+    ):
         self.path = Path(path)
         self.overwrite = overwrite
         self._w = GGUFWriter(None, arch)
@@ -84,8 +85,8 @@ class GGUFStreamWriter:
         self._infos: dict[str, tuple[GGMLQuantizationType, tuple[int, ...], int]] = {}
         self._next = 0
         self._tmp: Path | None = None
-        self._lock_fd: int | None = None       # the temporary file, flock'ed while this writer lives
-        self.removed_stale: list[Path] = []    # stale temporary files of the target removed by begin()
+        self._lock_fd: int | None = None  # the temporary file, flock'ed while this writer lives
+        self.removed_stale: list[Path] = []  # stale temporary files of the target removed by begin()
         self._begun = False
         self._done = False
 
@@ -159,15 +160,20 @@ class GGUFStreamWriter:
         if not data.flags.c_contiguous:
             data = np.ascontiguousarray(data)
         w = self._w
-        if (release is not None and nbytes > COPY_CHUNK and w.fout is not None and len(w.fout) == 1
-                and next(iter(w.tensors[0]), None) == name):
+        if (
+            release is not None
+            and nbytes > COPY_CHUNK
+            and w.fout is not None
+            and len(w.fout) == 1
+            and next(iter(w.tensors[0]), None) == name
+        ):
             # GGUFWriter.write_tensor_data's steps (pad, data, pad), the data in chunks
             fout = w.fout[0]
             w.tensors[0].pop(name)
             w.write_padding(fout, fout.tell())
             flat = data.reshape(-1).view(np.uint8)
             for i in range(0, nbytes, COPY_CHUNK):
-                flat[i:i + COPY_CHUNK].tofile(fout)
+                flat[i : i + COPY_CHUNK].tofile(fout)
                 release()
             w.write_padding(fout, nbytes)
             w.state = WriterState.WEIGHTS
@@ -204,7 +210,7 @@ class GGUFStreamWriter:
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)       # releases the flock
+            os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 
     def abort(self) -> None:
@@ -224,8 +230,9 @@ class GGUFStreamWriter:
     def __enter__(self) -> GGUFStreamWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None and self._begun and not self._done:
             try:
                 self.finish()
@@ -257,20 +264,20 @@ def _create_temp(target: Path) -> tuple[Path, int]:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
         except FileExistsError:
             continue
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # a fresh file: nobody else can hold it
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else can hold it
         return tmp, fd
     raise FileExistsError(errno.EEXIST, "cannot create a unique temporary file", str(folder))
 
 
 def _pid_running(pid: int) -> bool:
     if pid <= 0:
-        return True                  # not a PID this code writes: treat as alive (never removed)
+        return True  # not a PID this code writes: treat as alive (never removed)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True                  # exists, another user's
+        return True  # exists, another user's
     except OverflowError:
         return False
     return True
@@ -306,10 +313,10 @@ def remove_stale_temps(target: os.PathLike[str] | str) -> list[Path]:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                continue             # a live writer holds it
+                continue  # a live writer holds it
             head = os.pread(fd, 4, 0)
-            if head != b"GGUF"[:len(head)]:
-                continue             # not a GGUF file this writer started
+            if head != b"GGUF"[: len(head)]:
+                continue  # not a GGUF file this writer started
             # still the same file under that name (not replaced since we opened it)?
             try:
                 now = os.lstat(path)
@@ -334,11 +341,12 @@ def fsync_dir(folder: os.PathLike[str] | str) -> None:
         os.fsync(fd)
     except OSError as e:
         if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise                    # a file system that cannot fsync a folder (some FUSE ones) is no error
+            raise  # a file system that cannot fsync a folder (some FUSE ones) is no error
     finally:
         os.close(fd)
 
 
 def _gguf_value(value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None) -> Any:
     from gguf.gguf_writer import GGUFValue
+
     return GGUFValue(value=value, type=vtype, sub_type=sub_type)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Build and install the patched llama-cpp-python (same as `ggml-bitcos build-llama`; see ggml_bitcos/build.py).
 
-    python scripts/build_llama.py                 # CPU build, -DGGML_NATIVE=ON
-    CMAKE_ARGS="-DGGML_VULKAN=ON" python scripts/build_llama.py
+python scripts/build_llama.py                 # CPU build, -DGGML_NATIVE=ON
+CMAKE_ARGS="-DGGML_VULKAN=ON" python scripts/build_llama.py
 """
 
 from __future__ import annotations

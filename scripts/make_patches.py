@@ -36,8 +36,9 @@ PATCH_DIR = REPO / "patches"
 
 
 def git(tree: Path, *args: str, capture: bool = False) -> str:
-    r = subprocess.run(["git", "-C", str(tree), *args], check=True, text=True,
-                       stdout=subprocess.PIPE if capture else None)
+    r = subprocess.run(
+        ["git", "-C", str(tree), *args], check=True, text=True, stdout=subprocess.PIPE if capture else None
+    )
     return r.stdout if capture else ""
 
 
@@ -78,8 +79,21 @@ def export(tree: Path, out_dir: Path = PATCH_DIR) -> None:
         slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
         if len(slug) > 50:  # cut at a word boundary
             slug = slug[:50].rsplit("-", 1)[0]
-        text = git(tree, "format-patch", "-1", "--stdout", "--no-signature", "--zero-commit",
-                   "--no-stat", "-N", sha, "--", ".", *excludes, capture=True)
+        text = git(
+            tree,
+            "format-patch",
+            "-1",
+            "--stdout",
+            "--no-signature",
+            "--zero-commit",
+            "--no-stat",
+            "-N",
+            sha,
+            "--",
+            ".",
+            *excludes,
+            capture=True,
+        )
         out = out_dir / f"{n:04d}-{slug}.patch"
         out.write_text(text)
         print(f"{out}: {subject}")

@@ -31,7 +31,8 @@ _TARGET = "gguf"
 def _register_now() -> None:
     """Register the BITCOS types with the already-executed ``gguf`` package (raises on failure)."""
     import importlib
-    types = importlib.import_module("gguf_tools.types")   # registers on import (idempotent)
+
+    types = importlib.import_module("gguf_tools.types")  # registers on import (idempotent)
     types.register_bitcos_types()
 
 
@@ -42,7 +43,7 @@ def _install_missing_fallback() -> None:
     enum_cls = GGMLQuantizationType
 
     def _missing_(cls, value):  # noqa: ANN001, ANN202  (the Enum protocol: a member or None)
-        _register_now()                          # on failure the fallback stays for the next lookup
+        _register_now()  # on failure the fallback stays for the next lookup
         type.__delattr__(enum_cls, "_missing_")  # back to Enum's own
         return cls._value2member_map_.get(value)
 
@@ -57,8 +58,10 @@ def _after_gguf_import() -> None:
         # missing): register on first need
         _install_missing_fallback()
     except Exception as e:  # never break `import gguf`; say why BITCOS files will not read
-        sys.stderr.write(f"ggml-bitcos: warning: could not register the BITCOS ggml types with gguf-py "
-                         f"({type(e).__name__}: {e}); gguf tools will not read BITCOS files\n")
+        sys.stderr.write(
+            f"ggml-bitcos: warning: could not register the BITCOS ggml types with gguf-py "
+            f"({type(e).__name__}: {e}); gguf tools will not read BITCOS files\n"
+        )
 
 
 class _RegisteringLoader:
@@ -105,7 +108,7 @@ def install() -> None:
     """Called from the ``.pth`` file at interpreter start."""
     if os.environ.get(_ENV_SWITCH, "1") == "0":
         return
-    if _TARGET in sys.modules:          # imported before this ran (e.g. by an earlier .pth file)
+    if _TARGET in sys.modules:  # imported before this ran (e.g. by an earlier .pth file)
         _after_gguf_import()
         return
     if not any(isinstance(f, GGUFImportHook) for f in sys.meta_path):

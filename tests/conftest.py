@@ -25,8 +25,15 @@ def model_factory(tmp_path_factory: pytest.TempPathFactory):
     cache: dict[tuple, Path] = {}
     folder = tmp_path_factory.mktemp("models")
 
-    def factory(*, z: float = 0.4, scale: str = "tensor", src_type: str = "tq2_0", moe: int = 0,
-                seed: int = 0, **shape_overrides) -> Path:
+    def factory(
+        *,
+        z: float = 0.4,
+        scale: str = "tensor",
+        src_type: str = "tq2_0",
+        moe: int = 0,
+        seed: int = 0,
+        **shape_overrides,
+    ) -> Path:
         key = (z, scale, src_type, moe, seed, tuple(sorted(shape_overrides.items())))
         if key not in cache:
             shape = replace(PRESETS["tiny"], **shape_overrides)
@@ -41,12 +48,14 @@ def model_factory(tmp_path_factory: pytest.TempPathFactory):
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--run-slow", action="store_true", default=False,
-                     help="also run tests marked slow (or set GGML_BITCOS_SLOW=1)")
+    parser.addoption(
+        "--run-slow", action="store_true", default=False, help="also run tests marked slow (or set GGML_BITCOS_SLOW=1)"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import os
+
     if config.getoption("--run-slow") or os.environ.get("GGML_BITCOS_SLOW") == "1":
         return
     # `-m slow` (or any -m expression naming slow) selects them explicitly
@@ -64,6 +73,7 @@ def patched_llama() -> None:
     import os
 
     from ggml_bitcos import llama_run
+
     if not llama_run.is_patched():
         if os.environ.get("BITCOS_REQUIRE_LLAMA") == "1":
             pytest.fail("patched llama.cpp is not installed but BITCOS_REQUIRE_LLAMA=1")
@@ -97,8 +107,9 @@ def load_kernel_library() -> str | None:
     if shutil.which("cmake") is None:
         return "libbitcos_kernels.so not built and cmake not available"
     build = ROOT / "build" / "kernels"
-    subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"], check=True, capture_output=True
+    )
     subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
     harness.load_library.cache_clear()
     harness.load_library(False)

@@ -17,6 +17,7 @@ TYPE_ID = {"I2_S": 36, "Q2_0": 42, "PQ2_0": 142, "PTQ1_0": 143, "TQ1_0": 34, "TQ
 
 # --- a minimal GGUF v3 reader/writer of its own --------------------------------------------------------
 
+
 def _kv_string(key: str, value: str) -> bytes:
     k, v = key.encode(), value.encode()
     return struct.pack("<Q", len(k)) + k + struct.pack("<I", 8) + struct.pack("<Q", len(v)) + v
@@ -52,14 +53,14 @@ def read_raw(path: Path) -> tuple[int, bytes, list[tuple[str, tuple[int, ...], i
     off = 24
     for _ in range(n_kv):
         kl = struct.unpack_from("<Q", b, off)[0]
-        assert b[off + 8:off + 8 + kl] != b"general.alignment"
+        assert b[off + 8 : off + 8 + kl] != b"general.alignment"
         off += 8 + kl
         off = _skip(b, struct.unpack_from("<I", b, off)[0], off + 4)
     kv = b[24:off]
     infos = []
     for _ in range(n_t):
         nl = struct.unpack_from("<Q", b, off)[0]
-        name = b[off + 8:off + 8 + nl].decode()
+        name = b[off + 8 : off + 8 + nl].decode()
         off += 8 + nl
         nd = struct.unpack_from("<I", b, off)[0]
         ne = struct.unpack_from(f"<{nd}Q", b, off + 4)
@@ -70,7 +71,7 @@ def read_raw(path: Path) -> tuple[int, bytes, list[tuple[str, tuple[int, ...], i
     start = (off + 31) // 32 * 32
     ends = sorted(o for *_x, o in infos)[1:] + [len(b) - start]
     end_of = dict(zip(sorted(o for *_x, o in infos), ends))
-    return n_kv, kv, [(n, ne, tt, b[start + o:start + end_of[o]]) for n, ne, tt, o in infos]
+    return n_kv, kv, [(n, ne, tt, b[start + o : start + end_of[o]]) for n, ne, tt, o in infos]
 
 
 def write_raw(path: Path, n_kv: int, kv: bytes, tensors: list[tuple[str, tuple[int, ...], int, bytes]]) -> Path:
@@ -91,6 +92,7 @@ def write_raw(path: Path, n_kv: int, kv: bytes, tensors: list[tuple[str, tuple[i
 
 # --- the dequantizer from the layout description, one weight at a time (vectorized over weights) ---------
 
+
 def _f16(raw: bytes, at: np.ndarray) -> np.ndarray:
     b = np.frombuffer(raw, dtype=np.uint8)
     return (b[at].astype(np.uint16) | (b[at + 1].astype(np.uint16) << 8)).view(np.float16).astype(np.float32)
@@ -104,7 +106,7 @@ def spec_dequantize(fmt: str, raw: bytes, ne: tuple[int, ...]) -> np.ndarray:
     if fmt in ("Q2_0", "PQ2_0"):
         blk = 64 if fmt == "Q2_0" else 128
         bb = 2 + blk // 4
-        base = (r * (k // blk) + w // blk) * bb            # start of the weight's block
+        base = (r * (k // blk) + w // blk) * bb  # start of the weight's block
         j = w % blk
         code = ((b[base + 2 + j // 4] >> (2 * (j % 4))) & 3).astype(np.int32) - 1
         d = _f16(raw, base)
@@ -114,7 +116,7 @@ def spec_dequantize(fmt: str, raw: bytes, ne: tuple[int, ...]) -> np.ndarray:
         byte = np.where(j < 80, j % 16, np.where(j < 120, 16 + (j - 80) % 8, 24 + (j - 120) % 2))
         n = np.where(j < 80, j // 16, np.where(j < 120, (j - 80) // 8, (j - 120) // 2))
         v = b[base + byte].astype(np.int64)
-        code = ((v * 3 ** n) % 256 * 3) // 256 - 1
+        code = ((v * 3**n) % 256 * 3) // 256 - 1
         d = _f16(raw, base + 26)
     elif fmt in ("I2_S", "I2_S:x86", "I2_S:arm", "I2_S:x86-rows4"):
         field = i2_s_field(b, r, w, k, fmt.partition(":")[2] or "x86")
@@ -131,10 +133,10 @@ def spec_dequantize(fmt: str, raw: bytes, ne: tuple[int, ...]) -> np.ndarray:
 def i2_s_field(b: np.ndarray, r: np.ndarray, w: np.ndarray, k: int, layout: str) -> np.ndarray:
     """The 2-bit field of weight (row r, column w) of I2_S code bytes ``b`` in ``layout``: where bitnet.cpp's
     quantize_i2_s puts it in each build configuration."""
-    if layout == "x86-rows4":                          # no ACT_PARALLEL: byte (r // 4) * k + w, row r % 4 from the top
+    if layout == "x86-rows4":  # no ACT_PARALLEL: byte (r // 4) * k + w, row r % 4 from the top
         return (b[(r // 4) * k + w] >> (6 - 2 * (r % 4))) & 3
-    qk, per = (128, 32) if layout == "x86" else (64, 16)   # QK_I2_S; bytes per block
-    f = r * k + w                                       # the weight's index in the flattened tensor
+    qk, per = (128, 32) if layout == "x86" else (64, 16)  # QK_I2_S; bytes per block
+    f = r * k + w  # the weight's index in the flattened tensor
     pos = f % qk
     return (b[(f // qk) * per + pos % per] >> (6 - 2 * (pos // per))) & 3
 
@@ -153,10 +155,10 @@ def quantize_i2_s(x: np.ndarray, layout: str, tail_junk: bytes = b"") -> bytes:
         assert rows % 4 == 0
         q = q8.reshape(rows, k)
         for rg in range(rows // 4):
-            out[rg * k:(rg + 1) * k] = (q[4 * rg] << 6) | (q[4 * rg + 1] << 4) | (q[4 * rg + 2] << 2) | q[4 * rg + 3]
+            out[rg * k : (rg + 1) * k] = (q[4 * rg] << 6) | (q[4 * rg + 1] << 4) | (q[4 * rg + 2] << 2) | q[4 * rg + 3]
     else:
         qk, per = (128, 32) if layout == "x86" else (64, 16)
-        for j in range(qk):                             # weight j of every block: its byte and field
+        for j in range(qk):  # weight j of every block: its byte and field
             group_idx, group_pos = j // per, j % per
             out[group_pos::per][: n // qk] |= (q8[j::qk][: n // qk] << (6 - 2 * group_idx)).astype(np.uint8)
     tail = struct.pack("<f", np.float32(scale)) + (tail_junk + bytes(28))[:28]

@@ -51,6 +51,7 @@ UBSAN_SUPPRESSIONS = ROOT / "tests" / "data" / "fuzz-ubsan.supp"
 
 # --- seed files --------------------------------------------------------------------------------------------
 
+
 def _codes(rng: np.random.Generator, rows: int, k: int, z: float) -> np.ndarray:
     nz = rng.random((rows, k)) >= z
     return np.where(nz, rng.choice(np.array([-1, 1], np.int8), size=(rows, k)), 0).astype(np.int8)
@@ -60,22 +61,24 @@ def _bitcos(rng: np.random.Generator, name: str, ne: tuple[int, ...], variant: V
     k, rows = ne[0], int(np.prod(ne[1:]))
     n_mats = codec.n_mats_of(ne)
     codes = _codes(rng, rows, k, z)
-    if variant.scale_block:        # G128, B128, B256: fp16 per 128 / 256 weights of a row
+    if variant.scale_block:  # G128, B128, B256: fp16 per 128 / 256 weights of a row
         d = rng.uniform(0.01, 0.1, size=(rows, k // variant.scale_block)).astype(np.float16)
         enc = codec.encode(codes, variant, block_scales=d, n_mats=n_mats)
-    elif variant == Variant.ROW:   # fp32 per row
-        enc = codec.encode(codes, variant, row_scales=rng.uniform(0.01, 0.1, rows).astype(np.float32),
-                           n_mats=n_mats)
-    else:                          # PT, MATRIX: fp32 per matrix
-        enc = codec.encode(codes, variant, matrix_scales=rng.uniform(0.01, 0.1, n_mats).astype(np.float32),
-                           n_mats=n_mats)
-    return [(name, bitcos_type(variant), ne, enc.blocks),
-            (name + COMPANION_SUFFIX, T.I8, (enc.companion.size,), enc.companion.view(np.int8))]
+    elif variant == Variant.ROW:  # fp32 per row
+        enc = codec.encode(codes, variant, row_scales=rng.uniform(0.01, 0.1, rows).astype(np.float32), n_mats=n_mats)
+    else:  # PT, MATRIX: fp32 per matrix
+        enc = codec.encode(
+            codes, variant, matrix_scales=rng.uniform(0.01, 0.1, n_mats).astype(np.float32), n_mats=n_mats
+        )
+    return [
+        (name, bitcos_type(variant), ne, enc.blocks),
+        (name + COMPANION_SUFFIX, T.I8, (enc.companion.size,), enc.companion.view(np.int8)),
+    ]
 
 
 def _write(path: Path, kv: list, tensors: list, arch: str = "llama", alignment: int | None = None) -> Path:
     # bitcos.format_version: the highest version of the file's BITCOS tensors (FORMAT.md §6)
-    version_of = {v.type_id: v.version for v in Variant}    # 162 -> 2 (every v2 variant)
+    version_of = {v.type_id: v.version for v in Variant}  # 162 -> 2 (every v2 variant)
     versions = [version_of[int(tt)] for _n, tt, _ne, _d in tensors if int(tt) in version_of]
     with GGUFStreamWriter(path, arch, overwrite=True, alignment=alignment) as w:
         w.add_kv("general.architecture", arch, STR)
@@ -95,41 +98,70 @@ def _write(path: Path, kv: list, tensors: list, arch: str = "llama", alignment: 
     return path
 
 
-def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int = 32, n_expert: int = 0,
-               variants: dict[str, Variant] | None = None, z: dict[str, float] | None = None,
-               bitcos_output: bool = False, bitcos_on: tuple[str, ...] = (), alignment: int | None = None,
-               seed: int = 0, default: Variant = Variant.G128) -> Path:
+def llama_seed(
+    path: Path,
+    *,
+    n_embd: int = 128,
+    n_ff: int = 256,
+    n_vocab: int = 32,
+    n_expert: int = 0,
+    variants: dict[str, Variant] | None = None,
+    z: dict[str, float] | None = None,
+    bitcos_output: bool = False,
+    bitcos_on: tuple[str, ...] = (),
+    alignment: int | None = None,
+    seed: int = 0,
+    default: Variant = Variant.G128,
+) -> Path:
     """A 1-layer llama with no tokenizer ("none": n_vocab dummy tokens) whose matrices are BITCOS: tens of KB,
     loads in milliseconds. variants/z: per short name (attn_q, ffn_down, ...; default `default` / 0.4)."""
     rng = np.random.default_rng(seed)
     variants = variants or {}
     z = z or {}
     shorts = ("attn_q", "attn_k", "attn_v", "attn_output") + (
-        ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if n_expert else ("ffn_gate", "ffn_up", "ffn_down"))
+        ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if n_expert else ("ffn_gate", "ffn_up", "ffn_down")
+    )
     used = [variants.get(sh, default).type_id for sh in shorts]
     a = "llama"
-    kv = [(f"{a}.context_length", 64, U32), (f"{a}.embedding_length", n_embd, U32), (f"{a}.block_count", 1, U32),
-          (f"{a}.feed_forward_length", n_ff, U32), (f"{a}.attention.head_count", 2, U32),
-          (f"{a}.attention.head_count_kv", 1, U32), (f"{a}.rope.dimension_count", n_embd // 2, U32),
-          (f"{a}.attention.layer_norm_rms_epsilon", 1e-5, F32), (f"{a}.vocab_size", n_vocab, U32),
-          ("tokenizer.ggml.model", "none", STR),
-          # LLAMA_FTYPE_MOSTLY_BITCOS*: the majority type, as convert writes it (the loader names the model by it)
-          ("general.file_type", max(set(used), key=used.count), U32)]
+    kv = [
+        (f"{a}.context_length", 64, U32),
+        (f"{a}.embedding_length", n_embd, U32),
+        (f"{a}.block_count", 1, U32),
+        (f"{a}.feed_forward_length", n_ff, U32),
+        (f"{a}.attention.head_count", 2, U32),
+        (f"{a}.attention.head_count_kv", 1, U32),
+        (f"{a}.rope.dimension_count", n_embd // 2, U32),
+        (f"{a}.attention.layer_norm_rms_epsilon", 1e-5, F32),
+        (f"{a}.vocab_size", n_vocab, U32),
+        ("tokenizer.ggml.model", "none", STR),
+        # LLAMA_FTYPE_MOSTLY_BITCOS*: the majority type, as convert writes it (the loader names the model by it)
+        ("general.file_type", max(set(used), key=used.count), U32),
+    ]
     if n_expert:
         kv += [(f"{a}.expert_count", n_expert, U32), (f"{a}.expert_used_count", 2, U32)]
-    mats = {"attn_q": (n_embd, n_embd), "attn_k": (n_embd, n_embd // 2), "attn_v": (n_embd, n_embd // 2),
-            "attn_output": (n_embd, n_embd)}
+    mats = {
+        "attn_q": (n_embd, n_embd),
+        "attn_k": (n_embd, n_embd // 2),
+        "attn_v": (n_embd, n_embd // 2),
+        "attn_output": (n_embd, n_embd),
+    }
     if n_expert:
-        mats.update({"ffn_gate_exps": (n_embd, n_ff, n_expert), "ffn_up_exps": (n_embd, n_ff, n_expert),
-                     "ffn_down_exps": (n_ff, n_embd, n_expert)})
+        mats.update(
+            {
+                "ffn_gate_exps": (n_embd, n_ff, n_expert),
+                "ffn_up_exps": (n_embd, n_ff, n_expert),
+                "ffn_down_exps": (n_ff, n_embd, n_expert),
+            }
+        )
     else:
         mats.update({"ffn_gate": (n_embd, n_ff), "ffn_up": (n_embd, n_ff), "ffn_down": (n_ff, n_embd)})
     tensors: list = []
     if "token_embd" in bitcos_on:
         tensors += _bitcos(rng, "token_embd.weight", (n_embd, n_vocab), Variant.G128, 0.4)
     else:
-        tensors.append(("token_embd.weight", T.F32, (n_embd, n_vocab),
-                        rng.normal(0, 1, (n_vocab, n_embd)).astype(np.float32)))
+        tensors.append(
+            ("token_embd.weight", T.F32, (n_embd, n_vocab), rng.normal(0, 1, (n_vocab, n_embd)).astype(np.float32))
+        )
     if "output_norm" in bitcos_on:
         tensors += _bitcos(rng, "output_norm.weight", (n_embd,), Variant.PT, 0.2)
     else:
@@ -139,8 +171,14 @@ def llama_seed(path: Path, *, n_embd: int = 128, n_ff: int = 256, n_vocab: int =
     for norm in ("attn_norm", "ffn_norm"):
         tensors.append((f"blk.0.{norm}.weight", T.F32, (n_embd,), np.ones(n_embd, np.float32)))
     if n_expert:
-        tensors.append(("blk.0.ffn_gate_inp.weight", T.F32, (n_embd, n_expert),
-                        rng.normal(0, 0.1, (n_expert, n_embd)).astype(np.float32)))
+        tensors.append(
+            (
+                "blk.0.ffn_gate_inp.weight",
+                T.F32,
+                (n_embd, n_expert),
+                rng.normal(0, 0.1, (n_expert, n_embd)).astype(np.float32),
+            )
+        )
     for short, ne in mats.items():
         tensors += _bitcos(rng, f"blk.0.{short}.weight", ne, variants.get(short, default), z.get(short, 0.4))
     return _write(path, kv, tensors, alignment=alignment)
@@ -151,15 +189,26 @@ def gemma4_seed(path: Path, seed: int = 5, bitcos_ple: bool = False) -> Path:
     llama.cpp reads lazily (--lazy-mode on/auto); bitcos_ple: it is BITCOS (refused: GET_ROWS, lazy)."""
     rng = np.random.default_rng(seed)
     a, e, ff, hd, n_layer, pl, nv = "gemma4", 128, 256, 64, 2, 64, 32
-    kv = [(f"{a}.context_length", 64, U32), (f"{a}.embedding_length", e, U32), (f"{a}.block_count", n_layer, U32),
-          (f"{a}.feed_forward_length", ff, U32), (f"{a}.attention.head_count", 2, U32),
-          (f"{a}.attention.head_count_kv", 2, U32), (f"{a}.attention.key_length", hd, U32),
-          (f"{a}.attention.value_length", hd, U32), (f"{a}.attention.key_length_swa", hd, U32),
-          (f"{a}.attention.value_length_swa", hd, U32), (f"{a}.rope.dimension_count", hd, U32),
-          (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, F32), (f"{a}.attention.sliding_window", 64, U32),
-          (f"{a}.attention.sliding_window_pattern", ([True] * n_layer, GGUFValueType.BOOL), GGUFValueType.ARRAY),
-          (f"{a}.embedding_length_per_layer_input", pl, U32), (f"{a}.vocab_size", nv, U32),
-          ("tokenizer.ggml.model", "none", STR), ("general.file_type", 160, U32)]
+    kv = [
+        (f"{a}.context_length", 64, U32),
+        (f"{a}.embedding_length", e, U32),
+        (f"{a}.block_count", n_layer, U32),
+        (f"{a}.feed_forward_length", ff, U32),
+        (f"{a}.attention.head_count", 2, U32),
+        (f"{a}.attention.head_count_kv", 2, U32),
+        (f"{a}.attention.key_length", hd, U32),
+        (f"{a}.attention.value_length", hd, U32),
+        (f"{a}.attention.key_length_swa", hd, U32),
+        (f"{a}.attention.value_length_swa", hd, U32),
+        (f"{a}.rope.dimension_count", hd, U32),
+        (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, F32),
+        (f"{a}.attention.sliding_window", 64, U32),
+        (f"{a}.attention.sliding_window_pattern", ([True] * n_layer, GGUFValueType.BOOL), GGUFValueType.ARRAY),
+        (f"{a}.embedding_length_per_layer_input", pl, U32),
+        (f"{a}.vocab_size", nv, U32),
+        ("tokenizer.ggml.model", "none", STR),
+        ("general.file_type", 160, U32),
+    ]
 
     def f32(name: str, ne: tuple[int, ...], std: float = 0.05) -> tuple:
         return (name, T.F32, ne, rng.normal(0, std, tuple(reversed(ne))).astype(np.float32))
@@ -167,8 +216,11 @@ def gemma4_seed(path: Path, seed: int = 5, bitcos_ple: bool = False) -> Path:
     def ones(name: str, n: int) -> tuple:
         return (name, T.F32, (n,), np.ones(n, np.float32))
 
-    tensors: list = [f32("token_embd.weight", (e, nv), 1.0), ones("per_layer_proj_norm.weight", pl),
-                     ones("output_norm.weight", e)]
+    tensors: list = [
+        f32("token_embd.weight", (e, nv), 1.0),
+        ones("per_layer_proj_norm.weight", pl),
+        ones("output_norm.weight", e),
+    ]
     if bitcos_ple:
         tensors += _bitcos(rng, "per_layer_token_embd.weight", (pl * n_layer, nv), Variant.PT, 0.4)
     else:
@@ -178,12 +230,21 @@ def gemma4_seed(path: Path, seed: int = 5, bitcos_ple: bool = False) -> Path:
         b = f"blk.{i}."
         for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "post_norm"):
             tensors.append(ones(b + n + ".weight", e))
-        tensors += [ones(b + "attn_q_norm.weight", hd), ones(b + "attn_k_norm.weight", hd),
-                    f32(b + "proj.weight", (pl, e))]    # K = 64: not BITCOS-able
-        for n, ne, v in (("attn_q", (e, e), Variant.G128), ("attn_k", (e, e), Variant.PT), ("attn_v", (e, e), Variant.G128),
-                         ("attn_output", (e, e), Variant.PT), ("ffn_gate", (e, ff), Variant.G128),
-                         ("ffn_up", (e, ff), Variant.PT), ("ffn_down", (ff, e), Variant.G128),
-                         ("inp_gate", (e, pl), Variant.G128)):
+        tensors += [
+            ones(b + "attn_q_norm.weight", hd),
+            ones(b + "attn_k_norm.weight", hd),
+            f32(b + "proj.weight", (pl, e)),
+        ]  # K = 64: not BITCOS-able
+        for n, ne, v in (
+            ("attn_q", (e, e), Variant.G128),
+            ("attn_k", (e, e), Variant.PT),
+            ("attn_v", (e, e), Variant.G128),
+            ("attn_output", (e, e), Variant.PT),
+            ("ffn_gate", (e, ff), Variant.G128),
+            ("ffn_up", (e, ff), Variant.PT),
+            ("ffn_down", (ff, e), Variant.G128),
+            ("inp_gate", (e, pl), Variant.G128),
+        ):
             tensors += _bitcos(rng, b + n + ".weight", ne, v, 0.4)
     return _write(path, kv, tensors, arch=a)
 
@@ -200,27 +261,62 @@ def make_seeds(folder: Path) -> list[Path]:
     P, G = Variant.PT, Variant.G128
     M, R, B1, B2 = Variant.MATRIX, Variant.ROW, Variant.B128, Variant.B256
     return [
-        llama_seed(folder / "dense-mixed.gguf", variants={"attn_q": P, "attn_v": P, "ffn_up": P, "ffn_down": P},
-                   z={"attn_k": 1.0, "attn_v": 0.0, "ffn_gate": 0.95}, seed=1),
-        llama_seed(folder / "moe.gguf", n_expert=4, variants={"ffn_up_exps": P, "ffn_down_exps": P, "attn_k": P},
-                   seed=2),
+        llama_seed(
+            folder / "dense-mixed.gguf",
+            variants={"attn_q": P, "attn_v": P, "ffn_up": P, "ffn_down": P},
+            z={"attn_k": 1.0, "attn_v": 0.0, "ffn_gate": 0.95},
+            seed=1,
+        ),
+        llama_seed(
+            folder / "moe.gguf", n_expert=4, variants={"ffn_up_exps": P, "ffn_down_exps": P, "attn_k": P}, seed=2
+        ),
         llama_seed(folder / "wide-ff.gguf", n_ff=2048, variants={"ffn_gate": P}, z={"ffn_down": 0.0}, seed=3),
-        llama_seed(folder / "odd-k.gguf", n_embd=384, n_ff=640, n_vocab=48, bitcos_output=True,
-                   variants={"attn_output": P, "ffn_gate": P}, seed=4),
+        llama_seed(
+            folder / "odd-k.gguf",
+            n_embd=384,
+            n_ff=640,
+            n_vocab=48,
+            bitcos_output=True,
+            variants={"attn_output": P, "ffn_gate": P},
+            seed=4,
+        ),
         gemma4_seed(folder / "gemma4-lazy.gguf"),
         llama_seed(folder / "align4.gguf", alignment=4, variants={"attn_q": P, "ffn_up": P}, seed=11),
         llama_seed(folder / "moe-align8.gguf", n_expert=4, alignment=8, variants={"ffn_up_exps": P}, seed=12),
-        llama_seed(folder / "v2-dense.gguf", n_embd=256, n_ff=512, default=B2,
-                   variants={"attn_q": M, "attn_k": R, "attn_v": B1, "ffn_up": R, "ffn_down": M},
-                   z={"attn_k": 1.0, "attn_v": 0.0, "ffn_gate": 0.95}, seed=21),
-        llama_seed(folder / "v2-odd-k.gguf", n_embd=160, n_ff=224, n_vocab=40, default=M,
-                   variants={"attn_k": R, "ffn_down": R, "ffn_up": R}, seed=22),
-        llama_seed(folder / "v2-moe.gguf", n_expert=4, default=R,
-                   variants={"ffn_up_exps": B1, "ffn_down_exps": M, "attn_q": B1}, seed=23),
-        llama_seed(folder / "v2-mixed-v1.gguf", n_ff=2048, default=M,
-                   variants={"attn_q": G, "attn_v": P, "ffn_down": B2}, z={"ffn_down": 0.0}, seed=24),
-        llama_seed(folder / "v2-align4.gguf", alignment=4, default=R, variants={"attn_q": B1, "ffn_up": M},
-                   seed=25),
+        llama_seed(
+            folder / "v2-dense.gguf",
+            n_embd=256,
+            n_ff=512,
+            default=B2,
+            variants={"attn_q": M, "attn_k": R, "attn_v": B1, "ffn_up": R, "ffn_down": M},
+            z={"attn_k": 1.0, "attn_v": 0.0, "ffn_gate": 0.95},
+            seed=21,
+        ),
+        llama_seed(
+            folder / "v2-odd-k.gguf",
+            n_embd=160,
+            n_ff=224,
+            n_vocab=40,
+            default=M,
+            variants={"attn_k": R, "ffn_down": R, "ffn_up": R},
+            seed=22,
+        ),
+        llama_seed(
+            folder / "v2-moe.gguf",
+            n_expert=4,
+            default=R,
+            variants={"ffn_up_exps": B1, "ffn_down_exps": M, "attn_q": B1},
+            seed=23,
+        ),
+        llama_seed(
+            folder / "v2-mixed-v1.gguf",
+            n_ff=2048,
+            default=M,
+            variants={"attn_q": G, "attn_v": P, "ffn_down": B2},
+            z={"ffn_down": 0.0},
+            seed=24,
+        ),
+        llama_seed(folder / "v2-align4.gguf", alignment=4, default=R, variants={"attn_q": B1, "ffn_up": M}, seed=25),
     ]
 
 
@@ -232,6 +328,7 @@ def split_seed(folder: Path, corrupt: bool = False) -> Path:
     tmp = llama_seed(folder / "split-src.gguf", variants={"attn_q": Variant.PT, "ffn_down": Variant.PT}, seed=13)
     from gguf_tools import open_gguf
     from gguf_tools.reader import field_value, tensor_bytes, tensor_ggml_shape
+
     r = open_gguf(tmp)
     kv = []
     for key, fld in r.fields.items():
@@ -243,16 +340,26 @@ def split_seed(folder: Path, corrupt: bool = False) -> Path:
     if corrupt:
         name, tt, ne, data = next(x for x in tensors if x[0].endswith(COMPANION_SUFFIX))
         hdr = codec.parse_header(data.view(np.uint8))
-        data.view(np.uint8)[hdr.row_delta_offset + 2] ^= 1        # row 1's delta
+        data.view(np.uint8)[hdr.row_delta_offset + 2] ^= 1  # row 1's delta
     tag = "split-bad" if corrupt else "split"
-    shards = [[t for t in tensors if not t[0].endswith(COMPANION_SUFFIX)],
-              [t for t in tensors if t[0].endswith(COMPANION_SUFFIX)]]
+    shards = [
+        [t for t in tensors if not t[0].endswith(COMPANION_SUFFIX)],
+        [t for t in tensors if t[0].endswith(COMPANION_SUFFIX)],
+    ]
     paths = []
     for i, part in enumerate(shards):
-        split_kv = [("split.no", i, GGUFValueType.UINT16), ("split.count", 2, GGUFValueType.UINT16),
-                    ("split.tensors.count", len(tensors), GGUFValueType.INT32)]
-        paths.append(_write(folder / f"{tag}-{i + 1:05d}-of-00002.gguf", (kv if i == 0 else []) + split_kv,
-                            [(n, tt, ne, d.view(np.int8) if tt == T.I8 else d) for n, tt, ne, d in part]))
+        split_kv = [
+            ("split.no", i, GGUFValueType.UINT16),
+            ("split.count", 2, GGUFValueType.UINT16),
+            ("split.tensors.count", len(tensors), GGUFValueType.INT32),
+        ]
+        paths.append(
+            _write(
+                folder / f"{tag}-{i + 1:05d}-of-00002.gguf",
+                (kv if i == 0 else []) + split_kv,
+                [(n, tt, ne, d.view(np.int8) if tt == T.I8 else d) for n, tt, ne, d in part],
+            )
+        )
     tmp.unlink()
     return paths[0]
 
@@ -271,6 +378,7 @@ def make_refused_seeds(folder: Path) -> list[Path]:
 
 # --- building ----------------------------------------------------------------------------------------------
 
+
 def _cc() -> str | None:
     return shutil.which("gcc") or shutil.which("cc")
 
@@ -281,10 +389,12 @@ def harness_x86_flags() -> tuple[list[str], list[str]]:
     text = (ROOT / "CMakeLists.txt").read_text()
     out = []
     for suffix in ("_avx2", "_avx512"):
-        m = re.search(r"target_compile_options\(\$\{name\}" + suffix + r" PRIVATE \$\{BITCOS_KERNEL_FLAGS\}(.*?)\)",
-                      text, re.S)
-        d = re.search(r"target_compile_definitions\(\$\{name\}" + suffix + r" PRIVATE BITCOS_FMA=\$\{fma\}(.*?)\)",
-                      text, re.S)
+        m = re.search(
+            r"target_compile_options\(\$\{name\}" + suffix + r" PRIVATE \$\{BITCOS_KERNEL_FLAGS\}(.*?)\)", text, re.S
+        )
+        d = re.search(
+            r"target_compile_definitions\(\$\{name\}" + suffix + r" PRIVATE BITCOS_FMA=\$\{fma\}(.*?)\)", text, re.S
+        )
         if not m or not d:
             raise RuntimeError(f"CMakeLists.txt: no flags for the {suffix} object")
         out.append(m.group(1).split() + ["-D" + x for x in d.group(1).split()])
@@ -333,8 +443,9 @@ def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True, targe
         base.append("-DBITCOS_KERNELS_PER_FILE_FLAGS=1")
     obj(CSRC / "bitcos-kernels-table.c", "table", [])
     exe = folder / f"fuzz-bitcos-kernels-fma{fma}"
-    r = subprocess.run([cc, *base, str(CTESTS / "fuzz-bitcos-kernels.c"), *objs, "-lm", "-o", str(exe)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [cc, *base, str(CTESTS / "fuzz-bitcos-kernels.c"), *objs, "-lm", "-o", str(exe)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         raise RuntimeError(f"linking the kernel fuzzer failed:\n{r.stderr[-3000:]}")
     return exe
@@ -353,8 +464,9 @@ def llama_include_dirs(asan: bool = False) -> list[Path]:
     """llama.h / ggml.h of the patched tree the library was built from: the main build cache's for the
     installed library, the ASan build's own tree for the ASan library (each falls back to the other)."""
     from ggml_bitcos import upstream
+
     tops = [upstream.cache_dir() / "src", ASAN_DIR / "src"]
-    for top in (reversed(tops) if asan else tops):
+    for top in reversed(tops) if asan else tops:
         tree = top / upstream.SDIST_TOPDIR / "vendor" / "llama.cpp"
         if (tree / "include" / "llama.h").is_file():
             return [tree / "include", tree / "ggml" / "include"]
@@ -369,9 +481,25 @@ def build_loader_fuzzer(folder: Path, lib_dir: Path, sanitize: bool) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     exe = folder / ("fuzz-bitcos-loader-asan" if sanitize else "fuzz-bitcos-loader")
     inc = [x for d in llama_include_dirs(asan=sanitize) for x in ("-I", str(d))]
-    cmd = [cc, "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", *inc, *(SAN_FLAGS if sanitize else []),
-           str(CTESTS / "fuzz-bitcos-loader.c"), "-L", str(lib_dir), f"-Wl,-rpath,{lib_dir}", "-lllama", "-lggml",
-           "-lggml-base", "-o", str(exe)]
+    cmd = [
+        cc,
+        "-std=gnu11",
+        "-O1",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        *inc,
+        *(SAN_FLAGS if sanitize else []),
+        str(CTESTS / "fuzz-bitcos-loader.c"),
+        "-L",
+        str(lib_dir),
+        f"-Wl,-rpath,{lib_dir}",
+        "-lllama",
+        "-lggml",
+        "-lggml-base",
+        "-o",
+        str(exe),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"compiling the loader fuzzer failed:\n{shlex.join(cmd)}\n{r.stderr[-3000:]}")
@@ -387,20 +515,40 @@ def asan_build(jobs: int = 2) -> Path:
     own build directory (ASAN_DIR, default ~/.cache/ggml-bitcos-asan), niced; incremental. Returns the
     directory holding libllama.so."""
     from ggml_bitcos import build
+
     tree = build.prepare_tree(ASAN_DIR)
     bdir = ASAN_DIR / "build"
     san = " ".join(SAN_FLAGS)
-    launcher = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] \
-        if shutil.which("ccache") else []
+    launcher = (
+        ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
+    )
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    cfg = ["cmake", "-S", str(tree / "vendor" / "llama.cpp"), "-B", str(bdir), *gen,
-           "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_C_FLAGS_RELEASE=-O1 -g1 -DNDEBUG",
-           "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG", f"-DCMAKE_C_FLAGS={san}", f"-DCMAKE_CXX_FLAGS={san}",
-           "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined",
-           "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined", "-DBUILD_SHARED_LIBS=ON",
-           "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-           "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
-           "-DLLAMA_USE_PREBUILT_UI=OFF", *launcher]
+    cfg = [
+        "cmake",
+        "-S",
+        str(tree / "vendor" / "llama.cpp"),
+        "-B",
+        str(bdir),
+        *gen,
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DCMAKE_C_FLAGS_RELEASE=-O1 -g1 -DNDEBUG",
+        "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG",
+        f"-DCMAKE_C_FLAGS={san}",
+        f"-DCMAKE_CXX_FLAGS={san}",
+        "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined",
+        "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined",
+        "-DBUILD_SHARED_LIBS=ON",
+        "-DGGML_NATIVE=ON",
+        "-DLLAMA_BUILD_TOOLS=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_BUILD_COMMON=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        *launcher,
+    ]
     nice = ["nice", "-n", "10"] if shutil.which("nice") else []
     subprocess.run([*nice, *cfg], check=True, stdout=subprocess.DEVNULL)
     subprocess.run([*nice, "cmake", "--build", str(bdir), "--target", "llama", "-j", str(jobs)], check=True)
@@ -411,7 +559,7 @@ def sanitizer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["ASAN_OPTIONS"] = ASAN_OPTIONS
     env["UBSAN_OPTIONS"] = f"{UBSAN_OPTIONS}:suppressions={UBSAN_SUPPRESSIONS}"
-    env["GGML_NO_BACKTRACE"] = "1"     # ggml_abort would otherwise attach gdb for a backtrace
+    env["GGML_NO_BACKTRACE"] = "1"  # ggml_abort would otherwise attach gdb for a backtrace
     return env
 
 
@@ -419,16 +567,40 @@ def seed_args(seeds: list[Path], refused: list[Path] = ()) -> list[str]:
     return [*map(str, seeds), *(f"refused={p}" for p in refused)]
 
 
-def run_loader(exe: Path, seeds: list[Path], *, cases: int, seed: int = 1, first: int = 0, out: Path,
-               decode: int = 4, timeout: float | None = None, extra: list[str] | None = None,
-               refused: list[Path] = ()) -> subprocess.CompletedProcess:
+def run_loader(
+    exe: Path,
+    seeds: list[Path],
+    *,
+    cases: int,
+    seed: int = 1,
+    first: int = 0,
+    out: Path,
+    decode: int = 4,
+    timeout: float | None = None,
+    extra: list[str] | None = None,
+    refused: list[Path] = (),
+) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [str(exe), "--seed", str(seed), "--first", str(first), "--cases", str(cases), "--decode", str(decode),
-           "--out", str(out), *(extra or []), *seed_args(seeds, refused)]
+    cmd = [
+        str(exe),
+        "--seed",
+        str(seed),
+        "--first",
+        str(first),
+        "--cases",
+        str(cases),
+        "--decode",
+        str(decode),
+        "--out",
+        str(out),
+        *(extra or []),
+        *seed_args(seeds, refused),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=sanitizer_env())
 
 
 # --- command line (long runs) -----------------------------------------------------------------------------
+
 
 def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -462,9 +634,22 @@ def _main(argv: list[str] | None = None) -> int:
     exe = build_loader_fuzzer(a.work, lib, a.asan)
     seeds = make_seeds(a.work / "seeds")
     refused = make_refused_seeds(a.work / "seeds")
-    cmd = [str(exe), "--seed", str(a.seed), "--first", str(a.first), "--cases", str(a.cases),
-           "--decode", str(a.decode), "--out", str(a.work / "crashes"), "--progress", "10000",
-           *seed_args(seeds, refused)]
+    cmd = [
+        str(exe),
+        "--seed",
+        str(a.seed),
+        "--first",
+        str(a.first),
+        "--cases",
+        str(a.cases),
+        "--decode",
+        str(a.decode),
+        "--out",
+        str(a.work / "crashes"),
+        "--progress",
+        "10000",
+        *seed_args(seeds, refused),
+    ]
     (a.work / "crashes").mkdir(parents=True, exist_ok=True)
     print(shlex.join(cmd), flush=True)
     t0 = time.monotonic()

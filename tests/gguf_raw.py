@@ -7,7 +7,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}   # GGUF value types
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value types
 
 
 @dataclass
@@ -15,7 +15,7 @@ class RawTensor:
     name: str
     type_id: int
     ne: tuple[int, ...]
-    offset: int            # absolute file offset of the tensor's data
+    offset: int  # absolute file offset of the tensor's data
 
 
 def read_tensor_table(path: Path) -> dict[str, RawTensor]:
@@ -41,7 +41,7 @@ def read_tensor_table(path: Path) -> dict[str, RawTensor]:
 
     for _ in range(n_kv):
         (kl,) = struct.unpack_from("<Q", b, off)
-        key = b[off + 8:off + 8 + kl].decode()
+        key = b[off + 8 : off + 8 + kl].decode()
         off += 8 + kl
         (vt,) = struct.unpack_from("<I", b, off)
         if key == "general.alignment":
@@ -50,7 +50,7 @@ def read_tensor_table(path: Path) -> dict[str, RawTensor]:
     rel = {}
     for _ in range(n_t):
         (nl,) = struct.unpack_from("<Q", b, off)
-        name = b[off + 8:off + 8 + nl].decode()
+        name = b[off + 8 : off + 8 + nl].decode()
         off += 8 + nl
         (nd,) = struct.unpack_from("<I", b, off)
         ne = struct.unpack_from(f"<{nd}Q", b, off + 4)

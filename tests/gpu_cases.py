@@ -14,8 +14,9 @@ from ggml_bitcos.format import Variant
 from ggml_bitcos.ternary import random_codes
 
 
-def make_case(rng: np.random.Generator, variant: Variant, rows: int, k: int, z: float, n_x: int,
-              n_mats: int = 1) -> dict:
+def make_case(
+    rng: np.random.Generator, variant: Variant, rows: int, k: int, z: float, n_x: int, n_mats: int = 1
+) -> dict:
     """A random ternary tensor encoded by the reference codec, its activations and its exact fp32 values
     (computed here from the codes and scales, not by the codec's decoder)."""
     codes = random_codes(rng, (rows, k), z)
@@ -35,10 +36,9 @@ def make_case(rng: np.random.Generator, variant: Variant, rows: int, k: int, z: 
         mats = rng.uniform(0.001, 3.0, n_mats).astype(np.float32)
         enc = codec.encode(codes, variant, matrix_scales=mats, n_mats=n_mats)
         per_weight = np.repeat(mats, rows // n_mats)[:, None]
-    values = codes.astype(np.float32) * per_weight           # one fp32 multiplication per weight (§5)
+    values = codes.astype(np.float32) * per_weight  # one fp32 multiplication per weight (§5)
     x = rng.standard_normal((n_x, k)).astype(np.float32)
-    return {"blocks": enc.blocks, "companion": enc.companion, "values": values.reshape(rows, k), "x": x,
-            "codes": codes}
+    return {"blocks": enc.blocks, "companion": enc.companion, "values": values.reshape(rows, k), "x": x, "codes": codes}
 
 
 # (rows, K, activation columns, first row, rows run, work-group) per variant: odd row counts, work-groups
@@ -48,13 +48,19 @@ def make_case(rng: np.random.Generator, variant: Variant, rows: int, k: int, z: 
 # so their K include rows ending in a partial 128-weight unit (32, 96, 160, 576, 4256).
 SHAPES_128 = ((1, 128, 1, 0, 1, 16), (37, 384, 3, 0, 37, 16), (19, 4224, 1, 5, 13, 64), (64, 2048, 17, 0, 64, 32))
 SHAPES = {
-    Variant.G128: SHAPES_128, Variant.PT: SHAPES_128, Variant.B128: SHAPES_128 + ((9, 640, 8, 0, 9, 16),),
-    Variant.B256: ((1, 256, 1, 0, 1, 16), (37, 768, 3, 0, 37, 16), (19, 4352, 1, 5, 13, 64),
-                   (64, 1536, 17, 0, 64, 32)),
+    Variant.G128: SHAPES_128,
+    Variant.PT: SHAPES_128,
+    Variant.B128: SHAPES_128 + ((9, 640, 8, 0, 9, 16),),
+    Variant.B256: ((1, 256, 1, 0, 1, 16), (37, 768, 3, 0, 37, 16), (19, 4352, 1, 5, 13, 64), (64, 1536, 17, 0, 64, 32)),
 }
 SHAPES[Variant.MATRIX] = SHAPES[Variant.ROW] = (
-    (1, 32, 1, 0, 1, 16), (37, 96, 3, 0, 37, 16), (19, 576, 1, 5, 13, 64), (23, 160, 17, 0, 23, 32),
-    (64, 2048, 9, 0, 64, 32), (5, 4256, 8, 1, 4, 16))
+    (1, 32, 1, 0, 1, 16),
+    (37, 96, 3, 0, 37, 16),
+    (19, 576, 1, 5, 13, 64),
+    (23, 160, 17, 0, 23, 32),
+    (64, 2048, 9, 0, 64, 32),
+    (5, 4256, 8, 1, 4, 16),
+)
 VARIANT_IDS = [v.name.lower() for v in Variant]
 
 
@@ -67,7 +73,7 @@ def variant_cases(rng: np.random.Generator, variant: Variant) -> list[dict]:
             c = make_case(rng, variant, rows, k, z, n_x)
             c.update(row0=row0, n_rows=n_rows, wg=wg)
             if n_x >= 8:
-                c["x"][7] *= np.float32(2.0 ** -20)   # column 7 in fp16's subnormal range (the tiled path)
+                c["x"][7] *= np.float32(2.0**-20)  # column 7 in fp16's subnormal range (the tiled path)
             cases.append(c)
     if not variant.scale_block:
         c = make_case(rng, variant, 24, 640 if variant.version == 1 else 608, 0.4, 2, n_mats=3)

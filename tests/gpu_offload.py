@@ -30,8 +30,10 @@ GPU_MODELS: dict[str, tuple[list[str], list[str]]] = {
     "dense-b256": (["--type", "tq2_0", "--scale", "g128"], ["--scale", "256"]),
     "dense-matrix": (["--type", "tq2_0", "--scale", "tensor"], ["--scale", "tensor"]),
     "moe-b256": (["--type", "tq2_0", "--scale", "g128", "--moe", "4"], ["--scale", "256"]),
-    "dense-matrix-k288": (["--type", "f16", "--scale", "tensor", "--n-embd", "288", "--n-ff", "608"],
-                          ["--scale", "tensor"]),
+    "dense-matrix-k288": (
+        ["--type", "f16", "--scale", "tensor", "--n-embd", "288", "--n-ff", "608"],
+        ["--scale", "tensor"],
+    ),
 }
 
 
@@ -45,8 +47,10 @@ class LazyModels(dict):
     def __missing__(self, name: str) -> tuple[Path, Path]:
         make, conv = GPU_MODELS[name]
         src, out = self.directory / f"{name}-src.gguf", self.directory / f"{name}-bitcos.gguf"
-        for args in (["make-model", "-o", str(src), "--preset", "tiny", "--zero-density", "0.42", "--seed", "11",
-                      *make], ["convert", str(src), "-o", str(out), *conv]):
+        for args in (
+            ["make-model", "-o", str(src), "--preset", "tiny", "--zero-density", "0.42", "--seed", "11", *make],
+            ["convert", str(src), "-o", str(out), *conv],
+        ):
             r = subprocess.run([sys.executable, "-m", "ggml_bitcos", *args], capture_output=True, text=True)
             assert r.returncode == 0, r.stdout + r.stderr
         self[name] = (src, out)
@@ -64,14 +68,26 @@ _GENERATE = textwrap.dedent("""
 """)
 
 
-def generate(model: Path, out: Path, ngl: int, n_tokens: int, prompt: str = PROMPT, mmap: bool = True,
-             env: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+def generate(
+    model: Path,
+    out: Path,
+    ngl: int,
+    n_tokens: int,
+    prompt: str = PROMPT,
+    mmap: bool = True,
+    env: dict[str, str] | None = None,
+) -> tuple[np.ndarray, np.ndarray, str]:
     """Greedy tokens and logits in a fresh process (the device is chosen by `env`), and llama.cpp's load log
     (stderr). One CPU thread: what stays on the CPU (embeddings, MoE routing) is then deterministic; upstream's
     2-thread CPU MoE path is not on a loaded host (see test_e2e)."""
-    r = subprocess.run([sys.executable, "-c", _GENERATE, str(model), str(out), str(n_tokens), str(ngl),
-                        "1" if mmap else "0", prompt], env=env, capture_output=True, text=True, timeout=900,
-                       cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-c", _GENERATE, str(model), str(out), str(n_tokens), str(ngl), "1" if mmap else "0", prompt],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     z = np.load(out)
     return z["tokens"], z["logits"], r.stderr
@@ -81,6 +97,7 @@ def backend_bin(backend: str, device: str, require_var: str, env: dict[str, str]
     """llama_cpp/bin of the installed patched build when it has the ggml backend `backend` (its library
     libggml-<backend>.so, e.g. "cuda", "vulkan") and test-bitcos-backend lists `device`; else the test skips, or
     fails when the environment sets `require_var` to 1 (a machine that must have that device)."""
+
     def unavailable(why: str):
         if os.environ.get(require_var) == "1":
             pytest.fail(f"{require_var}=1 but {why}")
@@ -89,8 +106,10 @@ def backend_bin(backend: str, device: str, require_var: str, env: dict[str, str]
     pkg = llama_tools.llama_cpp_dir()
     assert pkg is not None
     if not list((pkg / "lib").glob(f"libggml-{backend}.so*")):
-        unavailable(f"the installed llama.cpp has no {backend} backend "
-                    f"(CMAKE_ARGS=-DGGML_{backend.upper()}=ON ./scripts/install.sh)")
+        unavailable(
+            f"the installed llama.cpp has no {backend} backend "
+            f"(CMAKE_ARGS=-DGGML_{backend.upper()}=ON ./scripts/install.sh)"
+        )
     exe = pkg / "bin" / "test-bitcos-backend"
     if not exe.is_file():
         unavailable(f"{exe} is not built")

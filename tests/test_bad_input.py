@@ -54,7 +54,7 @@ def assert_clean_failure(rc: int, err: str, folder: Path, keep: set[str], *needl
     assert lines[0].startswith("ggml-bitcos: error: ")
     for n in needles:
         assert n in lines[0], (n, lines[0])
-    assert {p.name for p in folder.iterdir()} == keep     # no partial output, no temp file
+    assert {p.name for p in folder.iterdir()} == keep  # no partial output, no temp file
 
 
 def test_not_a_gguf(tmp_path, capsys):
@@ -82,13 +82,13 @@ def test_truncated(tmp_path, capsys, cut: int, needle: str):
     good = small_model(tmp_path / "good.gguf")
     data = good.read_bytes()
     bad = tmp_path / "bad.gguf"
-    bad.write_bytes(data[:cut] if cut > 0 else data[:len(data) + cut])
+    bad.write_bytes(data[:cut] if cut > 0 else data[: len(data) + cut])
     good.unlink()
     h = digest(bad)
     rc, err = run_cli(["convert", str(bad)], capsys)
     assert_clean_failure(rc, err, tmp_path, {"bad.gguf"}, str(bad), needle)
     if cut < 0:
-        assert "blk.0.attn_norm.weight" in err or "blk.0.attn_q.weight" in err   # names the tensor
+        assert "blk.0.attn_norm.weight" in err or "blk.0.attn_q.weight" in err  # names the tensor
     assert digest(bad) == h
 
 
@@ -100,8 +100,8 @@ def test_unknown_tensor_type(tmp_path, capsys):
     type_off = t.field.offset + 8 + name_len + 4 + 8 * len(t.shape)
     del r
     raw = bytearray(f.read_bytes())
-    assert int.from_bytes(raw[type_off:type_off + 4], "little") == int(T.F16)
-    raw[type_off:type_off + 4] = (99).to_bytes(4, "little")
+    assert int.from_bytes(raw[type_off : type_off + 4], "little") == int(T.F16)
+    raw[type_off : type_off + 4] = (99).to_bytes(4, "little")
     f.write_bytes(bytes(raw))
     h = digest(f)
     with pytest.raises(GGUFError, match="unknown ggml type id 99"):
@@ -139,6 +139,7 @@ def test_disk_full_monkeypatched(tmp_path, capsys, monkeypatch):
     f = small_model(tmp_path / "m.gguf")
     h = digest(f)
     import gguf.gguf_writer as gw
+
     real = gw.GGUFWriter.write_tensor_data
     calls = {"n": 0}
 
@@ -159,8 +160,10 @@ def test_disk_full_real_tmpfs(tmp_path, capsys):
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here")
     try:
         f = small_model(tmp_path / "m.gguf")
@@ -188,7 +191,7 @@ def test_verification_failure_leaves_nothing(tmp_path, capsys, monkeypatch):
     with pytest.raises(ConvertError):
         convert(f, progress=False)
     monkeypatch.setattr(codec, "encode", real)
-    convert(f, progress=False)          # and with the real codec it passes
+    convert(f, progress=False)  # and with the real codec it passes
     assert (tmp_path / "m-bitcos.gguf").exists()
 
 
@@ -229,19 +232,25 @@ def test_unpaired_bitcos_and_newer_version(tmp_path, capsys):
 
 # --- crafted version-2 companions: refused by the Python reader and the llama.cpp loader, naming the tensor ---
 
+
 def _v2_model(path: Path, variant: Variant, k: int, header: dict[int, bytes] | None = None) -> Path:
     """One type-162 weight `blk.0.attn_q.weight` [k, 8] of `variant`; `header`: companion header bytes to
     overwrite (offset -> bytes), written past the encoder."""
     rng = np.random.default_rng(1)
     codes = random_codes(rng, (8, k), 0.4)
-    kw = ({"block_scales": np.full((8, k // variant.scale_block), 0.5, np.float16)} if variant.scale_block else
-          {"row_scales": np.full(8, 0.5, np.float32)} if variant == Variant.ROW else
-          {"matrix_scales": np.full(1, 0.5, np.float32)})
+    kw = (
+        {"block_scales": np.full((8, k // variant.scale_block), 0.5, np.float16)}
+        if variant.scale_block
+        else {"row_scales": np.full(8, 0.5, np.float32)}
+        if variant == Variant.ROW
+        else {"matrix_scales": np.full(1, 0.5, np.float32)}
+    )
     enc = codec.encode(codes, variant, **kw)
     comp = enc.companion.copy()
     for off, b in (header or {}).items():
-        comp[off:off + len(b)] = np.frombuffer(b, np.uint8)
+        comp[off : off + len(b)] = np.frombuffer(b, np.uint8)
     from gguf_tools import bitcos_type
+
     with GGUFStreamWriter(path, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
         w.add_kv(KEY_FORMAT_VERSION, 2, GGUFValueType.UINT32)
@@ -253,7 +262,7 @@ def _v2_model(path: Path, variant: Variant, k: int, header: dict[int, bytes] | N
     return path
 
 
-V2_BAD = {   # name -> (variant, K, header bytes, phrase of the Python message)
+V2_BAD = {  # name -> (variant, K, header bytes, phrase of the Python message)
     "version-1": (Variant.MATRIX, 96, {4: (1).to_bytes(2, "little")}, "version"),
     "variant-g128": (Variant.ROW, 128, {6: bytes([0])}, "G128"),
     "variant-unknown": (Variant.ROW, 128, {6: bytes([9])}, "variant 9"),

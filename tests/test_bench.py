@@ -16,10 +16,35 @@ import pytest
 def test_bench_gemv_small(tmp_path, patched_llama):
     out = tmp_path / "gemv.json"
     plot = tmp_path / "gemv.png"
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "gemv", "--rows", "256", "--k", "512",
-                        "--z", "0,0.5,1", "--threads", "1", "--reps", "3", "--workdir", str(tmp_path / "w"),
-                        "--json", str(out), "--plot", str(plot)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "gemv",
+            "--rows",
+            "256",
+            "--k",
+            "512",
+            "--z",
+            "0,0.5,1",
+            "--threads",
+            "1",
+            "--reps",
+            "3",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(out),
+            "--plot",
+            str(plot),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "vs TQ2_0" in r.stdout and "bitcos_pt" in r.stdout
     res = json.loads(out.read_text())["results"]
@@ -37,10 +62,37 @@ def test_bench_e2e_tiny_with_decode_breakdown(tmp_path, patched_llama):
     """`bench e2e` on the tiny preset: llama-bench rows for the three models, and the per-token matmul
     breakdown from llama-bitcos-bench decode (ternary weights of the BITCOS file read fewer bytes)."""
     out = tmp_path / "e2e.json"
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "e2e", "--preset", "tiny", "--threads", "1",
-                        "--reps", "1", "--rounds", "2", "-p", "16", "-n", "8", "--breakdown-reps", "3",
-                        "--workdir", str(tmp_path / "w"), "--json", str(out)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "e2e",
+            "--preset",
+            "tiny",
+            "--threads",
+            "1",
+            "--reps",
+            "1",
+            "--rounds",
+            "2",
+            "-p",
+            "16",
+            "-n",
+            "8",
+            "--breakdown-reps",
+            "3",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "where a generated token's time goes" in r.stdout and "tg ceiling" in r.stdout
     data = json.loads(out.read_text())
@@ -57,20 +109,25 @@ def test_bench_e2e_tiny_with_decode_breakdown(tmp_path, patched_llama):
 # --------------------------------------------------------------------------------------- unit tests
 # Tables, JSON and plots on hand-made records: no llama.cpp needed.
 
+
 def _gemv_results() -> list[dict]:
     base = {"threads": 1, "rows": 256, "k": 512, "file": 0}
-    return [{**base, "type": "tq2_0", "z": None, "median_us": 10.0, "bytes": 34_000},
-            {**base, "type": "tq1_0", "z": None, "median_us": 12.0, "bytes": 28_000},
-            {**base, "type": "q4_0", "z": None, "median_us": 15.0, "bytes": 74_000},
-            {**base, "type": "bitcos_pt", "z": 0.5, "median_us": 8.0, "bytes": 25_000},
-            {**base, "type": "bitcos_pt", "z": 0.0, "median_us": 9.0, "bytes": 33_000}]
+    return [
+        {**base, "type": "tq2_0", "z": None, "median_us": 10.0, "bytes": 34_000},
+        {**base, "type": "tq1_0", "z": None, "median_us": 12.0, "bytes": 28_000},
+        {**base, "type": "q4_0", "z": None, "median_us": 15.0, "bytes": 74_000},
+        {**base, "type": "bitcos_pt", "z": 0.5, "median_us": 8.0, "bytes": 25_000},
+        {**base, "type": "bitcos_pt", "z": 0.0, "median_us": 9.0, "bytes": 33_000},
+    ]
 
 
 def _llama_bench_rows() -> list[dict]:
     rows = []
-    for name, tg, pp, size in (("m-z0.42-tq1_0.gguf", 20.0, 200.0, 5 << 20),
-                               ("m-z0.42-tq2_0.gguf", 25.0, 300.0, 6 << 20),
-                               ("m-z0.42-bitcos.gguf", 30.0, 280.0, 4 << 20)):
+    for name, tg, pp, size in (
+        ("m-z0.42-tq1_0.gguf", 20.0, 200.0, 5 << 20),
+        ("m-z0.42-tq2_0.gguf", 25.0, 300.0, 6 << 20),
+        ("m-z0.42-bitcos.gguf", 30.0, 280.0, 4 << 20),
+    ):
         common = {"model_filename": f"/w/{name}", "n_threads": 1, "stddev_ts": 0.5, "model_size": size}
         rows.append({**common, "n_prompt": 512, "n_gen": 0, "avg_ts": pp})
         rows.append({**common, "n_prompt": 0, "n_gen": 128, "avg_ts": tg, "rounds_ts": [tg, tg]})
@@ -79,11 +136,23 @@ def _llama_bench_rows() -> list[dict]:
 
 def _breakdown() -> list[dict]:
     out = []
-    for model, tern_us, tern_bytes in (("TQ1_0", 30_000.0, 300e6), ("TQ2_0", 25_000.0, 400e6),
-                                       ("BITCOS", 20_000.0, 250e6)):
-        out.append({"model": model, "threads": 1, "beta_gb_s": 20.0, "ternary_us": tern_us,
-                    "ternary_bytes": tern_bytes, "other_us": 5_000.0, "other_bytes": 100e6})
-    out.append({"model": "BITCOS", "threads": 2, "beta_gb_s": 30.0})   # no tg record, no times: skipped
+    for model, tern_us, tern_bytes in (
+        ("TQ1_0", 30_000.0, 300e6),
+        ("TQ2_0", 25_000.0, 400e6),
+        ("BITCOS", 20_000.0, 250e6),
+    ):
+        out.append(
+            {
+                "model": model,
+                "threads": 1,
+                "beta_gb_s": 20.0,
+                "ternary_us": tern_us,
+                "ternary_bytes": tern_bytes,
+                "other_us": 5_000.0,
+                "other_bytes": 100e6,
+            }
+        )
+    out.append({"model": "BITCOS", "threads": 2, "beta_gb_s": 30.0})  # no tg record, no times: skipped
     return out
 
 
@@ -95,9 +164,15 @@ def test_tables_and_plots_do_not_mutate_their_inputs(tmp_path):
     from ggml_bitcos.bench import e2e, gemv, roofline
 
     gemv_res, rows, breakdown = _gemv_results(), _llama_bench_rows(), _breakdown()
-    rf = {"beta_gb_s": {1: 20.0}, "gamma_cycles_per_32": {"tq2_0": 2.5, "bitcos_pt": 2.0}, "tsc_ghz": 3.0,
-          "rows": [{**r, "t_mem_us": 5.0, "t_ins_us": 7.0, "predicted_us": 7.0, "bound": "instructions",
-                    "gamma": 2.0} for r in gemv_res]}
+    rf = {
+        "beta_gb_s": {1: 20.0},
+        "gamma_cycles_per_32": {"tq2_0": 2.5, "bitcos_pt": 2.0},
+        "tsc_ghz": 3.0,
+        "rows": [
+            {**r, "t_mem_us": 5.0, "t_ins_us": 7.0, "predicted_us": 7.0, "bound": "instructions", "gamma": 2.0}
+            for r in gemv_res
+        ],
+    }
     inputs = (gemv_res, rows, breakdown, rf)
     before = copy.deepcopy(inputs)
 
@@ -110,7 +185,7 @@ def test_tables_and_plots_do_not_mutate_their_inputs(tmp_path):
     e2e.e2e_plot(rows, tmp_path / "e2e.png", "e2e")
     assert inputs == before
 
-    assert "| bitcos_pt | 0.50 | 8.0 |" in gemv_text and "1.250x" in gemv_text      # 10 µs / 8 µs vs TQ2_0
+    assert "| bitcos_pt | 0.50 | 8.0 |" in gemv_text and "1.250x" in gemv_text  # 10 µs / 8 µs vs TQ2_0
     assert "| bitcos_pt | 0.50 | 1 |" in roof_text
     assert "| BITCOS | tg128 | 1 | 30.00 ± 0.50 | 1.200x |" in e2e_text
     # BITCOS at 1 thread: tg 1000/30 = 33.3 ms, ternary 20 ms, other 5 ms, rest 8.3 ms
@@ -128,15 +203,44 @@ def test_bench_gpu_common_quant_references(tmp_path, patched_llama):
     backend device: one record per reference and per BITCOS z, each with its bytes (Q8_0: 34 per 32 weights,
     Q4_0: 18) and a result, and a ratio column per reference."""
     out = tmp_path / "gpu.json"
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "gpu", "--device", "CPU", "--refs", "q4_0,q8_0",
-                        "--shapes", "128x512", "--z", "0.4", "--reps", "2", "--copy-mib", "8", "--no-e2e",
-                        "--workdir", str(tmp_path / "w"), "--json", str(out)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "gpu",
+            "--device",
+            "CPU",
+            "--refs",
+            "q4_0,q8_0",
+            "--shapes",
+            "128x512",
+            "--z",
+            "0.4",
+            "--reps",
+            "2",
+            "--copy-mib",
+            "8",
+            "--no-e2e",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "| vs Q4_0 | vs Q8_0 |" in r.stdout and "| bitcos_pt | 0.40 |" in r.stdout, r.stdout
     recs = {(x["type"], x["z"]): x for x in json.loads(out.read_text())["matvec"]}
     assert set(recs) == {("q4_0", None), ("q8_0", None), ("bitcos_pt", 0.4)}
-    assert (recs[("q8_0", None)]["bytes"], recs[("q4_0", None)]["bytes"]) == (128 * 512 // 32 * 34, 128 * 512 // 32 * 18)
+    assert (recs[("q8_0", None)]["bytes"], recs[("q4_0", None)]["bytes"]) == (
+        128 * 512 // 32 * 34,
+        128 * 512 // 32 * 18,
+    )
     assert all(x["median_us"] > 0 and x["checksum"] != 0 for x in recs.values())
 
 
@@ -163,10 +267,31 @@ def test_bench_kernels_small(kernel_library):
     """`bench kernels` on a tiny L1 shape: every implementation the CPU has agrees with the generic one
     (measure() refuses to time a wrong kernel) and gets a positive time. The fixture builds the harness
     library into the checkout when it is not installed, as the kernel tests do."""
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--rows", "4", "--k", "256",
-                        "--nc", "1,2", "--z", "0.4", "--reps", "20", "--json"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-                       cwd=Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "kernels",
+            "--rows",
+            "4",
+            "--k",
+            "256",
+            "--nc",
+            "1,2",
+            "--z",
+            "0.4",
+            "--reps",
+            "20",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     timings = json.loads(r.stdout)
     assert {t["nc"] for t in timings} == {1, 2} and all(t["variant"] == "g128" for t in timings)
@@ -178,19 +303,72 @@ def test_bench_kernels_variants(kernel_library):
     a row length with a partial last unit for the row-scaled ones, and refuses a length a variant does not
     allow, naming it."""
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--rows", "3", "--k", "160",
-                        "--variant", "MATRIX,row", "--nc", "1,3", "--z", "0.4", "--reps", "5", "--json"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=root)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "kernels",
+            "--rows",
+            "3",
+            "--k",
+            "160",
+            "--variant",
+            "MATRIX,row",
+            "--nc",
+            "1,3",
+            "--z",
+            "0.4",
+            "--reps",
+            "5",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     timings = json.loads(r.stdout)
     assert {(t["variant"], t["nc"]) for t in timings} >= {("matrix", 1), ("row", 3)}
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--rows", "2", "--k", "512",
-                        "--variant", "b256,b128,pt", "--nc", "1", "--z", "0.4", "--reps", "5"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=root)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "kernels",
+            "--rows",
+            "2",
+            "--k",
+            "512",
+            "--variant",
+            "b256,b128,pt",
+            "--nc",
+            "1",
+            "--z",
+            "0.4",
+            "--reps",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "B256 (format version 2)" in r.stdout and "PT (format version 1)" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--k", "384", "--variant", "b256"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=root)
+    r = subprocess.run(
+        [sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--k", "384", "--variant", "b256"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
     assert r.returncode == 2 and "multiple of 256" in r.stdout and "b256" in r.stdout
 
 
@@ -211,8 +389,15 @@ def test_traffic_generator_modes(kernel_library):
     moved, checksum = ctypes.c_uint64(0), ctypes.c_uint64(0)
 
     def call(mode: str, b: np.ndarray, rate: float = 0.0) -> float:
-        return lib.bitcos_h_traffic(bandwidth.TRAFFIC_MODES[mode], b.ctypes.data, b.nbytes, rate, 0.0,
-                                    ctypes.byref(moved), ctypes.byref(checksum))
+        return lib.bitcos_h_traffic(
+            bandwidth.TRAFFIC_MODES[mode],
+            b.ctypes.data,
+            b.nbytes,
+            rate,
+            0.0,
+            ctypes.byref(moved),
+            ctypes.byref(checksum),
+        )
 
     assert call("read", buf) >= 0 and moved.value == slice_bytes
     words = buf[:slice_bytes].view("<u8").reshape(-1, 8)
@@ -225,15 +410,17 @@ def test_traffic_generator_modes(kernel_library):
     before = buf.copy()
     assert call("copy", buf) >= 0 and moved.value == 2 * slice_bytes
     half = buf.nbytes // 2
-    assert np.array_equal(buf[half:half + slice_bytes], before[:slice_bytes])
-    assert np.array_equal(buf[half + slice_bytes:], before[half + slice_bytes:])   # only one slice
+    assert np.array_equal(buf[half : half + slice_bytes], before[:slice_bytes])
+    assert np.array_equal(buf[half + slice_bytes :], before[half + slice_bytes :])  # only one slice
 
     assert call("write", buf) >= 0 and moved.value == slice_bytes
     assert not buf[:slice_bytes].any() and np.array_equal(buf[slice_bytes:half], before[slice_bytes:half])
 
-    assert lib.bitcos_h_traffic(7, buf.ctypes.data, buf.nbytes, 0.0, 0.0, ctypes.byref(moved),
-                                ctypes.byref(checksum)) == -1
-    assert call("read", buf[:slice_bytes]) == -1                  # smaller than two slices
+    assert (
+        lib.bitcos_h_traffic(7, buf.ctypes.data, buf.nbytes, 0.0, 0.0, ctypes.byref(moved), ctypes.byref(checksum))
+        == -1
+    )
+    assert call("read", buf[:slice_bytes]) == -1  # smaller than two slices
 
 
 def test_bandwidth_roofline_prediction_and_crossover():
@@ -243,14 +430,15 @@ def test_bandwidth_roofline_prediction_and_crossover():
     from ggml_bitcos.bench import bandwidth
 
     n = 16384 * 16384
-    rec = {"gemv": {"tq2_0": {"weights": n, "bytes": n * 2.0625 / 8},
-                    "bitcos_pt": {"weights": n, "bytes": n * 1.6 / 8}}}
+    rec = {
+        "gemv": {"tq2_0": {"weights": n, "bytes": n * 2.0625 / 8}, "bitcos_pt": {"weights": n, "bytes": n * 1.6 / 8}}
+    }
     gam, ghz = {"tq2_0": 1.4, "bitcos_pt": 1.8}, 2.6
     low = bandwidth.predicted_ratio(rec, "bitcos_pt", "tq2_0", gam, 0.5, ghz)
     high = bandwidth.predicted_ratio(rec, "bitcos_pt", "tq2_0", gam, 500.0, ghz)
     assert abs(low - 2.0625 / 1.6) < 1e-9 and abs(high - 1.4 / 1.8) < 1e-9
     t_ins_bitcos_us = n / 32 * 1.8 / (ghz * 1e3)
-    expect = rec["gemv"]["tq2_0"]["bytes"] / (t_ins_bitcos_us * 1e3)          # GB/s
+    expect = rec["gemv"]["tq2_0"]["bytes"] / (t_ins_bitcos_us * 1e3)  # GB/s
     got = bandwidth.crossover_beta(rec, "bitcos_pt", "tq2_0", gam, ghz)
     assert got is not None and abs(got / expect - 1) < 0.01
     # a BITCOS kernel faster than TQ2_0 in L1 wins at every bandwidth: no crossover inside the range
@@ -285,11 +473,34 @@ def test_bench_bandwidth_small(tmp_path, patched_llama, kernel_library):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs")
     out, plot = tmp_path / "bw.json", tmp_path / "bw.png"
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "bandwidth", "--rows", "256", "--k", "512",
-                        "--levels", "none,read:1*1", "--reps", "3", "--workdir", str(tmp_path / "w"),
-                        "--json", str(out), "--plot", str(plot)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-                       cwd=Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "bandwidth",
+            "--rows",
+            "256",
+            "--k",
+            "512",
+            "--levels",
+            "none,read:1*1",
+            "--reps",
+            "3",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(out),
+            "--plot",
+            str(plot),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "PT/TQ2_0 measured" in r.stdout and "predicted crossover" in r.stdout
     res = json.loads(out.read_text())
@@ -308,15 +519,46 @@ def test_bench_batched_tiny(tmp_path, patched_llama):
     llama-server generated every requested token for P concurrent sequences of every model (speeds printed,
     never asserted)."""
     out = tmp_path / "batched.json"
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "batched", "--preset", "tiny", "--parallel",
-                        "1,3", "--threads", "1", "--n-gen", "6", "--rounds", "1", "--gemm-rows", "256", "--gemm-k",
-                        "512", "--gemm-reps", "3", "--workdir", str(tmp_path / "w"), "--json", str(out)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "batched",
+            "--preset",
+            "tiny",
+            "--parallel",
+            "1,3",
+            "--threads",
+            "1",
+            "--n-gen",
+            "6",
+            "--rounds",
+            "1",
+            "--gemm-rows",
+            "256",
+            "--gemm-k",
+            "512",
+            "--gemm-reps",
+            "3",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     res = json.loads(out.read_text())
-    assert {(g["type"], g["ncols"]) for g in res["gemm"]} == {(t, n) for t in ("tq2_0", "tq1_0", "bitcos_pt")
-                                                              for n in (1, 3)}
-    assert {(s["type"], s["parallel"]) for s in res["server"]} == {(t, p) for t in ("tq1_0", "tq2_0", "bitcos")
-                                                                   for p in (1, 3)}
+    assert {(g["type"], g["ncols"]) for g in res["gemm"]} == {
+        (t, n) for t in ("tq2_0", "tq1_0", "bitcos_pt") for n in (1, 3)
+    }
+    assert {(s["type"], s["parallel"]) for s in res["server"]} == {
+        (t, p) for t in ("tq1_0", "tq2_0", "bitcos") for p in (1, 3)
+    }
     assert all(s["agg_ts"] > 0 and s["tokens"] == [6 * s["parallel"]] for s in res["server"])
     assert "BITCOS/TQ2_0" in r.stdout

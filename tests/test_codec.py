@@ -25,6 +25,7 @@ def random_d(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 # --- an independent, slow, per-bit reference encoder (plain Python, from docs/FORMAT.md) ----------
 
+
 def _roundup(x: int, a: int) -> int:
     return -(-x // a) * a
 
@@ -36,13 +37,15 @@ def ref_row_index(codes: list[list[int]]) -> tuple[list[int], int, int]:
     for row in codes:
         sign_pos.append(acc)
         acc += sum(1 for v in row if v != 0)
-    g = next(c for c in range(6, -1, -1)
-             if all(sign_pos[r] - sign_pos[(r >> c) << c] <= 0xFFFF for r in range(len(codes))))
+    g = next(
+        c for c in range(6, -1, -1) if all(sign_pos[r] - sign_pos[(r >> c) << c] <= 0xFFFF for r in range(len(codes)))
+    )
     return sign_pos, acc, g
 
 
-def ref_companion(codes: list[list[int]], version: int, variant: int, n_mats: int,
-                  section: bytes | None) -> tuple[bytes, int]:
+def ref_companion(
+    codes: list[list[int]], version: int, variant: int, n_mats: int, section: bytes | None
+) -> tuple[bytes, int]:
     """FORMAT.md §4 by hand: the companion (header, the scales ``section`` when the variant has one, row index,
     sign pool) of ``codes``, and its row-group log2."""
     rows, k = len(codes), len(codes[0])
@@ -54,14 +57,28 @@ def ref_companion(codes: list[list[int]], version: int, variant: int, n_mats: in
     pool_off = _roundup(delta_off + 2 * rows, 64)
     pool_bytes = _roundup(-(-n_sign // 8), 64) + 64
     comp = bytearray(pool_off + pool_bytes)
-    comp[0:128] = struct.pack("<IHBBQQQQQQQQQ", 0x53435442, version, variant, g, k, rows, n_mats, n_sign,
-                              scales_off, base_off, delta_off, pool_off, pool_bytes) + bytes(48)
+    comp[0:128] = struct.pack(
+        "<IHBBQQQQQQQQQ",
+        0x53435442,
+        version,
+        variant,
+        g,
+        k,
+        rows,
+        n_mats,
+        n_sign,
+        scales_off,
+        base_off,
+        delta_off,
+        pool_off,
+        pool_bytes,
+    ) + bytes(48)
     if section is not None:
-        comp[scales_off:scales_off + len(section)] = section
+        comp[scales_off : scales_off + len(section)] = section
     for grp in range(n_groups):
-        comp[base_off + 8 * grp:base_off + 8 * grp + 8] = struct.pack("<Q", sign_pos[grp << g])
+        comp[base_off + 8 * grp : base_off + 8 * grp + 8] = struct.pack("<Q", sign_pos[grp << g])
     for r in range(rows):
-        comp[delta_off + 2 * r:delta_off + 2 * r + 2] = struct.pack("<H", sign_pos[r] - sign_pos[(r >> g) << g])
+        comp[delta_off + 2 * r : delta_off + 2 * r + 2] = struct.pack("<H", sign_pos[r] - sign_pos[(r >> g) << g])
     bit = 0
     for r in range(rows):
         assert bit == sign_pos[r]
@@ -73,8 +90,13 @@ def ref_companion(codes: list[list[int]], version: int, variant: int, n_mats: in
     return bytes(comp), g
 
 
-def ref_encode(codes: list[list[int]], variant: Variant, block_d: list[list[float]] | None,
-               mat_scales: list[float] | None, n_mats: int) -> tuple[bytes, bytes, int]:
+def ref_encode(
+    codes: list[list[int]],
+    variant: Variant,
+    block_d: list[list[float]] | None,
+    mat_scales: list[float] | None,
+    n_mats: int,
+) -> tuple[bytes, bytes, int]:
     rows, k = len(codes), len(codes[0])
     weight = bytearray()
     for r in range(rows):
@@ -82,41 +104,43 @@ def ref_encode(codes: list[list[int]], variant: Variant, block_d: list[list[floa
             bits = bytearray(16)
             for j in range(128):
                 if codes[r][128 * b + j] != 0:
-                    bits[j // 8] |= 1 << (j % 8)      # weight j: bit j % 8 (LSB first) of byte j / 8
+                    bits[j // 8] |= 1 << (j % 8)  # weight j: bit j % 8 (LSB first) of byte j / 8
             weight += bits
             if variant == Variant.G128:
-                weight += struct.pack("<e", block_d[r][b])      # stored as given, even when empty
+                weight += struct.pack("<e", block_d[r][b])  # stored as given, even when empty
     section = b"".join(struct.pack("<f", s) for s in mat_scales) if variant == Variant.PT else None
     comp, g = ref_companion(codes, 1, int(variant), n_mats, section)
     return bytes(weight), comp, g
 
 
 @pytest.mark.parametrize("variant", [Variant.G128, Variant.PT])
-@pytest.mark.parametrize("rows,k,z,n_mats,want_g", [
-    (5, 256, 0.4, 1, 6),        # small: whole tensor in one group
-    (6, 384, 0.0, 3, 6),        # 3 matrices (PT scales per matrix)
-    (40, 2048, 0.0, 1, 5),      # 39 * 2048 > 65535 in one group of 64 -> g = 5
-    (10, 8192, 0.0, 2, 3),      # 7 * 8192 fits, 15 * 8192 does not -> g = 3
-    (2, 65664, 0.0, 1, 0),      # one row alone overflows 16 bits -> g = 0
-    (3, 128, 1.0, 1, 6),        # all zero: empty pool, d = 0
-])
+@pytest.mark.parametrize(
+    "rows,k,z,n_mats,want_g",
+    [
+        (5, 256, 0.4, 1, 6),  # small: whole tensor in one group
+        (6, 384, 0.0, 3, 6),  # 3 matrices (PT scales per matrix)
+        (40, 2048, 0.0, 1, 5),  # 39 * 2048 > 65535 in one group of 64 -> g = 5
+        (10, 8192, 0.0, 2, 3),  # 7 * 8192 fits, 15 * 8192 does not -> g = 3
+        (2, 65664, 0.0, 1, 0),  # one row alone overflows 16 bits -> g = 0
+        (3, 128, 1.0, 1, 6),  # all zero: empty pool, d = 0
+    ],
+)
 def test_layout_matches_per_bit_reference(variant: Variant, rows: int, k: int, z: float, n_mats: int, want_g: int):
     rng = np.random.default_rng(1234 + rows + k)
     codes = random_codes(rng, (rows, k), z)
     d = random_d(rng, (rows, k // 128))
     scales = rng.uniform(0.01, 1.0, n_mats).astype(np.float32)
     enc = codec.encode(codes, variant, block_scales=d, matrix_scales=scales, n_mats=n_mats)
-    ref_w, ref_c, ref_g = ref_encode(codes.tolist(), variant, d.astype(np.float32).tolist(),
-                                     scales.tolist(), n_mats)
+    ref_w, ref_c, ref_g = ref_encode(codes.tolist(), variant, d.astype(np.float32).tolist(), scales.tolist(), n_mats)
     assert ref_g == want_g
     assert enc.header.row_group_log2 == want_g
     assert enc.blocks.tobytes() == ref_w
     assert enc.companion.tobytes() == ref_c
     # pool tail: every bit beyond n_sign_bits is zero, and >= 64 bytes of zero tail
     h = enc.header
-    pool = enc.companion[h.pool_offset:]
+    pool = enc.companion[h.pool_offset :]
     assert len(pool) - (h.n_sign_bits + 7) // 8 >= 64
-    assert not np.any(pool[(h.n_sign_bits + 7) // 8:])
+    assert not np.any(pool[(h.n_sign_bits + 7) // 8 :])
     assert h.companion_bytes == enc.companion.nbytes
 
 
@@ -150,35 +174,40 @@ def test_round_trip(variant: Variant, z: float, rows: int, k: int):
     assert np.array_equal(dec.codes, codes)
     x = dec.to_float()
     if variant == Variant.G128:
-        assert np.array_equal(dec.block_scales, d)                # kept even for empty blocks
+        assert np.array_equal(dec.block_scales, d)  # kept even for empty blocks
         want = codes.astype(np.float32) * np.repeat(d.astype(np.float32), 128, axis=1)
     else:
         assert np.array_equal(dec.matrix_scales, scales)
         want = codes.astype(np.float32) * np.repeat(scales, rows // n_mats)[:, None]
     assert np.array_equal(x.view(np.uint32), (want + np.float32(0)).view(np.uint32))  # +0.0 for zeros
     # size formula (FORMAT.md §8): exact companion size
-    assert enc.companion.nbytes == codec.companion_size(variant, k, rows, n_mats, int(np.count_nonzero(codes)),
-                                                       enc.header.row_group_log2)
+    assert enc.companion.nbytes == codec.companion_size(
+        variant, k, rows, n_mats, int(np.count_nonzero(codes)), enc.header.row_group_log2
+    )
 
 
 def _encoded(variant: Variant = Variant.G128, rows: int = 9, k: int = 256, z: float = 0.3):
     rng = np.random.default_rng(99)
     codes = random_codes(rng, (rows, k), z)
-    enc = codec.encode(codes, variant, block_scales=random_d(rng, (rows, k // 128)),
-                       matrix_scales=np.array([0.25], dtype=np.float32))
+    enc = codec.encode(
+        codes, variant, block_scales=random_d(rng, (rows, k // 128)), matrix_scales=np.array([0.25], dtype=np.float32)
+    )
     return enc, rows, k
 
 
-@pytest.mark.parametrize("corrupt,match", [
-    (lambda c, h: c.__setitem__(0, 0), "magic"),
-    (lambda c, h: c.__setitem__(4, 2), "version"),
-    (lambda c, h: c.__setitem__(7, 7), "row_group_log2"),
-    (lambda c, h: c.__setitem__(100, 1), "reserved"),
-    (lambda c, h: c.__setitem__(h.row_delta_offset + 2, c[h.row_delta_offset + 2] ^ 1), "row"),
-    (lambda c, h: c.__setitem__(h.row_base_offset, 1), "row"),
-    (lambda c, h: c.__setitem__(h.companion_bytes - 1, 1), "beyond"),
-    (lambda c, h: c.__setitem__(48, c[48] + 64), "canonical"),
-])
+@pytest.mark.parametrize(
+    "corrupt,match",
+    [
+        (lambda c, h: c.__setitem__(0, 0), "magic"),
+        (lambda c, h: c.__setitem__(4, 2), "version"),
+        (lambda c, h: c.__setitem__(7, 7), "row_group_log2"),
+        (lambda c, h: c.__setitem__(100, 1), "reserved"),
+        (lambda c, h: c.__setitem__(h.row_delta_offset + 2, c[h.row_delta_offset + 2] ^ 1), "row"),
+        (lambda c, h: c.__setitem__(h.row_base_offset, 1), "row"),
+        (lambda c, h: c.__setitem__(h.companion_bytes - 1, 1), "beyond"),
+        (lambda c, h: c.__setitem__(48, c[48] + 64), "canonical"),
+    ],
+)
 def test_decode_rejects_corruption(corrupt, match: str):
     enc, rows, k = _encoded()
     comp = enc.companion.copy()
@@ -190,13 +219,13 @@ def test_decode_rejects_corruption(corrupt, match: str):
 def test_decode_rejects_mismatches():
     enc, rows, k = _encoded()
     with pytest.raises(codec.FormatError, match="variant"):
-        codec.decode(enc.blocks[:, :rows * 0 + 32], enc.companion, Variant.PT, k, rows, 1)
+        codec.decode(enc.blocks[:, : rows * 0 + 32], enc.companion, Variant.PT, k, rows, 1)
     with pytest.raises(codec.FormatError, match="shape"):
         codec.decode(enc.blocks, enc.companion, Variant.G128, k, rows + 1, 1)
     with pytest.raises(codec.FormatError, match="bytes"):
         codec.decode(enc.blocks, enc.companion[:-1], Variant.G128, k, rows, 1)
     blocks = enc.blocks.copy()
-    blocks[0, 0] ^= 1          # a bitmap bit flipped: row index no longer consistent
+    blocks[0, 0] ^= 1  # a bitmap bit flipped: row index no longer consistent
     with pytest.raises(codec.FormatError):
         codec.decode(blocks, enc.companion, Variant.G128, k, rows, 1)
 
@@ -215,8 +244,10 @@ def test_encode_rejects_bad_input():
 
 # --- TQ1_0 / TQ2_0 ---------------------------------------------------------------------------------
 
-TQ = [(GGMLQuantizationType.TQ2_0, tq.tq2_0_encode, tq.tq2_0_decode),
-      (GGMLQuantizationType.TQ1_0, tq.tq1_0_encode, tq.tq1_0_decode)]
+TQ = [
+    (GGMLQuantizationType.TQ2_0, tq.tq2_0_encode, tq.tq2_0_decode),
+    (GGMLQuantizationType.TQ1_0, tq.tq1_0_encode, tq.tq1_0_decode),
+]
 
 
 @pytest.mark.parametrize("qtype,enc,dec", TQ, ids=["TQ2_0", "TQ1_0"])
@@ -225,7 +256,7 @@ def test_tq_writer_reader_vs_gguf_py(qtype, enc, dec, rows: int, k: int, z: floa
     rng = np.random.default_rng(rows * 31 + k)
     codes = random_codes(rng, (rows, k), z)
     d = random_d(rng, (rows, k // 256))
-    d[0, 0] = -d[0, 0]                      # a negative scale must round trip too
+    d[0, 0] = -d[0, 0]  # a negative scale must round trip too
     raw = enc(codes, d)
     block_bytes = TQ2_0_BLOCK_BYTES if qtype == GGMLQuantizationType.TQ2_0 else TQ1_0_BLOCK_BYTES
     assert raw.shape == (rows, k // 256 * block_bytes)
@@ -251,10 +282,11 @@ def test_tq_reader_on_gguf_py_quantize(qtype, enc, dec):
 
 # --- exact ternary detection -----------------------------------------------------------------------
 
+
 def test_analyze_rows_and_variants():
     rng = np.random.default_rng(3)
     codes = random_codes(rng, (6, 256), 0.4)
-    s = np.float32(0.1)                          # not an fp16 value
+    s = np.float32(0.1)  # not an fp16 value
     x = codes.astype(np.float32) * s
     ch = ternary.analyze_rows(x)
     assert ch.blocks_uniform and np.array_equal(ch.codes, codes)
@@ -310,7 +342,7 @@ def ref_encode_v2(codes: list[list[int]], variant: Variant, scales: list, n_mats
     rows, k = len(codes), len(codes[0])
     weight = bytearray()
     for r in range(rows):
-        bits = bytearray(k // 8)                 # the row's bitmap, K/8 bytes, no scales
+        bits = bytearray(k // 8)  # the row's bitmap, K/8 bytes, no scales
         for j in range(k):
             if codes[r][j] != 0:
                 bits[j // 8] |= 1 << (j % 8)
@@ -354,9 +386,9 @@ def test_v2_layout_matches_per_bit_reference(variant: Variant, z: float):
         assert enc.blocks.shape == (rows, k // 8)
         assert enc.blocks.tobytes() == ref_w, (variant, rows, k)
         assert enc.companion.tobytes() == ref_c, (variant, rows, k)
-        assert enc.header.companion_bytes == codec.companion_size(variant, k, rows, n_mats,
-                                                                  int(np.count_nonzero(codes)),
-                                                                  enc.header.row_group_log2)
+        assert enc.header.companion_bytes == codec.companion_size(
+            variant, k, rows, n_mats, int(np.count_nonzero(codes)), enc.header.row_group_log2
+        )
         # decode gives codes, scales and the float values of FORMAT.md §5 back
         dec = codec.decode(enc.blocks, enc.companion, variant.type_id, k, rows, n_mats)
         assert dec.variant is variant and np.array_equal(dec.codes, codes)
@@ -389,15 +421,18 @@ def test_v2_matrix_rows_are_pt_rows():
     assert a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("corrupt,match", [
-    (lambda c: c.__setitem__(4, 1), "version"),                 # v2 variant with a version-1 header
-    (lambda c: c.__setitem__(6, 6), "unknown variant"),
-    (lambda c: c.__setitem__(6, 2), "canonical|matrix|variant"),  # ROW -> MATRIX: scales section shrinks
-    (lambda c: c.__setitem__(4, 3), "version 3"),
-])
+@pytest.mark.parametrize(
+    "corrupt,match",
+    [
+        (lambda c: c.__setitem__(4, 1), "version"),  # v2 variant with a version-1 header
+        (lambda c: c.__setitem__(6, 6), "unknown variant"),
+        (lambda c: c.__setitem__(6, 2), "canonical|matrix|variant"),  # ROW -> MATRIX: scales section shrinks
+        (lambda c: c.__setitem__(4, 3), "version 3"),
+    ],
+)
 def test_v2_decode_rejects_corrupt_headers(corrupt, match: str):
     rng = np.random.default_rng(5)
-    rows = 20      # 80 bytes of row scales: ROW's scales section is 128 bytes after alignment, MATRIX's 64
+    rows = 20  # 80 bytes of row scales: ROW's scales section is 128 bytes after alignment, MATRIX's 64
     codes = random_codes(rng, (rows, 96), 0.3)
     enc = codec.encode(codes, Variant.ROW, row_scales=np.linspace(0.1, 1, rows, dtype=np.float32))
     comp = enc.companion.copy()
@@ -419,14 +454,17 @@ def test_v2_decode_rejects_type_and_shape_mismatches():
         codec.decode(pt.blocks, pt.companion, 162, 256, 4, 1)
 
 
-@pytest.mark.parametrize("variant,bad,match", [
-    (Variant.ROW, np.float32(np.nan), "of row 2"),
-    (Variant.ROW, np.float32(-1.0), "of row 2"),
-    (Variant.ROW, np.float32(70000.0), "of row 2"),
-    (Variant.MATRIX, np.float32(np.inf), "of matrix 0"),
-    (Variant.B128, np.float16(-0.5), "in block 1 of row 2"),
-    (Variant.B256, np.float16(np.inf), "in block 1 of row 2"),
-])
+@pytest.mark.parametrize(
+    "variant,bad,match",
+    [
+        (Variant.ROW, np.float32(np.nan), "of row 2"),
+        (Variant.ROW, np.float32(-1.0), "of row 2"),
+        (Variant.ROW, np.float32(70000.0), "of row 2"),
+        (Variant.MATRIX, np.float32(np.inf), "of matrix 0"),
+        (Variant.B128, np.float16(-0.5), "in block 1 of row 2"),
+        (Variant.B256, np.float16(np.inf), "in block 1 of row 2"),
+    ],
+)
 def test_v2_invalid_scales_refused(variant: Variant, bad, match: str):
     """A crafted companion whose stored scale is invalid (FORMAT.md §3.1) is refused, naming where; the
     encoder refuses the same scale."""
@@ -441,7 +479,7 @@ def test_v2_invalid_scales_refused(variant: Variant, bad, match: str):
         idx, width = 2 * (k // variant.scale_block) + 1, 2
     else:
         idx, width = (2 if variant is Variant.ROW else 0), 4
-    comp[off + width * idx:off + width * (idx + 1)] = np.frombuffer(bad.tobytes(), np.uint8)
+    comp[off + width * idx : off + width * (idx + 1)] = np.frombuffer(bad.tobytes(), np.uint8)
     with pytest.raises(codec.FormatError, match=match):
         codec.decode(enc.blocks, comp, variant.type_id, k, rows, 1)
     key, arr = next(iter(kw.items()))

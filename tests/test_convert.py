@@ -13,8 +13,18 @@ from gguf.quants import dequantize
 
 from ggml_bitcos import codec, tq
 from ggml_bitcos.convert import ConvertError, convert, default_output
-from ggml_bitcos.format import (BITCOS_TYPE_IDS, COMPANION_SUFFIX, COMPANION_TYPE, KEY_CONVERTED_FROM,
-                                KEY_FORMAT_VERSION, QK, TYPE_ID_BITMAP, TYPE_ID_G128, TYPE_ID_PT, Variant)
+from ggml_bitcos.format import (
+    BITCOS_TYPE_IDS,
+    COMPANION_SUFFIX,
+    COMPANION_TYPE,
+    KEY_CONVERTED_FROM,
+    KEY_FORMAT_VERSION,
+    QK,
+    TYPE_ID_BITMAP,
+    TYPE_ID_G128,
+    TYPE_ID_PT,
+    Variant,
+)
 from ggml_bitcos.ternary import random_codes
 from gguf_tools import GGUFStreamWriter, open_gguf, tensor_bytes, tensor_ggml_shape
 
@@ -52,18 +62,19 @@ def check_converted(src_path, out_path, expect_variant: Variant | None = None) -
         if o.tensor_type in BITCOS_TYPE_IDS:
             assert tensor_ggml_shape(o) == tensor_ggml_shape(t)
             comp_name = t.name + COMPANION_SUFFIX
-            assert out_list[out_list.index(t.name) + 1] == comp_name       # companion right after
+            assert out_list[out_list.index(t.name) + 1] == comp_name  # companion right after
             comp = out_t[comp_name]
             assert comp.tensor_type == COMPANION_TYPE and len(tensor_ggml_shape(comp)) == 1
             ne = tensor_ggml_shape(o)
             rows = math.prod(ne[1:])
-            dec = codec.decode(tensor_bytes(o), tensor_bytes(comp), int(o.tensor_type), ne[0], rows,
-                               codec.n_mats_of(ne))
+            dec = codec.decode(
+                tensor_bytes(o), tensor_bytes(comp), int(o.tensor_type), ne[0], rows, codec.n_mats_of(ne)
+            )
             variants[t.name] = dec.variant
             assert int(o.tensor_type) == dec.variant.type_id
             want = independent_source_floats(t)
             got = dec.to_float()
-            assert np.array_equal(got, want)                        # IEEE-equal (-0.0 == +0.0)
+            assert np.array_equal(got, want)  # IEEE-equal (-0.0 == +0.0)
             w = want.view(np.uint32)
             assert np.array_equal(got.view(np.uint32), np.where(w == 0x80000000, 0, w))
             assert not np.any(got.view(np.uint32) == 0x80000000)
@@ -82,8 +93,9 @@ def check_converted(src_path, out_path, expect_variant: Variant | None = None) -
         # the highest version written; LLAMA_FTYPE_MOSTLY_BITCOS* = the type ids, by the majority of converted
         # tensors (ties: the newer type, then PT)
         assert out.get_field(KEY_FORMAT_VERSION).contents() == max(v.version for v in variants.values())
-        per_type = [sum(1 for v in variants.values() if v.type_id == tid)
-                    for tid in (TYPE_ID_BITMAP, TYPE_ID_PT, TYPE_ID_G128)]
+        per_type = [
+            sum(1 for v in variants.values() if v.type_id == tid) for tid in (TYPE_ID_BITMAP, TYPE_ID_PT, TYPE_ID_G128)
+        ]
         majority = (TYPE_ID_BITMAP, TYPE_ID_PT, TYPE_ID_G128)[per_type.index(max(per_type))]
         assert out.get_field("general.file_type").contents() == majority
     return variants
@@ -92,8 +104,8 @@ def check_converted(src_path, out_path, expect_variant: Variant | None = None) -
 CASES = [
     # (source type, scale, moe, expected variant with --scale auto: version 1, version 2)
     ("tq2_0", "tensor", 0, Variant.PT, Variant.MATRIX),
-    ("tq1_0", "g128", 4, Variant.G128, Variant.B256),     # TQ's per-256 scales
-    ("f16", "g128", 0, Variant.G128, Variant.B128),       # per-128 scales
+    ("tq1_0", "g128", 4, Variant.G128, Variant.B256),  # TQ's per-256 scales
+    ("f16", "g128", 0, Variant.G128, Variant.B128),  # per-128 scales
     pytest.param("f16", "tensor", 4, Variant.PT, Variant.MATRIX, marks=pytest.mark.slow),
     pytest.param("tq2_0", "g128", 4, Variant.G128, Variant.B256, marks=pytest.mark.slow),
     pytest.param("tq1_0", "tensor", 0, Variant.PT, Variant.MATRIX, marks=pytest.mark.slow),
@@ -109,7 +121,7 @@ def test_convert_generated_model(model_factory, tmp_path, src_type, scale, moe, 
     res = convert(src, out, progress=False, force_grow=True, format_version=version)
     assert res.verified
     variants = check_converted(src, out, v1 if version == 1 else v2)
-    assert len(variants) == 7 * 2           # 7 projections x 2 layers (MoE: 4 attention + 3 expert tensors)
+    assert len(variants) == 7 * 2  # 7 projections x 2 layers (MoE: 4 attention + 3 expert tensors)
     names = set(variants)
     assert "token_embd.weight" not in names and "output.weight" not in names
     if moe:
@@ -119,11 +131,22 @@ def test_convert_generated_model(model_factory, tmp_path, src_type, scale, moe, 
     assert conv_from == {"tq2_0": "TQ2_0", "tq1_0": "TQ1_0", "f16": "F16"}[src_type]
 
 
-@pytest.mark.parametrize("version,forced", [
-    (1, {"g128": Variant.G128, "128": Variant.G128, "tensor": Variant.PT}),
-    (2, {"g128": Variant.B128, "128": Variant.B128, "256": Variant.B256, "row": Variant.ROW,
-         "tensor": Variant.MATRIX}),
-])
+@pytest.mark.parametrize(
+    "version,forced",
+    [
+        (1, {"g128": Variant.G128, "128": Variant.G128, "tensor": Variant.PT}),
+        (
+            2,
+            {
+                "g128": Variant.B128,
+                "128": Variant.B128,
+                "256": Variant.B256,
+                "row": Variant.ROW,
+                "tensor": Variant.MATRIX,
+            },
+        ),
+    ],
+)
 def test_forced_scale_modes(model_factory, tmp_path, version, forced):
     """Every --scale choice of a version writes its variant where exact (a per-matrix scale is exact at every
     granularity); a choice that is not exact converts nothing, reported, and --strict makes it an error."""
@@ -137,15 +160,16 @@ def test_forced_scale_modes(model_factory, tmp_path, version, forced):
     if version == 2:
         res = convert(src_g, tmp_path / "rows-of-g.gguf", scale="row", progress=False)
         assert {r.name for r in res.converted} == {r.name for r in res.tensors if r.ne[0] == 256 and r.measured}
-        assert "--scale row: non-zero magnitudes differ within a row" in {
-            r.name: r for r in res.skipped}["blk.0.ffn_down.weight"].reason           # K = 768
+        assert (
+            "--scale row: non-zero magnitudes differ within a row"
+            in {r.name: r for r in res.skipped}["blk.0.ffn_down.weight"].reason
+        )  # K = 768
         check_converted(src_g, tmp_path / "rows-of-g.gguf", Variant.ROW)
     for scale in ("tensor",):
         with pytest.raises(ConvertError, match=f"nothing to convert.*--scale {scale}.*--allow-copy"):
             convert(src_g, tmp_path / "t.gguf", scale=scale, progress=False, format_version=version)
         assert not (tmp_path / "t.gguf").exists()
-        res = convert(src_g, tmp_path / "t.gguf", scale=scale, progress=False, allow_copy=True,
-                      format_version=version)
+        res = convert(src_g, tmp_path / "t.gguf", scale=scale, progress=False, allow_copy=True, format_version=version)
         (tmp_path / "t.gguf").unlink()
         assert not res.converted
         assert all(f"--scale {scale}" in r.reason for r in res.skipped if r.ternary_looking)
@@ -189,7 +213,7 @@ def _write_float_model(path, tensors: dict[str, tuple[T, np.ndarray]], alignment
         if alignment:
             w.add_kv("general.alignment", alignment, GGUFValueType.UINT32)
         for name, (tt, data) in tensors.items():
-            w.add_tensor_info(name, tt, tuple(reversed(data.shape)))    # BF16 data: uint16 bit patterns
+            w.add_tensor_info(name, tt, tuple(reversed(data.shape)))  # BF16 data: uint16 bit patterns
         w.begin()
         for name, (tt, data) in tensors.items():
             w.write_tensor(name, data)
@@ -201,21 +225,25 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 
 def test_float_sources_bf16_f32_negative_zero_and_non_ternary(tmp_path):
     rng = np.random.default_rng(11)
-    codes = random_codes(rng, (2, 40, 256), 1 / 3)                   # 3-D: 2 experts
-    s = np.array([0.0078125, 0.01171875], dtype=np.float32)[:, None, None]   # bf16- and fp16-exact
+    codes = random_codes(rng, (2, 40, 256), 1 / 3)  # 3-D: 2 experts
+    s = np.array([0.0078125, 0.01171875], dtype=np.float32)[:, None, None]  # bf16- and fp16-exact
     x = codes.astype(np.float32) * s
-    x[x == 0] = -0.0 * (rng.random(np.count_nonzero(x == 0)) < 0.5)   # mixed -0.0 / +0.0
+    x[x == 0] = -0.0 * (rng.random(np.count_nonzero(x == 0)) < 0.5)  # mixed -0.0 / +0.0
     x_bf = _bf16(x)
     odd = random_codes(rng, (8, 256), 1 / 3).astype(np.float32) * np.float32(0.1)  # PT only (0.1 not fp16)
     dense = rng.standard_normal((16, 256)).astype(np.float32)
     src = tmp_path / "floats.gguf"
-    _write_float_model(src, {
-        "blk.0.ffn_up_exps.weight": (T.BF16, x_bf),
-        "blk.0.attn_q.weight": (T.F32, odd),
-        "blk.0.attn_k.weight": (T.F32, dense),
-        "token_embd.weight": (T.F32, odd.copy()),
-        "blk.0.attn_norm.weight": (T.F32, np.ones(256, np.float32)),
-    }, alignment=64)
+    _write_float_model(
+        src,
+        {
+            "blk.0.ffn_up_exps.weight": (T.BF16, x_bf),
+            "blk.0.attn_q.weight": (T.F32, odd),
+            "blk.0.attn_k.weight": (T.F32, dense),
+            "token_embd.weight": (T.F32, odd.copy()),
+            "blk.0.attn_norm.weight": (T.F32, np.ones(256, np.float32)),
+        },
+        alignment=64,
+    )
     res = convert(src, progress=False)
     out = default_output(src)
     assert out.name == "floats-bitcos.gguf" and out.exists()
@@ -259,6 +287,7 @@ def test_reconvert_converted_file_is_identity(model_factory, tmp_path):
 
 def test_cli_convert(model_factory, tmp_path, capsys):
     from ggml_bitcos.cli import main
+
     src = model_factory(src_type="tq2_0", scale="tensor")
     out = tmp_path / "cli.gguf"
     assert main(["convert", str(src), "-o", str(out)]) == 0
@@ -267,17 +296,18 @@ def test_cli_convert(model_factory, tmp_path, capsys):
     assert main(["convert", str(src), "-o", str(out), "--no-verify", "--force", "-q"]) == 0
 
 
-@pytest.mark.parametrize("version,scale,variant", [(1, "auto", Variant.G128), (2, "auto", Variant.B256),
-                                                   (2, "128", Variant.B128)])
+@pytest.mark.parametrize(
+    "version,scale,variant", [(1, "auto", Variant.G128), (2, "auto", Variant.B256), (2, "128", Variant.B128)]
+)
 def test_tq_source_keeps_block_scale_of_empty_halves(tmp_path, version, scale, variant):
     """A block-scaled tensor from TQ2_0 keeps the source 256-block's d, in both 128-halves (G128, B128) and in
     empty blocks too (FORMAT §3): the kernels' TQ2_0-exact arithmetic uses d even where all codes are zero."""
     rng = np.random.default_rng(5)
     rows, k = 4, 512
     codes = random_codes(rng, (rows, k), 1 / 3)
-    codes[0, 128:256] = 0          # an empty second half
-    codes[1, 0:256] = 0            # a whole empty 256-block
-    d = rng.uniform(0.01, 1.0, (rows, k // 256)).astype(np.float16)   # per-block scales: not per matrix/row
+    codes[0, 128:256] = 0  # an empty second half
+    codes[1, 0:256] = 0  # a whole empty 256-block
+    d = rng.uniform(0.01, 1.0, (rows, k // 256)).astype(np.float16)  # per-block scales: not per matrix/row
     src = tmp_path / "tq2.gguf"
     with GGUFStreamWriter(src, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
@@ -285,19 +315,25 @@ def test_tq_source_keeps_block_scale_of_empty_halves(tmp_path, version, scale, v
         w.begin()
         w.write_tensor("blk.0.ffn_up.weight", tq.tq2_0_encode(codes, d))
     out = tmp_path / "out.gguf"
-    res = convert(src, out, progress=False, force_grow=True, scale=scale,   # 4 x 512: the companion's fixed
-                  format_version=version)                                   # bytes dominate
+    res = convert(
+        src,
+        out,
+        progress=False,
+        force_grow=True,
+        scale=scale,  # 4 x 512: the companion's fixed
+        format_version=version,
+    )  # bytes dominate
     assert [r.variant for r in res.converted] == [variant]
     ts = {t.name: t for t in open_gguf(out).tensors}
     t, comp = ts["blk.0.ffn_up.weight"], ts["blk.0.ffn_up.weight" + COMPANION_SUFFIX]
     if variant is Variant.G128:
         blocks = tensor_bytes(t).reshape(rows, k // QK, Variant.G128.block_bytes)
         stored = np.ascontiguousarray(blocks[:, :, 16:18]).view("<f2").reshape(rows, k // QK)
-    else:     # the scales section (FORMAT.md §4.2), read at the header's scales_offset
+    else:  # the scales section (FORMAT.md §4.2), read at the header's scales_offset
         c = tensor_bytes(comp).view(np.uint8)
         off = int(c[40:48].view("<u8")[0])
         n = rows * (k // variant.scale_block)
-        stored = c[off:off + 2 * n].view("<f2").reshape(rows, -1)
+        stored = c[off : off + 2 * n].view("<f2").reshape(rows, -1)
     assert np.array_equal(stored, d if variant is Variant.B256 else np.repeat(d, 2, axis=1))
     check_converted(src, out, variant)
 
@@ -314,6 +350,7 @@ V1_OUTPUT_SHA256 = {
 @pytest.mark.parametrize("src_type,scale,moe", list(V1_OUTPUT_SHA256))
 def test_version_1_output_unchanged(model_factory, tmp_path, src_type, scale, moe):
     import hashlib
+
     src = model_factory(src_type=src_type, scale=scale, moe=moe)
     out = tmp_path / "v1.gguf"
     convert(src, out, progress=False, force_grow=True, format_version=1)

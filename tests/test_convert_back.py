@@ -47,8 +47,9 @@ def _no_neg_zero(x: np.ndarray) -> np.ndarray:
     return b
 
 
-def check_back(src_path, mid_path, back_path, expect_kept: set[str] = frozenset(),
-               expect_types: dict[str, T] | None = None) -> None:
+def check_back(
+    src_path, mid_path, back_path, expect_kept: set[str] = frozenset(), expect_types: dict[str, T] | None = None
+) -> None:
     """Every tensor that was BITCOS in ``mid_path`` dequantizes (gguf-py) in ``back_path`` to the original
     source's fp32 bits (-0.0 of a float source is +0.0 after BITCOS, FORMAT.md §5) and leaves no companion;
     every other tensor is the source's, byte for byte."""
@@ -74,11 +75,20 @@ def check_back(src_path, mid_path, back_path, expect_kept: set[str] = frozenset(
 
 # --- TQ2_0 sources: the round trip ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("version,model_scale,scale,moe,variant", [
-    (1, "tensor", "auto", 0, Variant.PT), (1, "g128", "auto", 0, Variant.G128), (1, "tensor", "auto", 4, Variant.PT),
-    (2, "tensor", "auto", 0, Variant.MATRIX), (2, "g128", "auto", 0, Variant.B256),
-    (2, "tensor", "auto", 4, Variant.MATRIX), (2, "tensor", "row", 0, Variant.ROW),
-    (2, "g128", "128", 0, Variant.B128)])
+
+@pytest.mark.parametrize(
+    "version,model_scale,scale,moe,variant",
+    [
+        (1, "tensor", "auto", 0, Variant.PT),
+        (1, "g128", "auto", 0, Variant.G128),
+        (1, "tensor", "auto", 4, Variant.PT),
+        (2, "tensor", "auto", 0, Variant.MATRIX),
+        (2, "g128", "auto", 0, Variant.B256),
+        (2, "tensor", "auto", 4, Variant.MATRIX),
+        (2, "tensor", "row", 0, Variant.ROW),
+        (2, "g128", "128", 0, Variant.B128),
+    ],
+)
 def test_tq2_0_round_trip_byte_identical(model_factory, tmp_path, version, model_scale, scale, moe, variant):
     """TQ2_0 -> BITCOS (each variant that holds per-matrix / per-256 scales) -> TQ2_0: the source's bytes."""
     src = model_factory(src_type="tq2_0", scale=model_scale, moe=moe, z=0.42)
@@ -92,7 +102,7 @@ def test_tq2_0_round_trip_byte_identical(model_factory, tmp_path, version, model
     for x, y in zip(s.tensors, b.tensors):
         assert x.tensor_type == y.tensor_type and np.array_equal(tensor_bytes(x), tensor_bytes(y)), x.name
     assert int(b.get_field("general.file_type").contents()) == int(s.get_field("general.file_type").contents())
-    assert b.get_field(KEY_FORMAT_VERSION) is None                 # no BITCOS left: no bitcos.* keys
+    assert b.get_field(KEY_FORMAT_VERSION) is None  # no BITCOS left: no bitcos.* keys
 
 
 @pytest.mark.parametrize("to", ["tq1_0", "f16", "f32"])
@@ -108,6 +118,7 @@ def test_tq2_0_source_to_other_types(model_factory, tmp_path, to):
 
 # --- float sources: every representability rule ----------------------------------------------------------
 
+
 def _float_model(path, seed: int = 9) -> None:
     """F16/F32 ternary tensors covering each case of FORMAT.md §10 (odd row counts, z = 0 and 1)."""
     rng = np.random.default_rng(seed)
@@ -116,21 +127,21 @@ def _float_model(path, seed: int = 9) -> None:
         return random_codes(rng, (rows, k), z).astype(np.float32) * np.float32(scale)
 
     per128 = random_codes(rng, (5, 512), 0.4).astype(np.float32)
-    d = rng.choice(np.array([0.25, 0.5, 0.375], np.float32), (5, 4))           # halves differ: G128 only
-    d[0, 0] = 0.2509765625              # 0.25 (1 + 2^-8): an fp16 value, not a bf16 one (7 fraction bits)
+    d = rng.choice(np.array([0.25, 0.5, 0.375], np.float32), (5, 4))  # halves differ: G128 only
+    d[0, 0] = 0.2509765625  # 0.25 (1 + 2^-8): an fp16 value, not a bf16 one (7 fraction bits)
     per128 = (per128.reshape(5, 4, 128) * d[:, :, None]).reshape(5, 512)
     same_halves = random_codes(rng, (3, 512), 0.5).astype(np.float32)
     d2 = np.repeat(rng.choice(np.array([0.015625, 0.0234375], np.float32), (3, 2)), 2, axis=1)
     same_halves = (same_halves.reshape(3, 4, 128) * d2[:, :, None]).reshape(3, 512)
-    same_halves[0, 128:256] = 0          # an empty half: its G128 d is 0, the other half's d decides
-    same_halves[1, 0:256] = 0            # a whole empty 256-block
+    same_halves[0, 128:256] = 0  # an empty half: its G128 d is 0, the other half's d decides
+    same_halves[1, 0:256] = 0  # a whole empty 256-block
     tensors = {
-        "blk.0.attn_q.weight": (T.F16, ternary(7, 256, 0.0, 0.0625)),      # z = 0, PT, fp16 & bf16 scale
-        "blk.0.attn_k.weight": (T.F16, ternary(3, 256, 1.0, 0.0625)),      # z = 1: all zero
-        "blk.0.attn_v.weight": (T.F32, ternary(9, 256, 0.5, 0.1)),         # PT scale 0.1: not fp16, not bf16
-        "blk.0.attn_output.weight": (T.F16, per128),                        # G128, halves differ: no TQ
-        "blk.0.ffn_up.weight": (T.F16, same_halves),                        # G128, equal halves: TQ ok
-        "blk.0.ffn_down.weight": (T.F16, ternary(5, 384, 0.4, 0.0625)),    # K = 384: no TQ block
+        "blk.0.attn_q.weight": (T.F16, ternary(7, 256, 0.0, 0.0625)),  # z = 0, PT, fp16 & bf16 scale
+        "blk.0.attn_k.weight": (T.F16, ternary(3, 256, 1.0, 0.0625)),  # z = 1: all zero
+        "blk.0.attn_v.weight": (T.F32, ternary(9, 256, 0.5, 0.1)),  # PT scale 0.1: not fp16, not bf16
+        "blk.0.attn_output.weight": (T.F16, per128),  # G128, halves differ: no TQ
+        "blk.0.ffn_up.weight": (T.F16, same_halves),  # G128, equal halves: TQ ok
+        "blk.0.ffn_down.weight": (T.F16, ternary(5, 384, 0.4, 0.0625)),  # K = 384: no TQ block
         "blk.0.ffn_gate.weight": (T.F16, ternary(4, 256, 0.3, 0.0626220703125)),  # 2^-4 (1 + 2^-9): fp16, not bf16
         "output_norm.weight": (T.F32, np.ones(256, np.float32)),
     }
@@ -152,11 +163,13 @@ def float_pair(tmp_path_factory, request):
     _float_model(src)
     res = convert(src, mid, progress=False, force_grow=True, format_version=request.param)
     variants = {r.name: r.variant for r in res.converted}
-    per128, per_matrix, per256 = ((Variant.G128, Variant.PT, Variant.G128) if request.param == 1 else
-                                  (Variant.B128, Variant.MATRIX, Variant.B256))
+    per128, per_matrix, per256 = (
+        (Variant.G128, Variant.PT, Variant.G128) if request.param == 1 else (Variant.B128, Variant.MATRIX, Variant.B256)
+    )
     assert variants["blk.0.attn_output.weight"] == per128 and variants["blk.0.attn_v.weight"] == per_matrix
     assert variants["blk.0.ffn_up.weight"] == per256 and len(variants) == 7
     from gguf_raw import read_tensor_table
+
     if request.param == 1:
         # the empty halves really carry a d of their own (0), unlike their partners: the TQ targets must cope
         t = read_tensor_table(mid)["blk.0.ffn_up.weight"]
@@ -167,21 +180,30 @@ def float_pair(tmp_path_factory, request):
         # B256: the 256-block holding only an empty half has its other half's scale; the empty one has 0
         c = read_tensor_table(mid)["blk.0.ffn_up.weight" + COMPANION_SUFFIX]
         comp = np.frombuffer(mid.read_bytes(), np.uint8, c.ne[0], c.offset)
-        off = int(comp[40:48].view("<u8")[0])                            # scales_offset (FORMAT.md §4.1)
-        d = comp[off:off + 3 * 2 * 2].view("<f2").reshape(3, 2)
+        off = int(comp[40:48].view("<u8")[0])  # scales_offset (FORMAT.md §4.1)
+        d = comp[off : off + 3 * 2 * 2].view("<f2").reshape(3, 2)
         assert d[0, 0] != 0 and d[1, 0] == 0
     return src, mid, per128
 
 
 # (target, tensors it cannot hold, a phrase of the reason)
 IMPOSSIBLE = {
-    "tq2_0": {"blk.0.attn_v.weight": "not an fp16 value", "blk.0.attn_output.weight": "different scales",
-              "blk.0.ffn_down.weight": "not a multiple of 256"},
-    "tq1_0": {"blk.0.attn_v.weight": "not an fp16 value", "blk.0.attn_output.weight": "different scales",
-              "blk.0.ffn_down.weight": "not a multiple of 256"},
+    "tq2_0": {
+        "blk.0.attn_v.weight": "not an fp16 value",
+        "blk.0.attn_output.weight": "different scales",
+        "blk.0.ffn_down.weight": "not a multiple of 256",
+    },
+    "tq1_0": {
+        "blk.0.attn_v.weight": "not an fp16 value",
+        "blk.0.attn_output.weight": "different scales",
+        "blk.0.ffn_down.weight": "not a multiple of 256",
+    },
     "f16": {"blk.0.attn_v.weight": "not a F16 value"},
-    "bf16": {"blk.0.attn_v.weight": "not a BF16 value", "blk.0.attn_output.weight": "not a BF16 value",
-             "blk.0.ffn_gate.weight": "not a BF16 value"},
+    "bf16": {
+        "blk.0.attn_v.weight": "not a BF16 value",
+        "blk.0.attn_output.weight": "not a BF16 value",
+        "blk.0.ffn_gate.weight": "not a BF16 value",
+    },
     "f32": {},
 }
 
@@ -219,7 +241,7 @@ def test_fallback_keep_and_cli(float_pair, tmp_path, capsys):
     kept = set(IMPOSSIBLE["tq2_0"])
     check_back(src, mid, out, expect_kept=kept)
     r = open_gguf(out)
-    assert r.get_field(KEY_FORMAT_VERSION) is not None                  # BITCOS left: its keys stay
+    assert r.get_field(KEY_FORMAT_VERSION) is not None  # BITCOS left: its keys stay
     # the kept weights are still valid BITCOS (the codec decodes them with all checks)
     assert main(["info", "--check", str(out)]) == 0
     capsys.readouterr()
@@ -237,13 +259,14 @@ def test_fallback_keep_and_cli(float_pair, tmp_path, capsys):
 def test_corrupt_bitcos_refused_cleanly(float_pair, tmp_path, capsys):
     import shutil
     from gguf_raw import read_tensor_table
+
     _src, mid, _per128 = float_pair
     comp = read_tensor_table(mid)["blk.0.ffn_up.weight" + COMPANION_SUFFIX]
     bad = tmp_path / "bad.gguf"
     shutil.copyfile(mid, bad)
     with open(bad, "r+b") as f:
         f.seek(comp.offset + comp.ne[0] - 1)
-        f.write(b"\x80")                                                   # a bit in the pool's zero tail
+        f.write(b"\x80")  # a bit in the pool's zero tail
     assert main(["convert", "--to", "f32", str(bad), "-o", str(tmp_path / "o.gguf")]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and str(bad) in err and "tensor 'blk.0.ffn_up.weight'" in err and "n_sign_bits" in err
@@ -252,10 +275,12 @@ def test_corrupt_bitcos_refused_cleanly(float_pair, tmp_path, capsys):
 
 # --- through the patched llama.cpp -------------------------------------------------------------------
 
+
 @pytest.mark.llama
 def test_back_to_tq2_0_same_greedy_tokens_in_llama(tmp_path, patched_llama):
     from ggml_bitcos import llama_run
     from ggml_bitcos.make_model import PRESETS, make_model
+
     src = tmp_path / "src-tq2_0.gguf"
     make_model(src, PRESETS["tiny"], z=0.42, scale_mode="tensor", src_type="tq2_0", seed=7, progress=False)
     mid = tmp_path / "mid-bitcos.gguf"
@@ -267,6 +292,6 @@ def test_back_to_tq2_0_same_greedy_tokens_in_llama(tmp_path, patched_llama):
         convert_back(mid, outs[to], to=to, progress=False)
     got = llama_run.greedy_generate(outs["tq2_0"], PROMPT, 24, n_threads=2)
     assert got.tokens == want.tokens and np.array_equal(got.logits, want.logits)
-    for to in ("tq1_0", "f16", "f32"):     # other kernels: they load and generate (rounding may differ)
+    for to in ("tq1_0", "f16", "f32"):  # other kernels: they load and generate (rounding may differ)
         g = llama_run.greedy_generate(outs[to], PROMPT, 8, n_threads=2)
         assert len(g.tokens) == 8 and np.all(np.isfinite(g.logits))

@@ -34,7 +34,7 @@ TQ1_SPECS = [
     ("blk.0.ffn_up.weight", 64, 2048, 0.70, True),
     ("blk.0.ffn_down.weight", 3, 256, 1.0, False),
     ("blk.0.ffn_gate.weight", 96, 2048, 0.45, False),
-    ("blk.1.ffn_up.weight", 64, 2048, 0.30, False),     # PT 2 - z + index = 1.71 > TQ1_0's 1.6875
+    ("blk.1.ffn_up.weight", 64, 2048, 0.30, False),  # PT 2 - z + index = 1.71 > TQ1_0's 1.6875
 ]
 
 
@@ -98,7 +98,7 @@ def test_grow_kept_in_source_type(tq1, tmp_path, capsys):
     assert kept == grows
     assert set(_bitcos_bytes(out)) == set(sizes) - grows
     s, o = {t.name: t for t in open_gguf(src).tensors}, {t.name: t for t in open_gguf(out).tensors}
-    for n in kept:                                                      # kept byte for byte
+    for n in kept:  # kept byte for byte
         assert np.array_equal(tensor_bytes(o[n]), tensor_bytes(s[n])) and n + COMPANION_SUFFIX not in o
     assert f"kept in their source type: {len(grows)} tensor(s)" in err and "--force-grow" in err
     for n in grows:
@@ -129,8 +129,9 @@ def test_all_grow_is_nothing_to_convert(tmp_path, capsys):
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
         w.add_tensor_info("blk.0.ffn_up.weight", T.TQ1_0, (256, 3))
         w.begin()
-        w.write_tensor("blk.0.ffn_up.weight", tq.tq1_0_encode(random_codes(rng, (3, 256), 0.0),
-                                                              np.full((3, 1), 0.5, np.float16)))
+        w.write_tensor(
+            "blk.0.ffn_up.weight", tq.tq1_0_encode(random_codes(rng, (3, 256), 0.0), np.full((3, 1), 0.5, np.float16))
+        )
     out = tmp_path / "o.gguf"
     assert main(["convert", str(src), "-o", str(out)]) == 1
     err = capsys.readouterr().err
@@ -170,7 +171,7 @@ def test_allow_copy_writes_an_untagged_copy(tmp_path, capsys):
     assert main(["convert", str(src), "-o", str(out), "--allow-copy", "-q"]) == 0
     s, o = open_gguf(src), open_gguf(out)
     assert all(np.array_equal(tensor_bytes(a), tensor_bytes(b)) for a, b in zip(s.tensors, o.tensors))
-    assert o.get_field(KEY_FORMAT_VERSION) is None                    # not tagged BITCOS
+    assert o.get_field(KEY_FORMAT_VERSION) is None  # not tagged BITCOS
     assert int(o.get_field("general.file_type").contents()) == 7
 
 
@@ -178,12 +179,15 @@ def test_version_1_output_unchanged(tmp_path):
     """--format-version 1 writes what convert wrote before version 2 existed (commit ea7ec69, sha256 below): PT
     whenever exact, even where G128 would take fewer bytes (the z = 1 tensor of 3 x 256 weights)."""
     import hashlib
+
     src = tmp_path / "tq1.gguf"
     _tq1_model(src)
     out = tmp_path / "v1.gguf"
     convert(src, out, progress=False, format_version=1)
-    assert hashlib.sha256(out.read_bytes()).hexdigest() == \
-        "919d4d3218478a9135c68827ac4bdf15337e1a7645b12409d1c00d7a080c3132"
+    assert (
+        hashlib.sha256(out.read_bytes()).hexdigest()
+        == "919d4d3218478a9135c68827ac4bdf15337e1a7645b12409d1c00d7a080c3132"
+    )
 
 
 @pytest.mark.parametrize("version,k,multiple", [(1, 320, 128), (2, 80, 32)])
@@ -209,8 +213,14 @@ def test_cannot_convert_name_with_strict(tmp_path, version, k, multiple):
 
 
 # every --scale choice of each version and the variant it writes
-FORCED = {(1, "g128"): "G128", (1, "tensor"): "PT", (2, "tensor"): "MATRIX", (2, "row"): "ROW", (2, "256"): "B256",
-          (2, "128"): "B128"}
+FORCED = {
+    (1, "g128"): "G128",
+    (1, "tensor"): "PT",
+    (2, "tensor"): "MATRIX",
+    (2, "row"): "ROW",
+    (2, "256"): "B256",
+    (2, "128"): "B128",
+}
 
 
 @pytest.mark.parametrize("tq1", [2], indirect=True, ids=["v2"])
@@ -230,7 +240,7 @@ def test_stats_real_bits_per_variant(tq1, tmp_path):
         want_bits = 8 * sum(got.values()) / n if len(got) == len(TQ1_SPECS) else None
         assert m.variant_bits[vname] == (pytest.approx(want_bits, rel=1e-12) if want_bits else None), vname
         assert m.not_exact[vname] == len(TQ1_SPECS) - len(got), vname
-    auto = sum(sizes.values())                       # convert's own choice per tensor
+    auto = sum(sizes.values())  # convert's own choice per tensor
     assert m.bitcos_auto == pytest.approx(8 * auto / n, rel=1e-12)
     tq1_bits = 8 * sum(tq1_bytes.values()) / n
     assert tq1_bits == pytest.approx(1.6875)

@@ -69,8 +69,9 @@ def _model(path: Path, *, n_ternary: int, rows: int, k: int, n_big: int, big_byt
         w.begin()
         for i in range(n_ternary):
             codes = random_codes(rng, (rows, k), 0.4)
-            w.write_tensor(f"blk.{i}.ffn_up.weight", tq.tq2_0_encode(codes, np.full((rows, k // QK_K), 0.25,
-                                                                                        np.float16)))
+            w.write_tensor(
+                f"blk.{i}.ffn_up.weight", tq.tq2_0_encode(codes, np.full((rows, k // QK_K), 0.25, np.float16))
+            )
         for i in range(n_big):
             w.write_tensor(f"extra.{i}", np.frombuffer(rng.bytes(big_bytes), np.uint8))
     return max(rows * k, big_bytes // 4)
@@ -101,8 +102,10 @@ def _kill_when(src: Path, out: Path, cond, timeout: float = 60.0) -> tuple[int, 
     try:
         while True:
             if p.poll() is not None:
-                pytest.fail(f"convert finished (rc {p.returncode}) before the kill point: "
-                            f"{p.stderr.read().decode()[-2000:] if p.stderr else ''}")
+                pytest.fail(
+                    f"convert finished (rc {p.returncode}) before the kill point: "
+                    f"{p.stderr.read().decode()[-2000:] if p.stderr else ''}"
+                )
             mine = [t for t in _temps(out.parent, out) if f".{p.pid}." in t.name]
             size = mine[0].stat().st_size if mine else None
             if cond(size, time.monotonic() - t0):
@@ -143,35 +146,36 @@ def test_sigkill_at_any_moment_keeps_input_and_output_and_next_run_cleans_up(tmp
         assert _sha(out) == out_sha, f"earlier output changed by a kill at {what}"
         temps = _temps(tmp_path, out)
         left = [t for t in temps if f".{pid}." in t.name]
-        assert len(left) == (0 if size < 0 else 1), (what, size, left)   # SIGKILL: nobody could clean up
-        if size >= 0:   # this run reached the writer: it removed the earlier killed runs' temp files
+        assert len(left) == (0 if size < 0 else 1), (what, size, left)  # SIGKILL: nobody could clean up
+        if size >= 0:  # this run reached the writer: it removed the earlier killed runs' temp files
             assert temps == left, (what, temps)
 
     stale = _temps(tmp_path, out)
     assert len(stale) == 1
 
     # temp files the next run cannot prove are stale leftovers of its own target: all must survive
-    live = tmp_path / f".{out.name}.{os.getpid()}.0badf00d{TEMP_SUFFIX}"        # a running process's PID
+    live = tmp_path / f".{out.name}.{os.getpid()}.0badf00d{TEMP_SUFFIX}"  # a running process's PID
     live.write_bytes(b"GGUF" + bytes(60))
-    other = tmp_path / f".other.gguf.{dead[0]}.0badf00d{TEMP_SUFFIX}"           # another output's
+    other = tmp_path / f".other.gguf.{dead[0]}.0badf00d{TEMP_SUFFIX}"  # another output's
     other.write_bytes(b"GGUF")
-    locked = tmp_path / f".{out.name}.{dead[1]}.1badf00d{TEMP_SUFFIX}"          # a live flock holds it
+    locked = tmp_path / f".{out.name}.{dead[1]}.1badf00d{TEMP_SUFFIX}"  # a live flock holds it
     locked.write_bytes(b"GGUF")
-    not_gguf = tmp_path / f".{out.name}.{dead[2]}.2badf00d{TEMP_SUFFIX}"        # not a GGUF this writer began
+    not_gguf = tmp_path / f".{out.name}.{dead[2]}.2badf00d{TEMP_SUFFIX}"  # not a GGUF this writer began
     not_gguf.write_bytes(b"important data")
-    link = tmp_path / f".{out.name}.{dead[3]}.3badf00d{TEMP_SUFFIX}"           # a symlink (to the input)
+    link = tmp_path / f".{out.name}.{dead[3]}.3badf00d{TEMP_SUFFIX}"  # a symlink (to the input)
     link.symlink_to(src)
     keep = [live, other, locked, not_gguf, link]
     fd = os.open(locked, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        r = subprocess.run([c for c in _convert_cmd(src, out) if c != "-q"], env=_env(), capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(
+            [c for c in _convert_cmd(src, out) if c != "-q"], env=_env(), capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, r.stderr
     finally:
         os.close(fd)
     assert f"removed 1 stale temporary file(s) of {out.name}" in r.stderr and stale[0].name in r.stderr, r.stderr
-    assert _sha(out) == out_sha                      # the same bytes as the first run
+    assert _sha(out) == out_sha  # the same bytes as the first run
     assert _sha(src) == src_sha
     for p in stale:
         assert not p.exists(), f"stale temp file {p.name} not removed"
@@ -191,6 +195,7 @@ def _fsync_spy(monkeypatch, out: Path) -> list[tuple[str, bool]]:
     def spy(fd: int) -> None:
         calls.append(("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file", out.exists()))
         real(fd)
+
     monkeypatch.setattr(os, "fsync", spy)
     return calls
 
@@ -200,10 +205,10 @@ def test_folder_fsynced_after_rename(tmp_path: Path, monkeypatch) -> None:
     _model(src, n_ternary=2, rows=64, k=512, n_big=1, big_bytes=1 << 16)
     calls = _fsync_spy(monkeypatch, out)
     convert(src, out, progress=False)
-    assert ("file", False) in calls                      # the temp file before the rename
-    assert calls[-1] == ("dir", True), calls             # the folder after it
+    assert ("file", False) in calls  # the temp file before the rename
+    assert calls[-1] == ("dir", True), calls  # the folder after it
 
-    back = tmp_path / "m-back.gguf"                      # convert --to: the same safe-write path
+    back = tmp_path / "m-back.gguf"  # convert --to: the same safe-write path
     calls = _fsync_spy(monkeypatch, back)
     convert_back(out, back, to="tq2_0", progress=False)
     assert ("file", False) in calls and calls[-1] == ("dir", True), calls
@@ -219,8 +224,7 @@ _MEASURE = textwrap.dedent("""
 def peak_rss(cmd: list[str]) -> tuple[int, int, str]:
     """(exit status, peak RSS in bytes, stderr tail) of ``cmd`` run as the only child of a fresh process (so
     RUSAGE_CHILDREN sees no other child of the test session)."""
-    r = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], env=_env(), capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], env=_env(), capture_output=True, text=True, timeout=600)
     rc, kb, err = r.stdout.split(" ", 2)
     return int(rc), int(kb) * 1024, err
 
@@ -234,15 +238,18 @@ def test_peak_memory_bounded_by_largest_tensor(tmp_path: Path) -> None:
     rc, peak, err = peak_rss(_convert_cmd(src, out))
     assert rc == 0, err
     bound = bound_bytes(w_max)
-    print(f"input {size / 1e6:.0f} MB, largest tensor {w_max:,} weights: peak RSS {peak / 1e6:.0f} MB, "
-          f"bound {bound / 1e6:.0f} MB")
-    assert bound < size                   # the model makes the difference clear
+    print(
+        f"input {size / 1e6:.0f} MB, largest tensor {w_max:,} weights: peak RSS {peak / 1e6:.0f} MB, "
+        f"bound {bound / 1e6:.0f} MB"
+    )
+    assert bound < size  # the model makes the difference clear
     assert peak <= bound, f"peak RSS {peak / 1e6:.0f} MB > bound {bound / 1e6:.0f} MB (input {size / 1e6:.0f} MB)"
 
 
 def test_cache_mb_option_changes_memory_not_bytes(tmp_path: Path) -> None:
     """--cache-mb 0 (every tensor encoded again when written) writes the same bytes as the default."""
     from ggml_bitcos.cli import main
+
     src = tmp_path / "m.gguf"
     _model(src, n_ternary=3, rows=64, k=512, n_big=1, big_bytes=1 << 12)
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"

@@ -28,17 +28,18 @@ from gguf_tools import GGUFStreamWriter, open_gguf
 
 from gguf_raw import read_tensor_table
 
-TQ1_0_BITS = 1.6875           # TQ1_0: 54 bytes per 256 weights
-TQ2_0_BITS = 2.0625           # TQ2_0: 66 bytes per 256 weights
+TQ1_0_BITS = 1.6875  # TQ1_0: 54 bytes per 256 weights
+TQ2_0_BITS = 2.0625  # TQ2_0: 66 bytes per 256 weights
 
 
 # --- an independent reader of version-2 tensors (FORMAT.md) ------------------------------------------------
+
 
 def spec_decode(path, name: str) -> tuple[np.ndarray, int, int]:
     """(fp32 values (R, K), companion variant byte, bytes of weight + companion) of BITCOS weight ``name``."""
     table = read_tensor_table(path)
     w, c = table[name], table[name + COMPANION_SUFFIX]
-    assert w.type_id == 162 and c.type_id == 24                          # BITCOS, I8 (FORMAT.md §1-2)
+    assert w.type_id == 162 and c.type_id == 24  # BITCOS, I8 (FORMAT.md §1-2)
     k, rows = w.ne[0], math.prod(w.ne[1:])
     data = path.read_bytes()
     comp = np.frombuffer(data, np.uint8, c.ne[0], c.offset)
@@ -51,13 +52,13 @@ def spec_decode(path, name: str) -> tuple[np.ndarray, int, int]:
     assert int(present.sum()) == n_sign
     signs = np.unpackbits(comp[pool_off:], bitorder="little")[:n_sign].astype(bool)
     t = np.zeros((rows, k), np.float32)
-    t[present] = np.where(signs, -1.0, 1.0)                              # row-major order of the non-zeros
-    if variant == 2:                                                     # MATRIX: f32 per matrix
+    t[present] = np.where(signs, -1.0, 1.0)  # row-major order of the non-zeros
+    if variant == 2:  # MATRIX: f32 per matrix
         s = np.frombuffer(comp, "<f4", n_mats, scales_off)
         scale = np.repeat(np.repeat(s, rows // n_mats)[:, None], k, axis=1)
-    elif variant == 3:                                                   # ROW: f32 per row
+    elif variant == 3:  # ROW: f32 per row
         scale = np.repeat(np.frombuffer(comp, "<f4", rows, scales_off)[:, None], k, axis=1)
-    else:                                                                # B128 / B256: f16 per block of a row
+    else:  # B128 / B256: f16 per block of a row
         n = 128 if variant == 4 else 256
         s = np.frombuffer(comp, "<f2", rows * k // n, scales_off).reshape(rows, k // n).astype(np.float32)
         scale = np.repeat(s, n, axis=1)
@@ -104,9 +105,14 @@ def bits_equal_up_to_zero_sign(got: np.ndarray, want: np.ndarray) -> bool:
 
 # (K, rows or (rows, experts), zero density, scale granularity, source type)
 ODD_SHAPES = [
-    (32, 7, 0.4, "row", T.F32), (96, 5, 0.0, "matrix", T.F16), (160, 9, 1.0, "matrix", T.F16),
-    (576, 11, 0.42, "row", T.BF16), (576, (6, 3), 0.35, "matrix", T.F16), (640, 4, 0.5, "row", T.F16),
-    (1536, 3, 0.3, "matrix", T.F32), (640, (3, 2), 0.4, "row", T.F32),
+    (32, 7, 0.4, "row", T.F32),
+    (96, 5, 0.0, "matrix", T.F16),
+    (160, 9, 1.0, "matrix", T.F16),
+    (576, 11, 0.42, "row", T.BF16),
+    (576, (6, 3), 0.35, "matrix", T.F16),
+    (640, 4, 0.5, "row", T.F16),
+    (1536, 3, 0.3, "matrix", T.F32),
+    (640, (3, 2), 0.4, "row", T.F32),
 ]
 
 
@@ -117,10 +123,10 @@ def odd_model(tmp_path_factory):
     for i, (k, rows, z, gran, tt) in enumerate(ODD_SHAPES):
         shape = (rows[1], rows[0], k) if isinstance(rows, tuple) else (rows, k)
         codes = random_codes(rng, shape, z)
-        if gran == "matrix":     # one scale per matrix (per expert of a 3-D tensor): fp32 values fp16 lacks
+        if gran == "matrix":  # one scale per matrix (per expert of a 3-D tensor): fp32 values fp16 lacks
             lead = shape[:1] + (1,) * (len(shape) - 1) if len(shape) == 3 else (1, 1)
             s = rng.uniform(0.01, 0.1, lead).astype(np.float32)
-        else:                    # one arbitrary scale per row
+        else:  # one arbitrary scale per row
             s = rng.uniform(0.01, 0.1, shape[:-1] + (1,)).astype(np.float32)
         x = as_type(codes.astype(np.float32) * s, tt)
         name = f"blk.{i}.ffn_up{'_exps' if len(shape) == 3 else ''}.weight"
@@ -145,7 +151,7 @@ def test_odd_row_lengths_convert_bit_exactly(odd_model):
         assert bits_equal_up_to_zero_sign(got, x), name
     r = open_gguf(out)
     assert r.get_field(KEY_FORMAT_VERSION).contents() == 2
-    assert r.get_field("general.file_type").contents() == 162           # mostly BITCOS (version 2)
+    assert r.get_field("general.file_type").contents() == 162  # mostly BITCOS (version 2)
 
 
 def test_odd_row_lengths_refused_in_version_1(odd_model, tmp_path):
@@ -155,8 +161,10 @@ def test_odd_row_lengths_refused_in_version_1(odd_model, tmp_path):
     res = convert(src, tmp_path / "v1.gguf", progress=False, force_grow=True, format_version=1, allow_copy=True)
     table = read_tensor_table(src)
     assert {r.name for r in res.converted} == {
-        n for n, (v, _x) in want.items()
-        if table[n].ne[0] % 128 == 0 and (v == Variant.MATRIX or table[n].type_id == int(T.F16))}
+        n
+        for n, (v, _x) in want.items()
+        if table[n].ne[0] % 128 == 0 and (v == Variant.MATRIX or table[n].type_id == int(T.F16))
+    }
     for r in res.skipped:
         assert "multiple of 128" in r.reason or r.reason.startswith("no variant holds"), (r.name, r.reason)
 
@@ -175,10 +183,14 @@ def test_not_a_multiple_of_32_reported(tmp_path):
 
 # --- auto: the fewest bytes among the exact variants, ties to the coarser ---------------------------------------
 
+
 def _sizes_from_file(path) -> dict[str, int]:
     table = read_tensor_table(path)
-    return {n: math.prod(t.ne[1:]) * t.ne[0] // 8 + table[n + COMPANION_SUFFIX].ne[0]
-            for n, t in table.items() if t.type_id == 162}
+    return {
+        n: math.prod(t.ne[1:]) * t.ne[0] // 8 + table[n + COMPANION_SUFFIX].ne[0]
+        for n, t in table.items()
+        if t.type_id == 162
+    }
 
 
 def test_auto_is_the_smallest_exact_variant(tmp_path):
@@ -192,11 +204,13 @@ def test_auto_is_the_smallest_exact_variant(tmp_path):
         s = np.repeat(rng.uniform(0.01, 0.1, (rows, k // group)).astype(np.float16).astype(np.float32), group, 1)
         return (codes * s).astype(np.float16)
 
-    tensors = {"blk.0.attn_q.weight": (T.F16, ternary(64, 256, 256)),       # ROW 4 B/row > B256 2 B/row
-               "blk.0.attn_k.weight": (T.F16, ternary(64, 512, 512)),       # ROW = B256: tie -> ROW
-               "blk.0.attn_v.weight": (T.F16, ternary(64, 1024, 1024)),     # ROW 4 B/row < B256 8 B/row
-               "blk.0.ffn_up.weight": (T.F16, ternary(64, 1024, 256)),      # B256 < B128
-               "blk.0.ffn_down.weight": (T.F16, ternary(64, 1024, 128))}    # B128 only
+    tensors = {
+        "blk.0.attn_q.weight": (T.F16, ternary(64, 256, 256)),  # ROW 4 B/row > B256 2 B/row
+        "blk.0.attn_k.weight": (T.F16, ternary(64, 512, 512)),  # ROW = B256: tie -> ROW
+        "blk.0.attn_v.weight": (T.F16, ternary(64, 1024, 1024)),  # ROW 4 B/row < B256 8 B/row
+        "blk.0.ffn_up.weight": (T.F16, ternary(64, 1024, 256)),  # B256 < B128
+        "blk.0.ffn_down.weight": (T.F16, ternary(64, 1024, 128)),
+    }  # B128 only
     src = tmp_path / "src.gguf"
     write_model(src, tensors)
     forced = {}
@@ -208,30 +222,38 @@ def test_auto_is_the_smallest_exact_variant(tmp_path):
     res = convert(src, auto, progress=False, force_grow=True)
     got = _sizes_from_file(auto)
     chosen = {r.name: r.variant for r in res.converted}
-    assert chosen == {"blk.0.attn_q.weight": Variant.B256, "blk.0.attn_k.weight": Variant.ROW,
-                      "blk.0.attn_v.weight": Variant.ROW, "blk.0.ffn_up.weight": Variant.B256,
-                      "blk.0.ffn_down.weight": Variant.B128}
-    order = ("tensor", "row", "256", "128")                            # coarse to fine
+    assert chosen == {
+        "blk.0.attn_q.weight": Variant.B256,
+        "blk.0.attn_k.weight": Variant.ROW,
+        "blk.0.attn_v.weight": Variant.ROW,
+        "blk.0.ffn_up.weight": Variant.B256,
+        "blk.0.ffn_down.weight": Variant.B128,
+    }
+    order = ("tensor", "row", "256", "128")  # coarse to fine
     for name in tensors:
         options = [(forced[s][name], order.index(s)) for s in order if name in forced[s]]
         assert got[name] == min(options)[0], name
         assert spec_decode(auto, name)[1] == VARIANT_BYTE[chosen[name]]
-    assert forced["row"]["blk.0.attn_k.weight"] == forced["256"]["blk.0.attn_k.weight"]   # a real tie
+    assert forced["row"]["blk.0.attn_k.weight"] == forced["256"]["blk.0.attn_k.weight"]  # a real tie
 
 
 # --- bits per weight within the format's bounds --------------------------------------------------------------
+
 
 def test_per_row_scaled_model_within_target(tmp_path, capsys):
     """A per-row-scaled model (TriLM / ParetoQ style: one fp32 scale per output channel, any fp32 value) converts
     to ROW at <= 2 - z + 32/K + 0.01 bits per weight, measured from the file (FORMAT.md §8: K >= 2048 and
     >= 2 M weights per tensor)."""
     rng = np.random.default_rng(2048)
-    specs = {"blk.0.ffn_up.weight": (1024, 2048, 0.42), "blk.0.ffn_down.weight": (768, 2816, 0.30),
-             "blk.0.attn_q.weight": (768, 3072, 0.55)}
+    specs = {
+        "blk.0.ffn_up.weight": (1024, 2048, 0.42),
+        "blk.0.ffn_down.weight": (768, 2816, 0.30),
+        "blk.0.attn_q.weight": (768, 3072, 0.55),
+    }
     tensors = {}
     for name, (rows, k, z) in specs.items():
         codes = random_codes(rng, (rows, k), z)
-        s = rng.lognormal(-4, 0.5, (rows, 1)).astype(np.float32)         # fp32 scales fp16 does not hold
+        s = rng.lognormal(-4, 0.5, (rows, 1)).astype(np.float32)  # fp32 scales fp16 does not hold
         tensors[name] = (T.F32, codes.astype(np.float32) * s)
     src, out = tmp_path / "rows.gguf", tmp_path / "rows-bitcos.gguf"
     write_model(src, tensors)
@@ -245,7 +267,7 @@ def test_per_row_scaled_model_within_target(tmp_path, capsys):
         z = 1 - np.count_nonzero(x) / x.size
         bits = 8 * nbytes / x.size
         assert bits <= 2 - z + 32 / k + 0.01, (name, bits, z)
-        assert bits > 2 - z + 32 / k                                     # the index is not free
+        assert bits > 2 - z + 32 / k  # the index is not free
     # the summary names the variant and its real bits per weight
     n = sum(r * k for r, k, _z in specs.values())
     z_all = 1 - sum(np.count_nonzero(spec_decode(out, nm)[0]) for nm in specs) / n
@@ -286,7 +308,7 @@ def test_tq2_0_with_varying_block_scales_against_tq1_0(tmp_path, z, smaller):
     n = x.size
     bits = 8 * nbytes / n
     z_real = 1 - np.count_nonzero(x) / n
-    index = bits - (TQ2_0_BITS - z_real)                    # row index, header, alignment: what B256 adds
+    index = bits - (TQ2_0_BITS - z_real)  # row index, header, alignment: what B256 adds
     # FORMAT.md §8: 16 + 64/G bits per row (G = 64 rows per group at this density), a 128-byte header,
     # <= 3 x 63 alignment bytes, a 64-byte tail
     assert 0 < index <= (16 + 64 / 64) / 2048 + 8 * (128 + 3 * 63 + 64) / n
@@ -321,16 +343,23 @@ def test_tq2_0_with_varying_block_scales_against_tq1_0(tmp_path, z, smaller):
 
 # --- the way back from the version-2 variants ------------------------------------------------------------
 
+
 def test_row_variant_back_to_stock_types(tmp_path):
     """ROW -> TQ2_0 / TQ1_0 needs K % 256 and fp16 row scales (FORMAT.md §10); F16 needs fp16 values; F32
     always. K = 576 (no TQ block) converts back to F16 exactly."""
     rng = np.random.default_rng(10)
     c1, c2, c3 = (random_codes(rng, (6, k), 0.4).astype(np.float32) for k in (512, 512, 576))
     s16 = rng.uniform(0.01, 0.1, (6, 1)).astype(np.float16).astype(np.float32)
-    s32 = s16 * np.float32(1 + 2 ** -20)                                  # not fp16, not bf16
+    s32 = s16 * np.float32(1 + 2**-20)  # not fp16, not bf16
     src = tmp_path / "rows.gguf"
-    write_model(src, {"blk.0.attn_q.weight": (T.F32, c1 * s16), "blk.0.attn_k.weight": (T.F32, c2 * s32),
-                      "blk.0.attn_v.weight": (T.F16, (c3 * s16).astype(np.float16))})
+    write_model(
+        src,
+        {
+            "blk.0.attn_q.weight": (T.F32, c1 * s16),
+            "blk.0.attn_k.weight": (T.F32, c2 * s32),
+            "blk.0.attn_v.weight": (T.F16, (c3 * s16).astype(np.float16)),
+        },
+    )
     mid = tmp_path / "mid.gguf"
     res = convert(src, mid, progress=False, force_grow=True, scale="row")
     assert {r.variant for r in res.converted} == {Variant.ROW} and len(res.converted) == 3
@@ -345,6 +374,7 @@ def test_row_variant_back_to_stock_types(tmp_path):
     assert {r.name: r.target for r in f16.tensors}["blk.0.attn_k.weight"] == "f32"
     # values: every converted-back tensor dequantizes (gguf-py) to the BITCOS values
     from gguf.quants import dequantize
+
     for path in (tmp_path / "tq2.gguf", tmp_path / "f16.gguf"):
         for t in open_gguf(path).tensors:
             want = spec_decode(mid, t.name)[0]
@@ -362,7 +392,7 @@ def test_format_version_of_mixed_files(tmp_path):
     write_model(src, {"blk.0.attn_q.weight": (T.F16, a), "blk.0.attn_k.weight": (T.F16, b)})
     v1 = tmp_path / "v1.gguf"
     res = convert(src, v1, progress=False, force_grow=True, format_version=1)
-    assert [r.name for r in res.converted] == ["blk.0.attn_q.weight"]      # K = 96: no version-1 form
+    assert [r.name for r in res.converted] == ["blk.0.attn_q.weight"]  # K = 96: no version-1 form
     r1 = open_gguf(v1)
     assert r1.get_field(KEY_FORMAT_VERSION).contents() == 1 and r1.get_field("general.file_type").contents() == 161
     both = tmp_path / "both.gguf"

@@ -53,10 +53,24 @@ def ggml_include(tmp_path_factory) -> Path:
     return tree / "vendor" / "llama.cpp" / "ggml" / "include"
 
 
-def compile_cuda(nvcc_exe: str, source: Path, out: Path, arch: str, include: list[Path], link: bool,
-                 extra: tuple[str, ...] = ()) -> None:
-    cmd = [nvcc_exe, "-std=c++17", "-O2", f"-arch={arch}", "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
-           *extra, *(f"-I{p}" for p in include), str(source), "-o", str(out)]
+def compile_cuda(
+    nvcc_exe: str, source: Path, out: Path, arch: str, include: list[Path], link: bool, extra: tuple[str, ...] = ()
+) -> None:
+    cmd = [
+        nvcc_exe,
+        "-std=c++17",
+        "-O2",
+        f"-arch={arch}",
+        "-Werror",
+        "all-warnings",
+        "-Xcompiler",
+        "-Wall,-Wextra",
+        *extra,
+        *(f"-I{p}" for p in include),
+        str(source),
+        "-o",
+        str(out),
+    ]
     if not link:
         cmd.insert(1, "-c")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -73,18 +87,43 @@ def test_cuda_translation_units_compile(nvcc_path, ggml_include, tmp_path, arch)
     obj = tmp_path / f"ggml-bitcos-cuda-{arch}.o"
     # the glue with ggml-cuda's own CUDA_FLAGS (its CMakeLists.txt: -use_fast_math -extended-lambda) and the host
     # warnings ggml adds for its C++ (-Wmissing-declarations caught the whole build's only warnings in the glue)
-    compile_cuda(nvcc_path, ROOT / "csrc" / "cuda" / "ggml-bitcos-cuda.cu", obj, arch, inc, link=False,
-                 extra=("-use_fast_math", "-extended-lambda", "-Xcompiler",
-                        "-Wmissing-declarations,-Wmissing-noreturn,-Wcast-qual,-Wextra-semi"))
+    compile_cuda(
+        nvcc_path,
+        ROOT / "csrc" / "cuda" / "ggml-bitcos-cuda.cu",
+        obj,
+        arch,
+        inc,
+        link=False,
+        extra=(
+            "-use_fast_math",
+            "-extended-lambda",
+            "-Xcompiler",
+            "-Wmissing-declarations,-Wmissing-noreturn,-Wcast-qual,-Wextra-semi",
+        ),
+    )
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
-    for name in ("ggml_cuda_bitcos_supports_op", "ggml_cuda_bitcos_mul_mat(", "ggml_cuda_bitcos_mul_mat_id(",
-                 "ggml_cuda_bitcos_mul_mat_tmp_bytes(", "ggml_cuda_bitcos_mul_mat_id_tmp_bytes(",
-                 "bitcos_cuda_mul_mat_vec_kernel<1, 32, 8>", "bitcos_cuda_mul_mat_vec_kernel<8, 8, 8>",
-                 "bitcos_cuda_mul_mat_vec_id_kernel<32, 8>", "bitcos_cuda_mul_mat_vec_id_kernel<8, 8>",
-                 "bitcos_cuda_quantize_q8_kernel", "bitcos_cuda_mul_mat_mmq_kernel"):
+    for name in (
+        "ggml_cuda_bitcos_supports_op",
+        "ggml_cuda_bitcos_mul_mat(",
+        "ggml_cuda_bitcos_mul_mat_id(",
+        "ggml_cuda_bitcos_mul_mat_tmp_bytes(",
+        "ggml_cuda_bitcos_mul_mat_id_tmp_bytes(",
+        "bitcos_cuda_mul_mat_vec_kernel<1, 32, 8>",
+        "bitcos_cuda_mul_mat_vec_kernel<8, 8, 8>",
+        "bitcos_cuda_mul_mat_vec_id_kernel<32, 8>",
+        "bitcos_cuda_mul_mat_vec_id_kernel<8, 8>",
+        "bitcos_cuda_quantize_q8_kernel",
+        "bitcos_cuda_mul_mat_mmq_kernel",
+    ):
         assert name in syms, name
-    compile_cuda(nvcc_path, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", tmp_path / f"test-{arch}", arch,
-                 [ROOT / "csrc", ROOT / "csrc" / "cuda"], link=True)
+    compile_cuda(
+        nvcc_path,
+        ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu",
+        tmp_path / f"test-{arch}",
+        arch,
+        [ROOT / "csrc", ROOT / "csrc" / "cuda"],
+        link=True,
+    )
 
 
 def cuda_device_present() -> bool:
@@ -105,29 +144,47 @@ def nvcc_or_prebuilt() -> str | None:
 # The batched path's cases (besides the SYCL test's, which it also runs): 1 / 8 / 9 / 33 / 64 / 65 columns (a
 # second 64-column tile), odd row counts and rows past a 32-row tile, K of each variant including MATRIX / ROW
 # rows ending in a partial 128-weight unit (32, 96, 576).
-BATCHED_K = {Variant.G128: (128, 384, 2048), Variant.PT: (128, 384, 2048), Variant.B128: (128, 640, 2048),
-             Variant.B256: (256, 768, 1536), Variant.MATRIX: (32, 96, 576, 2048), Variant.ROW: (32, 96, 576, 2048)}
-BATCHED_SHAPES = ((37, 33), (19, 64), (33, 9), (5, 8), (3, 1), (45, 65))     # (rows, columns)
+BATCHED_K = {
+    Variant.G128: (128, 384, 2048),
+    Variant.PT: (128, 384, 2048),
+    Variant.B128: (128, 640, 2048),
+    Variant.B256: (256, 768, 1536),
+    Variant.MATRIX: (32, 96, 576, 2048),
+    Variant.ROW: (32, 96, 576, 2048),
+}
+BATCHED_SHAPES = ((37, 33), (19, 64), (33, 9), (5, 8), (3, 1), (45, 65))  # (rows, columns)
 # K past two of the mat-vec's 64-word warp steps, ending in a partial one (odd for MATRIX / ROW)
-LONG_K = {Variant.G128: 4224, Variant.PT: 4224, Variant.B128: 4224, Variant.B256: 4352, Variant.MATRIX: 4192,
-          Variant.ROW: 4192}
+LONG_K = {
+    Variant.G128: 4224,
+    Variant.PT: 4224,
+    Variant.B128: 4224,
+    Variant.B256: 4352,
+    Variant.MATRIX: 4192,
+    Variant.ROW: 4192,
+}
 # K whose rows end mid-step for every lane count of the mat-vec (32 / 16 / 8 lanes a row, steps of 64 / 32 / 16
 # words; the rest a word per lane in one or two half steps): 76 and (odd) 77 words: 1 / 2 / 4 whole steps, then
 # 12 or 13 words (two half steps at 8 lanes); B256, 88 words: 1 / 2 / 5 whole steps, then 24 / 24 / 8 (two half
 # steps at 16 lanes)
-MID_STEP_K = {Variant.G128: 2432, Variant.PT: 2432, Variant.B128: 2432, Variant.B256: 2816, Variant.MATRIX: 2464,
-              Variant.ROW: 2464}
+MID_STEP_K = {
+    Variant.G128: 2432,
+    Variant.PT: 2432,
+    Variant.B128: 2432,
+    Variant.B256: 2816,
+    Variant.MATRIX: 2464,
+    Variant.ROW: 2464,
+}
 
 
 def batched_cases(rng: np.random.Generator, variant: Variant, zs: tuple[float, ...] = (0.0, 0.4, 1.0)) -> list[dict]:
     cases = []
     for z in zs:
         for i, k in enumerate(BATCHED_K[variant]):
-            for rows, n_x in BATCHED_SHAPES[i % 2::2]:
+            for rows, n_x in BATCHED_SHAPES[i % 2 :: 2]:
                 c = gpu_cases.make_case(rng, variant, rows, k, z, n_x)
                 c.update(row0=0, n_rows=rows, wg=16)
                 cases.append(c)
-    if not variant.scale_block:     # MUL_MAT_ID: 3 experts of 19 rows, 300 columns (more than a 64-slot tile each)
+    if not variant.scale_block:  # MUL_MAT_ID: 3 experts of 19 rows, 300 columns (more than a 64-slot tile each)
         c = gpu_cases.make_case(rng, variant, 57, 384 if variant.version == 1 else 96, 0.4, 300, n_mats=3)
         c.update(row0=0, n_rows=57, wg=16)
         cases.append(c)
@@ -156,7 +213,7 @@ def check_id(c: dict, res: np.ndarray) -> None:
     for e in range(n_exp):
         t, u = np.nonzero(ids == e)
         cols = c["x"][t * ne11 + u % ne11]
-        values = c["values"][e * rows_e:(e + 1) * rows_e].astype(np.float64)
+        values = c["values"][e * rows_e : (e + 1) * rows_e].astype(np.float64)
         check_batched({"x": cols, "values": values, "row0": 0, "n_rows": rows_e}, res[t, u])
 
 
@@ -179,16 +236,16 @@ def check_batched(c: dict, mm: np.ndarray) -> None:
     and their K/32-term sum); (2) tighter, against the fp64 product with the same quantized activations, within
     that fp32 part alone (catches tile index errors that the int8 bound could hide)."""
     n_x, k = c["x"].shape
-    values = c["values"][c["row0"]:c["row0"] + c["n_rows"]].astype(np.float64)
+    values = c["values"][c["row0"] : c["row0"] + c["n_rows"]].astype(np.float64)
     x = c["x"].astype(np.float64)
     nb = k // 32
     amax = np.abs(x).reshape(n_x, nb, 32).max(axis=2)
     wsum = np.abs(values).reshape(-1, nb, 32).sum(axis=2)
     m = amax @ wsum.T
-    fp32 = (nb + 4) * 2.0 ** -23
+    fp32 = (nb + 4) * 2.0**-23
     assert np.all(np.isfinite(mm))
     err = np.abs(mm - x @ values.T)
-    assert np.all(err <= m * (1 / 254 * (1 + 2.0 ** -12) + fp32) + 1e-30), float(np.max(err / (m + 1e-30)))
+    assert np.all(err <= m * (1 / 254 * (1 + 2.0**-12) + fp32) + 1e-30), float(np.max(err / (m + 1e-30)))
     q, d = quantize_q8(c["x"])
     xq = q.astype(np.float64) * np.repeat(d.astype(np.float64), 32, axis=1)
     mq = np.abs(xq).reshape(n_x, nb, 32).max(axis=2) @ wsum.T
@@ -205,11 +262,17 @@ def test_cuda_kernel_matches_the_reference(nvcc_or_prebuilt, tmp_path, variant):
     mat-vec and batched, on the tensors of several matrices (check_id)."""
     if not cuda_device_present():
         pytest.skip("no CUDA device (runs on a lent GPU machine: dev/gpu_session.sh)")
-    prebuilt = os.environ.get("BITCOS_CUDA_TEST_EXE")      # built elsewhere (the GPU machine has no nvcc)
+    prebuilt = os.environ.get("BITCOS_CUDA_TEST_EXE")  # built elsewhere (the GPU machine has no nvcc)
     exe = Path(prebuilt) if prebuilt else tmp_path / "test-bitcos-cuda"
     if not prebuilt:
-        compile_cuda(nvcc_or_prebuilt, ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu", exe, "native",
-                     [ROOT / "csrc", ROOT / "csrc" / "cuda"], link=True)
+        compile_cuda(
+            nvcc_or_prebuilt,
+            ROOT / "tests" / "cuda" / "test-bitcos-cuda.cu",
+            exe,
+            "native",
+            [ROOT / "csrc", ROOT / "csrc" / "cuda"],
+            link=True,
+        )
     rng = np.random.default_rng(31 + int(variant))
     run_and_check(exe, tmp_path, gpu_cases.variant_cases(rng, variant) + batched_cases(rng, variant))
 
@@ -229,14 +292,14 @@ def run_and_check(exe: Path, tmp_path: Path, cases: list[dict]) -> None:
         n_x, k = c["x"].shape
         # the mat-vec and the batched path share the arithmetic (int8 activations per 32, exact int32 dots)
         for _path in ("mat-vec", "batched"):
-            out = data[off:off + n_x * c["n_rows"]].reshape(n_x, c["n_rows"])
+            out = data[off : off + n_x * c["n_rows"]].reshape(n_x, c["n_rows"])
             off += out.size
             check_batched(c, out)
         lay = id_layout(c)
         if lay is not None:
             n_ids = lay[3].size * lay[1]
             for _path in ("mat-vec", "batched"):
-                check_id(c, data[off:off + n_ids].reshape(*lay[3].shape, lay[1]))
+                check_id(c, data[off : off + n_ids].reshape(*lay[3].shape, lay[1]))
                 off += n_ids
     assert off == data.size
 
@@ -248,10 +311,26 @@ def host_emulation(tmp_path_factory) -> Path:
     if cxx is None:
         pytest.skip("no C++ compiler")
     exe = tmp_path_factory.mktemp("cuda-host") / "host-emulation"
-    r = subprocess.run([cxx, "-std=c++20", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
-                        f"-I{ROOT / 'tests' / 'cuda' / 'host-shim'}", f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'csrc' / 'cuda'}",
-                        str(ROOT / "tests" / "cuda" / "host-emulation.cpp"), "-o", str(exe)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            cxx,
+            "-std=c++20",
+            "-O1",
+            "-pthread",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{ROOT / 'tests' / 'cuda' / 'host-shim'}",
+            f"-I{ROOT / 'csrc'}",
+            f"-I{ROOT / 'csrc' / 'cuda'}",
+            str(ROOT / "tests" / "cuda" / "host-emulation.cpp"),
+            "-o",
+            str(exe),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return exe
 
@@ -301,12 +380,14 @@ def test_mmq_tile_emulation(variant):
 
     rng = np.random.default_rng(97 + int(variant))
     cases = batched_cases(rng, variant, zs=(0.4,))
-    cases += [c for c in gpu_cases.variant_cases(rng, variant) if (c["row0"] or c["n_rows"] == 24) and c["x"].shape[1] <= 4352]
+    cases += [
+        c for c in gpu_cases.variant_cases(rng, variant) if (c["row0"] or c["n_rows"] == 24) and c["x"].shape[1] <= 4352
+    ]
     for c in cases:
         rows, k = c["n_rows"], c["x"].shape[1]
         codes = np.zeros((rows, k), np.int8)
         out = emu.emulate(c["blocks"], c["companion"], c["x"], c["row0"], rows, codes)
-        assert np.array_equal(codes, c["codes"][c["row0"]:c["row0"] + rows])
+        assert np.array_equal(codes, c["codes"][c["row0"] : c["row0"] + rows])
         check_batched(c, out)
         lay = id_layout(c)
         if lay is not None:

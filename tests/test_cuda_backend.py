@@ -37,12 +37,11 @@ def cuda_build(patched_llama) -> Path:
 
 
 def test_op_level_against_cpu(cuda_build: Path) -> None:
-    r = subprocess.run([str(cuda_build / "test-bitcos-backend"), DEVICE], capture_output=True, text=True,
-                       timeout=1800)
+    r = subprocess.run([str(cuda_build / "test-bitcos-backend"), DEVICE], capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     m = re.search(r"(\d+) checks, 0 failures", r.stdout)
     assert m and int(m.group(1)) > 200, r.stdout[-2000:]
-    assert "skipped" not in r.stdout, r.stdout[-3000:]     # every variant runs on the device
+    assert "skipped" not in r.stdout, r.stdout[-3000:]  # every variant runs on the device
 
 
 @pytest.fixture(scope="session")
@@ -75,12 +74,20 @@ def test_offloaded_bitcos_same_tokens_as_cpu(models, tmp_path: Path, name: str) 
     device = sum(float(m) for m in re.findall(rf"{DEVICE} model buffer size =\s*([0-9.]+) MiB", log))
     assert device >= _bitcos_mib(out), (device, _bitcos_mib(out), log[-3000:])
     t_cpu, l_cpu, _ = generate(out, tmp_path / "cpu.npz", ngl=0, n_tokens=4)
-    print(json.dumps({"model": name, "tokens_gpu": t_gpu.tolist(), "tokens_cpu": t_cpu.tolist(),
-                      "max_prompt_logit_diff": float(np.abs(l_gpu[0] - l_cpu[0]).max()),
-                      "max_prompt_logit": float(np.abs(l_cpu[0]).max())}))
+    print(
+        json.dumps(
+            {
+                "model": name,
+                "tokens_gpu": t_gpu.tolist(),
+                "tokens_cpu": t_cpu.tolist(),
+                "max_prompt_logit_diff": float(np.abs(l_gpu[0] - l_cpu[0]).max()),
+                "max_prompt_logit": float(np.abs(l_cpu[0]).max()),
+            }
+        )
+    )
     assert t_gpu.tolist() == t_cpu.tolist()
     assert float(np.abs(l_gpu[0] - l_cpu[0]).max()) <= 2e-2 * float(np.abs(l_cpu[0]).max())
-    assert len(set(t_gpu.tolist())) > 2      # not degenerate
+    assert len(set(t_gpu.tolist())) > 2  # not degenerate
 
 
 def test_device_memory_bitcos_vs_tq2_0(models, tmp_path: Path) -> None:

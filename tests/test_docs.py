@@ -28,8 +28,25 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SOURCE_DIRS = ("csrc", "ggml_bitcos", "gguf_tools", "tests", "dev", "scripts", "patches", "buildsys", "startup")
 SOURCE_FILES = ("CMakeLists.txt", "pyproject.toml")
-SOURCE_SUFFIXES = {".c", ".h", ".cpp", ".hpp", ".cu", ".cuh", ".py", ".sh", ".comp", ".patch", ".txt", ".toml",
-                   ".pth", ".supp", ".glsl", ".cmake", ""}
+SOURCE_SUFFIXES = {
+    ".c",
+    ".h",
+    ".cpp",
+    ".hpp",
+    ".cu",
+    ".cuh",
+    ".py",
+    ".sh",
+    ".comp",
+    ".patch",
+    ".txt",
+    ".toml",
+    ".pth",
+    ".supp",
+    ".glsl",
+    ".cmake",
+    "",
+}
 # a bare file name is checked when it has one of these suffixes
 FILE_SUFFIXES = (".c", ".h", ".cpp", ".hpp", ".cu", ".cuh", ".py", ".sh", ".comp", ".patch")
 
@@ -37,25 +54,85 @@ FILE_SUFFIXES = (".c", ".h", ".cpp", ".hpp", ".cu", ".cuh", ".py", ".sh", ".comp
 # are the anchors the project builds on, not code of this tree.
 UPSTREAM = {
     # ggml / llama.cpp
-    "ggml_vec_dot_tq2_0_q8_K", "ggml_row_size", "ggml_type_traits_cpu", "ggml_get_type_traits_cpu",
-    "ggml_cpu_init", "ggml_cuda_pool_alloc", "gguf_init_from_file_impl", "llama_model_load",
-    "mul_mat_vec_tq2_0", "mul_mat_vec_tq2_0.comp", "mul_mm.comp", "test_backend_ops", "ggml_backend_sched",
-    "llama_context", "block_tq2_0", "block_q8_K", "ggml_vec_dot_t", "ggml_type", "ggml_tensor",
-    "cudaGraphExecUpdate", "cublasGemmEx", "dequantize_row_tq2_0", "dequantize_row_tq1_0", "dequantize_row_q2_0",
-    "block_q2_0", "ggml.h", "ggml.c", "ggml-quants.c", "ggml-common.h", "gguf.cpp", "ggml-cpu.c", "ops.cpp",
-    "quants.c", "arch-fallback.h", "ggml-vulkan.cpp", "ggml-cuda.cu", "ggml-sycl.cpp", "llama-quant.cpp",
+    "ggml_vec_dot_tq2_0_q8_K",
+    "ggml_row_size",
+    "ggml_type_traits_cpu",
+    "ggml_get_type_traits_cpu",
+    "ggml_cpu_init",
+    "ggml_cuda_pool_alloc",
+    "gguf_init_from_file_impl",
+    "llama_model_load",
+    "mul_mat_vec_tq2_0",
+    "mul_mat_vec_tq2_0.comp",
+    "mul_mm.comp",
+    "test_backend_ops",
+    "ggml_backend_sched",
+    "llama_context",
+    "block_tq2_0",
+    "block_q8_K",
+    "ggml_vec_dot_t",
+    "ggml_type",
+    "ggml_tensor",
+    "cudaGraphExecUpdate",
+    "cublasGemmEx",
+    "dequantize_row_tq2_0",
+    "dequantize_row_tq1_0",
+    "dequantize_row_q2_0",
+    "block_q2_0",
+    "ggml.h",
+    "ggml.c",
+    "ggml-quants.c",
+    "ggml-common.h",
+    "gguf.cpp",
+    "ggml-cpu.c",
+    "ops.cpp",
+    "quants.c",
+    "arch-fallback.h",
+    "ggml-vulkan.cpp",
+    "ggml-cuda.cu",
+    "ggml-sycl.cpp",
+    "llama-quant.cpp",
     # the other llama.cpp lines whose formats the converter reads (bitnet.cpp, Prism ML's fork)
-    "quantize_i2_s", "quantize_to_i2_s", "dequantize_row_i2_s", "quantize_row_pq2_0_ref", "dequantize_row_pq2_0",
-    "dequantize_row_ptq1_0", "block_ptq1_0", "ptq1_0_stages", "gemm-config.h",
+    "quantize_i2_s",
+    "quantize_to_i2_s",
+    "dequantize_row_i2_s",
+    "quantize_row_pq2_0_ref",
+    "dequantize_row_pq2_0",
+    "dequantize_row_ptq1_0",
+    "block_ptq1_0",
+    "ptq1_0_stages",
+    "gemm-config.h",
     # gguf-py
-    "GGML_QUANT_SIZES", "raw_shape", "GGUFReader", "GGUFWriter",
+    "GGML_QUANT_SIZES",
+    "raw_shape",
+    "GGUFReader",
+    "GGUFWriter",
     # x86 intrinsics and instructions
-    "_mm256_add_ps", "_mm256_mul_ps", "vfmaq_f32", "vmulq_f32", "vaddq_f32", "_cvtsh_ss", "cvtsh_ss", "_mm512_dpbusd_epi32", "_pdep_u64", "_mm512_mask_mov_epi8",
+    "_mm256_add_ps",
+    "_mm256_mul_ps",
+    "vfmaq_f32",
+    "vmulq_f32",
+    "vaddq_f32",
+    "_cvtsh_ss",
+    "cvtsh_ss",
+    "_mm512_dpbusd_epi32",
+    "_pdep_u64",
+    "_mm512_mask_mov_epi8",
     # CUDA / SYCL
-    "__syncthreads", "__syncwarp", "__shfl_up_sync", "__dp4a", "joint_matrix", "joint_matrix_mad",
-    "shfl_sync", "ext_intel_matrix",
+    "__syncthreads",
+    "__syncwarp",
+    "__shfl_up_sync",
+    "__dp4a",
+    "joint_matrix",
+    "joint_matrix_mad",
+    "shfl_sync",
+    "ext_intel_matrix",
     # Python / CPython
-    "sys.meta_path", "meta_path", "distutils_precedence", "site_packages", "find_spec",
+    "sys.meta_path",
+    "meta_path",
+    "distutils_precedence",
+    "site_packages",
+    "find_spec",
 }
 
 # What CONTRIBUTING.md's worked example (an aarch64 NEON kernel) adds; remove them here once that kernel exists.
@@ -115,7 +192,7 @@ def code_spans(text: str):
 def check_path(span: str) -> str | None:
     """None if span is no repository path or exists; else why it is a miss."""
     path = span.rstrip("/.,;:")
-    path = re.sub(r":\d+(-\d+)?$", "", path)          # file:line
+    path = re.sub(r":\d+(-\d+)?$", "", path)  # file:line
     first = path.split("/", 1)[0]
     if "/" not in path and first not in top_level():
         if path.endswith(FILE_SUFFIXES) and re.fullmatch(r"[\w.+-]+", path) and path not in UPSTREAM:
@@ -134,12 +211,32 @@ def check_symbol(span: str) -> str | None:
         return None
     name, call = m.group(1).lstrip("~"), m.group(2)
     parts = re.split(r"\.|::", name)
-    if "." in name and parts[-1] in {"py", "c", "h", "cpp", "hpp", "cu", "cuh", "comp", "md", "sh", "so", "gguf",
-                                     "json", "png", "spv", "toml", "pth", "txt", "patch", "log"}:
-        return None                                      # a file name, check_path's business
+    if "." in name and parts[-1] in {
+        "py",
+        "c",
+        "h",
+        "cpp",
+        "hpp",
+        "cu",
+        "cuh",
+        "comp",
+        "md",
+        "sh",
+        "so",
+        "gguf",
+        "json",
+        "png",
+        "spv",
+        "toml",
+        "pth",
+        "txt",
+        "patch",
+        "log",
+    }:
+        return None  # a file name, check_path's business
     missing = []
     for i, part in enumerate(parts):
-        checked = ("_" in part.strip("_") or (call is not None and i == len(parts) - 1))
+        checked = "_" in part.strip("_") or (call is not None and i == len(parts) - 1)
         if not checked or len(part) < 4 or part.isupper() or part in UPSTREAM or ".".join(parts[i:]) in UPSTREAM:
             continue
         if part not in source_words():
@@ -190,17 +287,18 @@ def misses(doc: Path) -> list[str]:
 @pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
 def test_doc_names_only_what_exists(doc: Path) -> None:
     found = misses(doc)
-    assert not found, f"{len(found)} name(s) in {doc.relative_to(ROOT)} that the tree does not have:\n" + \
-        "\n".join(found)
+    assert not found, f"{len(found)} name(s) in {doc.relative_to(ROOT)} that the tree does not have:\n" + "\n".join(
+        found
+    )
 
 
 def test_the_checks_catch_misses() -> None:
     """The checks fail on a made-up path, symbol and anchor, and pass on real ones."""
     assert check_path("csrc/no-such-file.c") == "no such path"
     assert check_path("csrc/bitcos-format.h") is None
-    assert check_path("ggml/src/ggml.c") is None                        # upstream tree: not checked
+    assert check_path("ggml/src/ggml.c") is None  # upstream tree: not checked
     assert check_symbol("no_such_function_anywhere()").startswith("not in the source")
     assert check_symbol("info.validate_bitcos_tensor") is None
-    assert check_symbol("GGML_BITCOS_ANYTHING") is None                  # all caps: not checked
+    assert check_symbol("GGML_BITCOS_ANYTHING") is None  # all caps: not checked
     assert check_link(ROOT / "README.md", "docs/PERFORMANCE.md#no-such-heading").startswith("no heading")
     assert check_link(ROOT / "README.md", "docs/PERFORMANCE.md") is None

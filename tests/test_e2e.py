@@ -21,8 +21,9 @@ N_TOKENS = 64
 
 
 def _cli(*args: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", *args], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "ggml_bitcos", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     assert r.returncode == 0, f"ggml-bitcos {' '.join(args)} failed:\n{r.stdout[-3000:]}"
 
 
@@ -53,13 +54,28 @@ def model_pairs(tmp_path_factory, patched_llama) -> dict[str, tuple[Path, Path]]
     for name, (make, conv, variant) in PAIRS.items():
         src = d / f"{name}-tq2_0.gguf"
         out = d / f"{name}-bitcos.gguf"
-        _cli("make-model", "-o", str(src), "--preset", "tiny", "--zero-density", "0.42", "--type", "tq2_0",
-             "--seed", "7", *make)
+        _cli(
+            "make-model",
+            "-o",
+            str(src),
+            "--preset",
+            "tiny",
+            "--zero-density",
+            "0.42",
+            "--type",
+            "tq2_0",
+            "--seed",
+            "7",
+            *make,
+        )
         _cli("convert", str(src), "-o", str(out), *conv)
         r = gguf_tools.open_gguf(out)
-        got = {codec.parse_header(gguf_tools.tensor_bytes(t)).variant.name for t in r.tensors
-               if t.name.endswith(COMPANION_SUFFIX)}
-        assert got == {variant}, (name, got)   # the pair tests the layout it is named after
+        got = {
+            codec.parse_header(gguf_tools.tensor_bytes(t)).variant.name
+            for t in r.tensors
+            if t.name.endswith(COMPANION_SUFFIX)
+        }
+        assert got == {variant}, (name, got)  # the pair tests the layout it is named after
         pairs[name] = (src, out)
     return pairs
 
@@ -97,8 +113,9 @@ def test_llama_completion_moe_identical_text(model_pairs):
     # one thread: upstream's own TQ2_0 MoE path with 2 threads is not deterministic on a loaded host (the same
     # TQ2_0 file gave 2 different texts in 8 runs under 2 busy-loop processes; BITCOS gave 8 identical ones)
     src, out = model_pairs["moe-b256"]
-    assert (llama_helpers.run_completion(src, PROMPT, N_TOKENS, threads=1)
-            == llama_helpers.run_completion(out, PROMPT, N_TOKENS, threads=1))
+    assert llama_helpers.run_completion(src, PROMPT, N_TOKENS, threads=1) == llama_helpers.run_completion(
+        out, PROMPT, N_TOKENS, threads=1
+    )
 
 
 @pytest.mark.parametrize("name", ["dense-matrix", "moe-b256", "dense-pt-v1"])

@@ -15,8 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from foreign_gguf import (TYPE_ID, _kv_string, _kv_u32, quantize_i2_s, quantize_q2_0_g128, read_raw, spec_dequantize,
-                          write_raw)
+from foreign_gguf import (
+    TYPE_ID,
+    _kv_string,
+    _kv_u32,
+    quantize_i2_s,
+    quantize_q2_0_g128,
+    read_raw,
+    spec_dequantize,
+    write_raw,
+)
 from ggml_bitcos import codec, foreign
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, Variant
 from ggml_bitcos.ternary import random_codes
@@ -26,17 +34,19 @@ FORMATS = ["I2_S", "Q2_0", "PQ2_0", "PTQ1_0"]
 
 # --- building sources ------------------------------------------------------------------------------
 
+
 def encode(fmt: str, codes: np.ndarray, scales) -> bytes:
     if fmt == "I2_S":
         return foreign.i2_s_encode(codes, scales).tobytes()
-    return {"Q2_0": foreign.q2_0_encode, "PQ2_0": foreign.pq2_0_encode,
-            "PTQ1_0": foreign.ptq1_0_encode}[fmt](codes, scales).tobytes()
+    return {"Q2_0": foreign.q2_0_encode, "PQ2_0": foreign.pq2_0_encode, "PTQ1_0": foreign.ptq1_0_encode}[fmt](
+        codes, scales
+    ).tobytes()
 
 
 def random_scales(fmt: str, rng: np.random.Generator, rows: int, k: int):
     """Per-source-granularity scales; Q2_0's two 64-halves of every 128-block share one d (G128-exact)."""
     if fmt == "I2_S":
-        return np.float32(rng.uniform(0.01, 0.1))         # an fp32 that fp16 does not hold, typically
+        return np.float32(rng.uniform(0.01, 0.1))  # an fp32 that fp16 does not hold, typically
     if fmt == "Q2_0":
         d = rng.uniform(0.01, 0.1, (rows, k // 128)).astype(np.float16)
         return np.repeat(d, 2, axis=1)
@@ -59,11 +69,16 @@ def build_source(path: Path, fmt: str, seed: int = 0, extra_kv: bytes = b"", n_e
 
 
 def run_convert(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ggml_bitcos", "convert", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "ggml_bitcos", "convert", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 # --- tests ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("z", [0.0, 0.4, 1.0])
@@ -76,7 +91,7 @@ def test_codec_against_spec(fmt, z):
     raw = encode(fmt, codes, scales)
     if fmt == "I2_S":
         assert len(raw) == foreign.i2_s_nbytes(rows * k)
-        dc, ds = foreign.i2_s_decode(np.frombuffer(raw, np.uint8)[:rows * k // 4], scales, k)
+        dc, ds = foreign.i2_s_decode(np.frombuffer(raw, np.uint8)[: rows * k // 4], scales, k)
         want = codes.astype(np.float32) * np.float32(scales)
     else:
         dec = {"Q2_0": foreign.q2_0_decode, "PQ2_0": foreign.pq2_0_decode, "PTQ1_0": foreign.ptq1_0_decode}[fmt]
@@ -105,20 +120,21 @@ def _check_bit_exact(src: Path, out: Path, fmt: str) -> dict[str, int]:
     for name, ne, tt, raw in s_tensors:
         ne_o, tt_o, raw_o = o[name]
         types[name] = tt_o
-        if tt != TYPE_ID[fmt] or tt_o == tt:                              # copied (or kept) byte for byte
-            assert (tt_o, raw_o[:len(raw)]) == (tt, raw)
+        if tt != TYPE_ID[fmt] or tt_o == tt:  # copied (or kept) byte for byte
+            assert (tt_o, raw_o[: len(raw)]) == (tt, raw)
             continue
         assert tt_o in BITCOS_TYPE_IDS and ne_o == ne, name
         comp = o[name + COMPANION_SUFFIX][2]
         k, rows = ne[0], math.prod(ne[1:])
         # the weight's bytes (FORMAT.md §2/§3, written out): 18 / 16 per 128 weights (v1), K/8 per row (v2)
         n_bytes = {160: rows * k // 128 * 18, 161: rows * k // 128 * 16, 162: rows * k // 8}[tt_o]
-        dec = codec.decode(np.frombuffer(raw_o, np.uint8)[:n_bytes], np.frombuffer(comp, np.uint8), tt_o, k, rows,
-                           codec.n_mats_of(ne))
+        dec = codec.decode(
+            np.frombuffer(raw_o, np.uint8)[:n_bytes], np.frombuffer(comp, np.uint8), tt_o, k, rows, codec.n_mats_of(ne)
+        )
         variants[name] = dec.variant
         got = dec.to_float(slice(0, rows)).view(np.uint32)
         want = spec_dequantize(fmt, raw, ne).view(np.uint32)
-        want = np.where(want == np.uint32(0x80000000), np.uint32(0), want)      # -0.0 -> +0.0 (FORMAT.md §5)
+        want = np.where(want == np.uint32(0x80000000), np.uint32(0), want)  # -0.0 -> +0.0 (FORMAT.md §5)
         assert np.array_equal(got, want), name
     return types, variants
 
@@ -134,14 +150,15 @@ def test_convert_bit_exact(tmp_path, fmt, version):
     out = tmp_path / f"{fmt}-bitcos.gguf"
     # --force-grow: tensors this small grow by the companion's fixed overhead (Q2_0 would stay as it is; the
     # types llama.cpp cannot load convert regardless)
-    r = run_convert(str(src), "-o", str(out), "-q", "--format-version", str(version),
-                    *(["--force-grow"] if fmt == "Q2_0" else []))
+    r = run_convert(
+        str(src), "-o", str(out), "-q", "--format-version", str(version), *(["--force-grow"] if fmt == "Q2_0" else [])
+    )
     assert r.returncode == 0, r.stdout
     _types, variants = _check_bit_exact(src, out, fmt)
     per_matrix, per_block = (Variant.PT, Variant.G128) if version == 1 else (Variant.MATRIX, Variant.B128)
     for name in SHAPES:
         if DENSITY[name] == 1.0 or fmt == "I2_S":
-            want = per_matrix              # an all-zero tensor (z = 1) has one magnitude (none) per matrix
+            want = per_matrix  # an all-zero tensor (z = 1) has one magnitude (none) per matrix
         elif SHAPES[name][0] == 128 and version == 2:
             want = Variant.ROW
         else:
@@ -156,26 +173,35 @@ def test_q2_0_split_scales_stay_q2_0(tmp_path):
     summary says why, and --strict refuses."""
     rng = np.random.default_rng(5)
     codes = random_codes(rng, (4, 256), 0.4)
-    d = rng.uniform(0.01, 0.1, (4, 4)).astype(np.float16)           # every 64-half its own scale
+    d = rng.uniform(0.01, 0.1, (4, 4)).astype(np.float16)  # every 64-half its own scale
     ok_codes = random_codes(rng, (4, 256), 0.4)
     ok_d = np.repeat(rng.uniform(0.01, 0.1, (4, 2)).astype(np.float16), 2, axis=1)
     row_codes = random_codes(rng, (3, 576), 0.4)
     row_d = np.repeat(rng.uniform(0.01, 0.1, (3, 1)).astype(np.float16), 9, axis=1)
     mat_codes = random_codes(rng, (5, 576), 0.3)
     mat_d = np.full((5, 9), 0.0234375, np.float16)
-    src = write_raw(tmp_path / "q2.gguf", 1, _kv_string("general.architecture", "llama"), [
-        ("blk.0.attn_q.weight", (256, 4), 42, encode("Q2_0", codes, d)),
-        ("blk.0.attn_k.weight", (256, 4), 42, encode("Q2_0", ok_codes, ok_d)),
-        ("blk.0.attn_v.weight", (576, 3), 42, encode("Q2_0", row_codes, row_d)),
-        ("blk.0.attn_output.weight", (576, 5), 42, encode("Q2_0", mat_codes, mat_d))])
+    src = write_raw(
+        tmp_path / "q2.gguf",
+        1,
+        _kv_string("general.architecture", "llama"),
+        [
+            ("blk.0.attn_q.weight", (256, 4), 42, encode("Q2_0", codes, d)),
+            ("blk.0.attn_k.weight", (256, 4), 42, encode("Q2_0", ok_codes, ok_d)),
+            ("blk.0.attn_v.weight", (576, 3), 42, encode("Q2_0", row_codes, row_d)),
+            ("blk.0.attn_output.weight", (576, 5), 42, encode("Q2_0", mat_codes, mat_d)),
+        ],
+    )
     out = tmp_path / "q2-bitcos.gguf"
     r = run_convert(str(src), "-o", str(out), "--force-grow")
     assert r.returncode == 0, r.stdout
     assert "blk.0.attn_q.weight" in r.stdout and "two halves of a 128-weight block" in r.stdout
     types, variants = _check_bit_exact(src, out, "Q2_0")
     assert types["blk.0.attn_q.weight"] == 42
-    assert variants == {"blk.0.attn_k.weight": Variant.B128, "blk.0.attn_v.weight": Variant.ROW,
-                        "blk.0.attn_output.weight": Variant.MATRIX}
+    assert variants == {
+        "blk.0.attn_k.weight": Variant.B128,
+        "blk.0.attn_v.weight": Variant.ROW,
+        "blk.0.attn_output.weight": Variant.MATRIX,
+    }
     r = run_convert(str(src), "-o", str(tmp_path / "strict.gguf"), "--strict", "--force-grow")
     assert r.returncode != 0 and "blk.0.attn_q.weight" in r.stdout and not (tmp_path / "strict.gguf").exists()
 
@@ -191,10 +217,14 @@ def test_unloadable_type_not_ternary_fails(tmp_path, fmt):
         raw = encode(fmt, codes, np.full((2, 1), 0.25, dtype=np.float16))
     else:
         raw = bytearray(encode(fmt, codes, 0.25))
-        raw[5] |= 0xC0                                                  # weight 5 of block 0: field 3
+        raw[5] |= 0xC0  # weight 5 of block 0: field 3
         raw = bytes(raw)
-    src = write_raw(tmp_path / "bad.gguf", 1, _kv_string("general.architecture", "llama"),
-                    [("blk.0.attn_q.weight", (128, 2), TYPE_ID[fmt], raw)])
+    src = write_raw(
+        tmp_path / "bad.gguf",
+        1,
+        _kv_string("general.architecture", "llama"),
+        [("blk.0.attn_q.weight", (128, 2), TYPE_ID[fmt], raw)],
+    )
     out = tmp_path / "bad-bitcos.gguf"
     r = run_convert(str(src), "-o", str(out))
     assert r.returncode != 0
@@ -203,8 +233,7 @@ def test_unloadable_type_not_ternary_fails(tmp_path, fmt):
 
 
 def test_prism_hadamard_model_refused(tmp_path):
-    src = build_source(tmp_path / "rot.gguf", "PTQ1_0", extra_kv=_kv_u32("prism.hadamard.block_size", 128),
-                       n_extra=1)
+    src = build_source(tmp_path / "rot.gguf", "PTQ1_0", extra_kv=_kv_u32("prism.hadamard.block_size", 128), n_extra=1)
     r = run_convert(str(src), "-o", str(tmp_path / "rot-bitcos.gguf"))
     assert r.returncode != 0 and "prism.hadamard.block_size" in r.stdout and "Hadamard" in r.stdout
 
@@ -212,10 +241,15 @@ def test_prism_hadamard_model_refused(tmp_path):
 def test_i2_s_tail_must_be_in_file(tmp_path):
     """The reader sizes an I2_S tensor as its codes plus the 32-byte scale tail (bitnet.cpp's ggml_nbytes)."""
     from gguf_tools import GGUFError, open_gguf
+
     codes = random_codes(np.random.default_rng(3), (2, 128), 0.4)
     raw = encode("I2_S", codes, 0.5)
-    path = write_raw(tmp_path / "t.gguf", 1, _kv_string("general.architecture", "llama"),
-                     [("blk.0.attn_q.weight", (128, 2), 36, raw)])
+    path = write_raw(
+        tmp_path / "t.gguf",
+        1,
+        _kv_string("general.architecture", "llama"),
+        [("blk.0.attn_q.weight", (128, 2), 36, raw)],
+    )
     assert foreign.i2_s_scale(open_gguf(path).tensors[0]) == np.float32(0.5)
     path.write_bytes(path.read_bytes()[:-20])
     with pytest.raises(GGUFError, match="truncated"):
@@ -224,27 +258,29 @@ def test_i2_s_tail_must_be_in_file(tmp_path):
 
 # --- through llama.cpp: the same weights as TQ2_0 and as a foreign type give the same tokens -------------
 
+
 def _reencode(src: Path, dst: Path, fmt: str) -> Path:
     """``src`` (a make-model TQ2_0 model) with every TQ2_0 tensor rewritten in ``fmt``, same values. The forms
     without a product encoder of their own go through tests/foreign_gguf.py's quantizer-modelled writers:
     ``I2_S:arm`` / ``I2_S:x86-rows4`` (bitnet.cpp's other layouts), ``Q2_0:g128`` (Prism's legacy Q2_0)."""
     from ggml_bitcos import tq
+
     n_kv, kv, tensors = read_raw(src)
     out = []
     for name, ne, tt, raw in tensors:
         if tt == 35:
             k, rows = ne[0], math.prod(ne[1:])
-            codes, d = tq.tq2_0_decode(np.frombuffer(raw, np.uint8)[:rows * k // 256 * 66].reshape(rows, -1))
+            codes, d = tq.tq2_0_decode(np.frombuffer(raw, np.uint8)[: rows * k // 256 * 66].reshape(rows, -1))
             if fmt.startswith("I2_S:"):
                 x = codes.astype(np.float32) * np.float32(d[0, 0])
                 data = quantize_i2_s(x, fmt.partition(":")[2])
             elif fmt == "Q2_0:g128":
                 data = quantize_q2_0_g128(tq.tq_to_float(codes, d))
             elif fmt == "I2_S":
-                assert np.all(d == d[0, 0])                          # --scale tensor: one scale per matrix
+                assert np.all(d == d[0, 0])  # --scale tensor: one scale per matrix
                 data = encode(fmt, codes, np.float32(d[0, 0]))
             else:
-                per = {"Q2_0": 4, "PQ2_0": 2, "PTQ1_0": 2}[fmt]      # source blocks of 64 / 128 per 256
+                per = {"Q2_0": 4, "PQ2_0": 2, "PTQ1_0": 2}[fmt]  # source blocks of 64 / 128 per 256
                 data = encode(fmt, codes, np.repeat(d, per, axis=1))
             out.append((name, ne, TYPE_ID[fmt.partition(":")[0]], data))
         else:
@@ -253,17 +289,47 @@ def _reencode(src: Path, dst: Path, fmt: str) -> Path:
 
 
 @pytest.mark.parametrize("version", [1, 2])
-@pytest.mark.parametrize("fmt,scale", [("I2_S", "tensor"), ("PTQ1_0", "g128"), ("Q2_0", "g128"),
-                                       ("I2_S:arm", "tensor"), ("I2_S:x86-rows4", "tensor"), ("Q2_0:g128", "g128")])
+@pytest.mark.parametrize(
+    "fmt,scale",
+    [
+        ("I2_S", "tensor"),
+        ("PTQ1_0", "g128"),
+        ("Q2_0", "g128"),
+        ("I2_S:arm", "tensor"),
+        ("I2_S:x86-rows4", "tensor"),
+        ("Q2_0:g128", "g128"),
+    ],
+)
 def test_converted_model_runs_like_tq2_0(tmp_path, patched_llama, fmt, scale, version):
     """make-model's TQ2_0 model, re-encoded as I2_S in each layout (per-tensor scale), PTQ1_0 / Q2_0 / legacy
     group-128 Q2_0 (its per-256 scales repeated per 128 / 64), converted (with --i2s-layout for I2_S): the same
     BITCOS weights as the TQ2_0 file converted, same greedy tokens."""
     from ggml_bitcos import llama_run
+
     tq2 = tmp_path / "tq2.gguf"
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "make-model", "-o", str(tq2), "--preset", "tiny",
-                        "--zero-density", "0.42", "--type", "tq2_0", "--scale", scale, "--seed", "7"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "make-model",
+            "-o",
+            str(tq2),
+            "--preset",
+            "tiny",
+            "--zero-density",
+            "0.42",
+            "--type",
+            "tq2_0",
+            "--scale",
+            scale,
+            "--seed",
+            "7",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout
     src = _reencode(tq2, tmp_path / "src.gguf", fmt)
     out, ref = tmp_path / "src-bitcos.gguf", tmp_path / "tq2-bitcos.gguf"
@@ -274,7 +340,7 @@ def test_converted_model_runs_like_tq2_0(tmp_path, patched_llama, fmt, scale, ve
     got = {n: (tt, raw) for n, _ne, tt, raw in read_raw(out)[2]}
     for name, _ne, tt, raw in read_raw(ref)[2]:
         if tt in BITCOS_TYPE_IDS and scale == "tensor":
-            assert got[name] == (tt, raw), name      # PT / MATRIX: byte-identical to the TQ2_0 route
+            assert got[name] == (tt, raw), name  # PT / MATRIX: byte-identical to the TQ2_0 route
         elif tt in BITCOS_TYPE_IDS:
             assert got[name][0] == tt, name
     prompt = "The quick brown fox jumps over the lazy dog. Once upon a time"
@@ -286,10 +352,13 @@ def test_converted_model_runs_like_tq2_0(tmp_path, patched_llama, fmt, scale, ve
 def test_stock_gguf_py_does_not_learn_foreign_types():
     """The start-up hook teaches stock gguf-py tools the BITCOS types only: an I2_S tensor sized without its
     tail must never reach gguf-new-metadata (which would copy it without its scale)."""
-    code = ("import gguf, sys; from gguf.constants import GGMLQuantizationType as T; "
-            "print(T(160).name, 36 in T._value2member_map_, 143 in T._value2member_map_)")
-    r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       cwd="/")
+    code = (
+        "import gguf, sys; from gguf.constants import GGMLQuantizationType as T; "
+        "print(T(160).name, 36 in T._value2member_map_, 143 in T._value2member_map_)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/"
+    )
     if "is not a valid" in r.stdout:
         pytest.skip("the gguf-py start-up hook is not installed in this environment")
     assert r.stdout.split() == ["BITCOS_G128", "False", "False"], r.stdout

@@ -23,8 +23,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from foreign_gguf import (TYPE_ID, _kv_string, quantize_i2_s, quantize_q2_0_g128, read_raw, spec_dequantize,
-                          ternary_floats, write_raw)
+from foreign_gguf import (
+    TYPE_ID,
+    _kv_string,
+    quantize_i2_s,
+    quantize_q2_0_g128,
+    read_raw,
+    spec_dequantize,
+    ternary_floats,
+    write_raw,
+)
 from ggml_bitcos import codec, foreign, tq
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX
 from ggml_bitcos.ternary import random_codes
@@ -34,14 +42,19 @@ ARCH_KV = _kv_string("general.architecture", "llama")
 NORM = ("blk.0.attn_norm.weight", (256,), 0, np.ones(256, dtype="<f4").tobytes())
 # (name, (K, rows...), zero density): a 65,536-weight attn_q, all-zero and zero-free tensors, a 3-D expert
 # tensor, and K = 192 (x86 blocks of 128 and arm blocks of 64 straddle rows)
-I2S_TENSORS = [("blk.0.attn_q.weight", (256, 256), 0.4), ("blk.0.attn_k.weight", (256, 8), 1.0),
-               ("blk.0.attn_v.weight", (256, 8), 0.0), ("blk.0.ffn_up_exps.weight", (128, 4, 2), 0.35),
-               ("blk.0.ffn_down.weight", (192, 12), 0.5)]
+I2S_TENSORS = [
+    ("blk.0.attn_q.weight", (256, 256), 0.4),
+    ("blk.0.attn_k.weight", (256, 8), 1.0),
+    ("blk.0.attn_v.weight", (256, 8), 0.0),
+    ("blk.0.ffn_up_exps.weight", (128, 4, 2), 0.35),
+    ("blk.0.ffn_down.weight", (192, 12), 0.5),
+]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ggml_bitcos", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "ggml_bitcos", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def i2s_source(path: Path, layout: str, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
@@ -52,7 +65,7 @@ def i2s_source(path: Path, layout: str, seed: int = 0) -> tuple[Path, dict[str, 
     for name, ne, z in I2S_TENSORS:
         k, rows = ne[0], math.prod(ne[1:])
         x = ternary_floats(rng, rows, k, z, float(np.float32(rng.uniform(0.01, 0.1))))
-        truth[name] = x          # {-s, 0, +s}: the quantizer's scale max|x| is s, and each code times s gives x back
+        truth[name] = x  # {-s, 0, +s}: the quantizer's scale max|x| is s, and each code times s gives x back
         tensors.append((name, ne, TYPE_ID["I2_S"], quantize_i2_s(x, layout, tail_junk=rng.bytes(28))))
     return write_raw(path, 1, ARCH_KV, tensors), truth
 
@@ -67,8 +80,9 @@ def converted_floats(out: Path) -> dict[str, np.ndarray]:
         k, rows = ne[0], math.prod(ne[1:])
         n_bytes = {160: rows * k // 128 * 18, 161: rows * k // 128 * 16, 162: rows * k // 8}[tt]
         comp = tensors[name + COMPANION_SUFFIX][2]
-        dec = codec.decode(np.frombuffer(raw, np.uint8)[:n_bytes], np.frombuffer(comp, np.uint8), tt, k, rows,
-                           codec.n_mats_of(ne))
+        dec = codec.decode(
+            np.frombuffer(raw, np.uint8)[:n_bytes], np.frombuffer(comp, np.uint8), tt, k, rows, codec.n_mats_of(ne)
+        )
         floats[name] = dec.to_float(slice(0, rows))
     return floats
 
@@ -82,6 +96,7 @@ def same_bits(got: np.ndarray, want: np.ndarray) -> bool:
 
 # --- I2_S: three layouts ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_i2s_writer_and_reader_agree_on_each_layout(layout):
     """The quantizer-modelled writer, the element-by-element dequantizer and the product's decoder and encoder
@@ -93,7 +108,7 @@ def test_i2s_writer_and_reader_agree_on_each_layout(layout):
         assert len(raw) == foreign.i2_s_nbytes(rows * k)
         spec = spec_dequantize(f"I2_S:{layout}", raw, (k, rows))
         assert same_bits(spec, x if z < 1.0 else np.zeros_like(x))
-        codes, scale = foreign.i2_s_decode(np.frombuffer(raw, np.uint8)[:rows * k // 4], 0.0, k, layout)
+        codes, scale = foreign.i2_s_decode(np.frombuffer(raw, np.uint8)[: rows * k // 4], 0.0, k, layout)
         assert np.array_equal(codes, np.sign(x).astype(np.int8))
         want_scale = np.float32(np.max(np.abs(x)))
         assert foreign.i2_s_encode(codes, want_scale, layout).tobytes() == raw
@@ -127,8 +142,10 @@ def test_default_i2s_layout_is_announced(tmp_path):
         assert len(notes) == 1 and "an assumption" in notes[0], r.stdout
         assert "--i2s-layout arm" in notes[0] and "--i2s-layout x86-rows4" in notes[0]
         if not quiet:
-            assert "verified bit-exact against the source as read (its I2_S tensors read in the assumed x86 " \
-                   "layout" in r.stdout
+            assert (
+                "verified bit-exact against the source as read (its I2_S tensors read in the assumed x86 "
+                "layout" in r.stdout
+            )
     assert same_bits(converted_floats(out)["blk.0.attn_q.weight"], truth["blk.0.attn_q.weight"])
     r = cli("stats", str(src), "-q")
     assert r.returncode == 0 and "an assumption" in r.stdout, r.stdout
@@ -151,9 +168,13 @@ def test_layout_that_cannot_hold_the_tensor_is_refused(tmp_path):
     """A layout bitnet.cpp could not have written a tensor in (x86-rows4 needs rows in fours, x86 needs
     blocks of 128) is refused naming the tensor, with the layouts that fit; nothing is written."""
     rng = np.random.default_rng(2)
-    x = ternary_floats(rng, 3, 64, 0.4, 0.5)                      # 3 rows, 192 weights: only arm fits
-    src = write_raw(tmp_path / "odd.gguf", 1, ARCH_KV,
-                    [NORM, ("blk.0.attn_q.weight", (64, 3), TYPE_ID["I2_S"], quantize_i2_s(x, "arm"))])
+    x = ternary_floats(rng, 3, 64, 0.4, 0.5)  # 3 rows, 192 weights: only arm fits
+    src = write_raw(
+        tmp_path / "odd.gguf",
+        1,
+        ARCH_KV,
+        [NORM, ("blk.0.attn_q.weight", (64, 3), TYPE_ID["I2_S"], quantize_i2_s(x, "arm"))],
+    )
     for args, rule in (([], "multiple of 128 weights"), (["--i2s-layout", "x86-rows4"], "multiple of 4 rows")):
         out = tmp_path / "odd-out.gguf"
         r = cli("convert", str(src), "-o", str(out), *args)
@@ -167,21 +188,26 @@ def test_layout_that_cannot_hold_the_tensor_is_refused(tmp_path):
 
 # --- legacy group-128 Q2_0 ------------------------------------------------------------------------------
 
+
 def legacy_q2_source(path: Path, seed: int = 0, plus_two: bool = False) -> tuple[Path, dict[str, np.ndarray]]:
     """Prism's legacy Q2_0 (group 128 under id 42): per-128 scales that differ block to block; the last tensor
     is Q2_0 too."""
     rng = np.random.default_rng(seed)
     tensors, truth = [NORM], {}
-    for name, (k, rows), z in (("blk.0.attn_q.weight", (256, 8), 0.4), ("blk.0.attn_k.weight", (384, 4), 0.0),
-                               ("blk.0.attn_v.weight", (128, 6), 1.0), ("output.weight", (256, 5), 0.3)):
+    for name, (k, rows), z in (
+        ("blk.0.attn_q.weight", (256, 8), 0.4),
+        ("blk.0.attn_k.weight", (384, 4), 0.0),
+        ("blk.0.attn_v.weight", (128, 6), 1.0),
+        ("output.weight", (256, 5), 0.3),
+    ):
         codes = random_codes(rng, (rows, k), z)
         d = rng.uniform(0.01, 0.1, (rows, k // 128)).astype(np.float16).astype(np.float32)
         x = codes.astype(np.float32) * np.repeat(d, 128, axis=1)
         raw = bytearray(quantize_q2_0_g128(x))
         truth[name] = spec_dequantize("Q2_0:g128", bytes(raw), (k, rows))
-        assert same_bits(truth[name], x), name                  # the writer stores ternary values exactly
-        if plus_two and name == "blk.0.attn_k.weight":          # field 3 (+2·d, which no ternary type holds)
-            raw[(1 * k // 128) * 34 + 2 + 5 // 4] |= 3 << 2 * (5 % 4)   # for weight 5 of row 1
+        assert same_bits(truth[name], x), name  # the writer stores ternary values exactly
+        if plus_two and name == "blk.0.attn_k.weight":  # field 3 (+2·d, which no ternary type holds)
+            raw[(1 * k // 128) * 34 + 2 + 5 // 4] |= 3 << 2 * (5 % 4)  # for weight 5 of row 1
         tensors.append((name, (k, rows), TYPE_ID["Q2_0"], bytes(raw)))
     return write_raw(path, 1, ARCH_KV, tensors), truth
 
@@ -234,6 +260,7 @@ def test_upstream_q2_0_group_64_stays_group_64(tmp_path):
 
 # --- data extents checked like gguf.cpp, by every reader ---------------------------------------------------
 
+
 def _tensor_bytes(fmt: str, rng: np.random.Generator, rows: int, k: int) -> bytes:
     codes = random_codes(rng, (rows, k), 0.4)
     if fmt == "I2_S":
@@ -244,8 +271,9 @@ def _tensor_bytes(fmt: str, rng: np.random.Generator, rows: int, k: int) -> byte
         d = np.full((rows, k // 256), 0.5, np.float16)
         return (tq.tq2_0_encode if fmt == "TQ2_0" else tq.tq1_0_encode)(codes, d).tobytes()
     d = np.full((rows, k // (64 if fmt == "Q2_0" else 128)), 0.5, np.float16)
-    return {"Q2_0": foreign.q2_0_encode, "PQ2_0": foreign.pq2_0_encode,
-            "PTQ1_0": foreign.ptq1_0_encode}[fmt](codes, d).tobytes()
+    return {"Q2_0": foreign.q2_0_encode, "PQ2_0": foreign.pq2_0_encode, "PTQ1_0": foreign.ptq1_0_encode}[fmt](
+        codes, d
+    ).tobytes()
 
 
 def _raw_file(path: Path, tensors: list[tuple[str, tuple[int, ...], int, bytes, int]]) -> Path:
@@ -255,8 +283,8 @@ def _raw_file(path: Path, tensors: list[tuple[str, tuple[int, ...], int, bytes, 
         nm = name.encode()
         infos += struct.pack("<Q", len(nm)) + nm + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
         infos += struct.pack("<IQ", tt, off)
-        data[len(data):] = bytes(max(0, off + len(raw) - len(data)))
-        data[off:off + len(raw)] = raw
+        data[len(data) :] = bytes(max(0, off + len(raw) - len(data)))
+        data[off : off + len(raw)] = raw
     data += bytes((-len(data)) % 32)
     head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), 1) + ARCH_KV + infos
     head += bytes((-len(head)) % 32)
@@ -269,7 +297,7 @@ def _pad(n: int) -> int:
 
 
 CRAFT_TYPES = ["I2_S", "Q2_0", "PQ2_0", "PTQ1_0", "TQ1_0", "TQ2_0", "F16"]
-CRAFTS = {   # case -> (rule words the error must contain, the tensor it names)
+CRAFTS = {  # case -> (rule words the error must contain, the tensor it names)
     "short": ("overlaps tensor 'blk.0.attn_q.weight'", "blk.0.attn_k.weight"),
     "long": ("where tensor 'blk.0.attn_q.weight'", "blk.0.attn_k.weight"),
     "overlap": ("overlaps tensor 'blk.0.attn_q.weight'", "blk.0.attn_k.weight"),
@@ -300,8 +328,9 @@ def crafted_file(path: Path, fmt: str, case: str) -> Path:
     elif case == "truncated":
         k = k[:-64]
     tt = TYPE_ID[fmt]
-    return _raw_file(path, [norm, ("blk.0.attn_q.weight", (512, 4), tt, q, q_off),
-                            ("blk.0.attn_k.weight", (512, 4), tt, k, k_off)])
+    return _raw_file(
+        path, [norm, ("blk.0.attn_q.weight", (512, 4), tt, q, q_off), ("blk.0.attn_k.weight", (512, 4), tt, k, k_off)]
+    )
 
 
 @pytest.mark.parametrize("fmt", CRAFT_TYPES)
@@ -320,12 +349,17 @@ def test_bad_extent_refused_by_every_reader(tmp_path, capsys, fmt, case):
     command-line entry point in this process: the matrix is large; test_bad_extent_message_from_the_command
     runs the installed command once.)"""
     from ggml_bitcos.cli import main
+
     path = crafted_file(tmp_path / f"{fmt}-{case}.gguf", fmt, case)
     rule, tensor = CRAFTS[case]
     out = tmp_path / "out.gguf"
-    for args in (["convert", str(path), "-o", str(out)], ["convert", str(path), "-o", str(out), "--allow-copy"],
-                 ["convert", "--to", "tq2_0", str(path), "-o", str(out)], ["stats", str(path), "-q"],
-                 ["info", str(path)]):
+    for args in (
+        ["convert", str(path), "-o", str(out)],
+        ["convert", str(path), "-o", str(out), "--allow-copy"],
+        ["convert", "--to", "tq2_0", str(path), "-o", str(out)],
+        ["stats", str(path), "-q"],
+        ["info", str(path)],
+    ):
         assert main(args) == 1, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"ggml-bitcos: error: {path}: tensor '{tensor}': "), (args, err)
@@ -338,7 +372,9 @@ def test_bad_extent_message_from_the_command(tmp_path):
     path = crafted_file(tmp_path / "q2.gguf", "Q2_0", "long")
     r = cli("convert", str(path), "--allow-copy")
     assert r.returncode == 1 and "Traceback" not in r.stdout, r.stdout
-    assert r.stdout.strip() == (f"ggml-bitcos: error: {path}: tensor 'blk.0.attn_k.weight': data offset 1664 is 64 "
-                                f"bytes past offset 1600, where tensor 'blk.0.attn_q.weight' (Q2_0 [512, 4]: 576 "
-                                f"bytes) ends: that tensor holds more bytes than its type and shape say")
+    assert r.stdout.strip() == (
+        f"ggml-bitcos: error: {path}: tensor 'blk.0.attn_k.weight': data offset 1664 is 64 "
+        f"bytes past offset 1600, where tensor 'blk.0.attn_q.weight' (Q2_0 [512, 4]: 576 "
+        f"bytes) ends: that tensor holds more bytes than its type and shape say"
+    )
     assert not (tmp_path / "q2-bitcos.gguf").exists()

@@ -36,8 +36,9 @@ def kernel_fuzzer(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _run(exe: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout,
-                          env=fuzzing.sanitizer_env())
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, timeout=timeout, env=fuzzing.sanitizer_env()
+    )
 
 
 @pytest.mark.parametrize("fma, guard, cases", [(1, "end", 4000), (1, "front", 1500), (0, "end", 1500)])
@@ -45,8 +46,9 @@ def test_kernel_fuzz(kernel_fuzzer, fma: int, guard: str, cases: int) -> None:
     """Random valid matrices (both variants, k = 128..6144, odd multiples of 128, densities 0..1, row runs
     starting mid-tensor, 1..20 columns) with blocks, pool (exactly the format's tail), sign positions,
     activations and outputs each against a guard page: AVX2 / AVX-512 equal the generic kernel bit for bit."""
-    r = _run(kernel_fuzzer(fma), "--seed", str(11 + fma), "--cases", str(cases),
-             *(["--front"] if guard == "front" else []))
+    r = _run(
+        kernel_fuzzer(fma), "--seed", str(11 + fma), "--cases", str(cases), *(["--front"] if guard == "front" else [])
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert f"ok: {cases} cases" in r.stdout, r.stdout
     if os.uname().machine == "x86_64":
@@ -54,8 +56,18 @@ def test_kernel_fuzz(kernel_fuzzer, fma: int, guard: str, cases: int) -> None:
         cpu = Path("/proc/cpuinfo").read_text()
         if " avx2 " in cpu:
             assert "avx2" in kernels, kernels
-        if all(f" {f} " in cpu for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_vbmi2",
-                                          "avx512_bitalg", "avx512_vpopcntdq")):
+        if all(
+            f" {f} " in cpu
+            for f in (
+                "avx512f",
+                "avx512bw",
+                "avx512vl",
+                "avx512_vnni",
+                "avx512_vbmi2",
+                "avx512_bitalg",
+                "avx512_vpopcntdq",
+            )
+        ):
             assert "avx512" in kernels, kernels
 
 
@@ -71,8 +83,9 @@ def test_kernel_fuzz_aarch64(tmp_path: Path, fma: int) -> None:
             pytest.fail(f"{cc} or {runner[0]} is missing but BITCOS_REQUIRE_AARCH64=1")
         pytest.skip(f"no aarch64 cross toolchain ({cc}, {runner[0]}: apt-get install gcc-aarch64-linux-gnu qemu-user)")
     exe = fuzzing.build_kernel_fuzzer(tmp_path, fma, sanitize=False, target="aarch64")
-    r = subprocess.run([*runner, str(exe), "--seed", str(21 + fma), "--cases", "1500"], capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        [*runner, str(exe), "--seed", str(21 + fma), "--cases", "1500"], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "ok: 1500 cases" in r.stdout, r.stdout
     assert r.stdout.splitlines()[0].startswith("kernels: generic portable"), r.stdout
@@ -105,16 +118,17 @@ def test_loader_fuzz(loader_fuzzer, tmp_path: Path) -> None:
     offsets, names, KV values, truncation, ...) through llama_model_load_from_file with random load / lazy
     modes; every 4th accepted one also decodes. No crash, abort or hang; both outcomes occur."""
     exe, seeds, refused = loader_fuzzer
-    r = fuzzing.run_loader(exe, seeds, cases=40000, seed=5, out=tmp_path, timeout=600, extra=["--timeout", "30"],
-                           refused=refused)
+    r = fuzzing.run_loader(
+        exe, seeds, cases=40000, seed=5, out=tmp_path, timeout=600, extra=["--timeout", "30"], refused=refused
+    )
     crashes = sorted(p.name for p in tmp_path.iterdir())
     assert r.returncode == 0 and not crashes, (crashes, (r.stdout + r.stderr)[-4000:])
     m = re.search(r"ok: (\d+) cases .*?: (\d+) accepted, (\d+) refused, (\d+) decoded", r.stdout)
     assert m, r.stdout[-3000:]
     cases, accepted, refused, decoded = map(int, m.groups())
     assert cases == 40000 and accepted > 1000 and refused > 30000 and decoded > 200, m.group(0)
-    assert "invalid BITCOS tensor" in r.stdout          # the BITCOS validator refuses most of the BITCOS cases
-    assert "is used with GET_ROWS" in r.stdout          # the use check (refused seeds)
+    assert "invalid BITCOS tensor" in r.stdout  # the BITCOS validator refuses most of the BITCOS cases
+    assert "is used with GET_ROWS" in r.stdout  # the use check (refused seeds)
 
 
 def test_loader_fuzz_is_deterministic(loader_fuzzer, tmp_path: Path) -> None:
@@ -138,25 +152,41 @@ def test_fuzz_regressions_replay(loader_fuzzer, tmp_path: Path) -> None:
     if not files:
         pytest.skip("no regression inputs")
     exe, _, _ = loader_fuzzer
-    r = subprocess.run([str(exe), "--replay", "--out", str(tmp_path), *map(str, files)], capture_output=True,
-                       text=True, timeout=300, env=fuzzing.sanitizer_env())
+    r = subprocess.run(
+        [str(exe), "--replay", "--out", str(tmp_path), *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=fuzzing.sanitizer_env(),
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert f"ok: replayed {len(files)} files" in r.stdout
     # BITCOS on gemma4's lazily read per_layer_token_embd (--lazy-mode on) must be refused with every load /
     # lazy mode, not abort in ggml-backend
-    assert re.search(r"issue13-lazy-bitcos-per-layer-token-embd.gguf: accepted 0 of 11 loads; last reason: "
-                     r"BITCOS tensor 'per_layer_token_embd.weight'", r.stdout), r.stdout
+    assert re.search(
+        r"issue13-lazy-bitcos-per-layer-token-embd.gguf: accepted 0 of 11 loads; last reason: "
+        r"BITCOS tensor 'per_layer_token_embd.weight'",
+        r.stdout,
+    ), r.stdout
 
 
 @pytest.mark.parametrize("name", [p.name for p in _regressions("upstream")])
-@pytest.mark.xfail(strict=True, reason="upstream llama.cpp aborts (GGML_ASSERT in llama_model_base::load_hparams) "
-                                       "on these hyper-parameters; not BITCOS code, the patches leave it as is")
+@pytest.mark.xfail(
+    strict=True,
+    reason="upstream llama.cpp aborts (GGML_ASSERT in llama_model_base::load_hparams) "
+    "on these hyper-parameters; not BITCOS code, the patches leave it as is",
+)
 def test_fuzz_upstream_aborts(loader_fuzzer, tmp_path: Path, name: str) -> None:
     """Inputs the loader fuzzer found that abort in upstream llama.cpp's hyper-parameter checks (no BITCOS code
     involved): kept so that a fix (upstream or a patch) shows up here as an XPASS."""
     exe, _, _ = loader_fuzzer
-    r = subprocess.run([str(exe), "--replay", "--out", str(tmp_path), str(fuzzing.REGRESSIONS / "upstream" / name)],
-                       capture_output=True, text=True, timeout=300, env=fuzzing.sanitizer_env())
+    r = subprocess.run(
+        [str(exe), "--replay", "--out", str(tmp_path), str(fuzzing.REGRESSIONS / "upstream" / name)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=fuzzing.sanitizer_env(),
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
 
 
@@ -166,9 +196,16 @@ def test_split_model_companions_in_second_shard(loader_fuzzer, tmp_path: Path) -
     exe, _, _ = loader_fuzzer
     good = fuzzing.split_seed(tmp_path / "m")
     bad = fuzzing.split_seed(tmp_path / "m", corrupt=True)
-    r = subprocess.run([str(exe), "--replay", "--out", str(tmp_path / "out"), str(good), str(bad)],
-                       capture_output=True, text=True, timeout=300, env=fuzzing.sanitizer_env())
+    r = subprocess.run(
+        [str(exe), "--replay", "--out", str(tmp_path / "out"), str(good), str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=fuzzing.sanitizer_env(),
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert f"replay {good}: accepted 11 of 11 loads" in r.stdout, r.stdout
-    assert f"replay {bad}: accepted 0 of 11 loads; last reason: invalid BITCOS tensor 'blk.0.attn_q.weight': " \
-           "row index" in r.stdout, r.stdout
+    assert (
+        f"replay {bad}: accepted 0 of 11 loads; last reason: invalid BITCOS tensor 'blk.0.attn_q.weight': "
+        "row index" in r.stdout
+    ), r.stdout

@@ -40,8 +40,16 @@ def _tool(name: str) -> str:
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # cwd outside the checkout: the subprocess sees the installed packages only, as a user's shell does
-    return subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cmd,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _cli(cwd: Path, *args: str) -> None:
@@ -68,14 +76,33 @@ def bitcos_files(tmp_path_factory, installed_hook) -> dict[str, Path]:
     zero densities 0 and 1) and version 1 (PT, G128: `convert --format-version 1`)."""
     d = tmp_path_factory.mktemp("ggufpy")
     files: dict[str, Path] = {}
-    for name, z, scale, extra in (("pt", "0.42", "tensor", ()), ("g128", "0.31", "g128", ()),
-                                  ("z0", "0", "tensor", ()), ("z1", "1", "g128", ()),
-                                  ("v1pt", "0.42", "tensor", ("--format-version", "1")),
-                                  ("v1g128", "0.31", "g128", ("--format-version", "1"))):
+    for name, z, scale, extra in (
+        ("pt", "0.42", "tensor", ()),
+        ("g128", "0.31", "g128", ()),
+        ("z0", "0", "tensor", ()),
+        ("z1", "1", "g128", ()),
+        ("v1pt", "0.42", "tensor", ("--format-version", "1")),
+        ("v1g128", "0.31", "g128", ("--format-version", "1")),
+    ):
         src = d / f"{name}-tq2_0.gguf"
         out = d / f"{name}-bitcos.gguf"
-        _cli(d, "make-model", "-o", str(src), "--preset", "tiny", "--zero-density", z, "--type", "tq2_0",
-             "--scale", scale, "--seed", "7", "-q")
+        _cli(
+            d,
+            "make-model",
+            "-o",
+            str(src),
+            "--preset",
+            "tiny",
+            "--zero-density",
+            z,
+            "--type",
+            "tq2_0",
+            "--scale",
+            scale,
+            "--seed",
+            "7",
+            "-q",
+        )
         # z = 0 on 256-wide rows: the row index makes BITCOS larger than TQ2_0, so it takes --force-grow
         _cli(d, "convert", str(src), "-o", str(out), "-q", *(["--force-grow"] if z == "0" else []), *extra)
         files[name] = out
@@ -98,36 +125,55 @@ def _bitcos_type_name(type_id: int) -> str:
 
 def test_startup_hook_imports_nothing_heavy(installed_hook, tmp_path):
     """The .pth hook runs at every interpreter start: it must not import gguf or numpy there."""
-    r = _run([sys.executable, "-c", "import sys; print(sorted(m for m in ('gguf', 'numpy', 'gguf_tools', "
-              "'ggml_bitcos') if m in sys.modules)); print(any(type(f).__name__ == 'GGUFImportHook' "
-              "for f in sys.meta_path))"], tmp_path)
+    r = _run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; print(sorted(m for m in ('gguf', 'numpy', 'gguf_tools', "
+            "'ggml_bitcos') if m in sys.modules)); print(any(type(f).__name__ == 'GGUFImportHook' "
+            "for f in sys.meta_path))",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["[]", "True"]
 
 
-@pytest.mark.parametrize("first_import", ["import gguf", "import gguf.constants", "import ggml_bitcos.format",
-                                          "import gguf_tools", "from ggml_bitcos.convert import convert"])
+@pytest.mark.parametrize(
+    "first_import",
+    [
+        "import gguf",
+        "import gguf.constants",
+        "import ggml_bitcos.format",
+        "import gguf_tools",
+        "from ggml_bitcos.convert import convert",
+    ],
+)
 def test_gguf_reader_without_import(bitcos_files, tmp_path, first_import):
     """gguf.GGUFReader in a plain script reads every BITCOS tensor, whatever imported gguf first (the case
     where this project's own module imports gguf half-way through its initialisation included)."""
     f = bitcos_files["pt"]
     want = {n: tt for n, (tt, _ne) in _raw_tensor_table(f).items()}
-    script = (f"{first_import}\nimport gguf\nr = gguf.GGUFReader({str(f)!r})\n"
-              "print('\\n'.join(f'{t.name} {int(t.tensor_type)} {t.tensor_type.name} {t.n_bytes}' for t in r.tensors))")
+    script = (
+        f"{first_import}\nimport gguf\nr = gguf.GGUFReader({str(f)!r})\n"
+        "print('\\n'.join(f'{t.name} {int(t.tensor_type)} {t.tensor_type.name} {t.n_bytes}' for t in r.tensors))"
+    )
     r = _run([sys.executable, "-c", script], tmp_path)
     assert r.returncode == 0, r.stderr
     got = {ln.split()[0]: (int(ln.split()[1]), ln.split()[2]) for ln in r.stdout.splitlines()}
     assert {n: tt for n, (tt, _name) in got.items()} == want
-    assert {name for tt, name in got.values() if tt in BITCOS_TYPE_IDS} == {"BITCOS"}   # version 2: type 162
+    assert {name for tt, name in got.values() if tt in BITCOS_TYPE_IDS} == {"BITCOS"}  # version 2: type 162
     assert r.stderr == ""
 
 
 def test_gguf_imported_before_the_hook_installs(bitcos_files, tmp_path):
     """gguf already imported when install() runs (e.g. by an earlier .pth file): it registers at once."""
-    script = ("import os, gguf\nassert 160 not in gguf.GGMLQuantizationType._value2member_map_\n"
-              "import _ggml_bitcos_gguf_hook as h\nos.environ['GGML_BITCOS_GGUF_HOOK'] = '1'\nh.install()\n"
-              f"r = gguf.GGUFReader({str(bitcos_files['v1g128'])!r})\n"
-              "print(sorted({t.tensor_type.name for t in r.tensors if int(t.tensor_type) >= 160}))")
+    script = (
+        "import os, gguf\nassert 160 not in gguf.GGMLQuantizationType._value2member_map_\n"
+        "import _ggml_bitcos_gguf_hook as h\nos.environ['GGML_BITCOS_GGUF_HOOK'] = '1'\nh.install()\n"
+        f"r = gguf.GGUFReader({str(bitcos_files['v1g128'])!r})\n"
+        "print(sorted({t.tensor_type.name for t in r.tensors if int(t.tensor_type) >= 160}))"
+    )
     r = _run([sys.executable, "-c", script], tmp_path, env={"GGML_BITCOS_GGUF_HOOK": "0"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "['BITCOS_G128']"
@@ -158,8 +204,10 @@ def test_gguf_dump(bitcos_files, tmp_path, name):
             assert (tt == 162) == (not name.startswith("v1"))
             assert tname + COMPANION_SUFFIX in tensors
             # the text listing names the type on the tensor's line
-            assert any(ln.rstrip().endswith(f"| {tname}") and f" {_bitcos_type_name(tt)} " in ln
-                       for ln in r.stdout.splitlines())
+            assert any(
+                ln.rstrip().endswith(f"| {tname}") and f" {_bitcos_type_name(tt)} " in ln
+                for ln in r.stdout.splitlines()
+            )
         assert info["shape"] == list(ne)
     assert n_bitcos == 14
 
@@ -171,8 +219,7 @@ def rewritten(bitcos_files, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     out: dict[str, tuple[Path, Path]] = {}
     for name, f in bitcos_files.items():
         new = d / f"{name}-new.gguf"
-        r = _run([_tool("gguf-new-metadata"), str(f), str(new), "--general-description", "rewritten by gguf-py"],
-                 d)
+        r = _run([_tool("gguf-new-metadata"), str(f), str(new), "--general-description", "rewritten by gguf-py"], d)
         assert r.returncode == 0, r.stderr
         setm = d / f"{name}-set.gguf"
         shutil.copyfile(f, setm)
@@ -198,13 +245,15 @@ def test_rewritten_tensors_byte_identical(bitcos_files, rewritten, name):
     assert bytes(r.get_field("general.description").parts[-1]) == b"rewritten by gguf-py"
     r = open_gguf(setm)
     assert int(r.get_field("general.file_type").contents()) in BITCOS_TYPE_IDS
-    assert int(r.get_field("general.file_type").contents()) != int(open_gguf(bitcos_files[name])
-                                                                   .get_field("general.file_type").contents())
+    assert int(r.get_field("general.file_type").contents()) != int(
+        open_gguf(bitcos_files[name]).get_field("general.file_type").contents()
+    )
 
 
 @pytest.mark.parametrize("name", ["pt", "g128", "v1g128"])
 def test_rewritten_files_run_in_llama(bitcos_files, rewritten, patched_llama, name):
     from ggml_bitcos import llama_run
+
     base = llama_run.greedy_generate(bitcos_files[name], PROMPT, 16, n_threads=2)
     for path in rewritten[name]:
         g = llama_run.greedy_generate(path, PROMPT, 16, n_threads=2)

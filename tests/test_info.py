@@ -83,7 +83,7 @@ def test_info_matches_independent_reading(converted, capsys):
         n = c.size
         nz = int(np.count_nonzero(c))
         wt, comp = table[name], table[name + COMPANION_SUFFIX]
-        variant = Variant(raw[comp.offset + 6])          # the companion header's variant byte
+        variant = Variant(raw[comp.offset + 6])  # the companion header's variant byte
         assert wt.type_id == variant.type_id == 162
         assert t["variant"] == variant.name and t["shape"] == list(ne) and t["index"] == names.index(name)
         # random fp16 scales per 128: B128; one scale (or none: all zero): MATRIX (FORMAT.md §7, fewest bytes)
@@ -91,7 +91,7 @@ def test_info_matches_independent_reading(converted, capsys):
         assert t["n_weights"] == n and t["n_nonzero"] == nz
         assert t["zero_density"] == pytest.approx(1 - nz / n, abs=0)
         rows, k = math.prod(ne[1:]), ne[0]
-        weight_bytes = rows * k // 8                     # version 2: the bitmap alone
+        weight_bytes = rows * k // 8  # version 2: the bitmap alone
         comp_bytes = comp.ne[0]
         assert t["weight_bytes"] == weight_bytes and t["companion_bytes"] == comp_bytes
         assert t["bits_per_weight"] == pytest.approx(8 * (weight_bytes + comp_bytes) / n, rel=1e-12)
@@ -182,13 +182,14 @@ def test_info_errors_name_file_tensor_problem(converted, tmp_path, capsys):
     junk.write_bytes(b"not a gguf file at all, just text")
     _one_line_error(capsys, ["info", str(junk)], str(junk), "not a GGUF file")
     trunc = tmp_path / "trunc.gguf"
-    trunc.write_bytes(out.read_bytes()[:comp.offset + 10])
+    trunc.write_bytes(out.read_bytes()[: comp.offset + 10])
     _one_line_error(capsys, ["info", str(trunc)], str(trunc), "truncated")
 
 
 def test_info_weight_without_companion(tmp_path, capsys):
     path = tmp_path / "lonely.gguf"
     from gguf_tools import bitcos_type
+
     with GGUFStreamWriter(path, "llama") as w:
         w.add_kv("general.architecture", "llama", GGUFValueType.STRING)
         w.add_tensor_info("blk.0.ffn_up.weight", bitcos_type(Variant.PT), (128, 2))

@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _build_sdist(out: Path) -> Path:
     """The project's sdist, built by its own backend (as `python -m build --sdist` does), in a child process."""
-    code = ("import sys; sys.path.insert(0, 'buildsys'); import ggml_bitcos_backend as b; "
-            "print(b.build_sdist(sys.argv[1]))")
-    r = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+    code = (
+        "import sys; sys.path.insert(0, 'buildsys'); import ggml_bitcos_backend as b; print(b.build_sdist(sys.argv[1]))"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return out / r.stdout.strip().splitlines()[-1]
 
@@ -44,24 +44,37 @@ def test_sdist_holds_what_the_build_reads(sdist: Path) -> None:
 
     with tarfile.open(sdist) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
-    top = sdist.name[:-len(".tar.gz")]
+    top = sdist.name[: -len(".tar.gz")]
     assert top == "ggml_bitcos-0.1.0"
     # every file the patched llama.cpp build hashes and copies (csrc/ and its folders, patches/, tests/c/)
     read = build.source_files()
     assert any(p.suffix == ".patch" for p in read) and any(p.parent.name == "vulkan" for p in read)
     missing = [str(p.relative_to(ROOT)) for p in read if str(p.relative_to(ROOT)) not in names]
     assert not missing, missing
-    for need in ("pyproject.toml", "CMakeLists.txt", "README.md", "buildsys/ggml_bitcos_backend.py",
-                 "startup/ggml_bitcos_gguf.pth", "startup/_ggml_bitcos_gguf_hook.py", "scripts/install.sh",
-                 "scripts/build_llama.py", "docs/FORMAT.md", "docs/ARCHITECTURE.md", "ggml_bitcos/build.py",
-                 "ggml_bitcos/upstream.py", "ggml_bitcos/llama_tools.py", "gguf_tools/__init__.py",
-                 "dev/cuda_sass_count.py", "tests/conftest.py"):     # the suite runs from an unpacked sdist
+    for need in (
+        "pyproject.toml",
+        "CMakeLists.txt",
+        "README.md",
+        "buildsys/ggml_bitcos_backend.py",
+        "startup/ggml_bitcos_gguf.pth",
+        "startup/_ggml_bitcos_gguf_hook.py",
+        "scripts/install.sh",
+        "scripts/build_llama.py",
+        "docs/FORMAT.md",
+        "docs/ARCHITECTURE.md",
+        "ggml_bitcos/build.py",
+        "ggml_bitcos/upstream.py",
+        "ggml_bitcos/llama_tools.py",
+        "gguf_tools/__init__.py",
+        "dev/cuda_sass_count.py",
+        "tests/conftest.py",
+    ):  # the suite runs from an unpacked sdist
         assert need in names, need
     assert not any(n.startswith(("build/", ".git/")) for n in names)
 
 
 def test_metadata_ships_llama_cpp_instead_of_depending_on_it() -> None:
-    tomllib = pytest.importorskip("tomllib")   # Python >= 3.11
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["build-system"]["build-backend"] == "ggml_bitcos_backend"
     assert meta["build-system"]["backend-path"] == ["buildsys"]
@@ -69,9 +82,10 @@ def test_metadata_ships_llama_cpp_instead_of_depending_on_it() -> None:
     assert meta["tool"]["scikit-build"]["wheel"]["packages"] == ["ggml_bitcos", "gguf_tools"]
     deps = meta["project"]["dependencies"]
     names = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower().replace("_", "-") for d in deps}
-    assert "llama-cpp-python" not in names     # the stock distribution would be compiled first and win
+    assert "llama-cpp-python" not in names  # the stock distribution would be compiled first and win
     # what the bundled llama_cpp imports: the pinned llama-cpp-python's own dependencies
     from ggml_bitcos import upstream
+
     if not upstream.sdist_cached():
         pytest.skip("pinned llama-cpp-python sdist not cached")
     theirs = tomllib.loads(upstream.read_member("pyproject.toml").decode())["project"]["dependencies"]
@@ -90,8 +104,9 @@ def _stock_llama_cpp(folder: Path) -> Path:
 
 def _run_with_stock(folder: Path, code: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(ROOT)]))
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=folder)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300, cwd=folder
+    )
 
 
 def _assert_says_what_to_run(text: str, pkg: Path) -> None:
@@ -101,8 +116,9 @@ def _assert_says_what_to_run(text: str, pkg: Path) -> None:
     assert f"{sys.executable} -m pip install" in text and str(ROOT) in text, text
 
 
-@pytest.mark.parametrize("tool", ["llama_cli", "llama_completion", "llama_server", "llama_bench",
-                                  "llama_perplexity", "rpc_server"])
+@pytest.mark.parametrize(
+    "tool", ["llama_cli", "llama_completion", "llama_server", "llama_bench", "llama_perplexity", "rpc_server"]
+)
 def test_console_scripts_on_stock_llama_cpp(tmp_path: Path, tool: str) -> None:
     folder = _stock_llama_cpp(tmp_path)
     r = _run_with_stock(folder, f"from ggml_bitcos.llama_tools import {tool}; {tool}()", "--version")
@@ -127,16 +143,29 @@ for call in (lambda: llama_run.greedy_generate("m.gguf", "Hello"), lambda: llama
 """
     r = _run_with_stock(folder, code)
     assert r.returncode == 0, r.stderr
-    assert r.stderr.count("is stock llama-cpp-python 0.3.36") == 3   # llama_cpp itself never imported
+    assert r.stderr.count("is stock llama-cpp-python 0.3.36") == 3  # llama_cpp itself never imported
     _assert_says_what_to_run(r.stderr, folder / "llama_cpp")
 
 
 def test_bench_on_stock_llama_cpp(tmp_path: Path) -> None:
     """`ggml-bitcos bench gemv` (llama-bitcos-bench) ends with the message, no traceback, exit 1."""
     folder = _stock_llama_cpp(tmp_path)
-    r = _run_with_stock(folder, "import sys; from ggml_bitcos.cli import main; sys.exit(main(sys.argv[1:]))",
-                        "bench", "gemv", "--rows", "64", "--k", "256", "--z", "0.4", "--threads", "1",
-                        "--reps", "1")
+    r = _run_with_stock(
+        folder,
+        "import sys; from ggml_bitcos.cli import main; sys.exit(main(sys.argv[1:]))",
+        "bench",
+        "gemv",
+        "--rows",
+        "64",
+        "--k",
+        "256",
+        "--z",
+        "0.4",
+        "--threads",
+        "1",
+        "--reps",
+        "1",
+    )
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert r.stderr.startswith("ggml-bitcos: error: ") or "\nggml-bitcos: error: " in r.stderr
@@ -147,6 +176,7 @@ def test_install_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     """From a checkout: `pip install CHECKOUT` with this interpreter; CMAKE_ARGS those the shipped build used
     (llama_build.json), else this environment's."""
     from ggml_bitcos import llama_tools
+
     monkeypatch.setattr(llama_tools, "_build_info", lambda: {})
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_VULKAN=ON")
     cmds = llama_tools.install_commands()
@@ -185,25 +215,35 @@ def _venv_install(venv: Path, source: str, log: Path) -> float:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     t0 = time.monotonic()
     with open(log, "w") as f:
-        r = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-v", source], stdout=f,
-                           stderr=subprocess.STDOUT, timeout=3600, cwd=venv)
+        r = subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "-v", source],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=3600,
+            cwd=venv,
+        )
     dt = time.monotonic() - t0
     text = log.read_text()
     assert r.returncode == 0, text[-4000:]
     installed = text.rsplit("Successfully installed", 1)[-1].splitlines()[0]
     assert "ggml-bitcos-0.1.0" in installed and "llama" not in installed, installed  # no stock llama-cpp-python
-    assert "building patched llama-cpp-python" in text     # built by this project's backend, once
+    assert "building patched llama-cpp-python" in text  # built by this project's backend, once
     assert text.count("building patched llama-cpp-python") == 1
     return dt
 
 
 def _greedy(venv: Path, *models: Path) -> dict:
-    r = subprocess.run([str(venv / "bin" / "python"), "-c", GREEDY, *map(str, models)], capture_output=True,
-                       text=True, timeout=600, cwd=venv)
+    r = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", GREEDY, *map(str, models)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=venv,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["version"] == "0.3.36+bitcos1"
-    assert res["file"].startswith(str(venv)), res["file"]      # the venv's own llama_cpp, from the wheel
+    assert res["file"].startswith(str(venv)), res["file"]  # the venv's own llama_cpp, from the wheel
     return res
 
 
@@ -219,22 +259,69 @@ def test_pip_install_checkout_and_sdist(tmp_path: Path) -> None:
     times["pip install . (checkout)"] = _venv_install(venv, str(ROOT), tmp_path / "pip-checkout.log")
     bindir = venv / "bin"
     src, out = tmp_path / "m-tq2_0.gguf", tmp_path / "m-bitcos.gguf"
-    subprocess.run([str(bindir / "ggml-bitcos"), "make-model", "-o", str(src), "--preset", "tiny",
-                    "--zero-density", "0.4", "--type", "tq2_0", "-q"], check=True, timeout=600, cwd=tmp_path)
-    subprocess.run([str(bindir / "ggml-bitcos"), "convert", str(src), "-o", str(out)], check=True, timeout=600,
-                   cwd=tmp_path, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            str(bindir / "ggml-bitcos"),
+            "make-model",
+            "-o",
+            str(src),
+            "--preset",
+            "tiny",
+            "--zero-density",
+            "0.4",
+            "--type",
+            "tq2_0",
+            "-q",
+        ],
+        check=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    subprocess.run(
+        [str(bindir / "ggml-bitcos"), "convert", str(src), "-o", str(out)],
+        check=True,
+        timeout=600,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+    )
     res = _greedy(venv, src, out)
     assert res[str(out)] == res[str(src)] and len(res[str(src)]) == 16
 
-    r = subprocess.run([str(bindir / "llama-completion"), "-m", str(out), "-p", "Once upon a time", "-n", "8",
-                        "--temp", "0", "-t", "2", "-no-cnv", "--no-warmup", "--simple-io", "-c", "256"],
-                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [
+            str(bindir / "llama-completion"),
+            "-m",
+            str(out),
+            "-p",
+            "Once upon a time",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+            "-no-cnv",
+            "--no-warmup",
+            "--simple-io",
+            "-c",
+            "256",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
     # a stock llama_cpp in front of the venv's: the console script says what to run in this venv
     stock = _stock_llama_cpp(tmp_path / "stock")
-    r = subprocess.run([str(bindir / "llama-cli"), "--version"], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=str(stock)))
+    r = subprocess.run(
+        [str(bindir / "llama-cli"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(stock)),
+    )
     assert r.returncode == 1 and "is stock llama-cpp-python 0.3.36" in r.stderr, r.stderr
     assert f"{bindir / 'python'} -m pip install --force-reinstall --no-deps {ROOT}" in r.stderr, r.stderr
 
@@ -246,6 +333,9 @@ def test_pip_install_checkout_and_sdist(tmp_path: Path) -> None:
         assert res2[str(out)] == res2[str(src)] == res[str(src)]
     finally:
         # pip caches the wheel it built from the (temporary) sdist: drop it, it would only fill the CI cache
-        subprocess.run([str(venv2 / "bin" / "python"), "-m", "pip", "cache", "remove", "ggml_bitcos"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [str(venv2 / "bin" / "python"), "-m", "pip", "cache", "remove", "ggml_bitcos"],
+            capture_output=True,
+            timeout=120,
+        )
     print("\n" + "\n".join(f"{k}: {v:.0f} s" for k, v in times.items()))

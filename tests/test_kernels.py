@@ -37,8 +37,8 @@ ZERO_DENSITIES = (0.0, 0.4, 1.0)
 # partial last units at 32, 64, 96, 160, 576 (4.5 units), 640 is 5 units (odd: a Q8_K block with one half)
 KS = (32, 64, 96, 128, 160, 384, 576, 640, 1536, 2048)
 VARIANT_KS = [(v, k) for v in VARIANTS for k in KS if k % v.k_multiple == 0]
-NRS = (1, 3, 5, 17)        # odd row counts: the AVX-512 GEMV pairs rows, an odd last row pairs with itself
-NCS = (1, 2, 5, 9)         # GEMV, column pairs, an odd last column, a second column tile (8 per tile)
+NRS = (1, 3, 5, 17)  # odd row counts: the AVX-512 GEMV pairs rows, an odd last row pairs with itself
+NCS = (1, 2, 5, 9)  # GEMV, column pairs, an odd last column, a second column tile (8 per tile)
 FMAS = (True, False)
 FMA_IDS = ("fma", "nofma")
 
@@ -48,8 +48,19 @@ UNIVERSAL = ("generic", "portable")
 # Extensions each harness object was compiled for (CMakeLists.txt); a CPU missing one skips the path.
 CPU_FLAGS_NEEDED = {
     "avx2": {"avx2", "fma", "bmi2", "f16c"},
-    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_vbmi2",
-               "avx512_bitalg", "avx512_vpopcntdq", "bmi2", "f16c"},
+    "avx512": {
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512dq",
+        "avx512cd",
+        "avx512_vnni",
+        "avx512_vbmi2",
+        "avx512_bitalg",
+        "avx512_vpopcntdq",
+        "bmi2",
+        "f16c",
+    },
 }
 
 
@@ -57,12 +68,14 @@ CPU_FLAGS_NEEDED = {
 def require(kernel_library, cpu_flags: set[str]) -> Callable[..., None]:
     """require(impl, fma=True) skips the calling test unless this CPU and the harness library of that FMA
     form can run kernel `impl` (the generic one always runs)."""
+
     def check(impl: str, fma: bool = True) -> None:
         missing = CPU_FLAGS_NEEDED.get(impl, set()) - cpu_flags
         if missing:
             pytest.skip(f"CPU lacks {sorted(missing)} for {impl}")
         if not harness.available(impl, fma):
             pytest.skip(f"{impl} not compiled into the harness library")
+
     return check
 
 
@@ -79,7 +92,7 @@ def random_block_scales(rng: np.random.Generator, nr: int, k: int, block: int = 
     if block == QK:
         odd = ds[:, 1::2]
         same = rng.random(odd.shape) < 0.5
-        ds[:, 1::2] = np.where(same, ds[:, 0::2][:, :odd.shape[1]], odd)
+        ds[:, 1::2] = np.where(same, ds[:, 0::2][:, : odd.shape[1]], odd)
     return ds
 
 
@@ -90,20 +103,26 @@ class Case:
         rng = np.random.default_rng(seed)
         self.variant, self.k = variant, k
         self.codes = random_codes(rng, (nr, k), z)
-        self.block_scales = (random_block_scales(rng, nr, k, variant.scale_block) if variant.scale_block
-                             else None)
+        self.block_scales = random_block_scales(rng, nr, k, variant.scale_block) if variant.scale_block else None
         self.scale = float(np.float32(rng.uniform(0.05, 3.0)))
         self.row_scales = rng.uniform(0.05, 3.0, size=nr).astype(np.float32) if variant is Variant.ROW else None
-        self.w = harness.encode_rows(self.codes, variant, block_scales=self.block_scales, scale=self.scale,
-                                     row_scales=self.row_scales)
+        self.w = harness.encode_rows(
+            self.codes, variant, block_scales=self.block_scales, scale=self.scale, row_scales=self.row_scales
+        )
         self.y = random_q8k(rng, nc, k)
         # ggml's Q8_K scale carries the sign of the block's largest |x|: negative scales occur
         self.y["d"] *= np.where(rng.random(self.y["d"].shape) < 0.3, -1.0, 1.0).astype(np.float32)
 
     def reference(self, fma: bool, y: np.ndarray | None = None) -> np.ndarray:
-        return contract.reference_mm(self.codes, self.variant, self.y if y is None else y,
-                                     block_scales=self.block_scales, scale=self.scale, row_scales=self.row_scales,
-                                     fma=fma)
+        return contract.reference_mm(
+            self.codes,
+            self.variant,
+            self.y if y is None else y,
+            block_scales=self.block_scales,
+            scale=self.scale,
+            row_scales=self.row_scales,
+            fma=fma,
+        )
 
 
 def case_seed(variant: Variant, z: float, k: int, nr: int, nc: int) -> int:
@@ -113,8 +132,9 @@ def case_seed(variant: Variant, z: float, k: int, nr: int, nc: int) -> int:
 @pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
 @pytest.mark.parametrize("z", ZERO_DENSITIES)
 @pytest.mark.parametrize("variant,k", VARIANT_KS, ids=[f"{v.name.lower()}-k{k}" for v, k in VARIANT_KS])
-def test_every_kernel_equals_the_numpy_contract(require, impl: str, variant: Variant, k: int, z: float,
-                                                 fma: bool) -> None:
+def test_every_kernel_equals_the_numpy_contract(
+    require, impl: str, variant: Variant, k: int, z: float, fma: bool
+) -> None:
     """Every kernel gives the numpy reference's float bits (so all kernels give the same bits), every
     variant, every row length it allows, odd row counts and several column counts (GEMV and GEMM tiles)."""
     require(impl, fma)
@@ -128,18 +148,29 @@ def test_every_kernel_equals_the_numpy_contract(require, impl: str, variant: Var
 
 # Shapes around the kernels' internal tiles: 32 rows, 8 columns, chunks of 8 Q8_K blocks (2048 weights), GEMV
 # spans of 8 chunks (16384 weights), rows of <= 512 bitmap bytes paired adjacently in the AVX-512 GEMV.
-TILE_SHAPES = [(33, 9, 2048 * 2 + 384), (32, 8, 2048), (64, 17, 2048 + 128), (40, 3, 6144), (7, 1, 2048 * 3),
-               (35, 1, 16384 + 2048 + 256), (33, 3, 2048 + 96), (9, 1, 4096 + 160), (65, 2, 32)]
+TILE_SHAPES = [
+    (33, 9, 2048 * 2 + 384),
+    (32, 8, 2048),
+    (64, 17, 2048 + 128),
+    (40, 3, 6144),
+    (7, 1, 2048 * 3),
+    (35, 1, 16384 + 2048 + 256),
+    (33, 3, 2048 + 96),
+    (9, 1, 4096 + 160),
+    (65, 2, 32),
+]
 
 
 TILE_CASES = [(v, s) for v in VARIANTS for s in TILE_SHAPES if s[2] % v.k_multiple == 0]
 
 
 @pytest.mark.parametrize("fma", FMAS, ids=FMA_IDS)
-@pytest.mark.parametrize("variant,shape", TILE_CASES,
-                         ids=[f"{v.name.lower()}-nr{s[0]}-nc{s[1]}-k{s[2]}" for v, s in TILE_CASES])
-def test_tile_edges_against_reference(require, impl: str, variant: Variant, shape: tuple[int, int, int],
-                                      fma: bool) -> None:
+@pytest.mark.parametrize(
+    "variant,shape", TILE_CASES, ids=[f"{v.name.lower()}-nr{s[0]}-nc{s[1]}-k{s[2]}" for v, s in TILE_CASES]
+)
+def test_tile_edges_against_reference(
+    require, impl: str, variant: Variant, shape: tuple[int, int, int], fma: bool
+) -> None:
     require(impl, fma)
     nr, nc, k = shape
     for z in (0.0, 0.4, 1.0):
@@ -177,12 +208,21 @@ def test_dense_words_inside_sparse_rows(require, impl: str, variant: Variant, fm
     for nr, k in [(nr, k) for nr, k in shapes if k % variant.k_multiple == 0]:
         codes = random_codes(rng, (nr, k), 0.5)
         words = k // 64
-        for row, word, present in ((0, 5, 64), (3, 40, 58), (4, 40, 57), (6, 95, 58), (1, 64, 64), (5, 33, 63),
-                                   (2, -2, 58), (0, -1, 64), (6, -3, 57)):
+        for row, word, present in (
+            (0, 5, 64),
+            (3, 40, 58),
+            (4, 40, 57),
+            (6, 95, 58),
+            (1, 64, 64),
+            (5, 33, 63),
+            (2, -2, 58),
+            (0, -1, 64),
+            (6, -3, 57),
+        ):
             seg = rng.choice(np.array([-1, 1], dtype=np.int8), size=64)
             seg[rng.permutation(64)[: 64 - present]] = 0
             w0 = 64 * (word % words)
-            codes[row, w0: w0 + 64] = seg
+            codes[row, w0 : w0 + 64] = seg
         ds = random_block_scales(rng, nr, k, variant.scale_block) if variant.scale_block else None
         rs = rng.uniform(0.5, 1.5, nr).astype(np.float32) if variant is Variant.ROW else None
         w = harness.encode_rows(codes, variant, block_scales=ds, scale=0.75, row_scales=rs)
@@ -202,7 +242,7 @@ def test_row_scales_uniform_in_some_tiles(require, impl: str, fma: bool) -> None
     nr, k = 70, 2048 + 160
     codes = random_codes(rng, (nr, k), 0.3)
     rs = np.full(nr, np.float32(0.8125))
-    rs[63] = np.float32(0.8125) * np.float32(1 + 2 ** -20)
+    rs[63] = np.float32(0.8125) * np.float32(1 + 2**-20)
     rs[64:] = np.float32(1.25)
     w = harness.encode_rows(codes, Variant.ROW, row_scales=rs)
     for nc in (1, 4):
@@ -233,7 +273,7 @@ def test_extreme_values(require, impl: str, fma: bool) -> None:
         ds = None
         if variant.scale_block:
             ds = np.full((nr, k // variant.scale_block), 65504.0, dtype=np.float16)
-            ds[2] = np.float16(6e-8)      # subnormal
+            ds[2] = np.float16(6e-8)  # subnormal
             ds[3, ::2] = 0.0
         rsv = rs if variant is Variant.ROW else None
         w = harness.encode_rows(codes, variant, block_scales=ds, scale=0.75, row_scales=rsv)
@@ -252,18 +292,28 @@ def test_tq2_0_data_same_bits_in_b256_g128_matrix_pt(kernel_library, cpu_flags: 
     codes = random_codes(rng, (nr, k), 0.35)
     d = rng.uniform(0.1, 2.0, size=(nr, k // QK_K)).astype(np.float16)
     y = random_q8k(rng, 5, k)
-    impls = [i for i in harness.kernel_names(fma)
-             if CPU_FLAGS_NEEDED.get(i, set()) <= cpu_flags and harness.available(i, fma)]
-    pairs = ((harness.encode_rows(codes, Variant.B256, block_scales=d),
-              harness.encode_rows(codes, Variant.G128, block_scales=np.repeat(d, 2, axis=1))),
-             (harness.encode_rows(codes, Variant.MATRIX, scale=float(d[0, 0])),
-              harness.encode_rows(codes, Variant.PT, scale=float(d[0, 0]))))
+    impls = [
+        i
+        for i in harness.kernel_names(fma)
+        if CPU_FLAGS_NEEDED.get(i, set()) <= cpu_flags and harness.available(i, fma)
+    ]
+    pairs = (
+        (
+            harness.encode_rows(codes, Variant.B256, block_scales=d),
+            harness.encode_rows(codes, Variant.G128, block_scales=np.repeat(d, 2, axis=1)),
+        ),
+        (
+            harness.encode_rows(codes, Variant.MATRIX, scale=float(d[0, 0])),
+            harness.encode_rows(codes, Variant.PT, scale=float(d[0, 0])),
+        ),
+    )
     for v2, v1 in pairs:
         want = harness.mm("generic", v1, y, fma)
         for impl in impls:
             for w in (v2, v1):
-                np.testing.assert_array_equal(bits(harness.mm(impl, w, y, fma)), bits(want),
-                                              err_msg=f"{impl} {w.variant.name}")
+                np.testing.assert_array_equal(
+                    bits(harness.mm(impl, w, y, fma)), bits(want), err_msg=f"{impl} {w.variant.name}"
+                )
 
 
 def test_tq2_0_reference_b256_matrix(tq2_vec_dot) -> None:
@@ -301,8 +351,9 @@ def test_reference_detects_a_single_flipped_sign(kernel_library) -> None:
         flipped[0, idx] = -flipped[0, idx]
         c.y["qs"].reshape(1, -1)[0, idx] = 100
         a = c.reference(True)
-        b = contract.reference_mm(flipped, variant, c.y, block_scales=c.block_scales, scale=c.scale,
-                                  row_scales=c.row_scales)
+        b = contract.reference_mm(
+            flipped, variant, c.y, block_scales=c.block_scales, scale=c.scale, row_scales=c.row_scales
+        )
         assert a[0, 0] != b[0, 0]
         w2 = harness.encode_rows(flipped, variant, block_scales=c.block_scales, scale=c.scale, row_scales=c.row_scales)
         assert harness.mm("generic", w2, c.y)[0, 0] == b[0, 0] != harness.mm("generic", c.w, c.y)[0, 0]
@@ -320,10 +371,16 @@ def test_encoder_layout() -> None:
     assert w.blocks[0, 0] == 0b1 and w.blocks[0, 1] == 0b10 and w.blocks[0, 15] == 0x80
     assert w.blocks[0, 16:18].view("<f2")[0] == 1.0
     assert list(w.sign_pos) == [0, 3]
-    assert w.pool[0] == 0b1110          # signs: row0 (+, -, -), row1 (-)
+    assert w.pool[0] == 0b1110  # signs: row0 (+, -, -), row1 (-)
     assert w.pool.size == 64 + 64
     d = w.descriptor()
-    assert (d.unit_bytes, d.scale_stride, d.scale_row_bytes, d.block_scale_shift, d.block_scale_offset) == (18, 18, 18, 0, 16)
+    assert (d.unit_bytes, d.scale_stride, d.scale_row_bytes, d.block_scale_shift, d.block_scale_offset) == (
+        18,
+        18,
+        18,
+        0,
+        16,
+    )
     assert d.row_scale is None and d.block_scale is d.bits
 
     codes = np.zeros((2, 96), dtype=np.int8)
@@ -351,14 +408,13 @@ def test_descriptors_the_simd_paths_do_not_cover_run_the_reference(require, impl
             e = np.zeros((5, 1536 // variant.scale_block * stride), np.uint8)
             for r in range(5):
                 for u in range(1536 // variant.scale_block):
-                    e[r, u * stride:u * stride + 2] = c.block_scales[r, u:u + 1].view(np.uint8)
+                    e[r, u * stride : u * stride + 2] = c.block_scales[r, u : u + 1].view(np.uint8)
             d = replace(c.w.descriptor(), block_scale=e, scale_stride=stride, scale_row_bytes=e.shape[1])
             dst = np.full((3, 5), np.nan, np.float32)
             lib = harness.load_library(True)
             rc = lib.bitcos_h_mm(harness.kernel_index(impl), *d.args(), 5, c.y.ctypes.data, 3, dst.ctypes.data)
             assert rc == 0
-            covered = lib.bitcos_h_covers(harness.kernel_index(impl), *d.args(), 5, c.y.ctypes.data, 3,
-                                          dst.ctypes.data)
+            covered = lib.bitcos_h_covers(harness.kernel_index(impl), *d.args(), 5, c.y.ctypes.data, 3, dst.ctypes.data)
             assert covered == int(impl in UNIVERSAL or variant is Variant.B256), (variant.name, stride)
             np.testing.assert_array_equal(bits(dst), bits(c.reference(True)), err_msg=f"{variant.name} {stride}")
 
@@ -412,8 +468,9 @@ def test_uncovered_layout_is_reported_once(require, impl: str, kernel_library) -
 
     require(impl)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    r = subprocess.run([sys.executable, "-c", _FALLBACK_SCRIPT, impl], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _FALLBACK_SCRIPT, impl], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if "does not cover" in ln]
     if impl in UNIVERSAL:
@@ -429,8 +486,7 @@ def test_harness_refuses_bad_descriptors(kernel_library) -> None:
     d = c.w.descriptor()
     lib = harness.load_library(True)
     dst = np.zeros((1, 2), np.float32)
-    for bad in (replace(d, k=500), replace(d, k=384), replace(d, block_scale_shift=2),
-                replace(d, bits=d.bits[:, :60])):
+    for bad in (replace(d, k=500), replace(d, k=384), replace(d, block_scale_shift=2), replace(d, bits=d.bits[:, :60])):
         assert lib.bitcos_h_mm(0, *bad.args(), 2, c.y.ctypes.data, 1, dst.ctypes.data) == -2
 
 
@@ -456,15 +512,22 @@ def test_quantized_activations_through_all_paths(kernel_library, cpu_flags: set[
     simd_impls = [impl for impl, need in CPU_FLAGS_NEEDED.items() if need <= cpu_flags]
     for variant, k in ((Variant.G128, 4096), (Variant.MATRIX, 576), (Variant.B256, 1536), (Variant.ROW, 4096 + 64)):
         codes = random_codes(rng, (nr, k), 0.45)
-        ds = rng.uniform(0.01, 0.1, size=(nr, k // variant.scale_block)).astype(np.float16) if variant.scale_block else None
+        ds = (
+            rng.uniform(0.01, 0.1, size=(nr, k // variant.scale_block)).astype(np.float16)
+            if variant.scale_block
+            else None
+        )
         rs = rng.uniform(0.01, 0.1, size=nr).astype(np.float32)
         w = harness.encode_rows(codes, variant, block_scales=ds, scale=0.05, row_scales=rs)
         y = quantize_q8k(rng.normal(size=(nc, k)).astype(np.float32))
-        ref = contract.reference_mm(codes, variant, y, block_scales=ds, scale=0.05,
-                                    row_scales=rs if variant is Variant.ROW else None, fma=fma)
+        ref = contract.reference_mm(
+            codes, variant, y, block_scales=ds, scale=0.05, row_scales=rs if variant is Variant.ROW else None, fma=fma
+        )
         for impl in [*UNIVERSAL, *simd_impls]:
             if harness.available(impl, fma):
-                np.testing.assert_array_equal(bits(harness.mm(impl, w, y, fma)), bits(ref), err_msg=f"{impl} {variant.name}")
+                np.testing.assert_array_equal(
+                    bits(harness.mm(impl, w, y, fma)), bits(ref), err_msg=f"{impl} {variant.name}"
+                )
 
 
 def test_fma_forms_differ_and_reference_follows_each(kernel_library) -> None:
@@ -498,11 +561,11 @@ def test_numpy_fma_is_correctly_rounded() -> None:
     scales = np.exp2(np.arange(-20, 21, 4)).astype(np.float32)
     sign = np.repeat(np.array([1, -1], np.float32), scales.size)
     sc = np.tile(scales, 2)
-    ha = sign * np.float32(641 * 2.0 ** -10) * sc
-    hb = np.full(sc.size, np.float32(6700417 * 2.0 ** -46))
+    ha = sign * np.float32(641 * 2.0**-10) * sc
+    hb = np.full(sc.size, np.float32(6700417 * 2.0**-46))
     hc = sign * sc
     naive = (ha.astype(np.float64) * hb + hc).astype(np.float32)
-    assert np.all(naive == hc)                         # the double rounding these cases are built to catch
+    assert np.all(naive == hc)  # the double rounding these cases are built to catch
     a = np.concatenate([a, ha])
     b = np.concatenate([b, hb])
     c = np.concatenate([c, hc])
@@ -525,12 +588,14 @@ class GuardedArray:
         self.base = np.frombuffer(self.buf, dtype=np.uint8)
         self.guard = npages * page
         assert self._libc.mprotect(self.base.ctypes.data + self.guard, page, 0) == 0
-        self.array = self.base[self.guard - n:self.guard].view(a.dtype).reshape(a.shape)
+        self.array = self.base[self.guard - n : self.guard].view(a.dtype).reshape(a.shape)
         self.array[...] = a
 
     def close(self) -> None:
-        assert self._libc.mprotect(self.base.ctypes.data + self.guard, mmap.PAGESIZE,
-                                   mmap.PROT_READ | mmap.PROT_WRITE) == 0
+        assert (
+            self._libc.mprotect(self.base.ctypes.data + self.guard, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE)
+            == 0
+        )
         del self.array, self.base
         self.buf.close()
 
@@ -543,7 +608,7 @@ def test_pool_reads_stay_inside_the_format_tail(require, impl: str) -> None:
         for z in (0.0, 0.5, 1.0):
             nr = 9
             codes = random_codes(rng, (nr, k), z)
-            codes[-1, -200:] = 0          # the last row ends in zeros: its cursor sits at the end of the signs
+            codes[-1, -200:] = 0  # the last row ends in zeros: its cursor sits at the end of the signs
             ds = rng.uniform(0.0, 2.0, size=(nr, k // QK)).astype(np.float16) if variant.scale_block else None
             w = harness.encode_rows(codes, variant, block_scales=ds, scale=0.5)
             g = GuardedArray(w.pool)
@@ -571,6 +636,7 @@ def test_partial_unit_reads_stay_inside_the_row(require, impl: str, variant: Var
             for nc in (1, 3):
                 y = random_q8k(rng, nc, k)
                 ref = contract.reference_mm(codes, variant, y, scale=0.5, row_scales=rs)
-                np.testing.assert_array_equal(bits(harness.mm(impl, replace(w, blocks=g.array), y)), bits(ref),
-                                              err_msg=f"k={k} z={z} nc={nc}")
+                np.testing.assert_array_equal(
+                    bits(harness.mm(impl, replace(w, blocks=g.array), y)), bits(ref), err_msg=f"k={k} z={z} nc={nc}"
+                )
             g.close()

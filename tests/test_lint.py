@@ -30,9 +30,18 @@ def tool(name: str) -> str:
 
 
 def c_sources() -> list[str]:
-    r = subprocess.run(["git", "ls-files", *(f"{d}/**/{g}" for d in C_FOLDERS for g in C_GLOBS),
-                        *(f"{d}/{g}" for d in C_FOLDERS for g in C_GLOBS)],
-                       cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
+    r = subprocess.run(
+        [
+            "git",
+            "ls-files",
+            *(f"{d}/**/{g}" for d in C_FOLDERS for g in C_GLOBS),
+            *(f"{d}/{g}" for d in C_FOLDERS for g in C_GLOBS),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
     return sorted(set(r.stdout.split()))
 
 

@@ -27,7 +27,7 @@ llama = pytest.mark.llama  # tests that need the patched build installed
 
 BITCOS_G128 = Variant.G128.type_id
 BITCOS_PT = Variant.PT.type_id
-BITCOS_BITMAP = Variant.MATRIX.type_id   # 162, every version-2 variant
+BITCOS_BITMAP = Variant.MATRIX.type_id  # 162, every version-2 variant
 TOOLS = llama_tools.TOOLS
 
 
@@ -62,8 +62,12 @@ def ggml_base(llama_pkg: Path) -> ctypes.CDLL:
 
 @llama
 def test_version_marks_patched_build(llama_pkg: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert r.stdout.strip() == "0.3.36+bitcos1"
 
 
@@ -80,6 +84,7 @@ def test_tools_installed_and_run(llama_pkg: Path, tool: str) -> None:
 @llama
 def test_llama_tools_wrapper_finds_tools(llama_pkg: Path) -> None:
     from ggml_bitcos import llama_tools
+
     for tool in TOOLS:
         assert llama_tools.tool_path(tool) == llama_pkg / "bin" / tool
 
@@ -111,12 +116,14 @@ def test_c_mul_mat(llama_pkg: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # A BITCOS writer written from docs/FORMAT.md (independent of csrc/ggml-bitcos.c's encoder)
 
+
 def _pad64(x: int) -> int:
     return (x + 63) // 64 * 64
 
 
-def encode_bitcos(codes: np.ndarray, variant: int, d16: np.ndarray | None, scales: np.ndarray | None,
-                  n_mats: int) -> tuple[np.ndarray, bytes]:
+def encode_bitcos(
+    codes: np.ndarray, variant: int, d16: np.ndarray | None, scales: np.ndarray | None, n_mats: int
+) -> tuple[np.ndarray, bytes]:
     """codes [R, K] int8 in {-1,0,1} -> (weight bytes [R, row bytes] uint8, companion bytes), any variant
     (FORMAT.md §3, §4). d16: the fp16 block scales (bit patterns) of G128 [R, K/128], B128 [R, K/128] and B256
     [R, K/256]; scales: f32 per matrix (PT, MATRIX) or per row (ROW)."""
@@ -145,7 +152,7 @@ def encode_bitcos(codes: np.ndarray, variant: int, d16: np.ndarray | None, scale
     G = 1 << g
     row_base = sign_pos[::G].astype("<u8")
     row_delta = (sign_pos - sign_pos[(np.arange(R) // G) * G]).astype("<u2")
-    signs = (codes[present] < 0)  # row-major: row by row, k increasing
+    signs = codes[present] < 0  # row-major: row by row, k increasing
     pool_bytes = _pad64((S + 7) // 8) + 64
     pool = np.zeros(pool_bytes, np.uint8)
     packed = np.packbits(signs, bitorder="little")
@@ -171,16 +178,45 @@ def encode_bitcos(codes: np.ndarray, variant: int, d16: np.ndarray | None, scale
     pos = row_delta_offset + 2 * R
     pool_offset = _pad64(pos)
     comp = bytearray(pool_offset + pool_bytes)
-    hdr = np.zeros(1, dtype=np.dtype([("magic", "<u4"), ("version", "<u2"), ("variant", "u1"), ("g", "u1"),
-                                      ("n_cols", "<u8"), ("n_rows", "<u8"), ("n_mats", "<u8"), ("S", "<u8"),
-                                      ("scales", "<u8"), ("row_base", "<u8"), ("row_delta", "<u8"),
-                                      ("pool", "<u8"), ("pool_bytes", "<u8")]))
-    hdr[0] = (0x53435442, 1 if variant <= 1 else 2, variant, g, K, R, n_mats, S, scales_offset, row_base_offset,
-              row_delta_offset, pool_offset, pool_bytes)
+    hdr = np.zeros(
+        1,
+        dtype=np.dtype(
+            [
+                ("magic", "<u4"),
+                ("version", "<u2"),
+                ("variant", "u1"),
+                ("g", "u1"),
+                ("n_cols", "<u8"),
+                ("n_rows", "<u8"),
+                ("n_mats", "<u8"),
+                ("S", "<u8"),
+                ("scales", "<u8"),
+                ("row_base", "<u8"),
+                ("row_delta", "<u8"),
+                ("pool", "<u8"),
+                ("pool_bytes", "<u8"),
+            ]
+        ),
+    )
+    hdr[0] = (
+        0x53435442,
+        1 if variant <= 1 else 2,
+        variant,
+        g,
+        K,
+        R,
+        n_mats,
+        S,
+        scales_offset,
+        row_base_offset,
+        row_delta_offset,
+        pool_offset,
+        pool_bytes,
+    )
     comp[: hdr.nbytes] = hdr.tobytes()
-    comp[scales_offset: scales_offset + len(section)] = section
-    comp[row_base_offset: row_base_offset + 8 * row_base.size] = row_base.tobytes()
-    comp[row_delta_offset: row_delta_offset + 2 * R] = row_delta.tobytes()
+    comp[scales_offset : scales_offset + len(section)] = section
+    comp[row_base_offset : row_base_offset + 8 * row_base.size] = row_base.tobytes()
+    comp[row_delta_offset : row_delta_offset + 2 * R] = row_delta.tobytes()
     comp[pool_offset:] = pool.tobytes()
     return blocks.reshape(R, -1), bytes(comp)
 
@@ -196,28 +232,48 @@ class _RawType(int):
 N_EMBD, N_FF, N_VOCAB, N_HEAD = 128, 384, 64, 2
 # scale -> (variant, n_embd, n_ff): every K of the model a multiple of what the variant allows; MATRIX and ROW
 # get K = 160 and 224, which are not multiples of 128 (partial last 128-weight units)
-SCALES = {"g128": (Variant.G128, 128, 384), "pt": (Variant.PT, 128, 384), "matrix": (Variant.MATRIX, 160, 224),
-          "row": (Variant.ROW, 160, 224), "b128": (Variant.B128, 128, 384), "b256": (Variant.B256, 256, 512)}
+SCALES = {
+    "g128": (Variant.G128, 128, 384),
+    "pt": (Variant.PT, 128, 384),
+    "matrix": (Variant.MATRIX, 160, 224),
+    "row": (Variant.ROW, 160, 224),
+    "b128": (Variant.B128, 128, 384),
+    "b256": (Variant.B256, 256, 512),
+}
 
 
 def _matrices(n_expert: int, n_embd: int = N_EMBD, n_ff: int = N_FF) -> dict[str, tuple[int, int, int]]:
     """Ternary matrices of the 1-layer model: name -> (experts, N, K); experts = 0 for a 2-D weight."""
-    mats = {"attn_q": (0, n_embd, n_embd), "attn_k": (0, n_embd, n_embd), "attn_v": (0, n_embd, n_embd),
-            "attn_output": (0, n_embd, n_embd)}
+    mats = {
+        "attn_q": (0, n_embd, n_embd),
+        "attn_k": (0, n_embd, n_embd),
+        "attn_v": (0, n_embd, n_embd),
+        "attn_output": (0, n_embd, n_embd),
+    }
     if n_expert:
-        mats.update({"ffn_gate_exps": (n_expert, n_ff, n_embd), "ffn_up_exps": (n_expert, n_ff, n_embd),
-                     "ffn_down_exps": (n_expert, n_embd, n_ff)})
+        mats.update(
+            {
+                "ffn_gate_exps": (n_expert, n_ff, n_embd),
+                "ffn_up_exps": (n_expert, n_ff, n_embd),
+                "ffn_down_exps": (n_expert, n_embd, n_ff),
+            }
+        )
     else:
         mats.update({"ffn_gate": (0, n_ff, n_embd), "ffn_up": (0, n_ff, n_embd), "ffn_down": (0, n_embd, n_ff)})
     return mats
 
 
-def _scales(rng: np.random.Generator, variant: int, rows: int, k: int, mats: int
-            ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+def _scales(
+    rng: np.random.Generator, variant: int, rows: int, k: int, mats: int
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
     """(fp16 block scales as uint16, f32 matrix / row scales, f32 scale of every weight [rows, k])."""
     s = np.float16(0.05 + 0.05 * rng.random(mats)).astype(np.float16)  # one per matrix / expert
     if variant in (1, 2):  # one per matrix
-        return None, s.astype(np.float32), np.repeat(s.astype(np.float32), rows // mats)[:, None] * np.ones((1, k), np.float32)
+        return (
+            None,
+            s.astype(np.float32),
+            np.repeat(s.astype(np.float32), rows // mats)[:, None] * np.ones((1, k), np.float32),
+        )
     if variant == 3:  # one f32 per row, not fp16 values
         r = (0.05 + 0.05 * rng.random(rows)).astype(np.float32)
         return None, r, r[:, None] * np.ones((1, k), np.float32)
@@ -227,8 +283,9 @@ def _scales(rng: np.random.Generator, variant: int, rows: int, k: int, mats: int
     return d16, None, np.repeat(d16.view(np.float16).astype(np.float32), blk, axis=1)
 
 
-def write_model(path: Path, storage: str, scale: str, seed: int = 7, corrupt: str | None = None,
-                n_expert: int = 0) -> None:
+def write_model(
+    path: Path, storage: str, scale: str, seed: int = 7, corrupt: str | None = None, n_expert: int = 0
+) -> None:
     """A 1-layer llama GGUF whose matrices are ternary. storage: 'f32' (dequantized reference) or 'bitcos';
     scale: a key of SCALES, the variant (version 1: 'g128' fp16 scale per 128 weights, 'pt' one scale per
     matrix / expert; version 2: 'matrix', 'row', 'b128', 'b256'), which also fixes the model's widths. With
@@ -249,7 +306,7 @@ def write_model(path: Path, storage: str, scale: str, seed: int = 7, corrupt: st
     writer.add_vocab_size(N_VOCAB)
     writer.add_tokenizer_model("none")
     if storage == "bitcos":
-        writer.add_file_type(variant.type_id)   # FORMAT.md §6: LLAMA_FTYPE_MOSTLY_BITCOS* = the type id
+        writer.add_file_type(variant.type_id)  # FORMAT.md §6: LLAMA_FTYPE_MOSTLY_BITCOS* = the type id
     if n_expert:
         writer.add_expert_count(n_expert)
         writer.add_expert_used_count(2)
@@ -297,8 +354,9 @@ _EVAL = textwrap.dedent("""
 
 
 def _eval_logits(model: Path, out: Path, threads: int = 2) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", _EVAL, str(model), str(out), str(threads)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", _EVAL, str(model), str(out), str(threads)], capture_output=True, text=True, timeout=300
+    )
 
 
 @llama
@@ -323,33 +381,59 @@ def test_bitcos_model_matches_f32(llama_pkg: Path, tmp_path: Path, scale: str, n
     assert err < 0.02, f"relative logit error {err:.4f}"  # measured: 0.006
 
 
-@pytest.mark.parametrize("corrupt, message", [
-    ("row_delta", "invalid BITCOS tensor 'blk.0.attn_q.weight'"),
-    ("magic", "invalid BITCOS tensor 'blk.0.ffn_down.weight'"),
-    ("missing_companion", "BITCOS tensor 'blk.0.ffn_up.weight' has no companion"),
-])
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        ("row_delta", "invalid BITCOS tensor 'blk.0.attn_q.weight'"),
+        ("magic", "invalid BITCOS tensor 'blk.0.ffn_down.weight'"),
+        ("missing_companion", "BITCOS tensor 'blk.0.ffn_up.weight' has no companion"),
+    ],
+)
 @llama
 @pytest.mark.parametrize("scale", ["g128", "row"])
 @pytest.mark.parametrize("use_mmap", [True, False], ids=["mmap", "read"])
-def test_crafted_file_fails_with_tensor_name(llama_pkg: Path, tmp_path: Path, corrupt: str, message: str,
-                                             use_mmap: bool, scale: str) -> None:
+def test_crafted_file_fails_with_tensor_name(
+    llama_pkg: Path, tmp_path: Path, corrupt: str, message: str, use_mmap: bool, scale: str
+) -> None:
     model = tmp_path / f"bad-{corrupt}.gguf"
     write_model(model, "bitcos", scale, corrupt=corrupt)
-    r = subprocess.run([sys.executable, "-c", "import sys\nfrom llama_cpp import Llama\n"
-                        f"Llama(sys.argv[1], n_ctx=64, use_mmap={use_mmap}, verbose=True)", str(model)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys\nfrom llama_cpp import Llama\nLlama(sys.argv[1], n_ctx=64, use_mmap={use_mmap}, verbose=True)",
+            str(model),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode != 0
     assert message in r.stderr, r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("variant, k, rows, mats, p_zero", [
-    (0, 128, 5, 1, 0.4), (0, 384, 70, 1, 0.0), (1, 2048, 33, 3, 0.5), (1, 256, 200, 2, 1.0), (0, 2048, 300, 1, 0.01),
-    (2, 96, 7, 1, 0.4), (2, 32, 1, 1, 0.0), (3, 160, 33, 3, 0.5), (3, 2048, 300, 1, 0.01), (4, 384, 70, 1, 0.0),
-    (4, 128, 9, 3, 1.0), (5, 512, 41, 1, 0.3), (5, 2048, 300, 2, 0.4),
-])
+@pytest.mark.parametrize(
+    "variant, k, rows, mats, p_zero",
+    [
+        (0, 128, 5, 1, 0.4),
+        (0, 384, 70, 1, 0.0),
+        (1, 2048, 33, 3, 0.5),
+        (1, 256, 200, 2, 1.0),
+        (0, 2048, 300, 1, 0.01),
+        (2, 96, 7, 1, 0.4),
+        (2, 32, 1, 1, 0.0),
+        (3, 160, 33, 3, 0.5),
+        (3, 2048, 300, 1, 0.01),
+        (4, 384, 70, 1, 0.0),
+        (4, 128, 9, 3, 1.0),
+        (5, 512, 41, 1, 0.3),
+        (5, 2048, 300, 2, 0.4),
+    ],
+)
 @llama
-def test_c_encoder_matches_spec_writer(ggml_base: ctypes.CDLL, variant: int, k: int, rows: int, mats: int,
-                                       p_zero: float) -> None:
+def test_c_encoder_matches_spec_writer(
+    ggml_base: ctypes.CDLL, variant: int, k: int, rows: int, mats: int, p_zero: float
+) -> None:
     """ggml_bitcos_encode (C, used by the C tests) and the FORMAT.md writer above produce identical bytes."""
     rng = np.random.default_rng(k * rows + variant)
     p = [(1 - p_zero) / 2, p_zero, (1 - p_zero) / 2]
@@ -360,8 +444,18 @@ def test_c_encoder_matches_spec_writer(ggml_base: ctypes.CDLL, variant: int, k: 
     blocks, comp = encode_bitcos(codes, variant, d16, scales, mats)
     f = ggml_base.ggml_bitcos_encode
     f.restype = ctypes.c_size_t
-    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    f.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+    ]
     args = (variant, k, rows, mats, codes.ctypes.data, d16.ctypes.data, scales.ctypes.data)
     size = f(*args, None, None, 0)
     assert size == len(comp)
@@ -372,12 +466,13 @@ def test_c_encoder_matches_spec_writer(ggml_base: ctypes.CDLL, variant: int, k: 
     assert cbuf.tobytes() == comp
 
 
-
 # ---------------------------------------------------------------------------------------------------------
 # Build plumbing that needs no build
 
+
 def test_cmake_args_user_last() -> None:
     from ggml_bitcos import build
+
     args = build.cmake_args_for("-DGGML_VULKAN=ON -DGGML_NATIVE=OFF")
     assert args.startswith("-DLLAMA_BUILD_TOOLS=ON")
     assert args.endswith("-DGGML_VULKAN=ON -DGGML_NATIVE=OFF")  # the user's options win (CMake: last -D)
@@ -387,6 +482,7 @@ def test_cmake_args_user_last() -> None:
 def patched_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pinned sdist with csrc copied in and the patch series applied (no compile)."""
     from ggml_bitcos import build, upstream
+
     try:
         upstream.fetch_sdist()
     except upstream.UpstreamError as e:
@@ -399,6 +495,7 @@ def patched_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_patch_series_applies(patched_tree: Path) -> None:
     from ggml_bitcos import build
+
     ggml_h = (patched_tree / "vendor/llama.cpp/ggml/include/ggml.h").read_text()
     assert "GGML_TYPE_BITCOS_G128 = 160" in ggml_h and "GGML_TYPE_BITCOS      = 162" in ggml_h
     assert "GGML_TYPE_COUNT   = 163" in ggml_h
@@ -410,6 +507,7 @@ def test_patch_series_applies(patched_tree: Path) -> None:
 def test_patches_regenerate_byte_identically(tmp_path: Path) -> None:
     """scripts/make_patches.py init + export reproduces patches/ exactly: the series is its own source."""
     from ggml_bitcos import upstream
+
     try:
         upstream.fetch_sdist()
     except upstream.UpstreamError as e:
@@ -419,8 +517,11 @@ def test_patches_regenerate_byte_identically(tmp_path: Path) -> None:
     script = repo / "scripts" / "make_patches.py"
     out = tmp_path / "patches"
     subprocess.run([sys.executable, str(script), "init", str(tmp_path / "dev")], check=True, capture_output=True)
-    subprocess.run([sys.executable, str(script), "export", str(tmp_path / "dev"), "--out", str(out)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(script), "export", str(tmp_path / "dev"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
     after = {p.name: p.read_bytes() for p in sorted(out.glob("*.patch"))}
     assert list(after) == list(before)
     for name in before:
@@ -430,6 +531,7 @@ def test_patches_regenerate_byte_identically(tmp_path: Path) -> None:
 def test_patch_headers_say_what_and_why() -> None:
     """Every patch has a subject and a body (what and why); code and docs cite patches by concern, not number."""
     import re
+
     repo = Path(__file__).resolve().parent.parent
     for patch in sorted((repo / "patches").glob("*.patch")):
         head = patch.read_text().split("\ndiff --git ", 1)[0]
@@ -437,23 +539,44 @@ def test_patch_headers_say_what_and_why() -> None:
         assert "Subject: [PATCH]" in subject, patch.name
         assert len(body.split()) >= 20, f"{patch.name}: header body too short to say what and why"
     cited = re.compile(r"patch(es/| )0\d{3}")
-    for path in [*repo.glob("csrc/**/*.[ch]"), *repo.glob("ggml_bitcos/**/*.py"), *repo.glob("gguf_tools/*.py"),
-                 *repo.glob("tests/**/*.[ch]"), *repo.glob("tests/*.py"), *repo.glob("docs/*.md"), repo / "README.md"]:
+    for path in [
+        *repo.glob("csrc/**/*.[ch]"),
+        *repo.glob("ggml_bitcos/**/*.py"),
+        *repo.glob("gguf_tools/*.py"),
+        *repo.glob("tests/**/*.[ch]"),
+        *repo.glob("tests/*.py"),
+        *repo.glob("docs/*.md"),
+        repo / "README.md",
+    ]:
         assert not cited.search(path.read_text()), f"{path} cites a patch by number"
 
 
 def test_validator_fuzz_under_asan(patched_tree: Path, tmp_path: Path) -> None:
     """Corrupted companions never make the validator (or, once accepted, the kernel) read out of bounds."""
     import shutil
+
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler")
     repo = Path(__file__).resolve().parent.parent
     exe = tmp_path / "fuzz"
-    cmd = [cc, "-std=c11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-           "-I", str(patched_tree / "vendor/llama.cpp/ggml/include"), "-I", str(repo / "csrc"),
-           str(repo / "tests/c/fuzz-bitcos-validate.c"), str(repo / "csrc/ggml-bitcos.c"),
-           str(repo / "csrc/bitcos-kernels-generic.c"), "-o", str(exe)]
+    cmd = [
+        cc,
+        "-std=c11",
+        "-O1",
+        "-g",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        "-I",
+        str(patched_tree / "vendor/llama.cpp/ggml/include"),
+        "-I",
+        str(repo / "csrc"),
+        str(repo / "tests/c/fuzz-bitcos-validate.c"),
+        str(repo / "csrc/ggml-bitcos.c"),
+        str(repo / "csrc/bitcos-kernels-generic.c"),
+        "-o",
+        str(exe),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0 and "sanitize" in r.stderr:
         pytest.skip(f"sanitizers unavailable: {r.stderr[-500:]}")
@@ -483,6 +606,7 @@ def test_unpatched_ggml_refuses_bitcos_file(tmp_path: Path) -> None:
     """
     import shutil
     from ggml_bitcos import upstream
+
     if shutil.which("cmake") is None or shutil.which("cc") is None:
         pytest.skip("cmake / C compiler not available")
     try:
@@ -491,17 +615,39 @@ def test_unpatched_ggml_refuses_bitcos_file(tmp_path: Path) -> None:
         pytest.skip(f"sdist not available: {e}")
     tree = upstream.extract_sdist(tmp_path / "x")
     bdir = tmp_path / "b"
-    launcher = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] \
-        if shutil.which("ccache") else []
+    launcher = (
+        ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
+    )
     # configured from llama.cpp's top level (ggml alone is not standalone-configurable in the sdist)
-    r = subprocess.run(["cmake", "-S", str(tree / "vendor/llama.cpp"), "-B", str(bdir), "-DGGML_NATIVE=OFF",
-                        "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TOOLS=OFF",
-                        "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-                        "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF",
-                        "-DLLAMA_CURL=OFF", *launcher], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(tree / "vendor/llama.cpp"),
+            "-B",
+            str(bdir),
+            "-DGGML_NATIVE=OFF",
+            "-DBUILD_SHARED_LIBS=ON",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_BUILD_TOOLS=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_BUILD_COMMON=OFF",
+            "-DLLAMA_BUILD_APP=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_CURL=OFF",
+            *launcher,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    subprocess.run(["cmake", "--build", str(bdir), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["cmake", "--build", str(bdir), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)],
+        check=True,
+        capture_output=True,
+    )
     lib = next(bdir.rglob("libggml-base.so"))
     model = tmp_path / "bitcos.gguf"
     write_model(model, "bitcos", "g128")
@@ -510,8 +656,9 @@ def test_unpatched_ggml_refuses_bitcos_file(tmp_path: Path) -> None:
     assert "has invalid ggml type 160" in r.stderr
     # control: the same reader opens the F32 model
     write_model(tmp_path / "f32.gguf", "f32", "g128")
-    r = subprocess.run([sys.executable, "-c", _GGUF_OPEN, str(lib), str(tmp_path / "f32.gguf")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-c", _GGUF_OPEN, str(lib), str(tmp_path / "f32.gguf")], capture_output=True, text=True
+    )
     assert r.stdout.strip() == "opened", r.stderr[-2000:]
 
 
@@ -520,6 +667,7 @@ def test_patched_gguf_reader_refuses_hole_type_ids(llama_pkg: Path, tmp_path: Pa
     """Ids between upstream's last type and BITCOS (43..159) are holes: refused as invalid, like ids past the
     last BITCOS type (>= 163)."""
     import gguf
+
     lib = sorted((llama_pkg / "lib").glob("libggml-base.so*"))[0]
     for type_id in (100, BITCOS_BITMAP + 1):
         path = tmp_path / f"t{type_id}.gguf"
@@ -535,10 +683,13 @@ def test_patched_gguf_reader_refuses_hole_type_ids(llama_pkg: Path, tmp_path: Pa
 
 
 @llama
-@pytest.mark.parametrize("scale, type_name", [("pt", "BITCOS_PT"), ("g128", "BITCOS_G128"), ("matrix", "BITCOS"),
-                                              ("row", "BITCOS"), ("b256", "BITCOS")])
-def test_llama_bench_names_the_measured_bits_per_weight(llama_pkg: Path, tmp_path: Path, scale: str,
-                                                        type_name: str) -> None:
+@pytest.mark.parametrize(
+    "scale, type_name",
+    [("pt", "BITCOS_PT"), ("g128", "BITCOS_G128"), ("matrix", "BITCOS"), ("row", "BITCOS"), ("b256", "BITCOS")],
+)
+def test_llama_bench_names_the_measured_bits_per_weight(
+    llama_pkg: Path, tmp_path: Path, scale: str, type_name: str
+) -> None:
     """BITCOS is variable-rate, so llama-bench's model column (llama_model_desc) carries the rate measured on
     the file, a number as for every other type: 8 * (blocks + companions) / weights of the BITCOS tensors,
     here computed independently from the file's tensor table."""
@@ -556,12 +707,30 @@ def test_llama_bench_names_the_measured_bits_per_weight(llama_pkg: Path, tmp_pat
     bits = sum(8 * int(t.n_bytes) for t in weights.values())
     bits += sum(8 * int(t.n_bytes) for t in reader.tensors if t.name.endswith(".bitcos") and t.name[:-7] in weights)
     n = sum(int(t.n_elements) for t in weights.values())
-    r = subprocess.run([str(llama_run.tool_path("llama-bench")), "-m", str(out), "-p", "0", "-n", "1", "-r", "1",
-                        "-o", "json", "-t", "1"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            str(llama_run.tool_path("llama-bench")),
+            "-m",
+            str(out),
+            "-p",
+            "0",
+            "-n",
+            "1",
+            "-r",
+            "1",
+            "-o",
+            "json",
+            "-t",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     model_type = json.loads(r.stdout)[0]["model_type"]
     assert f"{type_name} - {bits / n:.2f} bpw ternary" in model_type, (model_type, bits / n)
-    assert "guessed" not in model_type   # general.file_type named it
+    assert "guessed" not in model_type  # general.file_type named it
 
 
 @llama
@@ -581,10 +750,10 @@ def test_quantize_refuses_bitcos_input_without_output(patched_llama, model_facto
         sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))
     """)
     out = tmp_path / "q8.gguf"
-    r = subprocess.run([sys.executable, "-c", script, str(bitcos), str(out)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(bitcos), str(out)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode != 0 and not out.exists()
     assert "cannot be requantized" in r.stderr and "ggml-bitcos convert --to" in r.stderr, r.stderr[-2000:]
-    ok = subprocess.run([sys.executable, "-c", script, str(src), str(out)], capture_output=True, text=True,
-                        timeout=300)
+    ok = subprocess.run([sys.executable, "-c", script, str(src), str(out)], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0 and out.stat().st_size > 0, ok.stderr[-2000:]

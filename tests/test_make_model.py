@@ -17,9 +17,18 @@ from ggml_bitcos.ternary import random_codes
 from ggml_bitcos.upstream import vocab_gguf
 from gguf_tools import open_gguf, tensor_ggml_shape
 
-LLAMA_KEYS = ["llama.context_length", "llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
-              "llama.attention.head_count", "llama.attention.head_count_kv", "llama.rope.dimension_count",
-              "llama.attention.layer_norm_rms_epsilon", "llama.vocab_size", "llama.rope.freq_base"]
+LLAMA_KEYS = [
+    "llama.context_length",
+    "llama.embedding_length",
+    "llama.block_count",
+    "llama.feed_forward_length",
+    "llama.attention.head_count",
+    "llama.attention.head_count_kv",
+    "llama.rope.dimension_count",
+    "llama.attention.layer_norm_rms_epsilon",
+    "llama.vocab_size",
+    "llama.rope.freq_base",
+]
 PROJ = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"]
 # random_codes(default_rng(1234), (3, 5, 256), 0.42) and the rng's next 8 bytes, as make-model drew them
 # before the generator moved to ggml_bitcos.ternary
@@ -45,7 +54,10 @@ def test_tiny_hparams_tokenizer_shapes(model_factory):
     assert _kv(r, "tokenizer.ggml.model") == _kv(vocab, "tokenizer.ggml.model")
     n_vocab = len(vocab.get_field("tokenizer.ggml.tokens").data)
     assert _kv(r, "llama.vocab_size") == n_vocab == 32000
-    assert r.get_field("tokenizer.ggml.tokens").contents()[:300] == vocab.get_field("tokenizer.ggml.tokens").contents()[:300]
+    assert (
+        r.get_field("tokenizer.ggml.tokens").contents()[:300]
+        == vocab.get_field("tokenizer.ggml.tokens").contents()[:300]
+    )
     t = {x.name: x for x in r.tensors}
     hd = s.n_embd // s.n_head
     assert tensor_ggml_shape(t["token_embd.weight"]) == (s.n_embd, n_vocab)
@@ -111,6 +123,7 @@ def test_f16_where_k_not_multiple_of_256(model_factory):
 
 def test_deterministic_by_seed(model_factory, tmp_path):
     from ggml_bitcos.make_model import make_model
+
     a = model_factory(seed=7)
     b = tmp_path / "again.gguf"
     make_model(b, PRESETS["tiny"], z=0.4, scale_mode="tensor", src_type="tq2_0", seed=7, progress=False)
@@ -145,9 +158,28 @@ def test_random_codes_draw_order_is_pinned():
 
 def test_cli_make_model(tmp_path):
     from ggml_bitcos.cli import main
+
     out = tmp_path / "m.gguf"
-    rc = main(["make-model", "-o", str(out), "--preset", "tiny", "--type", "f16", "--scale", "g128",
-               "--zero-density", "0.5", "--n-layer", "1", "--seed", "3", "-q"])
+    rc = main(
+        [
+            "make-model",
+            "-o",
+            str(out),
+            "--preset",
+            "tiny",
+            "--type",
+            "f16",
+            "--scale",
+            "g128",
+            "--zero-density",
+            "0.5",
+            "--n-layer",
+            "1",
+            "--seed",
+            "3",
+            "-q",
+        ]
+    )
     assert rc == 0
     r = open_gguf(out)
     t = {x.name: x for x in r.tensors}
@@ -156,7 +188,7 @@ def test_cli_make_model(tmp_path):
     x = np.asarray(t["blk.0.attn_q.weight"].data, dtype=np.float32)
     ch = ternary.analyze_rows(x)
     assert ch.blocks_uniform and ternary.g128_representable(ch.block_mag)
-    assert ternary.pt_scales(ch.block_mag, 1) is None          # per-128 scales differ
+    assert ternary.pt_scales(ch.block_mag, 1) is None  # per-128 scales differ
     # existing output without --force: error, file untouched
     before = out.read_bytes()
     assert main(["make-model", "-o", str(out), "-q"]) == 1
@@ -182,16 +214,19 @@ def test_llama_cpp_loads_and_generates(model_factory, tmp_path, moe):
     import importlib.util
     import subprocess
     import sys
+
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama_cpp is not installed (run `ggml-bitcos build-llama`)")
     from ggml_bitcos.convert import convert
+
     src = model_factory(moe=moe)
     out = tmp_path / "conv.gguf"
     convert(src, out, progress=False)
     texts = []
     for path in (src, out):
-        r = subprocess.run([sys.executable, "-c", _LLAMA_SCRIPT, str(path)], capture_output=True, text=True,
-                           timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-c", _LLAMA_SCRIPT, str(path)], capture_output=True, text=True, timeout=300
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         n_distinct = int(r.stdout.split()[0])
         assert n_distinct >= 3, r.stdout

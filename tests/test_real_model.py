@@ -32,7 +32,7 @@ from gguf_tools import open_gguf, tensor_bytes, tensor_ggml_shape
 
 TEXT = Path(__file__).parent / "data" / "ppl.txt"
 PROMPT = "The capital of France is"
-N_PROJECTIONS = 30 * 7                     # SmolLM2-135M: 30 layers x attn q/k/v/output, ffn gate/up/down
+N_PROJECTIONS = 30 * 7  # SmolLM2-135M: 30 layers x attn q/k/v/output, ffn gate/up/down
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_smollm2_every_projection_converts(smollm2_f16):
     assert not [r for r in res.skipped if r.ternary_looking]
     ts = {t.name: t for t in open_gguf(out).tensors}
     n = nz = nbytes = 0
-    for name in sorted(names)[:7]:                       # the codec's view of some of them
+    for name in sorted(names)[:7]:  # the codec's view of some of them
         w, c = ts[name], ts[name + COMPANION_SUFFIX]
         assert int(w.tensor_type) == TYPE_ID_BITMAP
         ne = tensor_ggml_shape(w)
@@ -94,6 +94,7 @@ def test_smollm2_every_projection_converts(smollm2_f16):
 
 def _greedy(path: Path, n: int):
     from ggml_bitcos import llama_run
+
     return llama_run.greedy_generate(path, PROMPT, n, n_threads=2)
 
 
@@ -132,8 +133,7 @@ def q8_0_form(src: Path, dst: Path) -> Path:
         ne = tuple(int(x) for x in t.shape)
         data = np.asarray(t.data)
         if PROJECTION_RE.match(t.name) and t.tensor_type == GT.F16:
-            plan.append((t.name, GT.Q8_0, ne, quants.quantize(data.astype(np.float32).reshape(ne[1], ne[0]),
-                                                               GT.Q8_0)))
+            plan.append((t.name, GT.Q8_0, ne, quants.quantize(data.astype(np.float32).reshape(ne[1], ne[0]), GT.Q8_0)))
         else:
             plan.append((t.name, t.tensor_type, ne, data))
     return write_plan(dst, r.fields.items(), plan)
@@ -143,6 +143,7 @@ def write_plan(dst: Path, fields, plan: list) -> Path:  # noqa: ANN001 (gguf-py 
     """A GGUF at ``dst`` with the metadata ``fields`` ((key, ReaderField) pairs; gguf's own GGUF.* keys are the
     writer's) and the tensors of ``plan`` ((name, type, ne, data) in order)."""
     from gguf_tools import GGUFStreamWriter, field_value
+
     with GGUFStreamWriter(dst, "llama") as w:
         for key, fld in fields:
             if not key.startswith("GGUF."):
@@ -179,16 +180,21 @@ def check_close_to_f16(src: Path, out: Path, q8: Path, label: str) -> None:
     a, b, q = _greedy(src, 16), _greedy(out, 16), _greedy(q8, 16)
     eb, eq = rel_logit_errors(a, b), rel_logit_errors(a, q)
     for i in range(min(len(eb), len(eq))):
-        assert eb[i][1] <= Q8K_OVER_Q8_0 * eq[i][1], (f"step {i}: BITCOS logit error {eb[i][1]:.3%} of the spread, "
-                                                    f"Q8_0 {eq[i][1]:.3%}")
+        assert eb[i][1] <= Q8K_OVER_Q8_0 * eq[i][1], (
+            f"step {i}: BITCOS logit error {eb[i][1]:.3%} of the spread, Q8_0 {eq[i][1]:.3%}"
+        )
     i = len(eb) - 1
     if a.tokens[i] != b.tokens[i]:
         margin = float(a.logits[i][a.tokens[i]] - a.logits[i][b.tokens[i]])
-        assert margin <= 2 * eb[i][0], (f"step {i}: tokens {a.tokens[i]} / {b.tokens[i]} differ but the source's "
-                                        f"margin {margin:.4f} exceeds twice the logit error {eb[i][0]:.4f}")
-    print(f"{label}: identical tokens for {_common_prefix(a.tokens, b.tokens)} of 16 (Q8_0: "
-          f"{_common_prefix(a.tokens, q.tokens)}); logit error at step 0 {eb[0][1]:.3%} of the spread (Q8_0 "
-          f"{eq[0][1]:.3%})")
+        assert margin <= 2 * eb[i][0], (
+            f"step {i}: tokens {a.tokens[i]} / {b.tokens[i]} differ but the source's "
+            f"margin {margin:.4f} exceeds twice the logit error {eb[i][0]:.4f}"
+        )
+    print(
+        f"{label}: identical tokens for {_common_prefix(a.tokens, b.tokens)} of 16 (Q8_0: "
+        f"{_common_prefix(a.tokens, q.tokens)}); logit error at step 0 {eb[0][1]:.3%} of the spread (Q8_0 "
+        f"{eq[0][1]:.3%})"
+    )
 
 
 @pytest.mark.llama
@@ -204,6 +210,7 @@ def test_smol_shaped_random_model_generates_alike(tmp_path, patched_llama, scale
     """make-model's SmolLM2-shaped model (K = 576 / 1536, random well-conditioned ternary weights, per matrix /
     per row): the same comparison, where the logits decide most tokens by a clear margin."""
     from ggml_bitcos.make_model import PRESETS, make_model
+
     src = tmp_path / "smol-f16.gguf"
     make_model(src, PRESETS["smol"], z=0.4, scale_mode=scale, src_type="f16", seed=3, progress=False)
     out = tmp_path / "smol-bitcos.gguf"
@@ -226,7 +233,7 @@ def smollm2_tq2_hybrid(smollm2_src, tmp_path_factory, request):
     assert {r.variant for r in res.converted} == {variant} and len(res.converted) == N_PROJECTIONS
     conv = {t.name: t for t in open_gguf(full).tensors}
     src = open_gguf(tq2)
-    tq2_names = {t.name for t in src.tensors if int(t.tensor_type) == 35}          # TQ2_0
+    tq2_names = {t.name for t in src.tensors if int(t.tensor_type) == 35}  # TQ2_0
     assert tq2_names == {f"blk.{i}.ffn_down.weight" for i in range(30)}
     plan = []
     for t in src.tensors:
@@ -267,6 +274,7 @@ def smollm2_tq2_v1(smollm2_src, tmp_path_factory):
 @pytest.mark.llama
 def test_smollm2_v1_perplexity_equal(smollm2_tq2_v1, patched_llama):
     import llama_helpers
+
     tq2, out = smollm2_tq2_v1
     ppl_a, _ = llama_helpers.run_perplexity(tq2, TEXT, ctx=128)
     ppl_b, _ = llama_helpers.run_perplexity(out, TEXT, ctx=128)

@@ -44,21 +44,47 @@ _LOAD = textwrap.dedent("""
 
 def python_load(paths: list[Path], verbose: bool) -> dict[str, str | None]:
     """Llama(path) for each path in one subprocess: {path: None (loaded) or 'ExcType: message'}."""
-    r = subprocess.run([sys.executable, "-c", _LOAD, "1" if verbose else "0", *map(str, paths)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _LOAD, "1" if verbose else "0", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, f"Python process died ({r.returncode}):\n{r.stderr[-3000:]}"
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def run_tool(tool: str, model: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([str(llama_tools.tool_path(tool)), "-m", str(model), *args], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(llama_tools.tool_path(tool)), "-m", str(model), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def completion(model: Path, *args: str) -> subprocess.CompletedProcess:
-    return run_tool("llama-completion", model, "-p", "hi", "-n", "4", "-no-cnv", "--no-warmup", "-c", "128",
-                    "--temp", "0", "--top-k", "1", "-t", "2", *args)
+    return run_tool(
+        "llama-completion",
+        model,
+        "-p",
+        "hi",
+        "-n",
+        "4",
+        "-no-cnv",
+        "--no-warmup",
+        "-c",
+        "128",
+        "--temp",
+        "0",
+        "--top-k",
+        "1",
+        "-t",
+        "2",
+        *args,
+    )
 
 
 def assert_refused(r: subprocess.CompletedProcess, *needles: str) -> None:
@@ -71,8 +97,16 @@ def assert_refused(r: subprocess.CompletedProcess, *needles: str) -> None:
 
 # --- a BITCOS type where no matrix multiplication reads it -------------------------------------------
 
-LOAD_MODES = [[], ["-lzm", "on"], ["-lzm", "auto"], ["-lzm", "off"], ["-lzm", "on", "-lm", "none"],
-              ["-lm", "none"], ["-lm", "mmap"], ["-lm", "dio"]]
+LOAD_MODES = [
+    [],
+    ["-lzm", "on"],
+    ["-lzm", "auto"],
+    ["-lzm", "off"],
+    ["-lzm", "on", "-lm", "none"],
+    ["-lm", "none"],
+    ["-lm", "mmap"],
+    ["-lm", "dio"],
+]
 
 MISUSED = {  # name -> (architecture, BITCOS tensor, the op the architecture uses it with)
     "gemma4-ple": ("gemma4", "per_layer_token_embd.weight", "GET_ROWS"),
@@ -89,9 +123,14 @@ def misused(tmp_path_factory, patched_llama) -> dict[str, Path]:
         make = gemma4_model if arch == "gemma4" else llama_model
         out[name] = make(d / f"{name}.gguf", {tensor: Variant.G128})
     # and a gemma4 whose BITCOS tensors are all matrix weights: loads under every mode
-    out["gemma4-ok"] = gemma4_model(d / "gemma4-ok.gguf", {"blk.0.attn_q.weight": Variant.PT,
-                                                           "blk.1.ffn_down.weight": Variant.G128,
-                                                           "blk.0.inp_gate.weight": Variant.G128})
+    out["gemma4-ok"] = gemma4_model(
+        d / "gemma4-ok.gguf",
+        {
+            "blk.0.attn_q.weight": Variant.PT,
+            "blk.1.ffn_down.weight": Variant.G128,
+            "blk.0.inp_gate.weight": Variant.G128,
+        },
+    )
     out["gemma4-f32"] = gemma4_model(d / "gemma4-f32.gguf", {})
     return out
 
@@ -100,12 +139,14 @@ def misused(tmp_path_factory, patched_llama) -> dict[str, Path]:
 @pytest.mark.parametrize("name", sorted(MISUSED))
 def test_misused_bitcos_tensor_refused_by_cli(misused, name: str, mode: list[str]) -> None:
     _arch, tensor, op = MISUSED[name]
-    assert_refused(completion(misused[name], *mode), f"BITCOS tensor '{tensor}'", f"is used with {op}",
-                   "MUL_MAT / MUL_MAT_ID")
+    assert_refused(
+        completion(misused[name], *mode), f"BITCOS tensor '{tensor}'", f"is used with {op}", "MUL_MAT / MUL_MAT_ID"
+    )
 
 
-@pytest.mark.parametrize("mode", [[], ["-lzm", "on"], ["-lzm", "on", "-lm", "none"]],
-                         ids=["default", "lazy", "lazy-no-mmap"])
+@pytest.mark.parametrize(
+    "mode", [[], ["-lzm", "on"], ["-lzm", "on", "-lm", "none"]], ids=["default", "lazy", "lazy-no-mmap"]
+)
 def test_gemma4_bitcos_matrices_run_with_lazy_embeddings(misused, mode: list[str]) -> None:
     """per_layer_token_embd (F32) read lazily next to BITCOS matrix weights: loads and generates the same
     greedy text as without lazy reading."""
@@ -128,8 +169,15 @@ def test_misused_bitcos_tensor_refused_by_python(misused, verbose: bool) -> None
 
 # --- scales --------------------------------------------------------------------------------------------
 
-BAD_SCALES = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "negative": -0.5, "-0.0": -0.0,
-              "huge": 1e38, "above-fp16": 65536.0}
+BAD_SCALES = {
+    "nan": math.nan,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "negative": -0.5,
+    "-0.0": -0.0,
+    "huge": 1e38,
+    "above-fp16": 65536.0,
+}
 GOOD_SCALES = {"zero": 0.0, "max": float(MAX_SCALE), "tiny": 1e-30}
 
 
@@ -155,8 +203,10 @@ def tensor_of(variant: Variant) -> str:
 @pytest.fixture(scope="module")
 def scale_models(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("scales")
-    return {name: llama_model(d / f"{name}.gguf", {tensor_of(variant): variant}, scale=s, tokenizer=False)
-            for name, variant, s, _ok in SCALE_CASES}
+    return {
+        name: llama_model(d / f"{name}.gguf", {tensor_of(variant): variant}, scale=s, tokenizer=False)
+        for name, variant, s, _ok in SCALE_CASES
+    }
 
 
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
@@ -171,8 +221,11 @@ def test_scales_refused_by_llama_load(scale_models, patched_llama, verbose: bool
         assert msg is not None, f"{name}: scale {s} was accepted"
         assert path in msg and f"invalid BITCOS tensor '{tensor_of(variant)}'" in msg and "invalid" in msg, msg
         # where: "in block B of row R" (fp16 block scales), "of row R" (ROW), "of matrix M" (PT, MATRIX)
-        where = ("fp16 scale", "in block 0 of row 0") if variant.scale_block else \
-            ("scale", "of row 0" if variant == Variant.ROW else "of matrix 0")
+        where = (
+            ("fp16 scale", "in block 0 of row 0")
+            if variant.scale_block
+            else ("scale", "of row 0" if variant == Variant.ROW else "of matrix 0")
+        )
         assert all(w in msg for w in where), msg
 
 
@@ -180,6 +233,7 @@ def test_scales_refused_by_llama_load(scale_models, patched_llama, verbose: bool
 def test_scales_refused_by_python_reader(scale_models, capsys, name: str) -> None:
     """`ggml-bitcos info --check` (codec.decode) applies the same rule, naming file and tensor."""
     from ggml_bitcos.cli import main
+
     ok = {c[0]: c[3] for c in SCALE_CASES}[name]
     variant = {c[0]: c[1] for c in SCALE_CASES}[name]
     rc = main(["info", "--check", str(scale_models[name])])
@@ -214,6 +268,7 @@ def test_scale_rule_python() -> None:
 
 # --- the C API: encoder, graph check, last error -------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def libs(patched_llama) -> tuple[ctypes.CDLL, ctypes.CDLL]:
     pkg = llama_tools.llama_cpp_dir()
@@ -226,22 +281,40 @@ def test_c_encoder_refuses_invalid_scales(libs) -> None:
     base, _ = libs
     f = base.ggml_bitcos_encode
     f.restype = ctypes.c_size_t
-    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    f.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+    ]
     codes = np.ones((2, 256), np.int8)
-    for s, ok in [(0.5, True), (0.0, True), (float(MAX_SCALE), True), (-0.0, False), (-1.0, False),
-                  (math.nan, False), (math.inf, False), (65505.0, False)]:
-        sc = np.array([0.25, s], np.float32)   # the bad one last: every scale is checked
+    for s, ok in [
+        (0.5, True),
+        (0.0, True),
+        (float(MAX_SCALE), True),
+        (-0.0, False),
+        (-1.0, False),
+        (math.nan, False),
+        (math.inf, False),
+        (65505.0, False),
+    ]:
+        sc = np.array([0.25, s], np.float32)  # the bad one last: every scale is checked
         for v in (Variant.PT, Variant.MATRIX, Variant.ROW):
             # PT / MATRIX: the scale of matrix 1 of 2; ROW: the scale of row 1
             n_mats = 1 if v == Variant.ROW else 2
             n = f(v, 256, 2, n_mats, codes.ctypes.data, None, sc.ctypes.data, None, None, 0)
             assert (n > 0) == ok, (v.name, s)
         for v in (Variant.G128, Variant.B128, Variant.B256):
-            nb = 2 * 256 // v.scale_block   # the scales of 2 rows; the bad one last
+            nb = 2 * 256 // v.scale_block  # the scales of 2 rows; the bad one last
             with np.errstate(over="ignore"):
                 d16 = np.array([0.25] * (nb - 1) + [s], np.float32).astype(np.float16).view(np.uint16)  # 65505 -> 65504
-            ok16 = not codec.invalid_scales(d16).any()   # the C and the Python rule agree
+            ok16 = not codec.invalid_scales(d16).any()  # the C and the Python rule agree
             assert ok16 == (ok or s == 65505.0)
             n = f(v, 256, 2, 1, codes.ctypes.data, d16.ctypes.data, None, None, None, 0)
             assert (n > 0) == ok16, (v.name, s)
@@ -257,11 +330,15 @@ def test_graph_check_names_the_tensor(libs) -> None:
     base, cpu = libs
     vp = ctypes.c_void_p
     base.ggml_init.restype, base.ggml_init.argtypes = vp, [_InitParams]
-    for fn, args in {"ggml_new_tensor_1d": [vp, ctypes.c_int, ctypes.c_int64],
-                     "ggml_new_tensor_2d": [vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64],
-                     "ggml_set_name": [vp, ctypes.c_char_p], "ggml_get_rows": [vp, vp, vp],
-                     "ggml_mul_mat": [vp, vp, vp], "ggml_new_graph": [vp],
-                     "ggml_build_forward_expand": [vp, vp]}.items():
+    for fn, args in {
+        "ggml_new_tensor_1d": [vp, ctypes.c_int, ctypes.c_int64],
+        "ggml_new_tensor_2d": [vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64],
+        "ggml_set_name": [vp, ctypes.c_char_p],
+        "ggml_get_rows": [vp, vp, vp],
+        "ggml_mul_mat": [vp, vp, vp],
+        "ggml_new_graph": [vp],
+        "ggml_build_forward_expand": [vp, vp],
+    }.items():
         getattr(base, fn).restype, getattr(base, fn).argtypes = vp, args
     base.ggml_bitcos_link.restype = ctypes.c_bool
     base.ggml_bitcos_link.argtypes = [vp, vp, ctypes.c_char_p, ctypes.c_size_t]
@@ -318,7 +395,7 @@ def test_check_use_rules(libs) -> None:
     op: dict[str, int] = {}
     wanted = {"MUL", "MUL_MAT", "MUL_MAT_ID", "GET_ROWS"}
     i = 0
-    while not wanted <= op.keys():   # stop at the last one wanted: ggml_op_name does not check its bound
+    while not wanted <= op.keys():  # stop at the last one wanted: ggml_op_name does not check its bound
         op[base.ggml_op_name(i).decode()] = i
         i += 1
     ctx = base.ggml_init(_InitParams(1 << 20, None, True))
@@ -329,9 +406,12 @@ def test_check_use_rules(libs) -> None:
         err = ctypes.create_string_buffer(512)
         assert base.ggml_bitcos_check_use(w, op["MUL_MAT"], False, err, 512)
         assert base.ggml_bitcos_check_use(w, op["MUL_MAT_ID"], False, err, 512)
-        assert base.ggml_bitcos_check_use(f32, op["GET_ROWS"], True, err, 512)   # not BITCOS: not its business
-        for name, lazy, needle in [("GET_ROWS", False, "used with GET_ROWS"), ("MUL", False, "used with MUL"),
-                                   ("MUL_MAT", True, "read lazily")]:
+        assert base.ggml_bitcos_check_use(f32, op["GET_ROWS"], True, err, 512)  # not BITCOS: not its business
+        for name, lazy, needle in [
+            ("GET_ROWS", False, "used with GET_ROWS"),
+            ("MUL", False, "used with MUL"),
+            ("MUL_MAT", True, "read lazily"),
+        ]:
             assert not base.ggml_bitcos_check_use(w, op[name], lazy, err, 512)
             assert "'blk.0.attn_q.weight'" in err.value.decode() and needle in err.value.decode(), err.value
     finally:
@@ -361,6 +441,7 @@ def test_last_error_is_per_thread(libs) -> None:
 
 # --- the message reaches the user on every run ----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def nan_model(tmp_path_factory, patched_llama) -> Path:
     return llama_model(tmp_path_factory.mktemp("nan") / "nan.gguf", {tensor_of(Variant.PT): Variant.PT}, scale=math.nan)
@@ -380,8 +461,10 @@ def test_cli_prints_refusal_every_time(nan_model, tool: str) -> None:
 
 
 def test_llama_bench_and_server_name_the_reason(nan_model) -> None:
-    assert_refused(run_tool("llama-bench", nan_model, "-p", "8", "-n", "0", "-r", "1"),
-                   f"failed to load model '{nan_model}': {NAN_MESSAGE}")
+    assert_refused(
+        run_tool("llama-bench", nan_model, "-p", "8", "-n", "0", "-r", "1"),
+        f"failed to load model '{nan_model}': {NAN_MESSAGE}",
+    )
     assert_refused(run_tool("llama-server", nan_model, "--port", "0", "-t", "1"), NAN_MESSAGE)
 
 
@@ -390,9 +473,12 @@ def test_llama_run_helpers_name_the_reason(nan_model) -> None:
     first line."""
     import llama_helpers
     from ggml_bitcos import llama_run
-    for call in (lambda: llama_helpers.run_completion(nan_model, "hi", 4),
-                 lambda: llama_helpers.run_cli(nan_model, "hi", 4),
-                 lambda: llama_run.LlamaServer(nan_model).__enter__()):
+
+    for call in (
+        lambda: llama_helpers.run_completion(nan_model, "hi", 4),
+        lambda: llama_helpers.run_cli(nan_model, "hi", 4),
+        lambda: llama_run.LlamaServer(nan_model).__enter__(),
+    ):
         with pytest.raises(RuntimeError) as e:
             call()
         first = str(e.value).splitlines()[0]

@@ -38,9 +38,15 @@ def rpc_servers(n: int, log_dir: Path) -> Iterator[list[str]]:
         for i in range(n):
             port = free_port()
             with open(log_dir / f"rpc-{i}.log", "w") as log:
-                procs.append(subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
-                                              stdout=log, stderr=subprocess.PIPE, text=True,
-                                              stdin=subprocess.DEVNULL))
+                procs.append(
+                    subprocess.Popen(
+                        [str(exe), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
+                        stdout=log,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        stdin=subprocess.DEVNULL,
+                    )
+                )
             endpoints.append(f"127.0.0.1:{port}")
         for p, ep in zip(procs, endpoints):
             host, port = ep.split(":")
@@ -87,5 +93,5 @@ def test_bitcos_model_split_over_two_rpc_servers(patched_llama, model_factory, t
         remote_src = llama_helpers.run_completion(src, prompt, n_tokens=24, threads=1, extra=extra)
     assert remote == local and remote_src == remote
     assert len(remote) > len(prompt)
-    for i in range(2):    # the layers really went to both servers (llama.cpp splits them over the devices)
+    for i in range(2):  # the layers really went to both servers (llama.cpp splits them over the devices)
         assert "Accepted client connection" in (tmp_path / f"rpc-{i}.log").read_text()

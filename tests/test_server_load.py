@@ -65,4 +65,4 @@ def test_server_slots_under_concurrent_clients_match_tq2_0(pair) -> None:
     assert not ref_fail, "\n".join(ref_fail)
     assert not got_fail, "\n".join(got_fail)
     assert got == ref
-    assert len(set(got)) > 1 and all(t and t.strip() for t in got)   # real, prompt-dependent text
+    assert len(set(got)) > 1 and all(t and t.strip() for t in got)  # real, prompt-dependent text

@@ -40,8 +40,14 @@ def _one_tensor_model(path, z: float, scale: str, seed: int = 0) -> None:
 
 
 # (source scale, format version, variant convert's auto picks, its bits per weight without the index)
-SIZE_CASES = [("128", 2, Variant.B128, 2.125), ("256", 2, Variant.B256, 2.0625), ("row", 2, Variant.ROW, 2 + 32 / K),
-              ("tensor", 2, Variant.MATRIX, 2.0), ("128", 1, Variant.G128, 2.125), ("tensor", 1, Variant.PT, 2.0)]
+SIZE_CASES = [
+    ("128", 2, Variant.B128, 2.125),
+    ("256", 2, Variant.B256, 2.0625),
+    ("row", 2, Variant.ROW, 2 + 32 / K),
+    ("tensor", 2, Variant.MATRIX, 2.0),
+    ("128", 1, Variant.G128, 2.125),
+    ("tensor", 1, Variant.PT, 2.0),
+]
 
 
 def test_size_formula_on_real_files(tmp_path, capsys):
@@ -56,7 +62,7 @@ def test_size_formula_on_real_files(tmp_path, capsys):
             if not src.exists():
                 _one_tensor_model(src, z, scale, seed=int(100 * z))
             res = convert(src, out, progress=False, format_version=version)
-            if z == 1.0:    # all zero: one (zero) scale per matrix is exact and the smallest
+            if z == 1.0:  # all zero: one (zero) scale per matrix is exact and the smallest
                 variant, base = (Variant.MATRIX if version == 2 else Variant.PT), 2.0
             assert [r.variant for r in res.converted] == [variant]
             r = open_gguf(out)
@@ -68,7 +74,7 @@ def test_size_formula_on_real_files(tmp_path, capsys):
             assert formula == pytest.approx(base - zm)
             assert formula <= file_bits <= formula + 0.01, (z, variant, file_bits, formula)
             m = collect(out, progress=False)
-            assert abs(m.file_bits_per_weight - file_bits) < 1e-3        # tensor data vs data section
+            assert abs(m.file_bits_per_weight - file_bits) < 1e-3  # tensor data vs data section
             assert m.variant_bits[variant.name] == pytest.approx(m.file_bits_per_weight, rel=1e-12)
             if version == 2:
                 ms = collect(src, progress=False)
@@ -85,7 +91,7 @@ def test_stats_source_and_bitcos_agree(model_factory, tmp_path):
     every variant (the file's other variants computed from its bitmap and scales alone)."""
     src = model_factory(src_type="tq1_0", scale="g128", moe=4)
     out = tmp_path / "o.gguf"
-    convert(src, out, progress=False, force_grow=True)      # B256 at z = 0.4 is larger than TQ1_0
+    convert(src, out, progress=False, force_grow=True)  # B256 at z = 0.4 is larger than TQ1_0
     a = collect(src, progress=False)
     b = collect(out, progress=False)
     assert a.n_ternary_tensors == b.n_ternary_tensors == 14
@@ -96,13 +102,13 @@ def test_stats_source_and_bitcos_agree(model_factory, tmp_path):
     # real bits: what the B256 file holds (blocks + companions), not the 2.0625 - z formula
     assert a.variant_bits["B256"] == b.variant_bits["B256"] == pytest.approx(b.file_bits_per_weight, rel=1e-12)
     assert a.bitcos_auto == b.bitcos_auto == a.variant_bits["B256"]
-    assert a.variant_bits["B256"] > bits_per_weight(Variant.B256, z)               # + row index and companion
+    assert a.variant_bits["B256"] > bits_per_weight(Variant.B256, z)  # + row index and companion
     # per-128 layouts hold per-256 scales too (each twice), 0.0625 bit per weight more
     for name in ("B128", "G128"):
         assert a.variant_bits[name] == b.variant_bits[name]
         assert a.variant_bits[name] - a.variant_bits["B256"] == pytest.approx(0.0625, abs=0.002)
     assert a.bitcos_g128 == a.variant_bits["G128"]
-    for name in ("PT", "MATRIX"):                                                   # the 256-blocks' scales differ
+    for name in ("PT", "MATRIX"):  # the 256-blocks' scales differ
         assert a.variant_bits[name] is None and a.not_exact[name] == 14 and b.variant_bits[name] is None
     # ROW holds the 12 tensors with K = 256 (one block per row), not the two ffn_down_exps (K = 768), and costs
     # 2 bytes per row more than B256 there
@@ -115,7 +121,7 @@ def test_stats_source_and_bitcos_agree(model_factory, tmp_path):
     assert a.baselines["5-trit g128"] == {"symbols": 1.625, "with_scale": 1.75}
     assert a.reduction_auto["TQ1_0"] == pytest.approx(1.6875 / a.bitcos_auto) and a.reduction_auto["TQ1_0"] < 1
     assert a.reduction["B256"]["TQ2_0"] == pytest.approx(2.0625 / a.variant_bits["B256"])
-    assert "x larger" in format_text(a).split("TQ1_0", 1)[1].splitlines()[0]     # never "smaller" for larger
+    assert "x larger" in format_text(a).split("TQ1_0", 1)[1].splitlines()[0]  # never "smaller" for larger
     per = {t.name: t for t in b.tensors}
     assert per["blk.0.ffn_down_exps.weight"].type == "BITCOS/B256"
     text = format_text(b, with_tensors=True)
@@ -137,6 +143,7 @@ def test_stats_on_a_version1_file(model_factory, tmp_path):
 
 def test_cli_stats_json_and_plot(model_factory, tmp_path, capsys):
     from ggml_bitcos.cli import main
+
     src = model_factory()
     png = tmp_path / "fig1.png"
     assert main(["stats", str(src), "--json", "--tensors", "--plot", str(png)]) == 0

@@ -50,9 +50,24 @@ def sycl_host(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     if cxx is None:
         pytest.skip("no C++ compiler")
     exe = tmp_path_factory.mktemp("sycl") / "test-bitcos-sycl"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
-                    str(SYCL_TEST_DIR / "test-bitcos-sycl.cpp"), f"-I{ROOT / 'csrc'}", f"-I{rt / 'include'}", f"-L{rt / 'lib'}",
-                    "-lsycl", f"-Wl,-rpath,{rt / 'lib'}", "-o", str(exe)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            cxx,
+            "-std=c++17",
+            "-O1",
+            "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
+            str(SYCL_TEST_DIR / "test-bitcos-sycl.cpp"),
+            f"-I{ROOT / 'csrc'}",
+            f"-I{rt / 'include'}",
+            f"-L{rt / 'lib'}",
+            "-lsycl",
+            f"-Wl,-rpath,{rt / 'lib'}",
+            "-o",
+            str(exe),
+        ],
+        check=True,
+        capture_output=True,
+    )
     # the OpenCL ICD loader of the runtime finds Intel's CPU device through this; the Level Zero adapter's
     # "UR adapter initialization failed" on a machine without an Intel GPU is harmless
     env = dict(os.environ, OCL_ICD_FILENAMES=str(rt / "lib" / "libintelocl.so"))
@@ -66,8 +81,13 @@ def run_cases(sycl_host, tmp_path: Path, cases: list[dict]) -> list[dict[str, np
     exe, env = sycl_host
     inp, out = tmp_path / "in.bin", tmp_path / "out.bin"
     write_cases(inp, cases)
-    r = subprocess.run([str(exe), str(ROOT / "csrc"), str(SYCL_TEST_DIR / "bitcos-sycl-kernels.jit.cpp"),
-                        str(inp), str(out)], env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [str(exe), str(ROOT / "csrc"), str(SYCL_TEST_DIR / "bitcos-sycl-kernels.jit.cpp"), str(inp), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     # the joint_matrix kernel must at least have compiled; it runs where the device has the matrix aspect
     assert "xmx: runnable" in r.stdout or "xmx: built, not runnable" in r.stdout, r.stdout
@@ -79,7 +99,7 @@ def run_cases(sycl_host, tmp_path: Path, cases: list[dict]) -> list[dict[str, np
         got = {}
         for name in blocks:
             shape = (c["n_rows"], k) if name == "dq" else (n_x, c["n_rows"])
-            got[name] = data[off:off + shape[0] * shape[1]].reshape(shape)
+            got[name] = data[off : off + shape[0] * shape[1]].reshape(shape)
             off += got[name].size
         res.append(got)
     assert off == data.size
@@ -90,7 +110,7 @@ def check(case: dict, got: dict[str, np.ndarray]) -> None:
     rows = slice(case["row0"], case["row0"] + case["n_rows"])
     values = case["values"][rows].astype(np.float64)
     k = values.shape[1]
-    fp32_sum = 4 * np.finfo(np.float32).eps * np.sqrt(k)          # fp32 accumulation, relative to sum |w x|
+    fp32_sum = 4 * np.finfo(np.float32).eps * np.sqrt(k)  # fp32 accumulation, relative to sum |w x|
     # dequantized: the very same fp32 values (bit patterns)
     assert np.array_equal(got["dq"].view(np.uint32), case["values"][rows].view(np.uint32))
     # fp32 mat-vec: within fp32 accumulation error of the float64 product
@@ -101,14 +121,18 @@ def check(case: dict, got: dict[str, np.ndarray]) -> None:
     # with fp16-rounded activations, and within fp16's rounding of x of the exact product
     x16 = case["x"].astype(np.float16).astype(np.float64)
     ref16, mag16 = x16 @ values.T, np.abs(x16) @ np.abs(values.T)
-    fp16_x = 2.0 ** -11 * mag + 2.0 ** -25 * np.abs(values).sum(axis=1)
+    fp16_x = 2.0**-11 * mag + 2.0**-25 * np.abs(values).sum(axis=1)
     for name in ("tiles", "xmx"):
         if name in got:
             y = got[name]
-            assert np.all(np.abs(y - ref16) <= fp32_sum * mag16 + 1e-30), \
-                (name, np.max(np.abs(y - ref16) / (mag16 + 1e-30)))
-            assert np.all(np.abs(y - ref) <= fp16_x + fp32_sum * mag + 1e-30), \
-                (name, np.max(np.abs(y - ref) / (mag + 1e-30)))
+            assert np.all(np.abs(y - ref16) <= fp32_sum * mag16 + 1e-30), (
+                name,
+                np.max(np.abs(y - ref16) / (mag16 + 1e-30)),
+            )
+            assert np.all(np.abs(y - ref) <= fp16_x + fp32_sum * mag + 1e-30), (
+                name,
+                np.max(np.abs(y - ref) / (mag + 1e-30)),
+            )
 
 
 @pytest.mark.parametrize("variant", list(Variant), ids=VARIANT_IDS)
@@ -131,7 +155,7 @@ def test_sycl_kernels_see_a_single_sign(sycl_host, tmp_path, variant, k, nth):
     case.update(row0=0, n_rows=9, wg=16)
     hdr = codec.parse_header(case["companion"].view(np.uint8))
     present = np.flatnonzero(case["codes"][4])
-    row, col = 4, int(present[nth])                                   # a present weight of row 4
+    row, col = 4, int(present[nth])  # a present weight of row 4
     pos = int(codec.sign_positions(case["companion"].view(np.uint8), hdr)[row]) + (nth % len(present))
     flipped = dict(case, companion=case["companion"].copy())
     flipped["companion"].view(np.uint8)[hdr.pool_offset + pos // 8] ^= np.uint8(1 << (pos % 8))
@@ -149,8 +173,12 @@ def test_sycl_kernels_see_a_single_sign(sycl_host, tmp_path, variant, k, nth):
 # ggml headers, with the definitions ggml-sycl's CMakeLists.txt sets. Device-code generation (and so what
 # only icpx's SYCL device pass would catch) is not checked; the device code itself runs in the tests above.
 SYCL_CLANG = os.environ.get("BITCOS_SYCL_CLANG", "clang++-22")
-GGML_SYCL_DEFINES = ["-DGGML_SYCL_DNNL=0", "-DGGML_SYCL_WARP_SIZE=16", "-DGGML_SYCL_GRAPH",
-                     "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING"]
+GGML_SYCL_DEFINES = [
+    "-DGGML_SYCL_DNNL=0",
+    "-DGGML_SYCL_WARP_SIZE=16",
+    "-DGGML_SYCL_GRAPH",
+    "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
+]
 
 
 @pytest.fixture(scope="module")
@@ -173,9 +201,18 @@ def patched_tree(tmp_path_factory) -> Path:
 def sycl_syntax_check(tree: Path, sources: list[Path], strict: bool) -> subprocess.CompletedProcess:
     rt = sycl_runtime()
     ggml = tree / "vendor" / "llama.cpp" / "ggml"
-    flags = ["-fsyntax-only", "-std=c++17", *GGML_SYCL_DEFINES, "-Wno-narrowing",
-             f"-I{ggml / 'include'}", f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-sycl'}",
-             f"-I{ggml / 'src' / 'ggml-bitcos' / 'sycl'}", "-isystem", str(rt / "include")]
+    flags = [
+        "-fsyntax-only",
+        "-std=c++17",
+        *GGML_SYCL_DEFINES,
+        "-Wno-narrowing",
+        f"-I{ggml / 'include'}",
+        f"-I{ggml / 'src'}",
+        f"-I{ggml / 'src' / 'ggml-sycl'}",
+        f"-I{ggml / 'src' / 'ggml-bitcos' / 'sycl'}",
+        "-isystem",
+        str(rt / "include"),
+    ]
     if strict:
         # our glue: every warning is an error, except two that only upstream headers raise here (static
         # helpers of ggml-impl.h unused in this file; SYCL's host-pass deprecation of parallel_for overloads)

@@ -30,10 +30,20 @@ from gguf_tools import GGUFStreamWriter, open_gguf, tensor_bytes
 # every variant in one model: version 1 (PT, G128) and version 2 (MATRIX, ROW, B128; B256 on the one weight
 # with K = 256)
 PT_T, G_T = "blk.0.attn_q.weight", "blk.0.ffn_up.weight"
-MAT_T, ROW_T, B128_T, B256_T = ("blk.0.attn_v.weight", "blk.0.attn_k.weight", "blk.0.ffn_gate.weight",
-                                "blk.0.ffn_down.weight")
-BITCOS = {PT_T: Variant.PT, G_T: Variant.G128, MAT_T: Variant.MATRIX, ROW_T: Variant.ROW, B128_T: Variant.B128,
-          B256_T: Variant.B256}
+MAT_T, ROW_T, B128_T, B256_T = (
+    "blk.0.attn_v.weight",
+    "blk.0.attn_k.weight",
+    "blk.0.ffn_gate.weight",
+    "blk.0.ffn_down.weight",
+)
+BITCOS = {
+    PT_T: Variant.PT,
+    G_T: Variant.G128,
+    MAT_T: Variant.MATRIX,
+    ROW_T: Variant.ROW,
+    B128_T: Variant.B128,
+    B256_T: Variant.B256,
+}
 
 
 def _locate(path: Path, name: str) -> tuple[int, int, codec.Header]:
@@ -61,13 +71,13 @@ def _read(path: Path, at: int, n: int) -> bytes:
 Mutation = Callable[[Path, int, int, codec.Header], None]
 
 
-def _row_delta(p: Path, w: int, c: int, h: codec.Header) -> None:        # row 1 is no group's first row
+def _row_delta(p: Path, w: int, c: int, h: codec.Header) -> None:  # row 1 is no group's first row
     assert h.row_group_log2 > 0
     old = int.from_bytes(_read(p, c + h.row_delta_offset + 2, 2), "little")
     _patch(p, c + h.row_delta_offset + 2, (old + 1).to_bytes(2, "little"))
 
 
-def _row_base(p: Path, w: int, c: int, h: codec.Header) -> None:         # the first row's base is not 0
+def _row_base(p: Path, w: int, c: int, h: codec.Header) -> None:  # the first row's base is not 0
     _patch(p, c + h.row_base_offset, (8).to_bytes(8, "little"))
 
 
@@ -76,18 +86,18 @@ def _bitmap_first_row(p: Path, w: int, c: int, h: codec.Header) -> None:  # popc
     _patch(p, w, bytes([b ^ 0x01]))
 
 
-def _bitmap_last_row(p: Path, w: int, c: int, h: codec.Header) -> None:   # only the total count changes
+def _bitmap_last_row(p: Path, w: int, c: int, h: codec.Header) -> None:  # only the total count changes
     row_bytes = codec.weight_row_bytes(Variant(h.variant), h.n_cols)
     at = w + (h.n_rows - 1) * row_bytes
     b = _read(p, at, 1)[0]
     _patch(p, at, bytes([b ^ 0x01]))
 
 
-def _pool_tail(p: Path, w: int, c: int, h: codec.Header) -> None:        # last byte of the zero tail
+def _pool_tail(p: Path, w: int, c: int, h: codec.Header) -> None:  # last byte of the zero tail
     _patch(p, c + h.pool_offset + h.pool_bytes - 1, b"\x80")
 
 
-def _pool_partial(p: Path, w: int, c: int, h: codec.Header) -> None:     # a bit just past n_sign_bits
+def _pool_partial(p: Path, w: int, c: int, h: codec.Header) -> None:  # a bit just past n_sign_bits
     s = h.n_sign_bits
     at = c + h.pool_offset + s // 8
     _patch(p, at, bytes([_read(p, at, 1)[0] | (1 << (s % 8))]))
@@ -96,30 +106,35 @@ def _pool_partial(p: Path, w: int, c: int, h: codec.Header) -> None:     # a bit
 def _pt_scale(value: float) -> Mutation:
     def m(p: Path, w: int, c: int, h: codec.Header) -> None:
         _patch(p, c + h.scales_offset, np.array([value], "<f4").tobytes())
+
     return m
 
 
 def _g128_scale(bits: int) -> Mutation:
     def m(p: Path, w: int, c: int, h: codec.Header) -> None:
-        _patch(p, w + 16 + 18 * 3, bits.to_bytes(2, "little"))     # block 3 of row 0
+        _patch(p, w + 16 + 18 * 3, bits.to_bytes(2, "little"))  # block 3 of row 0
+
     return m
 
 
-def _companion_f32(index: int, value: float) -> Mutation:    # scale `index` of the section (matrix or row)
+def _companion_f32(index: int, value: float) -> Mutation:  # scale `index` of the section (matrix or row)
     def m(p: Path, w: int, c: int, h: codec.Header) -> None:
         _patch(p, c + h.scales_offset + 4 * index, np.array([value], "<f4").tobytes())
+
     return m
 
 
-def _companion_f16(index: int, bits: int) -> Mutation:        # fp16 scale `index` of the section (row-major)
+def _companion_f16(index: int, bits: int) -> Mutation:  # fp16 scale `index` of the section (row-major)
     def m(p: Path, w: int, c: int, h: codec.Header) -> None:
         _patch(p, c + h.scales_offset + 2 * index, bits.to_bytes(2, "little"))
+
     return m
 
 
 def _header_byte(offset: int, value: int) -> Mutation:
     def m(p: Path, w: int, c: int, h: codec.Header) -> None:
         _patch(p, c + offset, bytes([value]))
+
     return m
 
 
@@ -127,7 +142,7 @@ def _magic(p: Path, w: int, c: int, h: codec.Header) -> None:
     _patch(p, c, b"XXXX")
 
 
-def _n_sign(p: Path, w: int, c: int, h: codec.Header) -> None:           # header and bitmap disagree
+def _n_sign(p: Path, w: int, c: int, h: codec.Header) -> None:  # header and bitmap disagree
     _patch(p, c + 32, (h.n_sign_bits - 4096).to_bytes(8, "little"))
 
 
@@ -145,7 +160,7 @@ CASES: dict[str, tuple[str, Mutation, str]] = {
     "fp16-scale-neg": (G_T, _g128_scale(0xB800), "invalid fp16 scale"),
     "fp16-scale-inf": (G_T, _g128_scale(0x7C00), "invalid fp16 scale"),
     "magic": (PT_T, _magic, "bad companion magic"),
-    "n-sign-bits": (PT_T, _n_sign, "canonical"),      # the pool's size no longer matches the header
+    "n-sign-bits": (PT_T, _n_sign, "canonical"),  # the pool's size no longer matches the header
     # version 2
     "v2-row-delta": (ROW_T, _row_delta, "row index"),
     "v2-bitmap-row0": (B128_T, _bitmap_first_row, "row index"),
@@ -154,13 +169,13 @@ CASES: dict[str, tuple[str, Mutation, str]] = {
     "v2-matrix-scale-nan": (MAT_T, _companion_f32(0, float("nan")), "invalid scale"),
     "v2-row-scale-negative": (ROW_T, _companion_f32(5, -0.5), "of row 5"),
     "v2-row-scale-minus-zero": (ROW_T, _companion_f32(127, -0.0), "of row 127"),
-    "v2-b128-scale-inf": (B128_T, _companion_f16(3, 0x7C00), "in block 0 of row 3"),   # K = 128: 1 per row
+    "v2-b128-scale-inf": (B128_T, _companion_f16(3, 0x7C00), "in block 0 of row 3"),  # K = 128: 1 per row
     "v2-b256-scale-neg": (B256_T, _companion_f16(1, 0xB800), "in block 0 of row 1"),
-    "v2-version-1": (ROW_T, _header_byte(4, 1), "version"),          # a version-2 variant with version 1
-    "v2-variant-g128": (B128_T, _header_byte(6, 0), "variant"),      # a version-1 variant on type 162
+    "v2-version-1": (ROW_T, _header_byte(4, 1), "version"),  # a version-2 variant with version 1
+    "v2-variant-g128": (B128_T, _header_byte(6, 0), "variant"),  # a version-1 variant on type 162
     "v2-variant-pt": (MAT_T, _header_byte(6, 1), "variant"),
 }
-ZERO_DIM = "zero-dim"          # a BITCOS weight of ggml shape (128, 0)
+ZERO_DIM = "zero-dim"  # a BITCOS weight of ggml shape (128, 0)
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +189,11 @@ def files(tmp_path_factory) -> dict[str, tuple[Path, str | None, str | None]]:
         p.write_bytes(good.read_bytes())
         mutate(p, *_locate(p, tensor))
         out[name] = (p, tensor, phrase)
-    out[ZERO_DIM] = (llama_model(d / "zero-dim.gguf", BITCOS, tokenizer=False, shapes={PT_T: (128, 0)}), PT_T,
-                     "zero dimension")
+    out[ZERO_DIM] = (
+        llama_model(d / "zero-dim.gguf", BITCOS, tokenizer=False, shapes={PT_T: (128, 0)}),
+        PT_T,
+        "zero dimension",
+    )
     return out
 
 
@@ -194,7 +212,7 @@ def test_stats_and_info_refuse_like_the_loader(files, capsys, cmd: str, case: st
         assert rc == 0 and err == "", err
         return
     assert rc == 1, f"{cmd} accepted {case}: {out}"
-    assert out == "", out                                      # no numbers for a file the loader refuses
+    assert out == "", out  # no numbers for a file the loader refuses
     assert err.count("\n") == 1 and "Traceback" not in err, err  # one line
     assert str(path) in err and f"tensor '{tensor}'" in err and phrase in err, err
 
@@ -238,7 +256,7 @@ def test_llama_refuses_the_same_files(files, patched_llama) -> None:
     paths = [str(p) for p, _t, _ph in files.values()]
     r = subprocess.run([sys.executable, "-c", _LOAD, *paths], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"Python process died ({r.returncode}):\n{r.stderr[-3000:]}"
-    got = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    got = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT ") :])
     for case, (path, tensor, _phrase) in files.items():
         msg = got[str(path)]
         if tensor is None:

@@ -48,8 +48,13 @@ def vulkan_build(patched_llama) -> Path:
 
 
 def test_op_level_against_cpu_and_tq2_0(vulkan_build: Path) -> None:
-    r = subprocess.run([str(vulkan_build / "test-bitcos-backend"), "Vulkan0"], env=_vulkan_env(),
-                       capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [str(vulkan_build / "test-bitcos-backend"), "Vulkan0"],
+        env=_vulkan_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     m = re.search(r"(\d+) checks, 0 failures", r.stdout)
     assert m and int(m.group(1)) > 200, r.stdout[-2000:]
@@ -57,8 +62,9 @@ def test_op_level_against_cpu_and_tq2_0(vulkan_build: Path) -> None:
     assert "skipped" not in r.stdout, r.stdout[-3000:]
 
 
-def _generate(model: Path, out: Path, ngl: int, n_tokens: int = N_TOKENS, mmap: bool = True,
-              prompt: str = PROMPT) -> tuple[np.ndarray, np.ndarray, str]:
+def _generate(
+    model: Path, out: Path, ngl: int, n_tokens: int = N_TOKENS, mmap: bool = True, prompt: str = PROMPT
+) -> tuple[np.ndarray, np.ndarray, str]:
     """gpu_offload.generate on the Vulkan device (lavapipe in CI)."""
     return generate(model, out, ngl, n_tokens, prompt=prompt, mmap=mmap, env=_vulkan_env())
 
@@ -98,7 +104,7 @@ def test_offloaded_decode_identical_to_tq2_0(vk_models, tmp_path: Path, name: st
     assert "Vulkan0" in log_out and "offloaded 3/3 layers" in log_out, log_out[-3000:]
     assert t_src.tolist() == t_out.tolist()
     assert np.array_equal(l_src, l_out), f"max |logit diff| {float(np.abs(l_src - l_out).max())}"
-    assert len(set(t_src.tolist())) > 3      # not degenerate
+    assert len(set(t_src.tolist())) > 3  # not degenerate
 
 
 @pytest.mark.parametrize("name", TQ2_0_PAIRS)
@@ -130,7 +136,7 @@ def test_offloaded_bitcos_close_to_cpu(vk_models, tmp_path: Path, name: str) -> 
     assert "offloaded 3/3 layers" in log, log[-3000:]
     cpu = sum(float(m) for m in re.findall(r"CPU_Mapped model buffer size =\s*([0-9.]+) MiB", log))
     embd, bitcos = _file_mib(out, "token_embd.weight"), _bitcos_mib(out)
-    assert cpu <= embd + bitcos / 2, (cpu, embd, bitcos)     # the CPU keeps the embeddings, no BITCOS weight
+    assert cpu <= embd + bitcos / 2, (cpu, embd, bitcos)  # the CPU keeps the embeddings, no BITCOS weight
     t_cpu, l_cpu, _ = _generate(out, tmp_path / "cpu.npz", ngl=0, n_tokens=4)
     assert t_gpu.tolist() == t_cpu.tolist()
     assert float(np.abs(l_gpu[0] - l_cpu[0]).max()) <= 2e-2 * float(np.abs(l_cpu[0]).max())
@@ -151,8 +157,14 @@ def _bitcos_mib(model: Path) -> float:
     """MiB of the model's BITCOS weights and their companions in the file (all in layers)."""
     from gguf import GGUFReader
 
-    return sum(int(t.n_bytes) for t in GGUFReader(model).tensors
-               if int(t.tensor_type) in BITCOS_TYPE_IDS or t.name.endswith(COMPANION_SUFFIX)) / 2**20
+    return (
+        sum(
+            int(t.n_bytes)
+            for t in GGUFReader(model).tensors
+            if int(t.tensor_type) in BITCOS_TYPE_IDS or t.name.endswith(COMPANION_SUFFIX)
+        )
+        / 2**20
+    )
 
 
 def _file_mib(model: Path, name: str) -> float:
@@ -180,10 +192,31 @@ def test_device_memory_bitcos_vs_tq2_0(vk_models, tmp_path: Path) -> None:
 
 def test_bench_gpu_smoke(vulkan_build: Path, tmp_path: Path) -> None:
     """`ggml-bitcos bench gpu` runs end to end on the device (tiny shapes; the numbers mean nothing here)."""
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "gpu", "--shapes", "256x1024", "--z", "0.4",
-                        "--reps", "2", "--copy-mib", "8", "--no-e2e", "--json", str(tmp_path / "gpu.json")],
-                       env=_vulkan_env(), capture_output=True, text=True, timeout=600,
-                       cwd=Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "gpu",
+            "--shapes",
+            "256x1024",
+            "--z",
+            "0.4",
+            "--reps",
+            "2",
+            "--copy-mib",
+            "8",
+            "--no-e2e",
+            "--json",
+            str(tmp_path / "gpu.json"),
+        ],
+        env=_vulkan_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| tq2_0 | - |" in r.stdout and "| bitcos_pt | 0.40 |" in r.stdout, r.stdout
     data = json.loads((tmp_path / "gpu.json").read_text())
@@ -212,11 +245,33 @@ def test_bench_gpu_reference_on_another_device(vulkan_build: Path, tmp_path: Pat
     """`bench gpu --ref-device`: the TQ2_0 reference runs on a second device (how an Arc user compares
     ggml-sycl's BITCOS with ggml-vulkan's TQ2_0); here BITCOS on the Vulkan device, TQ2_0 on the CPU, each
     record tagged with the device it ran on, the same weights' results on both (checksums of one column)."""
-    r = subprocess.run([sys.executable, "-m", "ggml_bitcos", "bench", "gpu", "--shapes", "128x512", "--z", "0.4",
-                        "--reps", "2", "--copy-mib", "8", "--no-e2e", "--ref-device", "CPU",
-                        "--json", str(tmp_path / "gpu.json")],
-                       env=_vulkan_env(), capture_output=True, text=True, timeout=600,
-                       cwd=Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "gpu",
+            "--shapes",
+            "128x512",
+            "--z",
+            "0.4",
+            "--reps",
+            "2",
+            "--copy-mib",
+            "8",
+            "--no-e2e",
+            "--ref-device",
+            "CPU",
+            "--json",
+            str(tmp_path / "gpu.json"),
+        ],
+        env=_vulkan_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "gpu.json").read_text())
     devices = {rec["type"]: rec["device"] for rec in data["matvec"]}

@@ -27,13 +27,26 @@ from ggml_bitcos.ternary import random_codes
 class GgmlTypeTraitsCpu(ctypes.Structure):
     """struct ggml_type_traits_cpu (ggml-cpu.h)."""
 
-    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
-                ("nrows", ctypes.c_int64)]
+    _fields_ = [
+        ("from_float", ctypes.c_void_p),
+        ("vec_dot", ctypes.c_void_p),
+        ("vec_dot_type", ctypes.c_int),
+        ("nrows", ctypes.c_int64),
+    ]
 
 
 # void ggml_vec_dot_t(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc)
-VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p,
-                           ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+VEC_DOT = ctypes.CFUNCTYPE(
+    None,
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_float),
+    ctypes.c_size_t,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+)
 
 
 def ggml_cpu_library() -> Path | None:
@@ -71,7 +84,7 @@ def load_tq2_vec_dot(cpu_flags: set[str]):
     lib.ggml_cpu_init()
     traits = lib.ggml_get_type_traits_cpu(int(GGMLQuantizationType.TQ2_0)).contents
     assert traits.vec_dot, "TQ2_0 has no vec_dot in this ggml"
-    return VEC_DOT(traits.vec_dot), expected_fma(path, cpu_flags), lib   # keep lib referenced
+    return VEC_DOT(traits.vec_dot), expected_fma(path, cpu_flags), lib  # keep lib referenced
 
 
 def tq2_dots(vec_dot, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -96,7 +109,7 @@ def random_q8k_column(rng: np.random.Generator, k: int, magnitude: str) -> np.nd
         y["qs"] = np.where(rng.random(y["qs"].shape) < 0.5, q, y["qs"])
         y["d"] = (rng.uniform(0.5, 1.0, y["d"].shape) * np.exp2(rng.integers(0, 14, y["d"].shape))).astype(np.float32)
     y["d"] *= np.where(rng.random(y["d"].shape) < 0.3, -1.0, 1.0).astype(np.float32)
-    y["bsums"] = y["qs"].reshape(-1, 16, 16).sum(axis=2, dtype=np.int16)   # TQ2_0 reads the bsums
+    y["bsums"] = y["qs"].reshape(-1, 16, 16).sum(axis=2, dtype=np.int16)  # TQ2_0 reads the bsums
     return y
 
 
@@ -107,8 +120,9 @@ def bits(a: np.ndarray) -> np.ndarray:
 KS = (256, 512, 768, 1280, 2048, 2304)
 
 
-def assert_kernels_match_tq2_0(vec_dot, fma: bool, tq2: np.ndarray, w, rng: np.random.Generator, k: int,
-                               magnitude: str) -> None:
+def assert_kernels_match_tq2_0(
+    vec_dot, fma: bool, tq2: np.ndarray, w, rng: np.random.Generator, k: int, magnitude: str
+) -> None:
     """Every available BITCOS kernel gives TQ2_0's vec_dot bit for bit, on three activation columns."""
     for _ in range(3):
         y = random_q8k_column(rng, k, magnitude)

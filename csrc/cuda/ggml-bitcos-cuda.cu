@@ -21,10 +21,10 @@
 namespace {
 
 // mat-vec: 8 lanes a row, 4 rows a warp (BITCOS_CUDA_GEMV_LANES), 16 warps a block (the kernel's launch bound,
-// 512 threads: its 8-column instance needs 96 registers), one block per multiprocessor: each block fills 64 KiB of tables (~512 cycles of the
-// shared-store path), so more blocks per multiprocessor would cost more fills than their latency hiding
-// wins on decode-sized matrices (unmeasured: a lent GPU's `bench gpu` decides)
-constexpr int WARPS_PER_BLOCK = 16;
+// 512 threads: its 8-column instance needs 96 registers), one block per multiprocessor: each block fills 64 KiB of
+// tables (~512 cycles of the shared-store path), so more blocks per multiprocessor would cost more fills than their
+// latency hiding wins on decode-sized matrices (unmeasured: a lent GPU's `bench gpu` decides)
+constexpr int WARPS_PER_BLOCK    = 16;
 constexpr int GEMV_BLOCKS_PER_SM = 1;
 
 // A failed launch aborts with CUDA's reason, as ggml-cuda's CUDA_CHECK does.
@@ -59,12 +59,14 @@ struct gemv_shape {
 };
 
 template <auto KERNEL> void raise_smem_limit(int bytes) {
-    static bool raised[64] = {};                      // per kernel instance and device (ggml-cuda: at most 16)
-    int dev = 0;
+    static bool raised[64] = {}; // per kernel instance and device (ggml-cuda: at most 16)
+    int         dev        = 0;
     check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
     if (dev >= 64 || !raised[dev]) {
-        check_cuda(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "cudaFuncSetAttribute");
-        if (dev < 64) raised[dev] = true;
+        check_cuda(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                   "cudaFuncSetAttribute");
+        if (dev < 64)
+            raised[dev] = true;
     }
 }
 
@@ -72,21 +74,23 @@ static gemv_shape gemv_launch_shape() {
     int dev = 0, optin = 0, per_sm = 0, n_sm = 0;
     check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+               "cudaDeviceGetAttribute");
     check_cuda(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-    const int copies = optin >= bitcos_cuda_gemv_lut<32>::BYTES ? 32 : 8;
-    const int bytes = copies == 32 ? bitcos_cuda_gemv_lut<32>::BYTES : bitcos_cuda_gemv_lut<8>::BYTES;
-    const int by_smem = per_sm / (bytes + 1024);      // the runtime reserves 1 KiB per block
-    return {copies, std::max(1, n_sm * std::max(1, std::min(by_smem, GEMV_BLOCKS_PER_SM)))};
+    const int copies  = optin >= bitcos_cuda_gemv_lut<32>::BYTES ? 32 : 8;
+    const int bytes   = copies == 32 ? bitcos_cuda_gemv_lut<32>::BYTES : bitcos_cuda_gemv_lut<8>::BYTES;
+    const int by_smem = per_sm / (bytes + 1024); // the runtime reserves 1 KiB per block
+    return { copies, std::max(1, n_sm * std::max(1, std::min(by_smem, GEMV_BLOCKS_PER_SM))) };
 }
 
 // Quantizes ncols columns of k fp32 (column c at x + (c / cols_per_batch) * batch_stride + (c % cols_per_batch) *
 // col_stride, strides in floats) per 32 into xq (int8, k_pad per column) and xd (fp32, k_pad / 32 per column).
 static void quantize_columns(cudaStream_t stream, const float * x, int8_t * xq, float * xd, int64_t k, int64_t ncols,
-                      int64_t col_stride, int64_t cols_per_batch, int64_t batch_stride) {
+                             int64_t col_stride, int64_t cols_per_batch, int64_t batch_stride) {
     const int64_t nqb = bitcos_cuda_mmq_k_pad(k) / BITCOS_CUDA_MMQ_QBLOCK;
     bitcos_cuda_quantize_q8_kernel<<<dim3((unsigned) ncols, (unsigned) ((nqb + 3) / 4)), dim3(BITCOS_CUDA_WARP, 4), 0,
-        stream>>>(x, xq, xd, k, bitcos_cuda_mmq_k_pad(k), col_stride, cols_per_batch, batch_stride);
+                                     stream>>>(x, xq, xd, k, bitcos_cuda_mmq_k_pad(k), col_stride, cols_per_batch,
+                                               batch_stride);
 }
 
 // Rows one block of the mat-vec takes at once (BITCOS_CUDA_GEMV_LANES lanes a row, several rows a warp).
@@ -95,15 +99,17 @@ constexpr int64_t GEMV_ROWS_PER_BLOCK = (int64_t) WARPS_PER_BLOCK * (BITCOS_CUDA
 // The mat-vec over quantized columns c0 .. c0 + nc of one batch (nc <= BITCOS_CUDA_MAX_COLS).
 template <int COPIES>
 void launch_gemv(cudaStream_t stream, int nc, const gemv_shape & shape, const uint8_t * w, const uint8_t * c,
-                 const int8_t * xq, const float * xd, float * d, int64_t row0, int64_t rows, int64_t k_pad, int64_t d1) {
+                 const int8_t * xq, const float * xd, float * d, int64_t row0, int64_t rows, int64_t k_pad,
+                 int64_t d1) {
     constexpr int bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES, LANES = BITCOS_CUDA_GEMV_LANES;
     const int64_t row_blocks = (rows + GEMV_ROWS_PER_BLOCK - 1) / GEMV_ROWS_PER_BLOCK;
-    const dim3 grid((unsigned) std::min<int64_t>(row_blocks, shape.resident_blocks)), block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
+    const dim3    grid((unsigned) std::min<int64_t>(row_blocks, shape.resident_blocks)),
+        block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
     bitcos_cuda_with_cols(nc, [&](auto ncv) {
         constexpr int NC = decltype(ncv)::value;
         raise_smem_limit<bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES>>(bytes);
-        bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES><<<grid, block, bytes, stream>>>(w, c, xq, xd, d, row0, rows,
-                                                                                         k_pad, d1);
+        bitcos_cuda_mul_mat_vec_kernel<NC, COPIES, LANES>
+            <<<grid, block, bytes, stream>>>(w, c, xq, xd, d, row0, rows, k_pad, d1);
     });
 }
 
@@ -123,8 +129,8 @@ static bool mul_mat_id_batched(const ggml_tensor * dst) {
 }
 
 static size_t mul_mat_id_tmp_bytes(const ggml_tensor * dst, bool batched) {
-    const ggml_tensor * src0 = dst->src[0];
-    const int64_t n_experts = src0->ne[2], cap = dst->src[2]->ne[0] * dst->src[2]->ne[1];
+    const ggml_tensor * src0      = dst->src[0];
+    const int64_t       n_experts = src0->ne[2], cap = dst->src[2]->ne[0] * dst->src[2]->ne[1];
     return quantized_bytes(src0->ne[0], dst->src[1]->ne[1] * dst->src[2]->ne[1]) +
            (batched ? (size_t) (n_experts + n_experts * cap) * sizeof(int32_t) : 0);
 }
@@ -134,10 +140,10 @@ static void check_tmp(const void * tmp, size_t tmp_bytes, size_t need) {
     GGML_ASSERT(reinterpret_cast<uintptr_t>(tmp) % 16 == 0 && "BITCOS CUDA temporary not 16-byte aligned");
 }
 
-}  // namespace
+} // namespace
 
 size_t ggml_cuda_bitcos_mul_mat_tmp_bytes(const ggml_tensor * src0, const ggml_tensor * src1) {
-    return quantized_bytes(src0->ne[0], src1->ne[1]);      // one batch at a time, the space reused
+    return quantized_bytes(src0->ne[0], src1->ne[1]); // one batch at a time, the space reused
 }
 
 size_t ggml_cuda_bitcos_mul_mat_id_tmp_bytes(const ggml_tensor * dst) {
@@ -148,48 +154,50 @@ bool ggml_cuda_bitcos_supports_op(const ggml_tensor * op) {
     if (!ggml_bitcos_gpu_supports_op(op)) {
         return false;
     }
-    if (op->op == GGML_OP_MUL_MAT) {          // grid limits: the batched kernel's column tiles in y
+    if (op->op == GGML_OP_MUL_MAT) { // grid limits: the batched kernel's column tiles in y
         return (op->src[1]->ne[1] + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN <= 65535;
     }
-    if (op->op == GGML_OP_MUL_MAT_ID) {       // one grid row per (token, slot)
+    if (op->op == GGML_OP_MUL_MAT_ID) { // one grid row per (token, slot)
         return op->src[2]->ne[0] * op->src[2]->ne[1] <= 65535;
     }
     return true;
 }
 
-void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
-                              void * tmp, size_t tmp_bytes) {
-    const ggml_bitcos_gpu_mul_mat m = ggml_bitcos_gpu_mul_mat_of(src0, src1, dst);
-    const uint8_t * w = m.weight.w;
-    const uint8_t * c = m.weight.c;
-    const int64_t rows = m.rows, ne11 = m.ne11, d1 = m.d1;
+void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1,
+                              ggml_tensor * dst, void * tmp, size_t tmp_bytes) {
+    const ggml_bitcos_gpu_mul_mat m    = ggml_bitcos_gpu_mul_mat_of(src0, src1, dst);
+    const uint8_t *               w    = m.weight.w;
+    const uint8_t *               c    = m.weight.c;
+    const int64_t                 rows = m.rows, ne11 = m.ne11, d1 = m.d1;
 
     // activations quantized per 32 into the hook's temporary (one batch at a time, reused; the stream orders
     // the reuse), then the batched tensor-core kernel (more than 8 columns) or the mat-vec
-    const int64_t k = src0->ne[0], k_pad = bitcos_cuda_mmq_k_pad(k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
-    const bool batched = ne11 > BITCOS_CUDA_MMQ_MIN_COLS && mmq_available();
-    const gemv_shape shape = batched ? gemv_shape{} : gemv_launch_shape();
+    const int64_t    k = src0->ne[0], k_pad = bitcos_cuda_mmq_k_pad(k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
+    const bool       batched = ne11 > BITCOS_CUDA_MMQ_MIN_COLS && mmq_available();
+    const gemv_shape shape   = batched ? gemv_shape{} : gemv_launch_shape();
     check_tmp(tmp, tmp_bytes, ggml_cuda_bitcos_mul_mat_tmp_bytes(src0, src1));
-    float  * xd = static_cast<float *>(tmp);
-    int8_t * xq = reinterpret_cast<int8_t *>(xd + ne11 * nqb);      // 16-byte aligned: nqb % 4 == 0
+    float *    xd = static_cast<float *>(tmp);
+    int8_t *   xq = reinterpret_cast<int8_t *>(xd + ne11 * nqb); // 16-byte aligned: nqb % 4 == 0
     const dim3 mgrid((unsigned) ((rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
                      (unsigned) ((ne11 + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN));
     for (int64_t i13 = 0; i13 < m.ne13; ++i13) {
         for (int64_t i12 = 0; i12 < m.ne12; ++i12) {
-            const int64_t row0 = m.batch_row0(i12, i13);     // global first row
-            float * dd = m.d + i13 * m.d3 + i12 * m.d2;
+            const int64_t row0 = m.batch_row0(i12, i13); // global first row
+            float *       dd   = m.d + i13 * m.d3 + i12 * m.d2;
             quantize_columns(stream, m.x + i13 * m.s13 + i12 * m.s12, xq, xd, k, ne11, m.s11, ne11, 0);
             if (batched) {
-                bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS, 0, stream>>>(w, c, xq, xd, dd, row0,
-                    rows, ne11, k_pad, d1, bitcos_cuda_mmq_ids{});
+                bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS, 0, stream>>>(
+                    w, c, xq, xd, dd, row0, rows, ne11, k_pad, d1, bitcos_cuda_mmq_ids{});
                 continue;
             }
             for (int64_t c0 = 0; c0 < ne11; c0 += BITCOS_CUDA_MAX_COLS) {
                 const int nc = (int) std::min<int64_t>(BITCOS_CUDA_MAX_COLS, ne11 - c0);
                 if (shape.copies == 32) {
-                    launch_gemv<32>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows, k_pad, d1);
+                    launch_gemv<32>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows,
+                                    k_pad, d1);
                 } else {
-                    launch_gemv<8>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows, k_pad, d1);
+                    launch_gemv<8>(stream, nc, shape, w, c, xq + c0 * k_pad, xd + c0 * nqb, dd + c0 * d1, row0, rows,
+                                   k_pad, d1);
                 }
             }
         }
@@ -198,9 +206,9 @@ void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, con
 }
 
 void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst, void * tmp, size_t tmp_bytes) {
-    const ggml_tensor * src0 = dst->src[0];
-    const ggml_tensor * src1 = dst->src[1];
-    const ggml_tensor * ids  = dst->src[2];
+    const ggml_tensor *          src0   = dst->src[0];
+    const ggml_tensor *          src1   = dst->src[1];
+    const ggml_tensor *          ids    = dst->src[2];
     const ggml_bitcos_gpu_weight weight = ggml_bitcos_gpu_weight_of(src0);
     GGML_ASSERT(weight.row0 == 0);
     const uint8_t * w = weight.w;
@@ -212,12 +220,12 @@ void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst, void * 
     // every activation column quantized per 32 (both paths); then either the (token, slot) pairs grouped by
     // expert on the device and one tile-kernel launch over (row tiles, slot tiles, experts), or the mat-vec
     // over (rows, slots)
-    const bool batched = mul_mat_id_batched(dst);
+    const bool    batched = mul_mat_id_batched(dst);
     const int64_t k = src0->ne[0], k_pad = bitcos_cuda_mmq_k_pad(k), nqb = k_pad / BITCOS_CUDA_MMQ_QBLOCK;
     const int64_t ne11 = src1->ne[1], n_cols = ne11 * n_tokens, cap = n_used * n_tokens;
     check_tmp(tmp, tmp_bytes, mul_mat_id_tmp_bytes(dst, batched));
-    float   * xd     = static_cast<float *>(tmp);
-    int8_t  * xq     = reinterpret_cast<int8_t *>(xd + n_cols * nqb);
+    float *  xd = static_cast<float *>(tmp);
+    int8_t * xq = reinterpret_cast<int8_t *>(xd + n_cols * nqb);
     quantize_columns(stream, static_cast<const float *>(src1->data), xq, xd, k, n_cols,
                      src1->nb[1] / (int64_t) sizeof(float), ne11, src1->nb[2] / (int64_t) sizeof(float));
     if (batched) {
@@ -227,26 +235,31 @@ void ggml_cuda_bitcos_mul_mat_id(cudaStream_t stream, ggml_tensor * dst, void * 
         bitcos_cuda_mmq_id_slots_kernel<<<(unsigned) ((cap + 255) / 256), 256, 0, stream>>>(
             static_cast<const int32_t *>(ids->data), slots, counts, n_experts, n_used, n_tokens,
             ids->nb[1] / (int64_t) sizeof(int32_t), cap);
-        const bitcos_cuda_mmq_ids map = {slots, counts, cap, n_used, ne11, (int64_t) (dst->nb[1] / sizeof(float)),
-                                         (int64_t) (dst->nb[2] / sizeof(float))};
-        const dim3 mgrid((unsigned) ((rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
-                         (unsigned) ((cap + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN), (unsigned) n_experts);
-        bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS, 0, stream>>>(w, c, xq, xd,
-            static_cast<float *>(dst->data), 0, rows, 0, k_pad, 0, map);
+        const bitcos_cuda_mmq_ids map = { slots,
+                                          counts,
+                                          cap,
+                                          n_used,
+                                          ne11,
+                                          (int64_t) (dst->nb[1] / sizeof(float)),
+                                          (int64_t) (dst->nb[2] / sizeof(float)) };
+        const dim3                mgrid((unsigned) ((rows + BITCOS_CUDA_MMQ_BM - 1) / BITCOS_CUDA_MMQ_BM),
+                                        (unsigned) ((cap + BITCOS_CUDA_MMQ_BN - 1) / BITCOS_CUDA_MMQ_BN), (unsigned) n_experts);
+        bitcos_cuda_mul_mat_mmq_kernel<<<mgrid, BITCOS_CUDA_MMQ_THREADS, 0, stream>>>(
+            w, c, xq, xd, static_cast<float *>(dst->data), 0, rows, 0, k_pad, 0, map);
     } else {
         // a block per (row block, slot); row blocks capped so that all slots' blocks fit on the device at once
-        const gemv_shape shape = gemv_launch_shape();
-        const int64_t row_blocks = (rows + GEMV_ROWS_PER_BLOCK - 1) / GEMV_ROWS_PER_BLOCK;
+        const gemv_shape shape      = gemv_launch_shape();
+        const int64_t    row_blocks = (rows + GEMV_ROWS_PER_BLOCK - 1) / GEMV_ROWS_PER_BLOCK;
         const dim3 grid((unsigned) std::max<int64_t>(1, std::min<int64_t>(row_blocks, shape.resident_blocks / cap)),
                         (unsigned) cap);
         const dim3 block(BITCOS_CUDA_WARP, WARPS_PER_BLOCK);
-        auto run = [&](auto copies) {
+        auto       run = [&](auto copies) {
             constexpr int COPIES = decltype(copies)::value, lut_bytes = bitcos_cuda_gemv_lut<COPIES>::BYTES;
             constexpr int LANES = BITCOS_CUDA_GEMV_LANES;
             raise_smem_limit<bitcos_cuda_mul_mat_vec_id_kernel<COPIES, LANES>>(lut_bytes);
-            bitcos_cuda_mul_mat_vec_id_kernel<COPIES, LANES><<<grid, block, lut_bytes, stream>>>(w, c, xq, xd,
-                static_cast<const int32_t *>(ids->data), static_cast<float *>(dst->data), rows, n_experts, n_used,
-                ids->nb[1] / (int64_t) sizeof(int32_t), ne11, k_pad, dst->nb[1] / (int64_t) sizeof(float),
+            bitcos_cuda_mul_mat_vec_id_kernel<COPIES, LANES><<<grid, block, lut_bytes, stream>>>(
+                w, c, xq, xd, static_cast<const int32_t *>(ids->data), static_cast<float *>(dst->data), rows, n_experts,
+                n_used, ids->nb[1] / (int64_t) sizeof(int32_t), ne11, k_pad, dst->nb[1] / (int64_t) sizeof(float),
                 dst->nb[2] / (int64_t) sizeof(float));
         };
         if (shape.copies == 32) {

@@ -1,6 +1,7 @@
 // ggml-bitcos-cuda: BITCOS MUL_MAT / MUL_MAT_ID in ggml-cuda, called from three hooks of the ggml-cuda patch
 // (supports_op, ggml_cuda_mul_mat, ggml_cuda_mul_mat_id). The decode is bitcos-cuda.cuh's table decode
-// (8 lanes per row), shared with tests/cuda/test-bitcos-cuda.cu; both paths run on activations quantized per 32 to int8.
+// (8 lanes per row), shared with tests/cuda/test-bitcos-cuda.cu; both paths run on activations quantized per 32 to
+// int8.
 #pragma once
 
 // Only ggml.h and the CUDA runtime: the hooks pass ggml-cuda's stream, so this translation unit compiles without
@@ -28,8 +29,8 @@ size_t ggml_cuda_bitcos_mul_mat_id_tmp_bytes(const ggml_tensor * dst);
 // activations quantized per 32 to int8 first: up to 8 columns 8 lanes per row, one decode per 8 columns
 // (dp4a); more columns (compute capability 7.2+) 32 x 64 output tiles on tensor cores, one decode per 64.
 // tmp: tmp_bytes >= ggml_cuda_bitcos_mul_mat_tmp_bytes(src0, src1) of device memory, used in stream order.
-void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
-                              void * tmp, size_t tmp_bytes);
+void ggml_cuda_bitcos_mul_mat(cudaStream_t stream, const ggml_tensor * src0, const ggml_tensor * src1,
+                              ggml_tensor * dst, void * tmp, size_t tmp_bytes);
 
 // MUL_MAT_ID with a BITCOS expert tensor, expert ids read on the device: up to 8 tokens one mat-vec launch; more
 // tokens (compute capability 7.2+) the batched kernel over the (token, slot) pairs grouped by expert.

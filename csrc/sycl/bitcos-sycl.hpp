@@ -23,8 +23,8 @@
 //    the fp16 group scale, and after four groups (16 reduction rows) one fp16 contraction with up to 8
 //    activation columns (converted to fp16 once per 128 weights), fp32 accumulation: joint_matrix_mad, one
 //    dpas.8x1, or sub_group_contraction, a sub-group loop that reads the same tile the same way (what the tests
-//    run on a device without a matrix unit; ggml-sycl takes the row path there). The row path (rows_dot: every other device) multiplies the codes with fp32
-//    activations on the ALU, exact up to fp32 accumulation.
+//    run on a device without a matrix unit; ggml-sycl takes the row path there). The row path (rows_dot: every other
+//    device) multiplies the codes with fp32 activations on the ALU, exact up to fp32 accumulation.
 //  * Scales as stored. The block-scaled variants (v1 G128, v2 B128 / B256) scale per 128-weight unit (fp16;
 //    B256 one scale per two units); PT / MATRIX / ROW multiply the row's sum by the matrix's or row's fp32
 //    scale once. Version-2 rows (any K % 32) are walked 32-bit bitmap word by word, so a partial last unit
@@ -49,8 +49,8 @@ constexpr int LUT_CODES   = 4;
 
 // fp16 bit patterns of the codes (IEEE binary16): the table's values, as on Xe2 where DPAS reads them.
 constexpr uint16_t HALF_ZERO  = 0x0000;
-constexpr uint16_t HALF_PLUS  = 0x3C00;   // +1
-constexpr uint16_t HALF_MINUS = 0xBC00;   // -1
+constexpr uint16_t HALF_PLUS  = 0x3C00; // +1
+constexpr uint16_t HALF_MINUS = 0xBC00; // -1
 
 // Entry `key` of the table: weight i of the group (bit i of m) takes the sign of its rank among the
 // group's present weights, i.e. bit popcount(m & ((1 << i) - 1)) of s (1 = negative).
@@ -65,8 +65,7 @@ inline uint16_t lut_code(int key, int i) {
 
 // Fills the work-group's table cooperatively (work-item l of n writes entries l, l + n, ...) and waits for the
 // whole group: every kernel's prologue. All work-items of the group must call it. Returns lut.
-template <int D>
-inline const uint16_t * lut_fill(uint16_t * lut, const sycl::nd_item<D> & it) {
+template <int D> inline const uint16_t * lut_fill(uint16_t * lut, const sycl::nd_item<D> & it) {
     const int lid = (int) it.get_local_linear_id(), nl = (int) it.get_local_range().size();
     for (int e = lid; e < LUT_ENTRIES; e += nl) {
         for (int i = 0; i < LUT_CODES; ++i) {
@@ -78,9 +77,15 @@ inline const uint16_t * lut_fill(uint16_t * lut, const sycl::nd_item<D> & it) {
 }
 
 // Little-endian reads from the companion (byte offsets; fields are naturally aligned, sections 64-aligned).
-inline uint64_t comp_u64(const uint8_t * c, size_t off) { return *reinterpret_cast<const uint64_t *>(c + off); }
-inline uint32_t comp_u32(const uint8_t * c, size_t off) { return *reinterpret_cast<const uint32_t *>(c + off); }
-inline uint16_t comp_u16(const uint8_t * c, size_t off) { return *reinterpret_cast<const uint16_t *>(c + off); }
+inline uint64_t comp_u64(const uint8_t * c, size_t off) {
+    return *reinterpret_cast<const uint64_t *>(c + off);
+}
+inline uint32_t comp_u32(const uint8_t * c, size_t off) {
+    return *reinterpret_cast<const uint32_t *>(c + off);
+}
+inline uint16_t comp_u16(const uint8_t * c, size_t off) {
+    return *reinterpret_cast<const uint16_t *>(c + off);
+}
 
 // Pool bit of the first sign of global row r (FORMAT.md §4.3).
 inline uint64_t row_sign_pos(const uint8_t * comp, uint64_t r) {
@@ -110,18 +115,18 @@ struct weight_layout {
 
 inline weight_layout read_layout(const uint8_t * comp) {
     weight_layout l;
-    l.variant    = comp[BITCOS_HDR_VARIANT];
-    l.k          = comp_u64(comp, BITCOS_HDR_N_COLS);
-    l.n_words    = l.k / QK_BITCOS_BITMAP;
-    l.n_units    = (l.k + QK_BITCOS - 1) / QK_BITCOS;
-    l.unit_bytes = bitcos_block_bytes(l.variant);
-    l.row_bytes  = (size_t) bitcos_weight_row_bytes(l.variant, l.k);
-    l.scales     = comp + comp_u64(comp, BITCOS_HDR_SCALES_OFFSET);
+    l.variant             = comp[BITCOS_HDR_VARIANT];
+    l.k                   = comp_u64(comp, BITCOS_HDR_N_COLS);
+    l.n_words             = l.k / QK_BITCOS_BITMAP;
+    l.n_units             = (l.k + QK_BITCOS - 1) / QK_BITCOS;
+    l.unit_bytes          = bitcos_block_bytes(l.variant);
+    l.row_bytes           = (size_t) bitcos_weight_row_bytes(l.variant, l.k);
+    l.scales              = comp + comp_u64(comp, BITCOS_HDR_SCALES_OFFSET);
     const uint64_t n_mats = comp_u64(comp, BITCOS_HDR_N_MATS);
-    l.rows_per_mat = comp_u64(comp, BITCOS_HDR_N_ROWS) / (n_mats ? n_mats : 1);
-    const int64_t sb = bitcos_variant_scale_block(l.variant);
-    l.scales_per_row = sb ? l.k / (uint64_t) sb : 0;
-    l.unit_shift     = sb > QK_BITCOS ? 1u : 0u;      // B256: two 128-weight units per scale
+    l.rows_per_mat        = comp_u64(comp, BITCOS_HDR_N_ROWS) / (n_mats ? n_mats : 1);
+    const int64_t sb      = bitcos_variant_scale_block(l.variant);
+    l.scales_per_row      = sb ? l.k / (uint64_t) sb : 0;
+    l.unit_shift          = sb > QK_BITCOS ? 1u : 0u; // B256: two 128-weight units per scale
     return l;
 }
 
@@ -129,7 +134,7 @@ inline weight_layout read_layout(const uint8_t * comp) {
 // bytes, so words are only 2-byte aligned there).
 inline uint32_t bitmap_word(const weight_layout & l, const uint8_t * row, uint64_t u, int q) {
     const uint8_t * p = row + u * l.unit_bytes + 4 * q;
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
 }
 
 // 32-bit bitmap words of unit u (4, fewer in a partial last unit).
@@ -139,7 +144,7 @@ inline int unit_words(const weight_layout & l, uint64_t u) {
 }
 
 inline float half_bits_to_float(uint16_t h) {
-    return (float)sycl::bit_cast<sycl::half>(h);
+    return (float) sycl::bit_cast<sycl::half>(h);
 }
 
 // true for the variants with an fp16 scale per 128 / 256 weights (G128, B128, B256), whose sums are scaled per
@@ -151,52 +156,54 @@ inline bool block_scaled(const weight_layout & l) {
 // The fp16 scale of unit u of global row r (block-scaled variants only): G128 in the block, B128 / B256 in the
 // companion's f16[R][K / block] section.
 inline float unit_scale(const weight_layout & l, const uint8_t * row, uint64_t r, uint64_t u) {
-    const uint8_t * p = l.variant == BITCOS_VARIANT_G128
-        ? row + u * l.unit_bytes + offsetof(block_bitcos_g128, d)
-        : l.scales + 2 * (r * l.scales_per_row + (u >> l.unit_shift));
-    return half_bits_to_float((uint16_t)(p[0] | p[1] << 8));
+    const uint8_t * p = l.variant == BITCOS_VARIANT_G128 ? row + u * l.unit_bytes + offsetof(block_bitcos_g128, d) :
+                                                           l.scales + 2 * (r * l.scales_per_row + (u >> l.unit_shift));
+    return half_bits_to_float((uint16_t) (p[0] | p[1] << 8));
 }
 
 // The scale of a whole global row r: PT / MATRIX its matrix's, ROW its own; 1 for the block-scaled variants.
 inline float row_scale(const weight_layout & l, uint64_t r) {
-    return bitcos_variant_scale_block(l.variant) != 0 ? 1.0f
-         : reinterpret_cast<const float *>(l.scales)[bitcos_row_scale_index(l.variant, r, l.rows_per_mat)];
+    return bitcos_variant_scale_block(l.variant) != 0 ?
+               1.0f :
+               reinterpret_cast<const float *>(l.scales)[bitcos_row_scale_index(l.variant, r, l.rows_per_mat)];
 }
 
 // A row's compacted sign stream as a 64-bit window with `n` valid bits, refilled from 32-bit pool words.
 struct sign_window {
-    const uint32_t * pool;   // the pool as aligned 32-bit words (its section is 64-byte aligned)
-    uint64_t         next;   // index of the next pool word to load
-    uint64_t         bits;   // the window: bit 0 = next unconsumed sign
-    unsigned         n;      // valid bits in `bits`
+    const uint32_t * pool; // the pool as aligned 32-bit words (its section is 64-byte aligned)
+    uint64_t         next; // index of the next pool word to load
+    uint64_t         bits; // the window: bit 0 = next unconsumed sign
+    unsigned         n;    // valid bits in `bits`
 
     inline void start(const uint8_t * comp, uint64_t pos) {
         pool = reinterpret_cast<const uint32_t *>(comp + comp_u64(comp, BITCOS_HDR_POOL_OFFSET));
         next = (pos >> 5) + 1;
         bits = pool[pos >> 5] >> (pos & 31);
-        n    = 32 - (unsigned)(pos & 31);
+        n    = 32 - (unsigned) (pos & 31);
     }
     // before a 32-weight bitmap word: at least 32 valid bits
     inline void refill() {
         if (n < 32) {
-            bits |= (uint64_t)pool[next++] << n;
+            bits |= (uint64_t) pool[next++] << n;
             n += 32;
         }
     }
-    inline int peek4() const { return (int)(bits & 15); }
-    inline void consume(unsigned c) { bits >>= c; n -= c; }
+    inline int  peek4() const { return (int) (bits & 15); }
+    inline void consume(unsigned c) {
+        bits >>= c;
+        n -= c;
+    }
 };
 
 // Calls f(group index j in 0..7, the group's 4 fp16 codes as uint16 bit patterns) for the 8 four-weight
 // groups of one 32-bit bitmap word, after topping the window up.
-template <typename F>
-inline void decode_word32(uint32_t word, sign_window & w, const uint16_t * lut, F && f) {
+template <typename F> inline void decode_word32(uint32_t word, sign_window & w, const uint16_t * lut, F && f) {
     w.refill();
     for (int j = 0; j < 8; ++j) {
-        const int m   = (int)((word >> (4 * j)) & 15u);
+        const int m   = (int) ((word >> (4 * j)) & 15u);
         const int key = m | (w.peek4() << 4);
         f(j, lut + key * LUT_CODES);
-        w.consume((unsigned)sycl::popcount(m));
+        w.consume((unsigned) sycl::popcount(m));
     }
 }
 
@@ -210,15 +217,15 @@ constexpr int MAX_COLS = 8;
 // B256), then by the row's scale (PT, MATRIX, ROW). The row is decoded once for all nc columns.
 inline void rows_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, const float * x, uint64_t x_stride,
                      int nc, const uint16_t * lut, float * out) {
-    const weight_layout l = read_layout(comp);
-    const bool per_unit = block_scaled(l);
-    const uint8_t * row = blocks + r * l.row_bytes;
-    sign_window w;
+    const weight_layout l        = read_layout(comp);
+    const bool          per_unit = block_scaled(l);
+    const uint8_t *     row      = blocks + r * l.row_bytes;
+    sign_window         w;
     w.start(comp, row_sign_pos(comp, r));
     float acc[MAX_COLS] = {};
     for (uint64_t u = 0; u < l.n_units; ++u) {
-        float s[MAX_COLS] = {};
-        const int nq = unit_words(l, u);
+        float     s[MAX_COLS] = {};
+        const int nq          = unit_words(l, u);
         for (int q = 0; q < nq; ++q) {
             const uint64_t k0 = u * QK_BITCOS + 32 * q;
             decode_word32(bitmap_word(l, row, u, q), w, lut, [&](int j, const uint16_t * code) {
@@ -246,8 +253,7 @@ inline void rows_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, c
 }
 
 // One column: sum_k W[r][k] * x[k].
-inline float row_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, const float * x,
-                     const uint16_t * lut) {
+inline float row_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, const float * x, const uint16_t * lut) {
     float out[MAX_COLS];
     rows_dot(blocks, comp, r, x, 0, 1, lut, out);
     return out[0];
@@ -255,28 +261,26 @@ inline float row_dot(const uint8_t * blocks, const uint8_t * comp, uint64_t r, c
 
 // Dequantizes global row r into y[0 .. k): y = scale * t, one fp32 multiplication per weight, exactly as
 // FORMAT.md §5 defines it (the batched path: dequantized tiles feed the backend's matrix multiply).
-inline void dequantize_row(const uint8_t * blocks, const uint8_t * comp, uint64_t r, float * y,
-                           const uint16_t * lut) {
-    const weight_layout l = read_layout(comp);
-    const bool per_unit = block_scaled(l);
-    const uint8_t * row = blocks + r * l.row_bytes;
-    const float rs = row_scale(l, r);
-    sign_window w;
+inline void dequantize_row(const uint8_t * blocks, const uint8_t * comp, uint64_t r, float * y, const uint16_t * lut) {
+    const weight_layout l        = read_layout(comp);
+    const bool          per_unit = block_scaled(l);
+    const uint8_t *     row      = blocks + r * l.row_bytes;
+    const float         rs       = row_scale(l, r);
+    sign_window         w;
     w.start(comp, row_sign_pos(comp, r));
     for (uint64_t u = 0; u < l.n_units; ++u) {
         const float scale = per_unit ? unit_scale(l, row, r, u) : rs;
-        const int nq = unit_words(l, u);
+        const int   nq    = unit_words(l, u);
         for (int q = 0; q < nq; ++q) {
             float * yq = y + u * QK_BITCOS + 32 * q;
             decode_word32(bitmap_word(l, row, u, q), w, lut, [&](int j, const uint16_t * c) {
                 for (int i = 0; i < 4; ++i) {
-                    yq[4*j + i] = half_bits_to_float(c[i]) * scale;
+                    yq[4 * j + i] = half_bits_to_float(c[i]) * scale;
                 }
             });
         }
     }
 }
-
 
 // ---------------------------------------------------------------------------------------------------------
 // The tiled path: the paper's contraction (Fig. 6 / 8). A sub-group of 16 lanes decodes a 16-weight x 16-row
@@ -304,20 +308,21 @@ inline void dequantize_row(const uint8_t * blocks, const uint8_t * comp, uint64_
 //    activations in fp16 range, as ggml-sycl's own fp16 matrix paths do. The fp32 rows_dot above is the exact
 //    alternative.
 
-constexpr int TILE_N = 16;                              // W rows per sub-group: lanes, the DPAS N
-constexpr int TILE_K = 16;                              // reduction rows per contraction (fp16 DPAS K)
-constexpr int TILE_M = MAX_COLS;                        // activation columns per contraction (DPAS M, 8)
-constexpr int TILE_DWORDS = TILE_K * TILE_N / 2;        // one VNNI2 tile: 128 dwords = 256 halves
-constexpr int WORD_TILES = QK_BITCOS_BITMAP / TILE_K;   // tiles per 32-weight bitmap word (2)
-constexpr int X_CHUNK = QK_BITCOS;                      // activations per column converted to fp16 per step
+constexpr int TILE_N      = 16;                        // W rows per sub-group: lanes, the DPAS N
+constexpr int TILE_K      = 16;                        // reduction rows per contraction (fp16 DPAS K)
+constexpr int TILE_M      = MAX_COLS;                  // activation columns per contraction (DPAS M, 8)
+constexpr int TILE_DWORDS = TILE_K * TILE_N / 2;       // one VNNI2 tile: 128 dwords = 256 halves
+constexpr int WORD_TILES  = QK_BITCOS_BITMAP / TILE_K; // tiles per 32-weight bitmap word (2)
+constexpr int X_CHUNK     = QK_BITCOS;                 // activations per column converted to fp16 per step
 
 // The half index of element [k][n] of a VNNI2-packed K x 16 tile.
-inline int vnni2_index(int k, int n) { return (k >> 1) * (2 * TILE_N) + 2 * n + (k & 1); }
+inline int vnni2_index(int k, int n) {
+    return (k >> 1) * (2 * TILE_N) + 2 * n + (k & 1);
+}
 
 // The code table as dword pairs (the same 2 KB as lut_fill's: entry e is dwords 2e, 2e + 1, codes 0 and 2 in
 // the low halves), filled by the whole work-group, which then waits. Returns lut.
-template <int D>
-inline const uint32_t * lut_fill_pairs(uint32_t * lut, const sycl::nd_item<D> & it) {
+template <int D> inline const uint32_t * lut_fill_pairs(uint32_t * lut, const sycl::nd_item<D> & it) {
     const int lid = (int) it.get_local_linear_id(), nl = (int) it.get_local_range().size();
     for (int e = lid; e < LUT_ENTRIES; e += nl) {
         lut[2 * e]     = lut_code(e, 0) | (uint32_t) lut_code(e, 1) << 16;
@@ -330,28 +335,28 @@ inline const uint32_t * lut_fill_pairs(uint32_t * lut, const sycl::nd_item<D> & 
 // Both halves of a VNNI2 dword times an fp16 scale, in fp16 (exact for the codes +-1 / 0).
 inline uint32_t scale_pair(uint32_t pair, sycl::half scale) {
     const sycl::half lo = sycl::bit_cast<sycl::half>((uint16_t) pair) * scale;
-    const sycl::half hi = sycl::bit_cast<sycl::half>((uint16_t)(pair >> 16)) * scale;
+    const sycl::half hi = sycl::bit_cast<sycl::half>((uint16_t) (pair >> 16)) * scale;
     return sycl::bit_cast<uint16_t>(lo) | (uint32_t) sycl::bit_cast<uint16_t>(hi) << 16;
 }
 
 // Lane n's column of the WORD_TILES tiles of one 32-weight bitmap word (tiles: the sub-group's, dwords),
 // codes multiplied by `scale` when per_unit.
-inline void decode_word_to_tiles(uint32_t word, sign_window & w, const uint32_t * lut, bool per_unit,
-                                 sycl::half scale, uint32_t * tiles, int n) {
+inline void decode_word_to_tiles(uint32_t word, sign_window & w, const uint32_t * lut, bool per_unit, sycl::half scale,
+                                 uint32_t * tiles, int n) {
     w.refill();
     for (int j = 0; j < 8; ++j) {
-        const int m   = (int)((word >> (4 * j)) & 15u);
+        const int m   = (int) ((word >> (4 * j)) & 15u);
         const int key = m | (w.peek4() << 4);
-        uint32_t lo = lut[2 * key], hi = lut[2 * key + 1];
+        uint32_t  lo = lut[2 * key], hi = lut[2 * key + 1];
         if (per_unit) {
             lo = scale_pair(lo, scale);
             hi = scale_pair(hi, scale);
         }
         // group j: reduction rows 4 (j % 4) .. + 3 of tile j / 4, i.e. its VNNI2 dword rows 2 (j % 4), + 1
         uint32_t * col = tiles + (j >> 2) * TILE_DWORDS + 2 * (j & 3) * TILE_N + n;
-        col[0]      = lo;
-        col[TILE_N] = hi;
-        w.consume((unsigned)sycl::popcount(m));
+        col[0]         = lo;
+        col[TILE_N]    = hi;
+        w.consume((unsigned) sycl::popcount(m));
     }
 }
 
@@ -370,7 +375,7 @@ struct sub_group_contraction {
         const int n = (int) sg.get_local_linear_id();
         for (int k = 0; k < TILE_K; ++k) {
             const uint32_t pair = tile[(k >> 1) * TILE_N + n];
-            const float b = (float) sycl::bit_cast<sycl::half>((uint16_t)(pair >> (16 * (k & 1))));
+            const float    b    = (float) sycl::bit_cast<sycl::half>((uint16_t) (pair >> (16 * (k & 1))));
             for (int m = 0; m < TILE_M; ++m) {
                 acc[m] += (float) a[m * lda + k] * b;
             }
@@ -402,11 +407,12 @@ inline bool xmx_tiles_supported(const sycl::device & dev) {
     if (!dev.has(sycl::aspect::ext_intel_matrix)) {
         return false;
     }
-    for (const mx::combination & c : dev.get_info<sycl::ext::oneapi::experimental::info::device::matrix_combinations>()) {
+    for (const mx::combination & c :
+         dev.get_info<sycl::ext::oneapi::experimental::info::device::matrix_combinations>()) {
         const bool types = c.atype == mx::matrix_type::fp16 && c.btype == mx::matrix_type::fp16 &&
                            c.ctype == mx::matrix_type::fp32 && c.dtype == mx::matrix_type::fp32;
-        const bool sizes = c.nsize == TILE_N && c.ksize == TILE_K &&
-                           (c.msize == TILE_M || (c.msize == 0 && c.max_msize >= TILE_M));
+        const bool sizes =
+            c.nsize == TILE_N && c.ksize == TILE_K && (c.msize == TILE_M || (c.msize == 0 && c.max_msize >= TILE_M));
         if (types && sizes) {
             return true;
         }
@@ -417,8 +423,9 @@ inline bool xmx_tiles_supported(const sycl::device & dev) {
 // The same contraction on the matrix unit (Xe2's XMX: joint_matrix_mad is one dpas.8x1 for fp16 8 x 16 x 16).
 // Only for devices that xmx_tiles_supported accepts: the runtime does not even build it without the aspect.
 struct xmx_contraction {
-    sycl::ext::oneapi::experimental::matrix::joint_matrix<sycl::sub_group, float,
-        sycl::ext::oneapi::experimental::matrix::use::accumulator, TILE_M, TILE_N> acc;
+    sycl::ext::oneapi::experimental::matrix::joint_matrix<
+        sycl::sub_group, float, sycl::ext::oneapi::experimental::matrix::use::accumulator, TILE_M, TILE_N>
+        acc;
 
     template <typename T> static auto local_ptr(T * p) {
         return sycl::address_space_cast<sycl::access::address_space::local_space, sycl::access::decorated::no>(p);
@@ -428,11 +435,11 @@ struct xmx_contraction {
     }
     inline void mad(const sycl::sub_group & sg, const sycl::half * a, int lda, const uint32_t * tile) {
         namespace mx = sycl::ext::oneapi::experimental::matrix;
-        mx::joint_matrix<sycl::sub_group, sycl::half, mx::use::a, TILE_M, TILE_K, mx::layout::row_major> ma;
+        mx::joint_matrix<sycl::sub_group, sycl::half, mx::use::a, TILE_M, TILE_K, mx::layout::row_major>        ma;
         mx::joint_matrix<sycl::sub_group, sycl::half, mx::use::b, TILE_K, TILE_N, mx::layout::ext_intel_packed> mb;
         mx::joint_matrix_load(sg, ma, local_ptr(a), (size_t) lda);
         // the tile's dwords as the halves the matrix unit reads (stride: 2 x 16 halves per VNNI2 row)
-        mx::joint_matrix_load(sg, mb, local_ptr(reinterpret_cast<const sycl::half *>(tile)), (size_t)(2 * TILE_N));
+        mx::joint_matrix_load(sg, mb, local_ptr(reinterpret_cast<const sycl::half *>(tile)), (size_t) (2 * TILE_N));
         mx::joint_matrix_mad(sg, acc, ma, mb, acc);
     }
     inline void store(const sycl::sub_group & sg, float * out) const {
@@ -444,10 +451,10 @@ struct xmx_contraction {
 
 // The work-group's local memory of the tiled path.
 struct tile_slm {
-    const uint32_t * lut;     // lut_fill_pairs' table (filled before the first call)
-    sycl::half     * x;       // TILE_M x X_CHUNK activations in fp16, shared by the work-group
-    uint32_t       * tiles;   // this sub-group's WORD_TILES x TILE_DWORDS tile
-    float          * out;     // this sub-group's TILE_M x TILE_N results
+    const uint32_t * lut;   // lut_fill_pairs' table (filled before the first call)
+    sycl::half *     x;     // TILE_M x X_CHUNK activations in fp16, shared by the work-group
+    uint32_t *       tiles; // this sub-group's WORD_TILES x TILE_DWORDS tile
+    float *          out;   // this sub-group's TILE_M x TILE_N results
 };
 
 // Lane n of the sub-group: out[c] = sum_k W[row0 + n][k] * x[c * x_stride + k] for c < nc (1 <= nc <= TILE_M),
@@ -455,47 +462,46 @@ struct tile_slm {
 // work-group calls it with the same x, x_stride and nc (it converts the activations together and waits at
 // work-group barriers); each sub-group its own row0, n_valid and tile / out areas.
 template <class Contraction, int D>
-inline void rows_dot_tiled(const sycl::nd_item<D> & it, const uint8_t * blocks, const uint8_t * comp,
-                           uint64_t row0, int n_valid, const float * x, uint64_t x_stride, int nc,
-                           const tile_slm & slm, float * out) {
-    const sycl::sub_group sg = it.get_sub_group();
-    const int  n     = (int) sg.get_local_linear_id();
-    const bool valid = n < n_valid;
-    const int  lid = (int) it.get_local_linear_id(), nl = (int) it.get_local_range().size();
-    const weight_layout l = read_layout(comp);
-    const bool per_unit = block_scaled(l);
-    const uint64_t r = row0 + (uint64_t) n;
-    const uint8_t * row = blocks + r * l.row_bytes;
-    sign_window w;
+inline void rows_dot_tiled(const sycl::nd_item<D> & it, const uint8_t * blocks, const uint8_t * comp, uint64_t row0,
+                           int n_valid, const float * x, uint64_t x_stride, int nc, const tile_slm & slm, float * out) {
+    const sycl::sub_group sg    = it.get_sub_group();
+    const int             n     = (int) sg.get_local_linear_id();
+    const bool            valid = n < n_valid;
+    const int             lid = (int) it.get_local_linear_id(), nl = (int) it.get_local_range().size();
+    const weight_layout   l        = read_layout(comp);
+    const bool            per_unit = block_scaled(l);
+    const uint64_t        r        = row0 + (uint64_t) n;
+    const uint8_t *       row      = blocks + r * l.row_bytes;
+    sign_window           w;
     if (valid) {
         w.start(comp, row_sign_pos(comp, r));
     }
     Contraction acc;
     acc.zero(sg);
-    for (uint64_t u = 0; u < l.n_units; ++u) {                 // chunk u: weights 128u .. 128u + 127
-        sycl::group_barrier(it.get_group());                    // the previous chunk's readers are done
+    for (uint64_t u = 0; u < l.n_units; ++u) { // chunk u: weights 128u .. 128u + 127
+        sycl::group_barrier(it.get_group());   // the previous chunk's readers are done
         const uint64_t k0 = u * X_CHUNK;
         for (int i = lid; i < TILE_M * X_CHUNK; i += nl) {
-            const int m = i / X_CHUNK;
-            const uint64_t k = k0 + (uint64_t)(i % X_CHUNK);
-            slm.x[i] = (sycl::half)(m < nc && k < l.k ? x[m * x_stride + k] : 0.0f);
+            const int      m = i / X_CHUNK;
+            const uint64_t k = k0 + (uint64_t) (i % X_CHUNK);
+            slm.x[i]         = (sycl::half)(m < nc && k < l.k ? x[m * x_stride + k] : 0.0f);
         }
         sycl::group_barrier(it.get_group());
         const sycl::half scale = per_unit && valid ? (sycl::half) unit_scale(l, row, r, u) : (sycl::half) 1.0f;
-        const int nq = unit_words(l, u);                        // uniform: every row has the same K
+        const int        nq    = unit_words(l, u); // uniform: every row has the same K
         for (int q = 0; q < nq; ++q) {
             if (valid) {
                 decode_word_to_tiles(bitmap_word(l, row, u, q), w, slm.lut, per_unit, scale, slm.tiles, n);
             } else {
                 for (int i = 0; i < WORD_TILES * TILE_DWORDS; i += TILE_N) {
-                    slm.tiles[i + n] = 0;                       // a row past the end contributes zeros
+                    slm.tiles[i + n] = 0; // a row past the end contributes zeros
                 }
             }
-            sycl::group_barrier(sg);                            // the tile is complete
+            sycl::group_barrier(sg); // the tile is complete
             for (int t = 0; t < WORD_TILES; ++t) {
                 acc.mad(sg, slm.x + 32 * q + TILE_K * t, X_CHUNK, slm.tiles + t * TILE_DWORDS);
             }
-            sycl::group_barrier(sg);                            // and read before the next word overwrites it
+            sycl::group_barrier(sg); // and read before the next word overwrites it
         }
     }
     acc.store(sg, slm.out);
@@ -518,17 +524,17 @@ struct tile_job {
     const float * x;
     int64_t       x_stride;
     int           nc;
-    float       * d;
+    float *       d;
     int64_t       d_stride;
     bool          skip;
 };
 
 // The work-group's local memory of the tiled kernel, for all its sub-groups.
 struct tile_group_slm {
-    uint32_t   * lut;      // LUT_ENTRIES * 2 dwords
-    sycl::half * x;        // TILE_M * X_CHUNK
-    uint32_t   * tiles;    // sub-groups * WORD_TILES * TILE_DWORDS
-    float      * outs;     // sub-groups * TILE_M * TILE_N
+    uint32_t *   lut;   // LUT_ENTRIES * 2 dwords
+    sycl::half * x;     // TILE_M * X_CHUNK
+    uint32_t *   tiles; // sub-groups * WORD_TILES * TILE_DWORDS
+    float *      outs;  // sub-groups * TILE_M * TILE_N
 };
 
 // The tiled kernel's body for work-group row block `row_block` (rows row_block * local size .. + local size,
@@ -539,16 +545,16 @@ inline void tiled_rows(const sycl::nd_item<D> & it, const tile_group_slm & g, co
                        int64_t rows, int64_t row_block, const tile_job & jb) {
     const uint32_t * lut = lut_fill_pairs(g.lut, it);
     if (jb.skip) {
-        return;                             // uniform: the whole work-group serves one job
+        return; // uniform: the whole work-group serves one job
     }
     const sycl::sub_group sg = it.get_sub_group();
-    const int s = (int) sg.get_group_linear_id();
-    const tile_slm slm{lut, g.x, g.tiles + s * WORD_TILES * TILE_DWORDS, g.outs + s * TILE_M * TILE_N};
-    const int64_t first = row_block * (int64_t) it.get_local_range().size() + (int64_t) s * TILE_N;
-    const int n_valid = first >= rows ? 0 : (int)(rows - first < TILE_N ? rows - first : TILE_N);
-    float out[TILE_M];
-    rows_dot_tiled<Contraction>(it, w, c, (uint64_t)(jb.w_row0 + first), n_valid, jb.x, (uint64_t) jb.x_stride,
-                                jb.nc, slm, out);
+    const int             s  = (int) sg.get_group_linear_id();
+    const tile_slm        slm{ lut, g.x, g.tiles + s * WORD_TILES * TILE_DWORDS, g.outs + s * TILE_M * TILE_N };
+    const int64_t         first   = row_block * (int64_t) it.get_local_range().size() + (int64_t) s * TILE_N;
+    const int             n_valid = first >= rows ? 0 : (int) (rows - first < TILE_N ? rows - first : TILE_N);
+    float                 out[TILE_M];
+    rows_dot_tiled<Contraction>(it, w, c, (uint64_t) (jb.w_row0 + first), n_valid, jb.x, (uint64_t) jb.x_stride, jb.nc,
+                                slm, out);
     const int64_t r = first + (int64_t) sg.get_local_linear_id();
     if (r < rows) {
         for (int j = 0; j < TILE_M; ++j) {
@@ -559,4 +565,4 @@ inline void tiled_rows(const sycl::nd_item<D> & it, const tile_group_slm & g, co
     }
 }
 
-}  // namespace bitcos_sycl
+} // namespace bitcos_sycl

@@ -4,7 +4,7 @@
 // kernel compiler on an OpenCL CPU device.
 #pragma once
 
-#include "common.hpp"   // ggml-sycl: ggml_backend_sycl_context, queue_ptr
+#include "common.hpp" // ggml-sycl: ggml_backend_sycl_context, queue_ptr
 
 // Whether ggml-sycl runs `op` for a BITCOS weight: ggml_bitcos_gpu_supports_op's shared rules (ggml-bitcos.h).
 // (The hook in ggml-sycl.cpp also refuses weights in split buffers, whose test is static there: rows spread

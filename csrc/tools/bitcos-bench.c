@@ -30,7 +30,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "gguf.h"
-#include "../bitcos-format.h"   // BITCOS_COMPANION_SUFFIX (csrc/ is copied next to tools/)
+#include "../bitcos-format.h" // BITCOS_COMPANION_SUFFIX (csrc/ is copied next to tools/)
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -39,7 +39,7 @@
 #include <string.h>
 #include <time.h>
 #if defined(__x86_64__)
-#include <x86intrin.h>
+#    include <x86intrin.h>
 #endif
 
 static double now_us(void) {
@@ -92,17 +92,17 @@ static size_t link_companion(struct ggml_context * wctx, const char * name, stru
 enum { MAX_FILES = 64 };
 typedef struct {
     int                   n;
-    int64_t               n_tensors;   // over all files
+    int64_t               n_tensors; // over all files
     struct ggml_context * ctx[MAX_FILES];
     struct gguf_context * gguf[MAX_FILES];
 } gguf_files;
 
 static int gguf_files_open(const char * fnames, gguf_files * fs) {
-    fs->n = 0;
+    fs->n         = 0;
     fs->n_tensors = 0;
-    char * list = strdup(fnames);
-    for (char * save = NULL, * f = strtok_r(list, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
-        struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &fs->ctx[fs->n] };
+    char * list   = strdup(fnames);
+    for (char *save = NULL, *f = strtok_r(list, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+        struct gguf_init_params gp = { /*.no_alloc =*/false, /*.ctx =*/&fs->ctx[fs->n] };
         if (fs->n == MAX_FILES || !(fs->gguf[fs->n] = gguf_init_from_file(f, gp))) {
             fprintf(stderr, "%s: cannot read GGUF (or more than %d files)\n", f, MAX_FILES);
             free(list);
@@ -130,8 +130,8 @@ static void print_gemv_record(int file, const char * tensor, const struct ggml_t
     printf("{\"file\": %d, \"tensor\": \"%s\", \"type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64
            ", \"ncols\": %" PRId64 ", %s, \"reps\": %d, \"bytes\": %zu, \"median_us\": %.3f,"
            " \"min_us\": %.3f, \"checksum\": %.6g}\n",
-           file, tensor, ggml_type_name(w->type), w->ne[0], w->ne[1], ncols, where, reps, bytes,
-           t[reps / 2], t[0], checksum);
+           file, tensor, ggml_type_name(w->type), w->ne[0], w->ne[1], ncols, where, reps, bytes, t[reps / 2], t[0],
+           checksum);
 }
 
 // One timed MUL_MAT per weight of a GGUF. All graphs are built first and the repetitions interleave the
@@ -141,7 +141,7 @@ static void print_gemv_record(int file, const char * tensor, const struct ggml_t
 // interleaved loop makes all weights together the working set).
 typedef struct {
     const char *          name;
-    int                   file;     // index in the FILES list
+    int                   file; // index in the FILES list
     struct ggml_tensor *  w;
     struct ggml_context * ctx;
     struct ggml_cgraph *  gf;
@@ -155,18 +155,18 @@ typedef struct {
 static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncols, int grouped) {
     // one persistent threadpool, as llama.cpp uses: no thread start-up inside the timed region
     struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
-    struct ggml_threadpool * tp = ggml_threadpool_new(&tpp);
+    struct ggml_threadpool *      tp  = ggml_threadpool_new(&tpp);
     // FILES: all timed in the same interleaved loop
-    gguf_files fs;
+    gguf_files                    fs;
     if (!gguf_files_open(fnames, &fs)) {
         return 1;
     }
     gemv_case * cs = calloc((size_t) fs.n_tensors, sizeof(gemv_case));
-    int nc = 0;
+    int         nc = 0;
     for (int fi = 0; fi < fs.n; ++fi) {
-        struct gguf_context * g = fs.gguf[fi];
+        struct gguf_context * g    = fs.gguf[fi];
         struct ggml_context * wctx = fs.ctx[fi];
-        const int64_t n = gguf_get_n_tensors(g);
+        const int64_t         n    = gguf_get_n_tensors(g);
         for (int64_t i = 0; i < n; ++i) {
             const char * name = gguf_get_tensor_name(g, i);
             if (ends_with(name, BITCOS_COMPANION_SUFFIX)) {
@@ -176,27 +176,27 @@ static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncol
             if (ggml_n_dims(w) != 2) {
                 continue;
             }
-            gemv_case * c = &cs[nc++];
-            c->name = name;
-            c->file = fi;
-            c->w = w;
-            c->bytes = link_companion(wctx, name, w);
-            const int64_t k = w->ne[0], rows = w->ne[1];
-            struct ggml_init_params ip = { /*.mem_size =*/ ggml_tensor_overhead() * 8 + ggml_graph_overhead() +
-                                           (size_t) (k + rows) * ncols * sizeof(float) + 1024 * 1024,
-                                           /*.mem_buffer =*/ NULL, /*.no_alloc =*/ false };
-            c->ctx = ggml_init(ip);
-            struct ggml_tensor * x = ggml_new_tensor_2d(c->ctx, GGML_TYPE_F32, k, ncols);
-            uint32_t s = 12345;
+            gemv_case * c             = &cs[nc++];
+            c->name                   = name;
+            c->file                   = fi;
+            c->w                      = w;
+            c->bytes                  = link_companion(wctx, name, w);
+            const int64_t           k = w->ne[0], rows = w->ne[1];
+            struct ggml_init_params ip = { /*.mem_size =*/ggml_tensor_overhead() * 8 + ggml_graph_overhead() +
+                                               (size_t) (k + rows) * ncols * sizeof(float) + 1024 * 1024,
+                                           /*.mem_buffer =*/NULL, /*.no_alloc =*/false };
+            c->ctx                     = ggml_init(ip);
+            struct ggml_tensor * x     = ggml_new_tensor_2d(c->ctx, GGML_TYPE_F32, k, ncols);
+            uint32_t             s     = 12345;
             fill_uniform((float *) x->data, k * ncols, &s);
-            c->y = ggml_mul_mat(c->ctx, w, x);
+            c->y  = ggml_mul_mat(c->ctx, w, x);
             c->gf = ggml_new_graph(c->ctx);
             ggml_build_forward_expand(c->gf, c->y);
-            c->plan = ggml_graph_plan(c->gf, n_threads, tp);
-            c->work = c->plan.work_size ? malloc(c->plan.work_size) : NULL;
+            c->plan           = ggml_graph_plan(c->gf, n_threads, tp);
+            c->work           = c->plan.work_size ? malloc(c->plan.work_size) : NULL;
             c->plan.work_data = c->work;
-            c->t = malloc(sizeof(double) * reps);
-            ggml_graph_compute(c->gf, &c->plan);  // warm-up (page faults)
+            c->t              = malloc(sizeof(double) * reps);
+            ggml_graph_compute(c->gf, &c->plan); // warm-up (page faults)
         }
     }
     if (grouped) {
@@ -218,9 +218,9 @@ static int bench_gemv(const char * fnames, int n_threads, int reps, int64_t ncol
         }
     }
     for (int i = 0; i < nc; ++i) {
-        gemv_case * c = &cs[i];
+        gemv_case *   c    = &cs[i];
         const int64_t rows = c->w->ne[1];
-        char where[32];
+        char          where[32];
         snprintf(where, sizeof(where), "\"threads\": %d", n_threads);
         print_gemv_record(c->file, c->name, c->w, ncols, where, reps, c->bytes, c->t,
                           (double) ((float *) c->y->data)[0] + ((float *) c->y->data)[rows - 1]);
@@ -241,34 +241,34 @@ static int is_ternary_type(enum ggml_type t) {
 }
 
 static int bench_decode(const char * fname, int n_threads, int reps) {
-    struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
-    struct ggml_threadpool * tp = ggml_threadpool_new(&tpp);
-    struct ggml_context * wctx = NULL;
-    struct gguf_init_params gp = { /*.no_alloc =*/ false, /*.ctx =*/ &wctx };
-    struct gguf_context * g = gguf_init_from_file(fname, gp);
+    struct ggml_threadpool_params tpp  = ggml_threadpool_params_default(n_threads);
+    struct ggml_threadpool *      tp   = ggml_threadpool_new(&tpp);
+    struct ggml_context *         wctx = NULL;
+    struct gguf_init_params       gp   = { /*.no_alloc =*/false, /*.ctx =*/&wctx };
+    struct gguf_context *         g    = gguf_init_from_file(fname, gp);
     if (!g) {
         fprintf(stderr, "%s: cannot read GGUF\n", fname);
         return 1;
     }
     const int64_t n = gguf_get_n_tensors(g);
-    for (int cls = 0; cls < 2; ++cls) {          // 0: ternary weights, 1: every other matmul weight
-        const size_t graph_size = 2 * (size_t) n + 64;   // one MUL_MAT and one input per weight at most
-        size_t mem = ggml_graph_overhead_custom(graph_size, false) + 1024 * 1024;
+    for (int cls = 0; cls < 2; ++cls) {                // 0: ternary weights, 1: every other matmul weight
+        const size_t graph_size = 2 * (size_t) n + 64; // one MUL_MAT and one input per weight at most
+        size_t       mem        = ggml_graph_overhead_custom(graph_size, false) + 1024 * 1024;
         for (int64_t i = 0; i < n; ++i) {
             const struct ggml_tensor * w = ggml_get_tensor(wctx, gguf_get_tensor_name(g, i));
             mem += 2 * ggml_tensor_overhead() + (size_t) (w->ne[0] + w->ne[1]) * sizeof(float);
         }
-        struct ggml_init_params ip = { mem, NULL, false };
-        struct ggml_context * ctx = ggml_init(ip);
-        struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, graph_size, false);
-        size_t bytes = 0;
-        int count = 0;
-        uint32_t s = 12345;
+        struct ggml_init_params ip    = { mem, NULL, false };
+        struct ggml_context *   ctx   = ggml_init(ip);
+        struct ggml_cgraph *    gf    = ggml_new_graph_custom(ctx, graph_size, false);
+        size_t                  bytes = 0;
+        int                     count = 0;
+        uint32_t                s     = 12345;
         for (int64_t i = 0; i < n; ++i) {
-            const char * name = gguf_get_tensor_name(g, i);
-            struct ggml_tensor * w = ggml_get_tensor(wctx, name);
-            if (ends_with(name, BITCOS_COMPANION_SUFFIX) || ggml_n_dims(w) != 2 || strcmp(name, "token_embd.weight") == 0 ||
-                is_ternary_type(w->type) != (cls == 0)) {
+            const char *         name = gguf_get_tensor_name(g, i);
+            struct ggml_tensor * w    = ggml_get_tensor(wctx, name);
+            if (ends_with(name, BITCOS_COMPANION_SUFFIX) || ggml_n_dims(w) != 2 ||
+                strcmp(name, "token_embd.weight") == 0 || is_ternary_type(w->type) != (cls == 0)) {
                 continue;
             }
             bytes += link_companion(wctx, name, w);
@@ -279,9 +279,9 @@ static int bench_decode(const char * fname, int n_threads, int reps) {
         }
         if (count > 0) {
             struct ggml_cplan plan = ggml_graph_plan(gf, n_threads, tp);
-            uint8_t * work = plan.work_size ? malloc(plan.work_size) : NULL;
-            plan.work_data = work;
-            ggml_graph_compute(gf, &plan);  // warm-up
+            uint8_t *         work = plan.work_size ? malloc(plan.work_size) : NULL;
+            plan.work_data         = work;
+            ggml_graph_compute(gf, &plan); // warm-up
             double * t = malloc(sizeof(double) * reps);
             for (int r = 0; r < reps; ++r) {
                 const double t0 = now_us();
@@ -306,31 +306,34 @@ static int bench_decode(const char * fname, int n_threads, int reps) {
 
 typedef struct {
     const uint64_t * p;
-    size_t n;
-    uint64_t sum;
+    size_t           n;
+    uint64_t         sum;
 } bw_job;
 
 static void * bw_worker(void * arg) {
-    bw_job * j = (bw_job *) arg;
+    bw_job * j  = (bw_job *) arg;
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (size_t i = 0; i + 4 <= j->n; i += 4) {
-        s0 += j->p[i]; s1 += j->p[i + 1]; s2 += j->p[i + 2]; s3 += j->p[i + 3];
+        s0 += j->p[i];
+        s1 += j->p[i + 1];
+        s2 += j->p[i + 2];
+        s3 += j->p[i + 3];
     }
     j->sum = s0 + s1 + s2 + s3;
     return NULL;
 }
 
 static int bench_bandwidth(size_t mib, int n_threads, int reps) {
-    const size_t n = mib * 1024 * 1024 / sizeof(uint64_t);
-    uint64_t * buf = malloc(n * sizeof(uint64_t));
+    const size_t n   = mib * 1024 * 1024 / sizeof(uint64_t);
+    uint64_t *   buf = malloc(n * sizeof(uint64_t));
     for (size_t i = 0; i < n; ++i) {
         buf[i] = i;
     }
-    double * t = malloc(sizeof(double) * reps);
+    double * t     = malloc(sizeof(double) * reps);
     uint64_t total = 0;
     for (int r = 0; r < reps; ++r) {
-        pthread_t th[64];
-        bw_job jobs[64];
+        pthread_t    th[64];
+        bw_job       jobs[64];
         const double t0 = now_us();
         for (int i = 0; i < n_threads; ++i) {
             jobs[i].p = buf + n / n_threads * i;
@@ -344,7 +347,8 @@ static int bench_bandwidth(size_t mib, int n_threads, int reps) {
         t[r] = now_us() - t0;
     }
     qsort(t, reps, sizeof(double), cmp_double);
-    printf("{\"bandwidth_mib\": %zu, \"threads\": %d, \"median_us\": %.3f, \"gb_per_s\": %.3f, \"checksum\": %" PRIu64 "}\n",
+    printf("{\"bandwidth_mib\": %zu, \"threads\": %d, \"median_us\": %.3f, \"gb_per_s\": %.3f, \"checksum\": %" PRIu64
+           "}\n",
            mib, n_threads, t[reps / 2], (double) (n * sizeof(uint64_t)) / (t[reps / 2] * 1e3), total);
     free(t);
     free(buf);
@@ -355,7 +359,7 @@ static uint64_t cycles_now(void) {
 #if defined(__x86_64__)
     return __rdtsc();
 #else
-    return (uint64_t) (now_us() * 1e3);  // no TSC: nanoseconds stand in for cycles
+    return (uint64_t) (now_us() * 1e3); // no TSC: nanoseconds stand in for cycles
 #endif
 }
 
@@ -373,25 +377,25 @@ static int bench_gamma(const char * type_name, int64_t k, int64_t rows, int iter
         return 1;
     }
     ggml_cpu_init();
-    float * wf = malloc(sizeof(float) * k * rows);
-    float * xf = malloc(sizeof(float) * k);
-    uint32_t s = 777;
+    float *  wf = malloc(sizeof(float) * k * rows);
+    float *  xf = malloc(sizeof(float) * k);
+    uint32_t s  = 777;
     for (int64_t i = 0; i < k * rows; ++i) {
         const uint32_t r = (lcg_next(&s) >> 8) % 100;
-        wf[i] = r < 40 ? 0.0f : (r < 70 ? 0.5f : -0.5f);  // ternary, z = 0.4
+        wf[i]            = r < 40 ? 0.0f : (r < 70 ? 0.5f : -0.5f); // ternary, z = 0.4
     }
     fill_uniform(xf, k, &s);
     const size_t wrow = ggml_row_size(type, k);
-    uint8_t * w = malloc(wrow * rows);
+    uint8_t *    w    = malloc(wrow * rows);
     ggml_quantize_chunk(type, wf, w, 0, rows, k, NULL);
     const enum ggml_type vt = tr->vec_dot_type;
-    uint8_t * x = malloc(ggml_row_size(vt, k));
+    uint8_t *            x  = malloc(ggml_row_size(vt, k));
     if (vt == GGML_TYPE_F32) {
         memcpy(x, xf, sizeof(float) * k);
     } else {
         ggml_get_type_traits_cpu(vt)->from_float(xf, x, k);
     }
-    float acc = 0.0f, out;
+    float    acc  = 0.0f, out;
     uint64_t best = UINT64_MAX;
     for (int it = 0; it < iters; ++it) {
         const uint64_t c0 = cycles_now();
@@ -400,17 +404,20 @@ static int bench_gamma(const char * type_name, int64_t k, int64_t rows, int iter
             acc += out;
         }
         const uint64_t c = cycles_now() - c0;
-        best = c < best ? c : best;
+        best             = c < best ? c : best;
     }
     printf("{\"gamma_type\": \"%s\", \"k\": %" PRId64 ", \"rows\": %" PRId64 ", \"bytes\": %zu,"
            " \"cycles_per_32\": %.4f, \"checksum\": %g}\n",
            type_name, k, rows, wrow * rows, (double) best / ((double) k * rows / 32.0), (double) acc);
-    free(wf); free(xf); free(w); free(x);
+    free(wf);
+    free(xf);
+    free(w);
+    free(x);
     return 0;
 }
 
 // ------------------------------------------------------------------------------------------- device runs
-#define DEVICE_INNER 16   // MUL_MATs per timed graph (same weight, independent outputs)
+#define DEVICE_INNER 16 // MUL_MATs per timed graph (same weight, independent outputs)
 
 static ggml_backend_t device_init(const char * name) {
     ggml_backend_load_all();
@@ -427,15 +434,15 @@ static ggml_backend_t device_init(const char * name) {
 }
 
 typedef struct {
-    const char *          name;
-    int                   file;
-    const struct ggml_tensor * src;   // the weight as read from the file (host data)
-    struct ggml_context * ctx;
-    struct ggml_cgraph *  gf;
-    ggml_backend_buffer_t buf;
-    size_t                bytes;
-    double *              t;
-    float                 checksum;
+    const char *               name;
+    int                        file;
+    const struct ggml_tensor * src; // the weight as read from the file (host data)
+    struct ggml_context *      ctx;
+    struct ggml_cgraph *       gf;
+    ggml_backend_buffer_t      buf;
+    size_t                     bytes;
+    double *                   t;
+    float                      checksum;
 } device_case;
 
 static int bench_gemv_device(const char * fnames, const char * device, int reps, int64_t ncols) {
@@ -448,29 +455,30 @@ static int bench_gemv_device(const char * fnames, const char * device, int reps,
         return 1;
     }
     device_case * cs = calloc((size_t) fs.n_tensors, sizeof(device_case));
-    int nc = 0;
+    int           nc = 0;
     for (int fi = 0; fi < fs.n; ++fi) {
         for (int64_t i = 0; i < gguf_get_n_tensors(fs.gguf[fi]); ++i) {
-            const char * name = gguf_get_tensor_name(fs.gguf[fi], i);
-            const struct ggml_tensor * src = ggml_get_tensor(fs.ctx[fi], name);
+            const char *               name = gguf_get_tensor_name(fs.gguf[fi], i);
+            const struct ggml_tensor * src  = ggml_get_tensor(fs.ctx[fi], name);
             if (ends_with(name, BITCOS_COMPANION_SUFFIX) || ggml_n_dims(src) != 2) {
                 continue;
             }
-            device_case * c = &cs[nc++];
-            c->name = name;
-            c->file = fi;
-            c->src = src;
-            struct ggml_init_params ip = { ggml_tensor_overhead() * (4 + 2 * DEVICE_INNER) + ggml_graph_overhead(), NULL, true };
-            c->ctx = ggml_init(ip);
-            struct ggml_tensor * w = ggml_dup_tensor(c->ctx, src);
+            device_case * c            = &cs[nc++];
+            c->name                    = name;
+            c->file                    = fi;
+            c->src                     = src;
+            struct ggml_init_params ip = { ggml_tensor_overhead() * (4 + 2 * DEVICE_INNER) + ggml_graph_overhead(),
+                                           NULL, true };
+            c->ctx                     = ggml_init(ip);
+            struct ggml_tensor * w     = ggml_dup_tensor(c->ctx, src);
             ggml_set_name(w, name);
             const struct ggml_tensor * csrc = find_companion(fs.ctx[fi], name);
-            struct ggml_tensor * comp = csrc ? ggml_dup_tensor(c->ctx, csrc) : NULL;
+            struct ggml_tensor *       comp = csrc ? ggml_dup_tensor(c->ctx, csrc) : NULL;
             if (comp) {
-                w->src[0] = comp;   // the link the patched loader makes
+                w->src[0] = comp; // the link the patched loader makes
             }
             struct ggml_tensor * x = ggml_new_tensor_2d(c->ctx, GGML_TYPE_F32, src->ne[0], ncols);
-            c->gf = ggml_new_graph(c->ctx);
+            c->gf                  = ggml_new_graph(c->ctx);
             for (int j = 0; j < DEVICE_INNER; ++j) {
                 ggml_build_forward_expand(c->gf, ggml_mul_mat(c->ctx, w, x));
             }
@@ -483,28 +491,28 @@ static int bench_gemv_device(const char * fnames, const char * device, int reps,
             if (comp) {
                 ggml_backend_tensor_set(comp, csrc->data, 0, ggml_nbytes(csrc));
             }
-            const size_t nx = (size_t)(src->ne[0] * ncols);
-            float * xs = malloc(nx * sizeof(float));
-            uint32_t s = 12345;
+            const size_t nx = (size_t) (src->ne[0] * ncols);
+            float *      xs = malloc(nx * sizeof(float));
+            uint32_t     s  = 12345;
             fill_uniform(xs, (int64_t) nx, &s);
             ggml_backend_tensor_set(x, xs, 0, nx * sizeof(float));
             free(xs);
             c->bytes = ggml_nbytes(src) + (csrc ? ggml_nbytes(csrc) : 0);
-            c->t = malloc(sizeof(double) * reps);
-            ggml_backend_graph_compute(backend, c->gf);   // warm-up: pipelines compiled, data resident
+            c->t     = malloc(sizeof(double) * reps);
+            ggml_backend_graph_compute(backend, c->gf); // warm-up: pipelines compiled, data resident
         }
     }
     for (int r = 0; r < reps; ++r) {
         for (int i = 0; i < nc; ++i) {
             const double t0 = now_us();
-            ggml_backend_graph_compute(backend, cs[i].gf);   // synchronous
+            ggml_backend_graph_compute(backend, cs[i].gf); // synchronous
             cs[i].t[r] = (now_us() - t0) / DEVICE_INNER;
         }
     }
     for (int i = 0; i < nc; ++i) {
-        device_case * c = &cs[i];
+        device_case *        c = &cs[i];
         struct ggml_tensor * y = ggml_graph_node(c->gf, 0);
-        float y0;
+        float                y0;
         ggml_backend_tensor_get(y, &y0, 0, sizeof(float));
         char where[GGML_MAX_NAME + 16];
         snprintf(where, sizeof(where), "\"device\": \"%s\"", device);
@@ -525,12 +533,12 @@ static int bench_copy_device(size_t mib, const char * device, int reps) {
     if (backend == NULL) {
         return 1;
     }
-    const int64_t n = (int64_t)(mib * 1024 * 1024 / sizeof(float));
-    struct ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), NULL, true };
-    struct ggml_context * ctx = ggml_init(ip);
-    struct ggml_tensor * a = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
-    struct ggml_tensor * b = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
-    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    const int64_t           n   = (int64_t) (mib * 1024 * 1024 / sizeof(float));
+    struct ggml_init_params ip  = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), NULL, true };
+    struct ggml_context *   ctx = ggml_init(ip);
+    struct ggml_tensor *    a   = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+    struct ggml_tensor *    b   = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+    struct ggml_cgraph *    gf  = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, ggml_cpy(ctx, a, b));
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
     if (buf == NULL) {
@@ -575,12 +583,13 @@ int main(int argc, char ** argv) {
     if (argc >= 5 && strcmp(argv[1], "bandwidth") == 0) {
         return bench_bandwidth((size_t) atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
     }
-    fprintf(stderr, "usage: %s gemv FILE.gguf[,FILE.gguf...] THREADS REPS [NCOLS [grouped]]\n"
-                    "       %s decode FILE.gguf THREADS REPS\n"
-                    "       %s bandwidth MIB THREADS REPS\n"
-                    "       %s gamma TYPE K ROWS ITERS\n"
-                    "       %s gemv-device FILE.gguf[,FILE.gguf...] DEVICE REPS [NCOLS]\n"
-                    "       %s copy-device MIB DEVICE REPS\n",
+    fprintf(stderr,
+            "usage: %s gemv FILE.gguf[,FILE.gguf...] THREADS REPS [NCOLS [grouped]]\n"
+            "       %s decode FILE.gguf THREADS REPS\n"
+            "       %s bandwidth MIB THREADS REPS\n"
+            "       %s gamma TYPE K ROWS ITERS\n"
+            "       %s gemv-device FILE.gguf[,FILE.gguf...] DEVICE REPS [NCOLS]\n"
+            "       %s copy-device MIB DEVICE REPS\n",
             argv[0], argv[0], argv[0], argv[0], argv[0], argv[0]);
     return 2;
 }

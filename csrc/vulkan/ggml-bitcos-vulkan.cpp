@@ -18,10 +18,13 @@
 namespace {
 
 // shader_reduction_mode order: shared memory, hybrid (subgroup + shared memory), subgroup only
-#define BITCOS_VK_SHADERS(PREFIX)                                                                            \
-    {{#PREFIX, PREFIX##_len, PREFIX##_data},                                                                 \
-     {#PREFIX "_subgroup", PREFIX##_subgroup_len, PREFIX##_subgroup_data},                                   \
-     {#PREFIX "_subgroup_no_shmem", PREFIX##_subgroup_no_shmem_len, PREFIX##_subgroup_no_shmem_data}}
+#define BITCOS_VK_SHADERS(PREFIX)                                                                         \
+    {                                                                                                     \
+        { #PREFIX, PREFIX##_len, PREFIX##_data },                                                         \
+            { #PREFIX "_subgroup", PREFIX##_subgroup_len, PREFIX##_subgroup_data }, {                     \
+            #PREFIX "_subgroup_no_shmem", PREFIX##_subgroup_no_shmem_len, PREFIX##_subgroup_no_shmem_data \
+        }                                                                                                 \
+    }
 
 // The shader sets, one per BITCOS type: v1 G128, v1 PT, v2 BITCOS (whose shaders read the variant, MATRIX / ROW
 // / B128 / B256, from the companion header: one ggml type, so one pipeline, for all four).
@@ -32,25 +35,26 @@ size_t type_index(ggml_type type) {
     return type == GGML_TYPE_BITCOS_G128 ? 0 : type == GGML_TYPE_BITCOS_PT ? 1 : 2;
 }
 
-const ggml_vk_bitcos_shader mat_vec_shaders[N_TYPES][2][SHADER_REDUCTION_MODE_COUNT] = {  // [type][id][reduc]
-    {BITCOS_VK_SHADERS(mul_mat_vec_bitcos_g128_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_f32_f32)},
-    {BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_f32_f32),   BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_f32_f32)},
-    {BITCOS_VK_SHADERS(mul_mat_vec_bitcos_f32_f32),      BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_f32_f32)},
+const ggml_vk_bitcos_shader mat_vec_shaders[N_TYPES][2][SHADER_REDUCTION_MODE_COUNT] = {
+    // [type][id][reduc]
+    { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_g128_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_f32_f32) },
+    { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_f32_f32) },
+    { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_f32_f32) },
 };
 
 #undef BITCOS_VK_SHADERS
 
 const ggml_vk_bitcos_shader mul_mm_shaders[N_TYPES] = {
-    {"mul_mm_bitcos_g128", mul_mm_bitcos_g128_len, mul_mm_bitcos_g128_data},
-    {"mul_mm_bitcos_pt",   mul_mm_bitcos_pt_len,   mul_mm_bitcos_pt_data},
-    {"mul_mm_bitcos",      mul_mm_bitcos_len,      mul_mm_bitcos_data},
+    { "mul_mm_bitcos_g128", mul_mm_bitcos_g128_len, mul_mm_bitcos_g128_data },
+    { "mul_mm_bitcos_pt", mul_mm_bitcos_pt_len, mul_mm_bitcos_pt_data },
+    { "mul_mm_bitcos", mul_mm_bitcos_len, mul_mm_bitcos_data },
 };
 
-constexpr uint32_t MUL_MM_TILE = 32;   // rows and columns per workgroup (mul_mm_bitcos.comp's TM, TN)
+constexpr uint32_t MUL_MM_TILE = 32; // rows and columns per workgroup (mul_mm_bitcos.comp's TM, TN)
 
 // The mul_mm pipelines live here rather than in vk_device_struct (whose layout is upstream's), one per type and
 // device, created by ggml_vk_load_shaders through ggml_vk_bitcos_mul_mm_pipeline().
-std::mutex mul_mm_mutex;
+std::mutex                                                           mul_mm_mutex;
 std::map<const vk_device_struct *, std::array<vk_pipeline, N_TYPES>> mul_mm_pipelines;
 
 // The first fused op's operand (bias of ADD / ADD_ID, scale of MUL) and the second's, as ggml-vulkan's
@@ -60,26 +64,28 @@ struct fused_operands {
     uint32_t     flags = 0;
 };
 
-fused_operands mul_mat_fused(ggml_backend_vk_context * ctx, const ggml_cgraph * cgraph, int node_idx, const vk_subbuffer & d_D) {
-    fused_operands f{d_D, d_D};
-    for (int k = 1; k <= ctx->num_additional_fused_ops; ++k) {       // MUL_MAT + ADD (+ ADD): biases
+fused_operands mul_mat_fused(ggml_backend_vk_context * ctx, const ggml_cgraph * cgraph, int node_idx,
+                             const vk_subbuffer & d_D) {
+    fused_operands f{ d_D, d_D };
+    for (int k = 1; k <= ctx->num_additional_fused_ops; ++k) { // MUL_MAT + ADD (+ ADD): biases
         const ggml_tensor * add  = cgraph->nodes[node_idx + k];
         const ggml_tensor * prev = cgraph->nodes[node_idx + k - 1];
         const ggml_tensor * bias = add->src[0] == prev ? add->src[1] : add->src[0];
-        (k == 1 ? f.f0 : f.f1) = ggml_vk_tensor_subbuffer(ctx, bias);
+        (k == 1 ? f.f0 : f.f1)   = ggml_vk_tensor_subbuffer(ctx, bias);
         f.flags |= k == 1 ? MAT_VEC_FUSION_FLAGS_BIAS0 : MAT_VEC_FUSION_FLAGS_BIAS1;
     }
     return f;
 }
 
-fused_operands mul_mat_id_fused(ggml_backend_vk_context * ctx, const ggml_cgraph * cgraph, int node_idx, const vk_subbuffer & d_D) {
-    fused_operands f{d_D, d_D};
-    if (ctx->num_additional_fused_ops > 0) {                           // ADD_ID (bias) or MUL (scale)
+fused_operands mul_mat_id_fused(ggml_backend_vk_context * ctx, const ggml_cgraph * cgraph, int node_idx,
+                                const vk_subbuffer & d_D) {
+    fused_operands f{ d_D, d_D };
+    if (ctx->num_additional_fused_ops > 0) { // ADD_ID (bias) or MUL (scale)
         const ggml_tensor * op = cgraph->nodes[node_idx + 1];
-        f.f0 = ggml_vk_tensor_subbuffer(ctx, op->src[1]);
+        f.f0                   = ggml_vk_tensor_subbuffer(ctx, op->src[1]);
         f.flags |= op->op == GGML_OP_MUL ? MAT_VEC_FUSION_FLAGS_SCALE0 : MAT_VEC_FUSION_FLAGS_BIAS0;
     }
-    if (ctx->num_additional_fused_ops > 1) {                           // then MUL (scale)
+    if (ctx->num_additional_fused_ops > 1) { // then MUL (scale)
         f.f1 = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + 2]->src[1]);
         f.flags |= MAT_VEC_FUSION_FLAGS_SCALE1;
     }
@@ -91,7 +97,7 @@ bool fits_shader(const vk_device & device, const ggml_tensor * t) {
     return ggml_nbytes(t) <= device->properties.limits.maxStorageBufferRange && ggml_nbytes(t) < UINT32_MAX;
 }
 
-}  // namespace
+} // namespace
 
 ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc) {
     GGML_ASSERT(reduc < SHADER_REDUCTION_MODE_COUNT);
@@ -103,33 +109,34 @@ ggml_vk_bitcos_shader ggml_vk_bitcos_mul_mm_shader(ggml_type type) {
 }
 
 vk_pipeline & ggml_vk_bitcos_mul_mm_pipeline(const vk_device & device, ggml_type type) {
-    const size_t t = type_index(type);
+    const size_t                t = type_index(type);
     std::lock_guard<std::mutex> lock(mul_mm_mutex);
-    return mul_mm_pipelines[device.get()][t];  // map nodes stay put
+    return mul_mm_pipelines[device.get()][t]; // map nodes stay put
 }
 
 bool ggml_vk_bitcos_supports_op(const vk_device & device, const ggml_tensor * op) {
-    if (!ggml_bitcos_gpu_supports_op(op)) {       // the rules every GPU backend shares (ggml-bitcos.h)
+    if (!ggml_bitcos_gpu_supports_op(op)) { // the rules every GPU backend shares (ggml-bitcos.h)
         return false;
     }
     if (op->op != GGML_OP_MUL_MAT && op->op != GGML_OP_MUL_MAT_ID) {
-        return true;                               // storage ops
+        return true; // storage ops
     }
     // this backend's limits: 32-bit element indices and buffer ranges in the shaders, workgroup counts
     const ggml_tensor * src0 = op->src[0];
     const ggml_tensor * src1 = op->src[1];
     const ggml_tensor * base = src0->view_src ? src0->view_src : src0;
-    if (ggml_nelements(base) >= UINT32_MAX || !fits_shader(device, base) || !fits_shader(device, ggml_bitcos_companion(src0))) {
+    if (ggml_nelements(base) >= UINT32_MAX || !fits_shader(device, base) ||
+        !fits_shader(device, ggml_bitcos_companion(src0))) {
         return false;
     }
     if (src0->view_src != nullptr && src1->ne[2] * src1->ne[3] != 1) {
-        return false;                              // a view runs as one batch
+        return false; // a view runs as one batch
     }
     if (op->op == GGML_OP_MUL_MAT) {
         // mat-vec: one column of every batch, or up to 8 columns of a single batch; mul_mm: a single batch
         const bool batched = src1->ne[2] * src1->ne[3] > 1;
         return (src1->ne[1] == 1 || !batched) &&
-               (uint64_t)(src1->ne[2] * src1->ne[3]) <= device->properties.limits.maxComputeWorkGroupCount[1] &&
+               (uint64_t) (src1->ne[2] * src1->ne[3]) <= device->properties.limits.maxComputeWorkGroupCount[1] &&
                (uint64_t) CEIL_DIV(src1->ne[1], MUL_MM_TILE) <= device->properties.limits.maxComputeWorkGroupCount[1] &&
                (uint64_t) CEIL_DIV(src0->ne[1], MUL_MM_TILE) <= device->properties.limits.maxComputeWorkGroupCount[0];
     }
@@ -154,17 +161,17 @@ void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, 
 
     const uint32_t k = (uint32_t) src0->ne[0], rows = (uint32_t) src0->ne[1];
     const uint32_t ne11 = (uint32_t) src1->ne[1], ne12 = (uint32_t) src1->ne[2], ne13 = (uint32_t) src1->ne[3];
-    const uint32_t col_stride = (uint32_t)(src1->nb[1] / sizeof(float));
+    const uint32_t col_stride = (uint32_t) (src1->nb[1] / sizeof(float));
 
     // the shaders address the weight by global rows (the companion's row index is global): bind the base
     // weight, and for a view start at its first row (row_map: consecutive whole rows, see supports_op)
     int64_t view_row0 = 0, step[3];
     GGML_ASSERT(ggml_bitcos_row_map(src0, &view_row0, step));
-    const vk_subbuffer d_X = ggml_vk_tensor_subbuffer(ctx, src0->view_src ? src0->view_src : src0);
-    const vk_subbuffer d_Y = ggml_vk_tensor_subbuffer(ctx, src1);
-    const vk_subbuffer d_C = ggml_vk_tensor_subbuffer(ctx, ggml_bitcos_companion(src0));
-    const vk_subbuffer d_D = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + ctx->num_additional_fused_ops]);
-    const fused_operands f = mul_mat_fused(ctx, cgraph, node_idx, d_D);
+    const vk_subbuffer   d_X = ggml_vk_tensor_subbuffer(ctx, src0->view_src ? src0->view_src : src0);
+    const vk_subbuffer   d_Y = ggml_vk_tensor_subbuffer(ctx, src1);
+    const vk_subbuffer   d_C = ggml_vk_tensor_subbuffer(ctx, ggml_bitcos_companion(src0));
+    const vk_subbuffer   d_D = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + ctx->num_additional_fused_ops]);
+    const fused_operands f   = mul_mat_fused(ctx, cgraph, node_idx, d_D);
 
     if (ne11 == 1 || (ne11 <= mul_mat_vec_max_cols && view_row0 == 0)) {
         // mat-vec. Three layouts of its push constants:
@@ -172,27 +179,28 @@ void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, 
         //  - one column of a view: batch index 1 (base_work_group_y) whose "matrix" starts at the view's
         //    first row (batch_stride_a = row0 * k), zero batch strides for B and D;
         //  - up to mul_mat_vec_max_cols columns of a single batch: batch strides step columns, matrix 0.
-        vk_mat_vec_push_constants pc = { k, col_stride, col_stride, rows, 0, 0, 0, f.flags, 0, 1, 1, 1, 1 };
-        uint32_t groups_y = 1;
+        vk_mat_vec_push_constants pc       = { k, col_stride, col_stride, rows, 0, 0, 0, f.flags, 0, 1, 1, 1, 1 };
+        uint32_t                  groups_y = 1;
         if (view_row0 > 0) {
             pc.batch_stride_a    = (uint32_t) view_row0 * k;
             pc.base_work_group_y = 1;
         } else if (ne11 == 1) {
             pc.batch_stride_a = k * rows;
-            pc.batch_stride_b = (uint32_t)(src1->nb[2] / sizeof(float));
-            pc.batch_stride_d = (uint32_t)(dst->nb[2] / sizeof(float));
-            pc.ne02 = (uint32_t) src0->ne[2];
-            pc.ne12 = ne12;
-            pc.broadcast2 = ne12 / (uint32_t) src0->ne[2];
-            pc.broadcast3 = ne13 / (uint32_t) src0->ne[3];
-            groups_y = ne12 * ne13;
+            pc.batch_stride_b = (uint32_t) (src1->nb[2] / sizeof(float));
+            pc.batch_stride_d = (uint32_t) (dst->nb[2] / sizeof(float));
+            pc.ne02           = (uint32_t) src0->ne[2];
+            pc.ne12           = ne12;
+            pc.broadcast2     = ne12 / (uint32_t) src0->ne[2];
+            pc.broadcast3     = ne13 / (uint32_t) src0->ne[3];
+            groups_y          = ne12 * ne13;
         } else {
             pc.batch_stride_b = col_stride;
-            pc.batch_stride_d = (uint32_t)(dst->nb[1] / sizeof(float));
+            pc.batch_stride_d = (uint32_t) (dst->nb[1] / sizeof(float));
         }
         vk_pipeline dmmv = pipeline(ne11);
         ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
-        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc, row_grid(ctx, rows, groups_y));
+        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc,
+                                  row_grid(ctx, rows, groups_y));
         return;
     }
     // a prompt batch (or several columns of a view): the tiled matrix multiply decodes each 32-row tile once
@@ -200,7 +208,7 @@ void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, 
     vk_pipeline & mm = ggml_vk_bitcos_mul_mm_pipeline(ctx->device, src0->type);
     ggml_pipeline_request_descriptor_sets(ctx, mm, 1);
     const ggml_vk_bitcos_mul_mm_push_constants pc = {
-        k, rows, ne11, col_stride, (uint32_t)(dst->nb[1] / sizeof(float)), (uint32_t) view_row0, 0, 0,
+        k, rows, ne11, col_stride, (uint32_t) (dst->nb[1] / sizeof(float)), (uint32_t) view_row0, 0, 0,
     };
     ggml_vk_dispatch_pipeline(ctx, subctx, mm, { d_X, d_Y, d_D, d_C }, pc,
                               { CEIL_DIV(rows, MUL_MM_TILE), CEIL_DIV(ne11, MUL_MM_TILE), 1 });
@@ -216,22 +224,31 @@ void ggml_vk_bitcos_mul_mat_id(ggml_backend_vk_context * ctx, vk_context & subct
     const uint32_t k = (uint32_t) src0->ne[0], rows = (uint32_t) src0->ne[1];
     const uint32_t n_used = (uint32_t) ids->ne[0], n_tokens = (uint32_t) ids->ne[1];
 
-    const vk_subbuffer d_X   = ggml_vk_tensor_subbuffer(ctx, src0);
-    const vk_subbuffer d_Y   = ggml_vk_tensor_subbuffer(ctx, src1);
-    const vk_subbuffer d_ids = ggml_vk_tensor_subbuffer(ctx, ids);
-    const vk_subbuffer d_C   = ggml_vk_tensor_subbuffer(ctx, ggml_bitcos_companion(src0));
-    const vk_subbuffer d_D   = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + ctx->num_additional_fused_ops]);
-    const fused_operands f = mul_mat_id_fused(ctx, cgraph, node_idx, d_D);
+    const vk_subbuffer   d_X   = ggml_vk_tensor_subbuffer(ctx, src0);
+    const vk_subbuffer   d_Y   = ggml_vk_tensor_subbuffer(ctx, src1);
+    const vk_subbuffer   d_ids = ggml_vk_tensor_subbuffer(ctx, ids);
+    const vk_subbuffer   d_C   = ggml_vk_tensor_subbuffer(ctx, ggml_bitcos_companion(src0));
+    const vk_subbuffer   d_D   = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + ctx->num_additional_fused_ops]);
+    const fused_operands f     = mul_mat_id_fused(ctx, cgraph, node_idx, d_D);
 
     vk_pipeline dmmv = pipeline(0);
     ggml_pipeline_request_descriptor_sets(ctx, dmmv, n_tokens);
     for (uint32_t t = 0; t < n_tokens; ++t) {
         const vk_mat_vec_id_push_constants pc = {
-            k, (uint32_t)(src1->nb[1] / sizeof(float)), (uint32_t)(src1->nb[1] / sizeof(float)), rows,
-            k * rows, (uint32_t)(src1->nb[2] / sizeof(float)), (uint32_t)(dst->nb[2] / sizeof(float)),
+            k,
+            (uint32_t) (src1->nb[1] / sizeof(float)),
+            (uint32_t) (src1->nb[1] / sizeof(float)),
+            rows,
+            k * rows,
+            (uint32_t) (src1->nb[2] / sizeof(float)),
+            (uint32_t) (dst->nb[2] / sizeof(float)),
             f.flags,
-            n_used, (uint32_t) src1->ne[1], t, (uint32_t)(ids->nb[1] / sizeof(int32_t)),
+            n_used,
+            (uint32_t) src1->ne[1],
+            t,
+            (uint32_t) (ids->nb[1] / sizeof(int32_t)),
         };
-        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_ids, d_C }, pc, row_grid(ctx, rows, n_used));
+        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_ids, d_C }, pc,
+                                  row_grid(ctx, rows, n_used));
     }
 }

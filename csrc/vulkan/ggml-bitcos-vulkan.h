@@ -12,7 +12,7 @@
 
 // The BITCOS types this backend has pipelines for (ggml_vk_load_shaders creates them for each): version 1's two
 // and version 2's one, whose shaders read the variant from the weight's companion.
-static constexpr ggml_type ggml_vk_bitcos_types[] = {GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_BITCOS};
+static constexpr ggml_type ggml_vk_bitcos_types[] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_BITCOS };
 
 // SPIR-V of the mat-vec shader for a BITCOS type (id: the MUL_MAT_ID form) in reduction mode `reduc`
 // (shader_reduction_mode: shared memory, hybrid, subgroup).
@@ -25,9 +25,9 @@ ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uin
 
 // The tiled matrix multiply for prompt batches (MUL_MAT with more than mul_mat_vec_max_cols columns): its
 // SPIR-V, its pipeline slot per device and type (created by ggml_vk_load_shaders), bindings and constants.
-ggml_vk_bitcos_shader ggml_vk_bitcos_mul_mm_shader(ggml_type type);
-vk_pipeline & ggml_vk_bitcos_mul_mm_pipeline(const vk_device & device, ggml_type type);
-static constexpr uint32_t ggml_vk_bitcos_mul_mm_bindings = 4;   // blocks, B, D, companion
+ggml_vk_bitcos_shader     ggml_vk_bitcos_mul_mm_shader(ggml_type type);
+vk_pipeline &             ggml_vk_bitcos_mul_mm_pipeline(const vk_device & device, ggml_type type);
+static constexpr uint32_t ggml_vk_bitcos_mul_mm_bindings = 4; // blocks, B, D, companion
 struct ggml_vk_bitcos_mul_mm_push_constants {
     uint32_t k, rows, cols, stride_b, stride_d, row0, pad0, pad1;
 };

@@ -38,8 +38,12 @@ OPTIONAL_BENCH_MODULES = ("kernels",)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds `bench` with its gemv, roofline, bandwidth, e2e, batched, gpu and kernels subcommands (CLI registration, see cli.py)."""
-    p = subparsers.add_parser("bench", help="benchmarks: gemv, roofline, bandwidth, e2e, batched, gpu, kernels",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmarks: gemv, roofline, bandwidth, e2e, batched, gpu, kernels",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="bench_cmd", required=True)
     for name in BENCH_MODULES:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)

@@ -42,11 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from ggml_bitcos.bench.common import (bench_workdir, machine_line, pyplot, run_tool, save_figure, tsc_ghz,
-                                      write_json)
+from ggml_bitcos.bench.common import bench_workdir, machine_line, pyplot, run_tool, save_figure, tsc_ghz, write_json
 from ggml_bitcos.bench.gemv import REF_ZERO_DENSITY, write_gemv_gguf
 
-TRAFFIC_MODES = {"read": 0, "write": 1, "copy": 2}   # csrc/bitcos-traffic.c BITCOS_TRAFFIC_*
+TRAFFIC_MODES = {"read": 0, "write": 1, "copy": 2}  # csrc/bitcos-traffic.c BITCOS_TRAFFIC_*
+
+
 def compute_cpu() -> int:
     """The CPU the compute thread is pinned to: the first this process may run on (CPU 0 on a plain machine;
     a container's cpuset may start elsewhere). The generators take the others, in order."""
@@ -55,8 +56,10 @@ def compute_cpu() -> int:
 
 def generator_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0) - {compute_cpu()})
-GENERATOR_BUFFER_MIB = 512          # per generator: well above any last-level cache here
-GENERATOR_SLICE_S = 0.2             # how often a generator checks for the stop signal
+
+
+GENERATOR_BUFFER_MIB = 512  # per generator: well above any last-level cache here
+GENERATOR_SLICE_S = 0.2  # how often a generator checks for the stop signal
 BITCOS_TYPES = ("bitcos_pt", "bitcos_g128")
 REFS = ("tq2_0", "tq1_0")
 
@@ -94,8 +97,9 @@ def parse_level(text: str, other_cpus: int) -> Level:
     if text not in TRAFFIC_MODES:
         raise argparse.ArgumentTypeError(f"unknown traffic mode {text!r} (none, {', '.join(TRAFFIC_MODES)})")
     if count < 1 or count > other_cpus:
-        raise argparse.ArgumentTypeError(f"{count} generators need {count} CPUs besides CPU {compute_cpu()}; "
-                                         f"this machine has {other_cpus}")
+        raise argparse.ArgumentTypeError(
+            f"{count} generators need {count} CPUs besides CPU {compute_cpu()}; this machine has {other_cpus}"
+        )
     return Level(text, rate, count)
 
 
@@ -108,10 +112,17 @@ def _traffic_lib() -> ctypes.CDLL:
     if not hasattr(lib, "bitcos_h_traffic"):
         raise harness.KernelLibraryNotFound(
             f"{harness.library_path(True)} predates the traffic generator; rebuild it (`pip install .` or "
-            "`cmake --build build/kernels`)")
-    lib.bitcos_h_traffic.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_double,
-                                     ctypes.c_double, ctypes.POINTER(ctypes.c_uint64),
-                                     ctypes.POINTER(ctypes.c_uint64)]
+            "`cmake --build build/kernels`)"
+        )
+    lib.bitcos_h_traffic.argtypes = [
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_double,
+        ctypes.c_double,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+    ]
     lib.bitcos_h_traffic.restype = ctypes.c_double
     return lib
 
@@ -121,7 +132,7 @@ def generator_main(mode: str, rate: float, cpu: int, mib: int) -> int:
     then prints one JSON line with the bytes it touched per second."""
     os.sched_setaffinity(0, {cpu})
     lib = _traffic_lib()
-    buf = np.ones(mib << 20, dtype=np.uint8)       # touched once here, so no page faults while measured
+    buf = np.ones(mib << 20, dtype=np.uint8)  # touched once here, so no page faults while measured
     stop = False
 
     def on_term(_sig: int, _frame: Any) -> None:
@@ -133,14 +144,30 @@ def generator_main(mode: str, rate: float, cpu: int, mib: int) -> int:
     moved, checksum = ctypes.c_uint64(0), ctypes.c_uint64(0)
     total, elapsed = 0, 0.0
     while not stop:
-        t = lib.bitcos_h_traffic(TRAFFIC_MODES[mode], buf.ctypes.data, buf.nbytes, rate, GENERATOR_SLICE_S,
-                                 ctypes.byref(moved), ctypes.byref(checksum))
+        t = lib.bitcos_h_traffic(
+            TRAFFIC_MODES[mode],
+            buf.ctypes.data,
+            buf.nbytes,
+            rate,
+            GENERATOR_SLICE_S,
+            ctypes.byref(moved),
+            ctypes.byref(checksum),
+        )
         if t < 0:
             raise RuntimeError("bitcos_h_traffic: bad arguments")
         total += moved.value
         elapsed += t
-    print(json.dumps({"cpu": cpu, "mode": mode, "gb_per_s": total / elapsed / 1e9 if elapsed else 0.0,
-                      "checksum": checksum.value}), flush=True)
+    print(
+        json.dumps(
+            {
+                "cpu": cpu,
+                "mode": mode,
+                "gb_per_s": total / elapsed / 1e9 if elapsed else 0.0,
+                "checksum": checksum.value,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -154,15 +181,27 @@ def traffic(level: Level, cpus: list[int]) -> Iterator[list[dict[str, Any]]]:
     try:
         for i in range(level.count):
             cpu = cpus[i]
-            p = subprocess.Popen([sys.executable, "-m", "ggml_bitcos.bench.bandwidth", "--generator", level.mode,
-                                  str(level.rate), str(cpu), str(GENERATOR_BUFFER_MIB)],
-                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+            p = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ggml_bitcos.bench.bandwidth",
+                    "--generator",
+                    level.mode,
+                    str(level.rate),
+                    str(cpu),
+                    str(GENERATOR_BUFFER_MIB),
+                ],
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
             procs.append(p)
         for p in procs:
             line = p.stdout.readline() if p.stdout else ""
             if line.strip() != "ready":
                 raise RuntimeError(f"traffic generator failed to start (exit {p.poll()})")
-        time.sleep(0.3)                                  # let the generators reach their steady rate
+        time.sleep(0.3)  # let the generators reach their steady rate
         yield stats
     finally:
         for p in procs:
@@ -191,10 +230,16 @@ def pinned(cpu: int) -> Iterator[None]:
 
 
 # -------------------------------------------------------------------------------------- measurement
-def measure_level(level: Level, gemv_files: list[tuple[float | None, Path]], reps: int,
-                  models: list[Path] | None, n_gen: int, tg_reps: int) -> dict[str, Any]:
+def measure_level(
+    level: Level,
+    gemv_files: list[tuple[float | None, Path]],
+    reps: int,
+    models: list[Path] | None,
+    n_gen: int,
+    tg_reps: int,
+) -> dict[str, Any]:
     """beta left to the compute CPU, GEMV times per type and (with models) llama-bench tg, under `level`."""
-    gen_cpus = generator_cpus()                      # before pinning this process to the compute CPU
+    gen_cpus = generator_cpus()  # before pinning this process to the compute CPU
     with pinned(compute_cpu()):
         ctx = traffic(level, gen_cpus) if level.mode != "none" else _no_traffic()
         with ctx as gen_stats:
@@ -211,9 +256,16 @@ def measure_level(level: Level, gemv_files: list[tuple[float | None, Path]], rep
         t = rec["tensor"].split(".", 1)[1]
         times[t] = {"median_us": rec["median_us"], "bytes": rec["bytes"], "weights": rec["rows"] * rec["k"]}
     tg_ts = {Path(r["model_filename"]).name: r["avg_ts"] for r in tg if r.get("n_gen", 0) > 0}
-    return {"level": level.label, "beta_gb_s": 0.5 * (beta + beta_after), "beta_before": beta,
-            "beta_after": beta_after, "generators": gen_stats,
-            "generated_gb_s": sum(g["gb_per_s"] for g in gen_stats), "gemv": times, "tg_ts": tg_ts}
+    return {
+        "level": level.label,
+        "beta_gb_s": 0.5 * (beta + beta_after),
+        "beta_before": beta,
+        "beta_after": beta_after,
+        "generators": gen_stats,
+        "generated_gb_s": sum(g["gb_per_s"] for g in gen_stats),
+        "gemv": times,
+        "tg_ts": tg_ts,
+    }
 
 
 @contextmanager
@@ -231,7 +283,7 @@ def gammas(log: Callable[[str], Any], impl: str | None = None) -> dict[str, floa
         from ggml_bitcos.bench.kernels import gamma_l1
 
         g.update(gamma_l1(impl=impl))
-    except Exception as e:      # harness missing: no BITCOS prediction
+    except Exception as e:  # harness missing: no BITCOS prediction
         log(f"# BITCOS gamma unavailable ({e})")
     return g
 
@@ -244,8 +296,9 @@ def predicted_us(n_weights: int, n_bytes: int, gamma: float, beta_gb_s: float, g
 def predicted_ratio(rec: dict[str, Any], t: str, ref: str, gam: dict[str, float], beta: float, ghz: float) -> float:
     """Predicted speed of type t relative to ref (> 1: t faster) at beta GB/s per core."""
     a, b = rec["gemv"][t], rec["gemv"][ref]
-    return (predicted_us(b["weights"], b["bytes"], gam[ref], beta, ghz) /
-            predicted_us(a["weights"], a["bytes"], gam[t], beta, ghz))
+    return predicted_us(b["weights"], b["bytes"], gam[ref], beta, ghz) / predicted_us(
+        a["weights"], a["bytes"], gam[t], beta, ghz
+    )
 
 
 def crossover_beta(rec: dict[str, Any], t: str, ref: str, gam: dict[str, float], ghz: float) -> float | None:
@@ -255,13 +308,23 @@ def crossover_beta(rec: dict[str, Any], t: str, ref: str, gam: dict[str, float],
     faster = r > 1.0
     if faster.all() or not faster.any():
         return None
-    i = int(np.argmax(~faster))          # first beta at which t is no longer faster
+    i = int(np.argmax(~faster))  # first beta at which t is no longer faster
     return float(grid[i])
 
 
-def bench_bandwidth(levels: list[Level], rows: int, k: int, z: float, reps: int, workdir: Path,
-                    models: list[Path] | None = None, n_gen: int = 32, tg_reps: int = 3,
-                    kernel_impl: str | None = None, log: Callable[[str], Any] = print) -> dict[str, Any]:
+def bench_bandwidth(
+    levels: list[Level],
+    rows: int,
+    k: int,
+    z: float,
+    reps: int,
+    workdir: Path,
+    models: list[Path] | None = None,
+    n_gen: int = 32,
+    tg_reps: int = 3,
+    kernel_impl: str | None = None,
+    log: Callable[[str], Any] = print,
+) -> dict[str, Any]:
     """Every level's measurements, the gammas and the roofline prediction (see the module docstring)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ref = workdir / f"bw-ref-{rows}x{k}.gguf"
@@ -278,8 +341,10 @@ def bench_bandwidth(levels: list[Level], rows: int, k: int, z: float, reps: int,
         rec = measure_level(lv, [(None, ref), (z, bc)], reps, models, n_gen, tg_reps)
         rec["predicted"] = {t: predicted_ratio(rec, t, "tq2_0", gam, rec["beta_gb_s"], ghz) for t in BITCOS_TYPES}
         out.append(rec)
-        log(f"# {lv.label}: beta {rec['beta_gb_s']:.1f} GB/s, generators {rec['generated_gb_s']:.1f} GB/s, "
-            + ", ".join(f"{t} {v['median_us']:.0f} us" for t, v in rec["gemv"].items()))
+        log(
+            f"# {lv.label}: beta {rec['beta_gb_s']:.1f} GB/s, generators {rec['generated_gb_s']:.1f} GB/s, "
+            + ", ".join(f"{t} {v['median_us']:.0f} us" for t, v in rec["gemv"].items())
+        )
     cross = {t: crossover_beta(out[0], t, "tq2_0", gam, ghz) for t in BITCOS_TYPES if t in gam}
     return {"levels": out, "gamma": gam, "tsc_ghz": ghz, "crossover_gb_s": cross, "z": z, "rows": rows, "k": k}
 
@@ -287,8 +352,11 @@ def bench_bandwidth(levels: list[Level], rows: int, k: int, z: float, reps: int,
 # ------------------------------------------------------------------------------------------- output
 def bandwidth_table(res: dict[str, Any]) -> str:
     """Markdown: per level, beta left, generated traffic, GEMV speed ratios measured vs predicted, tg ratio."""
-    lines = ["| level | beta left GB/s | generators GB/s | TQ2_0 µs | PT µs | PT/TQ2_0 measured | predicted "
-             "| G128/TQ2_0 | PT/TQ1_0 | tg BITCOS/TQ2_0 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| level | beta left GB/s | generators GB/s | TQ2_0 µs | PT µs | PT/TQ2_0 measured | predicted "
+        "| G128/TQ2_0 | PT/TQ1_0 | tg BITCOS/TQ2_0 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in res["levels"]:
         g = r["gemv"]
         sp = {t: g["tq2_0"]["median_us"] / g[t]["median_us"] for t in BITCOS_TYPES}
@@ -301,15 +369,21 @@ def bandwidth_table(res: dict[str, Any]) -> str:
             other = next((n for n in names if n != bc), None)
             if bc and other:
                 tgr = f"{tg[bc] / tg[other]:.3f}x"
-        lines.append(f"| {r['level']} | {r['beta_gb_s']:.1f} | {r['generated_gb_s']:.1f} | "
-                     f"{g['tq2_0']['median_us']:.0f} | {g['bitcos_pt']['median_us']:.0f} | {sp['bitcos_pt']:.3f}x | "
-                     f"{r['predicted'].get('bitcos_pt', float('nan')):.3f}x | {sp['bitcos_g128']:.3f}x | "
-                     f"{vs1:.3f}x | {tgr} |")
-    cross = ", ".join(f"{t}: {'none in 0.25-200 GB/s' if b is None else f'{b:.1f} GB/s'}"
-                      for t, b in res["crossover_gb_s"].items())
+        lines.append(
+            f"| {r['level']} | {r['beta_gb_s']:.1f} | {r['generated_gb_s']:.1f} | "
+            f"{g['tq2_0']['median_us']:.0f} | {g['bitcos_pt']['median_us']:.0f} | {sp['bitcos_pt']:.3f}x | "
+            f"{r['predicted'].get('bitcos_pt', float('nan')):.3f}x | {sp['bitcos_g128']:.3f}x | "
+            f"{vs1:.3f}x | {tgr} |"
+        )
+    cross = ", ".join(
+        f"{t}: {'none in 0.25-200 GB/s' if b is None else f'{b:.1f} GB/s'}" for t, b in res["crossover_gb_s"].items()
+    )
     gam = ", ".join(f"{t} {g:.2f}" for t, g in res["gamma"].items())
-    lines += ["", f"gamma (TSC ticks / 32 weights, L1): {gam}; TSC {res['tsc_ghz']:.2f} GHz",
-              f"predicted crossover (BITCOS faster than TQ2_0 below): {cross}"]
+    lines += [
+        "",
+        f"gamma (TSC ticks / 32 weights, L1): {gam}; TSC {res['tsc_ghz']:.2f} GHz",
+        f"predicted crossover (BITCOS faster than TQ2_0 below): {cross}",
+    ]
     return "\n".join(lines)
 
 
@@ -331,8 +405,14 @@ def bandwidth_plot(res: dict[str, Any], out: Path, title: str) -> None:
         cb = res["crossover_gb_s"].get(t)
         if cb is not None:
             ax.axvline(cb, color=color, linestyle=":", alpha=0.8)
-            ax.annotate(f"{t.upper()} crossover {cb:.1f} GB/s", (cb, 1.0), textcoords="offset points",
-                        xytext=(4, 8 + 14 * i), fontsize=8, color=color)
+            ax.annotate(
+                f"{t.upper()} crossover {cb:.1f} GB/s",
+                (cb, 1.0),
+                textcoords="offset points",
+                xytext=(4, 8 + 14 * i),
+                fontsize=8,
+                color=color,
+            )
     tg_pts = []
     for r in res["levels"]:
         tg = r["tg_ts"]
@@ -355,24 +435,36 @@ def bandwidth_plot(res: dict[str, Any], out: Path, title: str) -> None:
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds `bench bandwidth` to the `bench` subparsers."""
-    b = sub.add_parser("bandwidth", help="GEMV/decode speed vs the DRAM bandwidth left per core (traffic "
-                                         "generators on the other CPUs)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("--levels", default="none,read,write,copy",
-                   help="comma list of MODE[:RATE][*COUNT] (default none,read,write,copy)")
+    b = sub.add_parser(
+        "bandwidth",
+        help="GEMV/decode speed vs the DRAM bandwidth left per core (traffic generators on the other CPUs)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument(
+        "--levels",
+        default="none,read,write,copy",
+        help="comma list of MODE[:RATE][*COUNT] (default none,read,write,copy)",
+    )
     b.add_argument("--rows", type=int, default=16384)
     b.add_argument("--k", type=int, default=16384)
     b.add_argument("--z", type=float, default=0.42, help="zero density of the BITCOS weights (default 0.42)")
     b.add_argument("--reps", type=int, default=7)
-    b.add_argument("--models", default=None,
-                   help="comma list of GGUF models for llama-bench tg at 1 thread per level (e.g. a TQ2_0 "
-                        "model and its BITCOS conversion; the BITCOS file's name must contain 'bitcos')")
+    b.add_argument(
+        "--models",
+        default=None,
+        help="comma list of GGUF models for llama-bench tg at 1 thread per level (e.g. a TQ2_0 "
+        "model and its BITCOS conversion; the BITCOS file's name must contain 'bitcos')",
+    )
     b.add_argument("--n-gen", type=int, default=32)
     b.add_argument("--tg-reps", type=int, default=3)
-    b.add_argument("--kernel-impl", default=None,
-                   help="BITCOS kernel whose L1 cost the roofline uses, a name of the harness library's kernel "
-                        "table (default: the best this CPU has; use the one the installed llama.cpp was built "
-                        "for, e.g. avx2 for GGML_NATIVE=OFF)")
+    b.add_argument(
+        "--kernel-impl",
+        default=None,
+        help="BITCOS kernel whose L1 cost the roofline uses, a name of the harness library's kernel "
+        "table (default: the best this CPU has; use the one the installed llama.cpp was built "
+        "for, e.g. avx2 for GGML_NATIVE=OFF)",
+    )
     b.add_argument("--workdir", type=Path, default=None)
     b.add_argument("--json", type=Path)
     b.add_argument("--plot", type=Path)
@@ -393,10 +485,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     models = [Path(m) for m in args.models.split(",")] if args.models else None
     with bench_workdir(args.workdir) as wd:
-        res = bench_bandwidth(levels, args.rows, args.k, args.z, args.reps, wd, models, args.n_gen, args.tg_reps,
-                              args.kernel_impl)
-    title = (f"ggml-bitcos bench bandwidth, {args.rows}x{args.k}, z={args.z}, compute on CPU {compute_cpu()} "
-             f"— {machine_line([1])}")
+        res = bench_bandwidth(
+            levels, args.rows, args.k, args.z, args.reps, wd, models, args.n_gen, args.tg_reps, args.kernel_impl
+        )
+    title = (
+        f"ggml-bitcos bench bandwidth, {args.rows}x{args.k}, z={args.z}, compute on CPU {compute_cpu()} "
+        f"— {machine_line([1])}"
+    )
     res["machine"] = title
     print(f"# {title}")
     print(bandwidth_table(res))
@@ -410,7 +505,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--generator"]:                      # a traffic generator process (see traffic())
+    if argv[:1] == ["--generator"]:  # a traffic generator process (see traffic())
         mode, rate, cpu, mib = argv[1], float(argv[2]), int(argv[3]), int(argv[4])
         return generator_main(mode, rate, cpu, mib)
     ap = argparse.ArgumentParser(prog="python -m ggml_bitcos.bench.bandwidth")

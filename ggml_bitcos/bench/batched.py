@@ -34,9 +34,18 @@ CTX_PER_SLOT = 256
 def _completion(url: str, i: int, n_gen: int) -> dict[str, Any]:
     import requests
 
-    r = requests.post(url + "/completion", timeout=1800, json={
-        "prompt": f"Once upon a time, story number {i} began", "n_predict": n_gen, "temperature": 0,
-        "seed": i, "ignore_eos": True, "cache_prompt": False})
+    r = requests.post(
+        url + "/completion",
+        timeout=1800,
+        json={
+            "prompt": f"Once upon a time, story number {i} began",
+            "n_predict": n_gen,
+            "temperature": 0,
+            "seed": i,
+            "ignore_eos": True,
+            "cache_prompt": False,
+        },
+    )
     r.raise_for_status()
     return r.json()
 
@@ -48,21 +57,37 @@ def server_round(model: Path, parallel: list[int], threads: int, n_gen: int) -> 
     slots = max(parallel)
     out = []
     with llama_run.LlamaServer(model, threads=threads, ctx=slots * CTX_PER_SLOT, extra=["-np", str(slots)]) as srv:
-        _completion(srv.url, 0, 4)                                  # warm-up: first-touch of the weights
+        _completion(srv.url, 0, 4)  # warm-up: first-touch of the weights
         for p in parallel:
             t0 = time.perf_counter()
             with ThreadPoolExecutor(max_workers=p) as ex:
                 res = list(ex.map(lambda i: _completion(srv.url, i, n_gen), range(p)))
             wall = time.perf_counter() - t0
             tokens = sum(int(r["tokens_predicted"]) for r in res)
-            out.append({"parallel": p, "tokens": tokens, "wall_s": wall, "agg_ts": tokens / wall,
-                        "per_seq_ts": statistics.mean(float(r["timings"]["predicted_per_second"]) for r in res)})
+            out.append(
+                {
+                    "parallel": p,
+                    "tokens": tokens,
+                    "wall_s": wall,
+                    "agg_ts": tokens / wall,
+                    "per_seq_ts": statistics.mean(float(r["timings"]["predicted_per_second"]) for r in res),
+                }
+            )
     return out
 
 
-def bench_batched(workdir: Path, preset: str, z: float, parallel: list[int], threads: int, n_gen: int,
-                  rounds: int, gemm_shape: tuple[int, int], gemm_reps: int,
-                  log: Callable[[str], Any] = print) -> dict[str, Any]:
+def bench_batched(
+    workdir: Path,
+    preset: str,
+    z: float,
+    parallel: list[int],
+    threads: int,
+    n_gen: int,
+    rounds: int,
+    gemm_shape: tuple[int, int],
+    gemm_reps: int,
+    log: Callable[[str], Any] = print,
+) -> dict[str, Any]:
     """Kernel columns sweep and llama-server throughput per model and P (medians over rounds)."""
     models = e2e_models(workdir, preset, z, log)
     rows, k = gemm_shape
@@ -85,26 +110,46 @@ def bench_batched(workdir: Path, preset: str, z: float, parallel: list[int], thr
     for t in MODEL_TYPES:
         for j, p in enumerate(parallel):
             vals = [rnd[j]["agg_ts"] for rnd in runs[t]]
-            server.append({"type": t, "parallel": p, "agg_ts": statistics.median(vals), "rounds_ts": vals,
-                           "per_seq_ts": statistics.median(rnd[j]["per_seq_ts"] for rnd in runs[t]),
-                           "tokens": [rnd[j]["tokens"] for rnd in runs[t]]})
-    return {"gemm": gemm, "server": server, "gemm_shape": [rows, k], "threads": threads, "n_gen": n_gen,
-            "models": {t: str(p) for t, p in models.items()}}
+            server.append(
+                {
+                    "type": t,
+                    "parallel": p,
+                    "agg_ts": statistics.median(vals),
+                    "rounds_ts": vals,
+                    "per_seq_ts": statistics.median(rnd[j]["per_seq_ts"] for rnd in runs[t]),
+                    "tokens": [rnd[j]["tokens"] for rnd in runs[t]],
+                }
+            )
+    return {
+        "gemm": gemm,
+        "server": server,
+        "gemm_shape": [rows, k],
+        "threads": threads,
+        "n_gen": n_gen,
+        "models": {t: str(p) for t, p in models.items()},
+    }
 
 
 def batched_table(res: dict[str, Any]) -> str:
     """Markdown: ggml MUL_MAT per column count and llama-server aggregate t/s per P, with BITCOS's ratios."""
     rows, k = res["gemm_shape"]
     g = {(r["type"], r["ncols"]): r["median_us"] for r in res["gemm"]}
-    out = [f"ggml MUL_MAT {rows} x {k}, {res['threads']} thread(s), µs per call (ratio > 1: BITCOS faster)",
-           "| columns | TQ2_0 µs | TQ1_0 µs | BITCOS_PT µs | BITCOS/TQ2_0 | BITCOS/TQ1_0 |", "|---|---|---|---|---|---|"]
+    out = [
+        f"ggml MUL_MAT {rows} x {k}, {res['threads']} thread(s), µs per call (ratio > 1: BITCOS faster)",
+        "| columns | TQ2_0 µs | TQ1_0 µs | BITCOS_PT µs | BITCOS/TQ2_0 | BITCOS/TQ1_0 |",
+        "|---|---|---|---|---|---|",
+    ]
     for nc in sorted({r["ncols"] for r in res["gemm"]}):
         a, b, c = g[("tq2_0", nc)], g[("tq1_0", nc)], g[("bitcos_pt", nc)]
         out.append(f"| {nc} | {a:.0f} | {b:.0f} | {c:.0f} | {a / c:.3f}x | {b / c:.3f}x |")
     s = {(r["type"], r["parallel"]): r for r in res["server"]}
-    out += ["", f"llama-server, {res['threads']} thread(s), P concurrent greedy completions of {res['n_gen']} "
-                "tokens: aggregate generated tokens/s (median over rounds)",
-            "| P | TQ1_0 t/s | TQ2_0 t/s | BITCOS t/s | BITCOS/TQ2_0 | BITCOS/TQ1_0 |", "|---|---|---|---|---|---|"]
+    out += [
+        "",
+        f"llama-server, {res['threads']} thread(s), P concurrent greedy completions of {res['n_gen']} "
+        "tokens: aggregate generated tokens/s (median over rounds)",
+        "| P | TQ1_0 t/s | TQ2_0 t/s | BITCOS t/s | BITCOS/TQ2_0 | BITCOS/TQ1_0 |",
+        "|---|---|---|---|---|---|",
+    ]
     for p in sorted({r["parallel"] for r in res["server"]}):
         a, b, c = (s[(t, p)]["agg_ts"] for t in ("tq1_0", "tq2_0", "bitcos"))
         out.append(f"| {p} | {a:.2f} | {b:.2f} | {c:.2f} | {c / b:.3f}x | {c / a:.3f}x |")
@@ -113,9 +158,12 @@ def batched_table(res: dict[str, Any]) -> str:
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds `bench batched` to the `bench` subparsers."""
-    b = sub.add_parser("batched", help="batched decode: MUL_MAT with 1/4/8 columns and llama-server with "
-                                       "-np 1/4/8, BITCOS vs TQ2_0/TQ1_0",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b = sub.add_parser(
+        "batched",
+        help="batched decode: MUL_MAT with 1/4/8 columns and llama-server with -np 1/4/8, BITCOS vs TQ2_0/TQ1_0",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     b.add_argument("--preset", default="bitnet-2b")
     b.add_argument("--zero-density", type=float, default=0.42)
     b.add_argument("--parallel", type=parse_ints, default=[1, 4, 8])
@@ -134,8 +182,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """`bench batched`: measure, print the tables, write JSON when asked."""
     with bench_workdir(args.workdir) as wd:
-        res = bench_batched(wd, args.preset, args.zero_density, args.parallel, args.threads, args.n_gen,
-                            args.rounds, (args.gemm_rows, args.gemm_k), args.gemm_reps)
+        res = bench_batched(
+            wd,
+            args.preset,
+            args.zero_density,
+            args.parallel,
+            args.threads,
+            args.n_gen,
+            args.rounds,
+            (args.gemm_rows, args.gemm_k),
+            args.gemm_reps,
+        )
     title = f"ggml-bitcos bench batched, {args.preset} z={args.zero_density} — {machine_line([args.threads])}"
     res["machine"] = title
     print(f"# {title}")

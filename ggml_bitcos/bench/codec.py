@@ -17,8 +17,9 @@ from ggml_bitcos.format import QK, Variant
 from ggml_bitcos.ternary import random_codes
 
 
-def measure_throughput(rows: int = 4096, k: int = 4096, z: float = 0.4, repeats: int = 5,
-                       seed: int = 0) -> dict[str, float]:
+def measure_throughput(
+    rows: int = 4096, k: int = 4096, z: float = 0.4, repeats: int = 5, seed: int = 0
+) -> dict[str, float]:
     """Median M weights/s of encode, decode (to codes, all checks) and decode + to_float, per variant,
     on one thread (numpy here does not multithread these operations)."""
     rng = np.random.default_rng(seed)
@@ -40,8 +41,7 @@ def measure_throughput(rows: int = 4096, k: int = 4096, z: float = 0.4, repeats:
         enc = encode(codes, v, block_scales=d, matrix_scales=s)
         out[f"{v.name} encode"] = median_rate(lambda: encode(codes, v, block_scales=d, matrix_scales=s))
         out[f"{v.name} decode"] = median_rate(lambda: decode(enc.blocks, enc.companion, v, k, rows, 1))
-        out[f"{v.name} decode+float"] = median_rate(
-            lambda: decode(enc.blocks, enc.companion, v, k, rows, 1).to_float())
+        out[f"{v.name} decode+float"] = median_rate(lambda: decode(enc.blocks, enc.companion, v, k, rows, 1).to_float())
     return out
 
 

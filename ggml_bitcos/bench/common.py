@@ -74,8 +74,14 @@ def run_tool(args: list[str], timeout: float = 3600) -> list[dict[str, Any]]:
     from ggml_bitcos import llama_run
 
     exe = llama_run.tool_path(BENCH_TOOL)
-    r = subprocess.run([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [str(exe), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"{BENCH_TOOL} {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]

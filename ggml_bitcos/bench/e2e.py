@@ -20,8 +20,16 @@ from typing import Any
 import numpy as np
 
 from ggml_bitcos import llama_run
-from ggml_bitcos.bench.common import (default_threads, machine_line, parse_ints, pyplot, read_bandwidth_gb_s,
-                                      run_tool, save_figure, write_json)
+from ggml_bitcos.bench.common import (
+    default_threads,
+    machine_line,
+    parse_ints,
+    pyplot,
+    read_bandwidth_gb_s,
+    run_tool,
+    save_figure,
+    write_json,
+)
 
 Log = Callable[[str], Any]
 
@@ -53,8 +61,24 @@ def e2e_models(workdir: Path, preset: str, z: float, log: Log = print) -> dict[s
     for t in ("tq1_0", "tq2_0"):
         p = workdir / f"{preset}-z{z:.2f}-{t}.gguf"
         if not p.exists():
-            _cli(["make-model", "-o", str(p), "--preset", preset, "--zero-density", str(z), "--type", t,
-                  "--scale", "tensor", "--seed", "1"], log)
+            _cli(
+                [
+                    "make-model",
+                    "-o",
+                    str(p),
+                    "--preset",
+                    preset,
+                    "--zero-density",
+                    str(z),
+                    "--type",
+                    t,
+                    "--scale",
+                    "tensor",
+                    "--seed",
+                    "1",
+                ],
+                log,
+            )
         models[t] = p
     b = workdir / f"{preset}-z{z:.2f}-bitcos.gguf"
     if not b.exists():
@@ -64,8 +88,17 @@ def e2e_models(workdir: Path, preset: str, z: float, log: Log = print) -> dict[s
 
 
 # ---------------------------------------------------------------------------------------- llama-bench
-def bench_e2e(workdir: Path, preset: str, z: float, threads: list[int], reps: int, n_prompt: int,
-              n_gen: int, rounds: int = 1, log: Log = print) -> list[dict[str, Any]]:
+def bench_e2e(
+    workdir: Path,
+    preset: str,
+    z: float,
+    threads: list[int],
+    reps: int,
+    n_prompt: int,
+    n_gen: int,
+    rounds: int = 1,
+    log: Log = print,
+) -> list[dict[str, Any]]:
     """llama-bench over the three models, `rounds` times: each round runs every model and thread count once
     (with `reps` repetitions), so a slow phase of a shared machine hits all of them; the result per test is
     the median over rounds (`avg_ts`), with the rounds' spread as `stddev_ts` and their values in
@@ -75,8 +108,15 @@ def bench_e2e(workdir: Path, preset: str, z: float, threads: list[int], reps: in
     for i in range(rounds):
         if rounds > 1:
             log(f"# llama-bench round {i + 1}/{rounds}")
-        runs.append(llama_run.run_bench([models["tq1_0"], models["tq2_0"], models["bitcos"]], n_prompt=n_prompt,
-                                        n_gen=n_gen, threads=threads, repetitions=reps))
+        runs.append(
+            llama_run.run_bench(
+                [models["tq1_0"], models["tq2_0"], models["bitcos"]],
+                n_prompt=n_prompt,
+                n_gen=n_gen,
+                threads=threads,
+                repetitions=reps,
+            )
+        )
     return merge_rounds(runs)
 
 
@@ -101,14 +141,13 @@ def merge_rounds(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def record_kind(record: dict[str, Any]) -> str:
-    """"pp" (prompt processing) or "tg" (generation) for a llama-bench record."""
+    """ "pp" (prompt processing) or "tg" (generation) for a llama-bench record."""
     return "pp" if record["n_prompt"] > 0 else "tg"
 
 
 def tg_ms_per_token(rows: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
     """Milliseconds per generated token by (model label, threads), from the tg records of llama-bench."""
-    return {(e2e_label(r["model_filename"]), r["n_threads"]): 1e3 / r["avg_ts"]
-            for r in rows if r["n_prompt"] == 0}
+    return {(e2e_label(r["model_filename"]), r["n_threads"]): 1e3 / r["avg_ts"] for r in rows if r["n_prompt"] == 0}
 
 
 def e2e_table(rows: list[dict[str, Any]]) -> str:
@@ -118,11 +157,13 @@ def e2e_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         key = (record_kind(r), r["n_threads"])
         test = f"pp{r['n_prompt']}" if record_kind(r) == "pp" else f"tg{r['n_gen']}"
-        out.append(f"| {e2e_label(r['model_filename'])} | {test} | {r['n_threads']} | "
-                   f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | "
-                   f"{r['avg_ts'] / base.get(('TQ2_0', *key), float('nan')):.3f}x | "
-                   f"{r['avg_ts'] / base.get(('TQ1_0', *key), float('nan')):.3f}x | "
-                   f"{r['model_size'] / 2**20:.1f} |")
+        out.append(
+            f"| {e2e_label(r['model_filename'])} | {test} | {r['n_threads']} | "
+            f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | "
+            f"{r['avg_ts'] / base.get(('TQ2_0', *key), float('nan')):.3f}x | "
+            f"{r['avg_ts'] / base.get(('TQ1_0', *key), float('nan')):.3f}x | "
+            f"{r['model_size'] / 2**20:.1f} |"
+        )
     return "\n".join(out)
 
 
@@ -133,18 +174,20 @@ def e2e_plot(rows: list[dict[str, Any]], out: Path, title: str) -> None:
     for ax, kind in zip(axes, ("tg", "pp")):
         rs = [r for r in rows if record_kind(r) == kind]
         labels = [e2e_label(r["model_filename"]) for r in rs]
-        ax.bar(range(len(rs)), [r["avg_ts"] for r in rs], yerr=[r["stddev_ts"] for r in rs],
-               color=[LABEL_COLORS.get(label, "C4") for label in labels])
-        ax.set_xticks(range(len(rs)), [f"{label}\n{r['n_threads']}t" for label, r in zip(labels, rs)],
-                      fontsize=8)
+        ax.bar(
+            range(len(rs)),
+            [r["avg_ts"] for r in rs],
+            yerr=[r["stddev_ts"] for r in rs],
+            color=[LABEL_COLORS.get(label, "C4") for label in labels],
+        )
+        ax.set_xticks(range(len(rs)), [f"{label}\n{r['n_threads']}t" for label, r in zip(labels, rs)], fontsize=8)
         ax.set_ylabel("tokens / s")
         ax.set_title("decode (tg)" if kind == "tg" else "prompt processing (pp)")
     save_figure(fig, out, title)
 
 
 # ---------------------------------------------------------------------------------- decode breakdown
-def decode_breakdown(models: dict[str, Path], threads: list[int], reps: int,
-                     rounds: int = 1) -> list[dict[str, Any]]:
+def decode_breakdown(models: dict[str, Path], threads: list[int], reps: int, rounds: int = 1) -> list[dict[str, Any]]:
     """Per model and thread count: the time of one token's ternary weight matmuls and of its other matmuls
     (output projection), each graph walking all its weights once per run (`llama-bitcos-bench decode`),
     plus the read bandwidth with that many threads. With several rounds the models alternate and each
@@ -184,13 +227,18 @@ def breakdown_table(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]])
     Amdahl ceiling of BITCOS's tg speed-up over TQ2_0: the ratio if BITCOS's ternary matmuls took only
     their bytes / beta (DRAM-bound) and everything else stayed as measured."""
     split = [b for b in with_tg_split(rows, breakdown) if "tg_ms" in b]
-    out = ["| model | threads | tg ms/token | ternary matmuls ms | ternary MB | ternary GB/s | other matmuls ms |"
-           " rest ms |", "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | threads | tg ms/token | ternary matmuls ms | ternary MB | ternary GB/s | other matmuls ms |"
+        " rest ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for b in split:
         tern, other = b["ternary_us"] / 1e3, b.get("other_us", 0.0) / 1e3
-        out.append(f"| {b['model']} | {b['threads']} | {b['tg_ms']:.1f} | {tern:.1f} | "
-                   f"{b['ternary_bytes'] / 1e6:.0f} | {b['ternary_bytes'] / (tern * 1e6):.1f} | {other:.1f} | "
-                   f"{b['rest_ms']:.1f} |")
+        out.append(
+            f"| {b['model']} | {b['threads']} | {b['tg_ms']:.1f} | {tern:.1f} | "
+            f"{b['ternary_bytes'] / 1e6:.0f} | {b['ternary_bytes'] / (tern * 1e6):.1f} | {other:.1f} | "
+            f"{b['rest_ms']:.1f} |"
+        )
     notes = []
     for t in sorted({b["threads"] for b in breakdown}):
         q = {b["model"]: b for b in split if b["threads"] == t}
@@ -199,16 +247,20 @@ def breakdown_table(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]])
             floor_ms = bc["ternary_bytes"] / (bc["beta_gb_s"] * 1e6)
             ceiling = q["TQ2_0"]["tg_ms"] / (bc["tg_ms"] - bc["ternary_us"] / 1e3 + floor_ms)
             kernel_ratio = q["TQ2_0"]["ternary_us"] / bc["ternary_us"]
-            notes.append(f"{t} thread(s): BITCOS ternary matmuls {kernel_ratio:.3f}x TQ2_0's; tg ceiling "
-                         f"{ceiling:.3f}x TQ2_0 if they ran at {bc['beta_gb_s']:.1f} GB/s ({floor_ms:.1f} ms)")
+            notes.append(
+                f"{t} thread(s): BITCOS ternary matmuls {kernel_ratio:.3f}x TQ2_0's; tg ceiling "
+                f"{ceiling:.3f}x TQ2_0 if they ran at {bc['beta_gb_s']:.1f} GB/s ({floor_ms:.1f} ms)"
+            )
     return "\n".join(out + [""] + notes)
 
 
 def e2e_json(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]]) -> dict[str, Any]:
     """The --json file: llama-bench records with their table label ("_label") and the decode breakdown with
     its tg split (the keys these files have always had)."""
-    return {"llama_bench": [{**r, "_label": e2e_label(r["model_filename"])} for r in rows],
-            "decode_breakdown": with_tg_split(rows, breakdown)}
+    return {
+        "llama_bench": [{**r, "_label": e2e_label(r["model_filename"])} for r in rows],
+        "decode_breakdown": with_tg_split(rows, breakdown),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -219,15 +271,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     e.add_argument("--zero-density", type=float, default=0.42)
     e.add_argument("--threads", type=parse_ints, default=default_threads())
     e.add_argument("--reps", type=int, default=1, help="llama-bench repetitions per round (default 1)")
-    e.add_argument("--rounds", type=int, default=3,
-                   help="rounds over all models; results are medians over rounds (default 3)")
+    e.add_argument(
+        "--rounds", type=int, default=3, help="rounds over all models; results are medians over rounds (default 3)"
+    )
     e.add_argument("-p", "--n-prompt", type=int, default=512)
     e.add_argument("-n", "--n-gen", type=int, default=128)
     e.add_argument("--workdir", type=Path, default=Path("bench-models"))
     e.add_argument("--json", type=Path)
     e.add_argument("--plot", type=Path)
-    e.add_argument("--breakdown-reps", type=int, default=9,
-                   help="runs of the per-token matmul graphs (llama-bitcos-bench decode) per model")
+    e.add_argument(
+        "--breakdown-reps",
+        type=int,
+        default=9,
+        help="runs of the per-token matmul graphs (llama-bitcos-bench decode) per model",
+    )
     e.add_argument("--no-breakdown", action="store_true", help="skip the decode time breakdown")
     e.set_defaults(func=run)
     return e
@@ -235,15 +292,27 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """`bench e2e`: llama-bench rounds, the decode breakdown, tables, JSON and figure when asked."""
-    rows = bench_e2e(args.workdir, args.preset, args.zero_density, args.threads, args.reps, args.n_prompt,
-                     args.n_gen, rounds=args.rounds)
-    title = (f"llama-bench, {args.preset} z={args.zero_density} — {machine_line(args.threads)}")
+    rows = bench_e2e(
+        args.workdir,
+        args.preset,
+        args.zero_density,
+        args.threads,
+        args.reps,
+        args.n_prompt,
+        args.n_gen,
+        rounds=args.rounds,
+    )
+    title = f"llama-bench, {args.preset} z={args.zero_density} — {machine_line(args.threads)}"
     print(f"# {title}")
     print(e2e_table(rows))
     breakdown = []
     if not args.no_breakdown:
-        breakdown = decode_breakdown(e2e_models(args.workdir, args.preset, args.zero_density), args.threads,
-                                     args.breakdown_reps, rounds=args.rounds)
+        breakdown = decode_breakdown(
+            e2e_models(args.workdir, args.preset, args.zero_density),
+            args.threads,
+            args.breakdown_reps,
+            rounds=args.rounds,
+        )
         print("\n# where a generated token's time goes (llama-bitcos-bench decode; rest = tg - matmuls)")
         print(breakdown_table(rows, breakdown))
     if args.json:

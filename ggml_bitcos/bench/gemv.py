@@ -16,8 +16,17 @@ from typing import Any
 import numpy as np
 
 from ggml_bitcos import codec
-from ggml_bitcos.bench.common import (bench_workdir, default_threads, machine_line, parse_floats, parse_ints,
-                                      pyplot, run_tool, save_figure, write_json)
+from ggml_bitcos.bench.common import (
+    bench_workdir,
+    default_threads,
+    machine_line,
+    parse_floats,
+    parse_ints,
+    pyplot,
+    run_tool,
+    save_figure,
+    write_json,
+)
 from ggml_bitcos.format import QK_K, Variant
 from ggml_bitcos.ternary import random_codes
 from ggml_bitcos.tq import tq1_0_encode, tq2_0_encode
@@ -35,8 +44,9 @@ def gemv_codes(rows: int, k: int, z: float, seed: int) -> np.ndarray:
     return random_codes(np.random.default_rng(seed), (rows, k), z)
 
 
-def _encoded_tensors(codes: np.ndarray, t: str, scale: np.float16) -> list[tuple[str, Any, tuple[int, ...],
-                                                                                 np.ndarray]]:
+def _encoded_tensors(
+    codes: np.ndarray, t: str, scale: np.float16
+) -> list[tuple[str, Any, tuple[int, ...], np.ndarray]]:
     """GGUF tensors (name, type, ne, data) holding `codes` as type `t`: one weight, plus the companion for
     BITCOS."""
     from gguf import GGMLQuantizationType as T
@@ -50,14 +60,16 @@ def _encoded_tensors(codes: np.ndarray, t: str, scale: np.float16) -> list[tuple
         encode = tq2_0_encode if t == "tq2_0" else tq1_0_encode
         gt = T.TQ2_0 if t == "tq2_0" else T.TQ1_0
         return [(f"w.{t}", gt, ne, encode(codes, np.full((rows, k // QK_K), scale)))]
-    if t in ("q4_0", "q8_0"):   # ggml's common quant types, the references of backends without TQ2_0 (ggml-cuda)
+    if t in ("q4_0", "q8_0"):  # ggml's common quant types, the references of backends without TQ2_0 (ggml-cuda)
         gt = T.Q4_0 if t == "q4_0" else T.Q8_0
-        parts = [quants.quantize(codes[i:i + 1024].astype(np.float32) * np.float32(scale), gt)
-                 for i in range(0, rows, 1024)]
+        parts = [
+            quants.quantize(codes[i : i + 1024].astype(np.float32) * np.float32(scale), gt)
+            for i in range(0, rows, 1024)
+        ]
         return [(f"w.{t}", gt, ne, np.concatenate(parts, axis=0))]
     # bitcos_<variant>: bitcos_pt / bitcos_g128 (format version 1), bitcos_matrix / _row / _b128 / _b256 (version
     # 2, ggml type BITCOS: needs a llama.cpp built with it); every scale is `scale`
-    variant = Variant.__members__.get(t[len("bitcos_"):].upper()) if t.startswith("bitcos_") else None
+    variant = Variant.__members__.get(t[len("bitcos_") :].upper()) if t.startswith("bitcos_") else None
     if variant is None:
         raise ValueError(f"unknown type {t}")
     if variant.scale_block:
@@ -67,8 +79,10 @@ def _encoded_tensors(codes: np.ndarray, t: str, scale: np.float16) -> list[tuple
     else:
         enc = codec.encode(codes, variant, matrix_scales=np.array([scale], np.float32))
     gt = gguf_tools.bitcos_type(variant)
-    return [(f"w.{t}", gt, ne, enc.blocks),
-            (f"w.{t}.bitcos", T.I8, (enc.companion.nbytes,), enc.companion.view(np.int8))]
+    return [
+        (f"w.{t}", gt, ne, enc.blocks),
+        (f"w.{t}.bitcos", T.I8, (enc.companion.nbytes,), enc.companion.view(np.int8)),
+    ]
 
 
 def write_gemv_gguf(path: Path, rows: int, k: int, z: float, types: list[str], seed: int = 0) -> None:
@@ -90,9 +104,18 @@ def write_gemv_gguf(path: Path, rows: int, k: int, z: float, types: list[str], s
             w.write_tensor(name, data)
 
 
-def bench_gemv(rows: int, k: int, zs: list[float], threads: list[int], reps: int, workdir: Path,
-               bitcos_types: list[str], refs: list[str], log: Callable[[str], Any] = print,
-               order: str = "interleaved") -> list[dict[str, Any]]:
+def bench_gemv(
+    rows: int,
+    k: int,
+    zs: list[float],
+    threads: list[int],
+    reps: int,
+    workdir: Path,
+    bitcos_types: list[str],
+    refs: list[str],
+    log: Callable[[str], Any] = print,
+    order: str = "interleaved",
+) -> list[dict[str, Any]]:
     """Time every type on the same shape; references once (their speed does not depend on z). `order`:
     "interleaved" (each repetition walks every weight: noise hits all types alike; the working set is all
     weights together) or "grouped" (each weight's repetitions back to back: a small weight stays in L1/L2).
@@ -129,15 +152,18 @@ def gemv_table(results: list[dict[str, Any]]) -> str:
         lines.append(f"\n## threads = {nt}   shape {rs[0]['rows']} x {rs[0]['k']} (rows x K)")
         lines.append("| type | z | median µs | GB/s | bits/weight | vs TQ2_0 | vs TQ1_0 | vs Q4_0 |")
         lines.append("|---|---|---|---|---|---|---|---|")
-        ordered = [r for r in rs if r["z"] is None] + sorted((r for r in rs if r["z"] is not None),
-                                                              key=lambda r: (r["type"], r["z"]))
+        ordered = [r for r in rs if r["z"] is None] + sorted(
+            (r for r in rs if r["z"] is not None), key=lambda r: (r["type"], r["z"])
+        )
         for r in ordered:
             n_w = r["rows"] * r["k"]
             ratio = {t: (refs[t]["median_us"] / r["median_us"]) if t in refs else float("nan") for t in REF_TYPES}
             zs = "-" if r["z"] is None else f"{r['z']:.2f}"
-            lines.append(f"| {r['type']} | {zs} | {r['median_us']:.1f} | {r['bytes'] / r['median_us'] / 1e3:.2f} "
-                         f"| {8 * r['bytes'] / n_w:.3f} | {ratio['tq2_0']:.3f}x | {ratio['tq1_0']:.3f}x "
-                         f"| {ratio['q4_0']:.3f}x |")
+            lines.append(
+                f"| {r['type']} | {zs} | {r['median_us']:.1f} | {r['bytes'] / r['median_us'] / 1e3:.2f} "
+                f"| {8 * r['bytes'] / n_w:.3f} | {ratio['tq2_0']:.3f}x | {ratio['tq1_0']:.3f}x "
+                f"| {ratio['q4_0']:.3f}x |"
+            )
     return "\n".join(lines)
 
 
@@ -153,8 +179,9 @@ def gemv_plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=t.upper())
         for r in rs:
             if r["z"] is None:
-                ax.axhline(r["median_us"], linestyle="--", label=r["type"].upper(),
-                           color=REF_COLORS.get(r["type"], "k"))
+                ax.axhline(
+                    r["median_us"], linestyle="--", label=r["type"].upper(), color=REF_COLORS.get(r["type"], "k")
+                )
         ax.set_xlabel("zero density z")
         ax.set_ylabel("GEMV time (µs, median)")
         ax.set_title(f"{rs[0]['rows']}x{rs[0]['k']}, {nt} thread(s)")
@@ -171,13 +198,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--z", type=parse_floats, default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.95])
     g.add_argument("--threads", type=parse_ints, default=default_threads())
     g.add_argument("--reps", type=int, default=9)
-    g.add_argument("--order", choices=("interleaved", "grouped"), default="interleaved",
-                   help="interleaved: every repetition walks all weights (robust ratios on a shared machine; "
-                        "the working set is all weights); grouped: each weight's repetitions back to back "
-                        "(a small weight stays in L1/L2: the cache-resident figure)")
-    g.add_argument("--bitcos-types", default="bitcos_pt,bitcos_g128",
-                   help="comma list of bitcos_<variant>: bitcos_pt, bitcos_g128 (format version 1), bitcos_matrix, "
-                        "bitcos_row, bitcos_b128, bitcos_b256 (version 2; default bitcos_pt,bitcos_g128)")
+    g.add_argument(
+        "--order",
+        choices=("interleaved", "grouped"),
+        default="interleaved",
+        help="interleaved: every repetition walks all weights (robust ratios on a shared machine; "
+        "the working set is all weights); grouped: each weight's repetitions back to back "
+        "(a small weight stays in L1/L2: the cache-resident figure)",
+    )
+    g.add_argument(
+        "--bitcos-types",
+        default="bitcos_pt,bitcos_g128",
+        help="comma list of bitcos_<variant>: bitcos_pt, bitcos_g128 (format version 1), bitcos_matrix, "
+        "bitcos_row, bitcos_b128, bitcos_b256 (version 2; default bitcos_pt,bitcos_g128)",
+    )
     g.add_argument("--workdir", type=Path, default=None, help="where the test GGUFs go (default: a temp dir)")
     g.add_argument("--json", type=Path, help="write all measurements as JSON")
     g.add_argument("--plot", type=Path, help="write the figure (PNG)")
@@ -188,8 +222,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """`bench gemv`: measure, print the table, write JSON and figure when asked."""
     with bench_workdir(args.workdir) as wd:
-        res = bench_gemv(args.rows, args.k, args.z, args.threads, args.reps, wd,
-                         args.bitcos_types.split(","), list(REF_TYPES), order=args.order)
+        res = bench_gemv(
+            args.rows,
+            args.k,
+            args.z,
+            args.threads,
+            args.reps,
+            wd,
+            args.bitcos_types.split(","),
+            list(REF_TYPES),
+            order=args.order,
+        )
     title = f"ggml-bitcos bench gemv ({args.order}) — {machine_line(args.threads)}"
     print(f"# {title}")
     print(gemv_table(res))

@@ -54,8 +54,8 @@ class KernelTiming:
     k: int
     nc: int
     zero_density: float
-    cycles_per_32: float          # median TSC ticks per 32 weight x column products
-    cycles_per_32_min: float      # best repeat
+    cycles_per_32: float  # median TSC ticks per 32 weight x column products
+    cycles_per_32_min: float  # best repeat
 
 
 def generic_reps(reps: int) -> int:
@@ -63,8 +63,17 @@ def generic_reps(reps: int) -> int:
     return max(5, reps // 10)
 
 
-def measure(impls: list[str], variant: Variant, rows: int, k: int, ncs: list[int], zs: list[float], reps: int,
-            seed: int = 0, fma: bool = True) -> list[KernelTiming]:
+def measure(
+    impls: list[str],
+    variant: Variant,
+    rows: int,
+    k: int,
+    ncs: list[int],
+    zs: list[float],
+    reps: int,
+    seed: int = 0,
+    fma: bool = True,
+) -> list[KernelTiming]:
     """Times every (z, nc, impl) on the same random matrix and activations per (z, nc).
 
     Block scales (G128, B128, B256) are random, so nearly every Q8_K block of G128 / B128 has two different
@@ -76,8 +85,11 @@ def measure(impls: list[str], variant: Variant, rows: int, k: int, ncs: list[int
     out: list[KernelTiming] = []
     for z in zs:
         codes = random_codes(rng, (rows, k), z)
-        block_scales = (rng.uniform(0.0, 2.0, size=(rows, k // variant.scale_block)).astype(np.float16)
-                        if variant.scale_block else None)
+        block_scales = (
+            rng.uniform(0.0, 2.0, size=(rows, k // variant.scale_block)).astype(np.float16)
+            if variant.scale_block
+            else None
+        )
         row_scales = rng.uniform(0.05, 2.0, size=rows).astype(np.float32) if variant is Variant.ROW else None
         w = harness.encode_rows(codes, variant, block_scales=block_scales, scale=0.5, row_scales=row_scales)
         for nc in ncs:
@@ -85,13 +97,17 @@ def measure(impls: list[str], variant: Variant, rows: int, k: int, ncs: list[int
             units = rows * k * nc / 32.0
             reference = harness.mm("generic", w, y, fma)
             for impl in impls:
-                if impl != "generic" and not np.array_equal(harness.mm(impl, w, y, fma).view(np.uint32),
-                                                            reference.view(np.uint32)):
+                if impl != "generic" and not np.array_equal(
+                    harness.mm(impl, w, y, fma).view(np.uint32), reference.view(np.uint32)
+                ):
                     raise RuntimeError(f"{impl} differs from generic (z={z}, nc={nc}): not timing a wrong kernel")
                 n = generic_reps(reps) if impl == "generic" else reps
                 ticks = harness.time_mm(impl, w, y, n, fma).astype(np.float64)
-                out.append(KernelTiming(impl, vname, rows, k, nc, z, float(np.median(ticks) / units),
-                                        float(ticks.min() / units)))
+                out.append(
+                    KernelTiming(
+                        impl, vname, rows, k, nc, z, float(np.median(ticks) / units), float(ticks.min() / units)
+                    )
+                )
     return out
 
 
@@ -100,7 +116,9 @@ def best_impl(fma: bool = True) -> str:
     return harness.best_kernel(fma)
 
 
-def gamma_l1(rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400, impl: str | None = None) -> dict[str, float]:
+def gamma_l1(
+    rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400, impl: str | None = None
+) -> dict[str, float]:
     """Kernel cost gamma for the roofline (ggml_bitcos.bench.roofline): TSC ticks per 32 weights, L1-resident
     (rows x k, default 16 x 2048), one column (GEMV), single thread, zero density z, best implementation,
     minimum over `reps` calls. Keys "bitcos_pt" and "bitcos_g128". Raises KernelLibraryNotFound when the
@@ -123,8 +141,11 @@ def format_table(timings: list[KernelTiming], impls: list[str], stat: str = "med
     lines = [head, "-" * len(head)]
     keys = sorted({(t.zero_density, t.nc) for t in timings})
     for z, nc in keys:
-        row = {t.impl: (t.cycles_per_32 if stat == "median" else t.cycles_per_32_min)
-               for t in timings if t.zero_density == z and t.nc == nc}
+        row = {
+            t.impl: (t.cycles_per_32 if stat == "median" else t.cycles_per_32_min)
+            for t in timings
+            if t.zero_density == z and t.nc == nc
+        }
         line = f"{z:5.2f} {nc:4d} " + " ".join(f"{row[i]:9.3f}" for i in impls)
         if "generic" in impls and len(impls) > 1:
             line += "   " + " ".join(f"{i}:{row['generic'] / row[i]:5.1f}x" for i in impls if i != "generic")
@@ -135,23 +156,40 @@ def format_table(timings: list[KernelTiming], impls: list[str], stat: str = "med
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `bench kernels` (shared by the subcommand and `python -m`)."""
     p.add_argument("--rows", type=int, default=16, help="rows of the weight matrix (default 16)")
-    p.add_argument("--k", type=int, default=2048,
-                   help="weights per row, a multiple of the variant's row-length multiple (default 2048)")
-    p.add_argument("--nc", type=parse_ints, default=[1, 4, 16],
-                   help="activation columns, comma list (default 1,4,16)")
+    p.add_argument(
+        "--k",
+        type=int,
+        default=2048,
+        help="weights per row, a multiple of the variant's row-length multiple (default 2048)",
+    )
+    p.add_argument("--nc", type=parse_ints, default=[1, 4, 16], help="activation columns, comma list (default 1,4,16)")
     p.add_argument("--z", type=parse_floats, default=[0.0, 0.4, 0.95], help="zero densities (default 0,0.4,0.95)")
-    p.add_argument("--variant", type=parse_variants, default=[Variant.G128],
-                   help=f"comma list of {', '.join(VARIANT_NAMES)} (default g128)")
-    p.add_argument("--impl", default="all",
-                   help="comma list of kernel names (the harness library's kernel table: generic, avx2, avx512 "
-                        "on x86-64) or 'all' (default)")
+    p.add_argument(
+        "--variant",
+        type=parse_variants,
+        default=[Variant.G128],
+        help=f"comma list of {', '.join(VARIANT_NAMES)} (default g128)",
+    )
+    p.add_argument(
+        "--impl",
+        default="all",
+        help="comma list of kernel names (the harness library's kernel table: generic, avx2, avx512 "
+        "on x86-64) or 'all' (default)",
+    )
     p.add_argument("--reps", type=int, default=400, help="timed calls per configuration (default 400)")
-    p.add_argument("--stat", choices=("median", "min"), default="median",
-                   help="statistic over the repeats shown in the table (min is robust to other processes "
-                        "sharing the core; default median)")
+    p.add_argument(
+        "--stat",
+        choices=("median", "min"),
+        default="median",
+        help="statistic over the repeats shown in the table (min is robust to other processes "
+        "sharing the core; default median)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON records (median and min) instead of the table")
-    p.add_argument("--no-fma", action="store_true",
-                   help="time the BITCOS_FMA=0 build (multiply, then add) instead of the fused one")
+    p.add_argument(
+        "--no-fma",
+        action="store_true",
+        help="time the BITCOS_FMA=0 build (multiply, then add) instead of the fused one",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,8 +202,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     bad_k = [v.name.lower() for v in args.variant if args.k % v.k_multiple]
     if args.k <= 0 or bad_k or args.rows <= 0:
-        print(f"error: --k must be a positive multiple of {max(v.k_multiple for v in args.variant)} for "
-              f"{','.join(v.name.lower() for v in args.variant)} and --rows positive", file=sys.stderr)
+        print(
+            f"error: --k must be a positive multiple of {max(v.k_multiple for v in args.variant)} for "
+            f"{','.join(v.name.lower() for v in args.variant)} and --rows positive",
+            file=sys.stderr,
+        )
         return 2
     names = list(harness.kernel_names(fma))
     wanted = names if args.impl == "all" else [i.strip() for i in args.impl.split(",")]
@@ -183,17 +224,23 @@ def run(args: argparse.Namespace) -> int:
     if skipped:
         print(f"not available on this CPU/library: {', '.join(skipped)}")
     for v, ts in timings.items():
-        print(f"\nBITCOS kernels, {v.name} (format version {v.version}), {args.rows} rows x {args.k} weights, "
-              f"TSC ticks per 32 weights per column ({args.stat} of {args.reps} calls; generic "
-              f"{generic_reps(args.reps)}), BITCOS_FMA={int(fma)}")
+        print(
+            f"\nBITCOS kernels, {v.name} (format version {v.version}), {args.rows} rows x {args.k} weights, "
+            f"TSC ticks per 32 weights per column ({args.stat} of {args.reps} calls; generic "
+            f"{generic_reps(args.reps)}), BITCOS_FMA={int(fma)}"
+        )
         print(format_table(ts, impls, args.stat))
     return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds `bench kernels` to the `bench` subparsers; its handler is stored as `func`."""
-    p = sub.add_parser("kernels", help="cycles per 32 weights of the BITCOS CPU kernels (generic, AVX2, AVX-512)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "kernels",
+        help="cycles per 32 weights of the BITCOS CPU kernels (generic, AVX2, AVX-512)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -201,8 +248,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m ggml_bitcos.bench.kernels`: the same options and output as `ggml-bitcos bench kernels`."""
-    parser = argparse.ArgumentParser(prog="python -m ggml_bitcos.bench.kernels", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ggml_bitcos.bench.kernels",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

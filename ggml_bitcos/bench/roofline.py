@@ -11,13 +11,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ggml_bitcos.bench.common import (bench_workdir, default_threads, machine_line, parse_floats, parse_ints,
-                                      read_bandwidth_gb_s, run_tool, tsc_ghz, write_json)
+from ggml_bitcos.bench.common import (
+    bench_workdir,
+    default_threads,
+    machine_line,
+    parse_floats,
+    parse_ints,
+    read_bandwidth_gb_s,
+    run_tool,
+    tsc_ghz,
+    write_json,
+)
 from ggml_bitcos.bench.gemv import REF_TYPES, bench_gemv
 
 
-def bench_roofline(threads: list[int], zs: list[float], rows: int, k: int, reps: int, workdir: Path,
-                   log: Callable[[str], Any] = print) -> dict[str, Any]:
+def bench_roofline(
+    threads: list[int], zs: list[float], rows: int, k: int, reps: int, workdir: Path, log: Callable[[str], Any] = print
+) -> dict[str, Any]:
     """beta (GB/s per thread count), gamma (cycles/32 weights), predicted vs measured GEMV time."""
     beta = {nt: read_bandwidth_gb_s(nt) for nt in threads}
     gam: dict[str, float] = {}
@@ -35,12 +45,13 @@ def bench_roofline(threads: list[int], zs: list[float], rows: int, k: int, reps:
     for r in res:
         n_w = r["rows"] * r["k"]
         nt = r["threads"]
-        t_mem = r["bytes"] / (beta[nt] * 1e3)                            # µs at the measured bandwidth
+        t_mem = r["bytes"] / (beta[nt] * 1e3)  # µs at the measured bandwidth
         g = gam.get(r["type"], float("nan"))
-        t_ins = (n_w / 32) * g / (ghz * 1e3) / nt                         # µs if instruction-bound
+        t_ins = (n_w / 32) * g / (ghz * 1e3) / nt  # µs if instruction-bound
         bound = "memory" if t_mem >= t_ins else "instructions"
-        rows_out.append({**r, "t_mem_us": t_mem, "t_ins_us": t_ins, "predicted_us": max(t_mem, t_ins),
-                         "bound": bound, "gamma": g})
+        rows_out.append(
+            {**r, "t_mem_us": t_mem, "t_ins_us": t_ins, "predicted_us": max(t_mem, t_ins), "bound": bound, "gamma": g}
+        )
     return {"beta_gb_s": beta, "gamma_cycles_per_32": gam, "tsc_ghz": ghz, "rows": rows_out}
 
 
@@ -50,13 +61,19 @@ def roofline_table(rf: dict[str, Any]) -> str:
     out += [f"| {nt} | {b:.2f} |" for nt, b in rf["beta_gb_s"].items()]
     out += ["", "| kernel | gamma (cycles / 32 weights, L1) |", "|---|---|"]
     out += [f"| {t} | {g:.3f} |" for t, g in rf["gamma_cycles_per_32"].items()]
-    out += ["", "| type | z | threads | memory-bound µs | instr-bound µs | predicted | bound | measured µs "
-                "| measured/predicted |", "|---|---|---|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "| type | z | threads | memory-bound µs | instr-bound µs | predicted | bound | measured µs "
+        "| measured/predicted |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rf["rows"]:
         zs = "-" if r["z"] is None else f"{r['z']:.2f}"
-        out.append(f"| {r['type']} | {zs} | {r['threads']} | {r['t_mem_us']:.0f} | {r['t_ins_us']:.0f} | "
-                   f"{r['predicted_us']:.0f} | {r['bound']} | {r['median_us']:.0f} | "
-                   f"{r['median_us'] / r['predicted_us']:.2f} |")
+        out.append(
+            f"| {r['type']} | {zs} | {r['threads']} | {r['t_mem_us']:.0f} | {r['t_ins_us']:.0f} | "
+            f"{r['predicted_us']:.0f} | {r['bound']} | {r['median_us']:.0f} | "
+            f"{r['median_us'] / r['predicted_us']:.2f} |"
+        )
     return "\n".join(out)
 
 

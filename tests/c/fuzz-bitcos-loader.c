@@ -9,20 +9,21 @@
 //
 // Each seed is parsed once (GGUF v3: KV pairs, tensor infos, data; for every ".bitcos" companion its header
 // and sections, for every BITCOS weight its blocks). Seeds must load and decode as they are, except those given
-// as refused=PATH (BITCOS where the model does not use MUL_MAT), which must be refused. Case i of seed S (reproducible alone with --first i
+// as refused=PATH (BITCOS where the model does not use MUL_MAT), which must be refused. Case i of seed S (reproducible
+// alone with --first i
 // --cases 1; --save writes it to DIR) takes seed file i % n_seeds and applies 1..6 stacked mutations:
 // companion header fields (interesting values: 0, 1, +-1, +-64, x2, /2, 2^32, 2^63, ~0, other fields),
 // companion row_base / row_delta entries, sign-pool bits (inside the signs: valid; in the tail: invalid),
 // scales of every variant: the companion's fp32 matrix / row scales (PT, MATRIX, ROW) and fp16 block scales
 // (B128, B256), G128's fp16 scales in the weight blocks (NaN, inf, negative, -0, 65504, 65505, 1e38,
 // subnormal), bitmap bits (flipped, or moved inside a 32-weight block: still valid), tensor types (160, 161,
-// 162, I8, F32, TQ2_0, holes 43..159, 2^32-1), shapes (ne and n_dims; +-32 and +-128), data offsets, tensor names (the ".bitcos" suffix, swaps), GGUF header
-// counts, KV values (bitcos.format_version, general.alignment, general.file_type, the shape hyper-parameters), truncation, appended
-// bytes and random byte flips (outside the KV section). The bytes go into a memfd and llama_model_load_from_file() loads
-// /proc/self/fd/N with a random load mode (read, mmap, direct I/O), lazy mode (off, auto, on), check_tensors
-// and extra buffer types, CPU only. A refused load is fine; every D-th accepted model also gets a context and
-// decodes 3 tokens (the BITCOS MUL_MAT / MUL_MAT_ID kernels on whatever passed validation).
-// A crash, abort, sanitizer report or a case running past --timeout seconds saves the case as
+// 162, I8, F32, TQ2_0, holes 43..159, 2^32-1), shapes (ne and n_dims; +-32 and +-128), data offsets, tensor names (the
+// ".bitcos" suffix, swaps), GGUF header counts, KV values (bitcos.format_version, general.alignment, general.file_type,
+// the shape hyper-parameters), truncation, appended bytes and random byte flips (outside the KV section). The bytes go
+// into a memfd and llama_model_load_from_file() loads /proc/self/fd/N with a random load mode (read, mmap, direct I/O),
+// lazy mode (off, auto, on), check_tensors and extra buffer types, CPU only. A refused load is fine; every D-th
+// accepted model also gets a context and decodes 3 tokens (the BITCOS MUL_MAT / MUL_MAT_ID kernels on whatever passed
+// validation). A crash, abort, sanitizer report or a case running past --timeout seconds saves the case as
 // DIR/crash-S-I.gguf (hang-S-I.gguf) and ends the run with a non-zero status.
 #define _GNU_SOURCE
 #include "llama.h"
@@ -44,14 +45,14 @@
 #include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
-#define FUZZ_ASAN 1
+#    define FUZZ_ASAN 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define FUZZ_ASAN 1
-#endif
+#    if __has_feature(address_sanitizer)
+#        define FUZZ_ASAN 1
+#    endif
 #endif
 #ifdef FUZZ_ASAN
-#include <sanitizer/common_interface_defs.h>
+#    include <sanitizer/common_interface_defs.h>
 #endif
 
 // ---- little-endian access ----
@@ -64,7 +65,7 @@ static uint64_t get_le(const uint8_t * p, int n) {
 }
 static void put_le(uint8_t * p, int n, uint64_t v) {
     for (int i = 0; i < n; ++i) {
-        p[i] = (uint8_t)(v >> (8 * i));
+        p[i] = (uint8_t) (v >> (8 * i));
     }
 }
 
@@ -73,14 +74,14 @@ static void put_le(uint8_t * p, int n, uint64_t v) {
 #define MAX_KV      64
 
 typedef struct {
-    size_t   off;        // value position
-    int      size;       // scalar size in bytes (0: not a mutable scalar)
-    char     key[64];
+    size_t off;  // value position
+    int    size; // scalar size in bytes (0: not a mutable scalar)
+    char   key[64];
 } kv_rec;
 
 typedef struct {
     char     name[96];
-    size_t   name_off;   // position of the name bytes
+    size_t   name_off; // position of the name bytes
     size_t   name_len;
     size_t   ndims_off;
     uint32_t ndims;
@@ -90,9 +91,9 @@ typedef struct {
     uint32_t type;
     size_t   offs_off;
     uint64_t offs;
-    size_t   data;       // absolute position of the data
-    size_t   size;       // data bytes (up to the next tensor)
-    int      companion;  // 1: name ends in ".bitcos"
+    size_t   data;      // absolute position of the data
+    size_t   size;      // data bytes (up to the next tensor)
+    int      companion; // 1: name ends in ".bitcos"
     // companion sections (absolute positions; valid only when companion)
     uint64_t c_cols, c_rows, c_sign_bits, c_scales, c_row_base, c_row_delta, c_pool, c_pool_bytes, c_mats;
     int      c_variant, c_g;
@@ -100,25 +101,27 @@ typedef struct {
 
 typedef struct {
     const char * path;
-    int          refused;      // given as refused=PATH: the loader must refuse it as it is
+    int          refused; // given as refused=PATH: the loader must refuse it as it is
     uint8_t *    bytes;
     size_t       len;
-    size_t       counts_off;   // n_tensors at 8, n_kv at 16
+    size_t       counts_off; // n_tensors at 8, n_kv at 16
     int          n_kv;
     kv_rec       kv[MAX_KV];
     int          n_t;
     tensor_rec   t[MAX_TENSORS];
     size_t       data_start;
-    size_t       kv_end;       // end of the KV section (start of the tensor infos)
+    size_t       kv_end; // end of the KV section (start of the tensor infos)
 } seed_file;
 
 static int parse_string(const uint8_t * b, size_t len, size_t * pos, size_t * soff, size_t * slen) {
-    if (*pos + 8 > len) return 0;
+    if (*pos + 8 > len)
+        return 0;
     const uint64_t n = get_le(b + *pos, 8);
-    if (n > len - *pos - 8) return 0;
+    if (n > len - *pos - 8)
+        return 0;
     *soff = *pos + 8;
-    *slen = (size_t)n;
-    *pos += 8 + (size_t)n;
+    *slen = (size_t) n;
+    *pos += 8 + (size_t) n;
     return 1;
 }
 
@@ -130,114 +133,133 @@ static int skip_value(const uint8_t * b, size_t len, size_t * pos, uint32_t type
         return parse_string(b, len, pos, &so, &sl);
     }
     if (type == 9) {
-        if (*pos + 12 > len) return 0;
-        const uint32_t et = (uint32_t)get_le(b + *pos, 4);
-        const uint64_t n = get_le(b + *pos + 4, 8);
+        if (*pos + 12 > len)
+            return 0;
+        const uint32_t et = (uint32_t) get_le(b + *pos, 4);
+        const uint64_t n  = get_le(b + *pos + 4, 8);
         *pos += 12;
         for (uint64_t i = 0; i < n; ++i) {
-            if (et > 12 || et == 9 || !skip_value(b, len, pos, et)) return 0;
+            if (et > 12 || et == 9 || !skip_value(b, len, pos, et))
+                return 0;
         }
         return 1;
     }
-    if (type > 12) return 0;
-    if (*pos + (size_t)k_type_size[type] > len) return 0;
-    *pos += (size_t)k_type_size[type];
+    if (type > 12)
+        return 0;
+    if (*pos + (size_t) k_type_size[type] > len)
+        return 0;
+    *pos += (size_t) k_type_size[type];
     return 1;
 }
 
 static int load_seed(const char * path, seed_file * s) {
     memset(s, 0, sizeof(*s));
-    s->path = path;
+    s->path  = path;
     FILE * f = fopen(path, "rb");
-    if (!f) { perror(path); return 0; }
+    if (!f) {
+        perror(path);
+        return 0;
+    }
     fseek(f, 0, SEEK_END);
-    s->len = (size_t)ftell(f);
+    s->len = (size_t) ftell(f);
     fseek(f, 0, SEEK_SET);
     s->bytes = malloc(s->len);
-    if (fread(s->bytes, 1, s->len, f) != s->len) { fclose(f); return 0; }
+    if (fread(s->bytes, 1, s->len, f) != s->len) {
+        fclose(f);
+        return 0;
+    }
     fclose(f);
     const uint8_t * b = s->bytes;
     if (s->len < 24 || memcmp(b, "GGUF", 4) != 0 || get_le(b + 4, 4) != 3) {
         fprintf(stderr, "%s: not a GGUF v3 file\n", path);
         return 0;
     }
-    s->counts_off = 8;
+    s->counts_off      = 8;
     const uint64_t n_t = get_le(b + 8, 8), n_kv = get_le(b + 16, 8);
-    if (n_t > MAX_TENSORS || n_kv > MAX_KV) { fprintf(stderr, "%s: too many tensors/kv\n", path); return 0; }
-    size_t pos = 24;
+    if (n_t > MAX_TENSORS || n_kv > MAX_KV) {
+        fprintf(stderr, "%s: too many tensors/kv\n", path);
+        return 0;
+    }
+    size_t   pos       = 24;
     uint64_t alignment = 32;
     for (uint64_t i = 0; i < n_kv; ++i) {
         size_t ko, kl;
-        if (!parse_string(b, s->len, &pos, &ko, &kl) || pos + 4 > s->len) return 0;
-        const uint32_t type = (uint32_t)get_le(b + pos, 4);
+        if (!parse_string(b, s->len, &pos, &ko, &kl) || pos + 4 > s->len)
+            return 0;
+        const uint32_t type = (uint32_t) get_le(b + pos, 4);
         pos += 4;
         kv_rec * r = &s->kv[s->n_kv++];
-        snprintf(r->key, sizeof r->key, "%.*s", (int)kl, (const char *)b + ko);
-        r->off = pos;
+        snprintf(r->key, sizeof r->key, "%.*s", (int) kl, (const char *) b + ko);
+        r->off  = pos;
         r->size = type <= 12 ? k_type_size[type] : 0;
-        if (!skip_value(b, s->len, &pos, type)) return 0;
-        if (!strcmp(r->key, "general.alignment") && type == 4) alignment = get_le(b + r->off, 4);
+        if (!skip_value(b, s->len, &pos, type))
+            return 0;
+        if (!strcmp(r->key, "general.alignment") && type == 4)
+            alignment = get_le(b + r->off, 4);
     }
     s->kv_end = pos;
     for (uint64_t i = 0; i < n_t; ++i) {
         tensor_rec * t = &s->t[s->n_t++];
-        if (!parse_string(b, s->len, &pos, &t->name_off, &t->name_len)) return 0;
-        snprintf(t->name, sizeof t->name, "%.*s", (int)t->name_len, (const char *)b + t->name_off);
+        if (!parse_string(b, s->len, &pos, &t->name_off, &t->name_len))
+            return 0;
+        snprintf(t->name, sizeof t->name, "%.*s", (int) t->name_len, (const char *) b + t->name_off);
         t->ndims_off = pos;
-        t->ndims = (uint32_t)get_le(b + pos, 4);
+        t->ndims     = (uint32_t) get_le(b + pos, 4);
         pos += 4;
-        if (t->ndims > 4) return 0;
+        if (t->ndims > 4)
+            return 0;
         for (uint32_t d = 0; d < 4; ++d) {
             t->ne[d] = 1;
         }
         for (uint32_t d = 0; d < t->ndims; ++d) {
             t->ne_off[d] = pos;
-            t->ne[d] = get_le(b + pos, 8);
+            t->ne[d]     = get_le(b + pos, 8);
             pos += 8;
         }
         t->type_off = pos;
-        t->type = (uint32_t)get_le(b + pos, 4);
+        t->type     = (uint32_t) get_le(b + pos, 4);
         t->offs_off = pos + 4;
-        t->offs = get_le(b + pos + 4, 8);
+        t->offs     = get_le(b + pos + 4, 8);
         pos += 12;
         const size_t sl = strlen(BITCOS_COMPANION_SUFFIX);
-        t->companion = t->name_len > sl && !memcmp(t->name + t->name_len - sl, BITCOS_COMPANION_SUFFIX, sl);
+        t->companion    = t->name_len > sl && !memcmp(t->name + t->name_len - sl, BITCOS_COMPANION_SUFFIX, sl);
     }
     s->data_start = (pos + alignment - 1) / alignment * alignment;
     for (int i = 0; i < s->n_t; ++i) {
         tensor_rec * t = &s->t[i];
-        t->data = s->data_start + t->offs;
-        size_t end = s->len;
+        t->data        = s->data_start + t->offs;
+        size_t end     = s->len;
         for (int j = 0; j < s->n_t; ++j) {
             const size_t d = s->data_start + s->t[j].offs;
-            if (d > t->data && d < end) end = d;
+            if (d > t->data && d < end)
+                end = d;
         }
         t->size = end - t->data;
         if (t->companion && t->size >= BITCOS_HEADER_BYTES) {
             const uint8_t * h = b + t->data;
-            t->c_variant    = h[6];
-            t->c_g          = h[7];
-            t->c_cols       = get_le(h + 8, 8);
-            t->c_rows       = get_le(h + 16, 8);
-            t->c_mats       = get_le(h + 24, 8);
-            t->c_sign_bits  = get_le(h + 32, 8);
-            t->c_scales     = get_le(h + 40, 8);
-            t->c_row_base   = get_le(h + 48, 8);
-            t->c_row_delta  = get_le(h + 56, 8);
-            t->c_pool       = get_le(h + 64, 8);
-            t->c_pool_bytes = get_le(h + 72, 8);
+            t->c_variant      = h[6];
+            t->c_g            = h[7];
+            t->c_cols         = get_le(h + 8, 8);
+            t->c_rows         = get_le(h + 16, 8);
+            t->c_mats         = get_le(h + 24, 8);
+            t->c_sign_bits    = get_le(h + 32, 8);
+            t->c_scales       = get_le(h + 40, 8);
+            t->c_row_base     = get_le(h + 48, 8);
+            t->c_row_delta    = get_le(h + 56, 8);
+            t->c_pool         = get_le(h + 64, 8);
+            t->c_pool_bytes   = get_le(h + 72, 8);
         }
     }
     return 1;
 }
 
 // ---- the current case ----
-static uint8_t * g_buf;
-static size_t    g_len, g_cap;
-static char      g_out[4096] = ".";
-static uint64_t  g_seed, g_index;
+static uint8_t *    g_buf;
+static size_t       g_len, g_cap;
+static char         g_out[4096] = ".";
+static uint64_t     g_seed, g_index;
 static const char * g_replay_name;
-static char      g_last_log[512];
+static char         g_last_log[512];
 
 static void save_case(const char * kind) {
     char path[4200];
@@ -251,18 +273,21 @@ static void save_case(const char * kind) {
         size_t done = 0;
         while (done < g_len) {
             const ssize_t w = write(fd, g_buf + done, g_len - done);
-            if (w <= 0) break;
-            done += (size_t)w;
+            if (w <= 0)
+                break;
+            done += (size_t) w;
         }
         close(fd);
     }
-    char msg[4600];
-    const int n = snprintf(msg, sizeof msg, "\n%s: case seed=%" PRIu64 " index=%" PRIu64 "%s%s saved to %s\n"
-                           "last log: %s\n", kind == NULL ? "" : kind, g_seed, g_index,
-                           g_replay_name ? " file=" : "", g_replay_name ? g_replay_name : "", path, g_last_log);
+    char      msg[4600];
+    const int n = snprintf(msg, sizeof msg,
+                           "\n%s: case seed=%" PRIu64 " index=%" PRIu64 "%s%s saved to %s\n"
+                           "last log: %s\n",
+                           kind == NULL ? "" : kind, g_seed, g_index, g_replay_name ? " file=" : "",
+                           g_replay_name ? g_replay_name : "", path, g_last_log);
     if (n > 0) {
-        ssize_t ignored = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
-        (void)ignored;
+        ssize_t ignored = write(2, msg, (size_t) n < sizeof msg ? (size_t) n : sizeof msg - 1);
+        (void) ignored;
     }
 }
 
@@ -277,13 +302,13 @@ static void on_signal(int sig) {
 }
 
 static void on_alarm(int sig) {
-    (void)sig;
+    (void) sig;
     save_case("hang");
     _exit(3);
 }
 
 static void log_cb(enum ggml_log_level level, const char * text, void * ud) {
-    (void)ud;
+    (void) ud;
     if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
         snprintf(g_last_log, sizeof g_last_log, "%s", text);
     }
@@ -295,64 +320,86 @@ static void log_cb(enum ggml_log_level level, const char * text, void * ud) {
 // ---- mutations ----
 static uint64_t interesting_u64(uint64_t orig) {
     switch (rng_below(20)) {
-    case 0:  return 0;
-    case 1:  return 1;
-    case 2:  return orig - 1;
-    case 3:  return orig + 1;
-    case 4:  return orig + 64;
-    case 5:  return orig - 64;
-    case 6:  return orig * 2;
-    case 7:  return orig / 2;
-    case 8:  return 1ull << 32;
-    case 9:  return 1ull << 63;
-    case 10: return ~0ull;
-    case 11: return ~0ull - 63;
-    case 12: return 0x7fffffffull;
-    case 13: return 0xffffffffull;
-    case 14: return orig ^ (1ull << rng_below(64));
-    case 15: return orig + 8;
-    case 16: return orig - 8;
-    case 17: return (uint64_t)1 << (rng_below(40));
-    default: return rng_u64() >> rng_below(64);
+        case 0:
+            return 0;
+        case 1:
+            return 1;
+        case 2:
+            return orig - 1;
+        case 3:
+            return orig + 1;
+        case 4:
+            return orig + 64;
+        case 5:
+            return orig - 64;
+        case 6:
+            return orig * 2;
+        case 7:
+            return orig / 2;
+        case 8:
+            return 1ull << 32;
+        case 9:
+            return 1ull << 63;
+        case 10:
+            return ~0ull;
+        case 11:
+            return ~0ull - 63;
+        case 12:
+            return 0x7fffffffull;
+        case 13:
+            return 0xffffffffull;
+        case 14:
+            return orig ^ (1ull << rng_below(64));
+        case 15:
+            return orig + 8;
+        case 16:
+            return orig - 8;
+        case 17:
+            return (uint64_t) 1 << (rng_below(40));
+        default:
+            return rng_u64() >> rng_below(64);
     }
 }
 
 static uint32_t interesting_f32_bits(void) {
     static const uint32_t v[] = {
-        0x7fc00000u,  // NaN
-        0xffc00001u,  // -NaN with payload
-        0x7f800000u,  // inf
-        0xff800000u,  // -inf
-        0xbf800000u,  // -1
-        0x80000000u,  // -0
-        0x00000000u,  // 0
-        0x477fe000u,  // 65504
-        0x477fe100u,  // 65505
-        0x7e967699u,  // 1e38
-        0x00000001u,  // smallest subnormal
-        0x3f800000u,  // 1
-        0x7f7fffffu,  // FLT_MAX
+        0x7fc00000u, // NaN
+        0xffc00001u, // -NaN with payload
+        0x7f800000u, // inf
+        0xff800000u, // -inf
+        0xbf800000u, // -1
+        0x80000000u, // -0
+        0x00000000u, // 0
+        0x477fe000u, // 65504
+        0x477fe100u, // 65505
+        0x7e967699u, // 1e38
+        0x00000001u, // smallest subnormal
+        0x3f800000u, // 1
+        0x7f7fffffu, // FLT_MAX
     };
     return v[rng_below(sizeof v / sizeof v[0])];
 }
 
 static uint16_t interesting_f16_bits(void) {
-    static const uint16_t v[] = { 0x7e00, 0x7c00, 0xfc00, 0x8000, 0xbc00, 0x7bff, 0x0001, 0x0000, 0x3c00, 0xfbff,
-                                  0x7c01, 0xffff };
+    static const uint16_t v[] = { 0x7e00, 0x7c00, 0xfc00, 0x8000, 0xbc00, 0x7bff,
+                                  0x0001, 0x0000, 0x3c00, 0xfbff, 0x7c01, 0xffff };
     return v[rng_below(sizeof v / sizeof v[0])];
 }
 
-static const seed_file * g_s;   // seed of the current case
+static const seed_file * g_s; // seed of the current case
 
 static const tensor_rec * pick_tensor(int want_companion) {
     // want_companion: 1 companion, 0 BITCOS weight, -1 any
     for (int tries = 0; tries < 64; ++tries) {
-        const tensor_rec * t = &g_s->t[rng_below((uint64_t)g_s->n_t)];
-        if (want_companion < 0) return t;
-        if (want_companion == 1 && t->companion) return t;
-        if (want_companion == 0 && ggml_bitcos_is_type((enum ggml_type) t->type)) return t;
+        const tensor_rec * t = &g_s->t[rng_below((uint64_t) g_s->n_t)];
+        if (want_companion < 0)
+            return t;
+        if (want_companion == 1 && t->companion)
+            return t;
+        if (want_companion == 0 && ggml_bitcos_is_type((enum ggml_type) t->type))
+            return t;
     }
-    return &g_s->t[rng_below((uint64_t)g_s->n_t)];
+    return &g_s->t[rng_below((uint64_t) g_s->n_t)];
 }
 
 static int in_buf(size_t pos, size_t n) {
@@ -360,36 +407,42 @@ static int in_buf(size_t pos, size_t n) {
 }
 
 static void mut_companion_header(void) {
-    static const struct { int off, size; } f[] = {
-        { 0, 4 }, { 4, 2 }, { 6, 1 }, { 7, 1 }, { 8, 8 }, { 16, 8 }, { 24, 8 }, { 32, 8 }, { 40, 8 }, { 48, 8 },
-        { 56, 8 }, { 64, 8 }, { 72, 8 }, { 80, 8 }, { 120, 8 },
+    static const struct {
+        int off, size;
+    } f[] = {
+        { 0, 4 },  { 4, 2 },  { 6, 1 },  { 7, 1 },  { 8, 8 },  { 16, 8 }, { 24, 8 },  { 32, 8 },
+        { 40, 8 }, { 48, 8 }, { 56, 8 }, { 64, 8 }, { 72, 8 }, { 80, 8 }, { 120, 8 },
     };
     const tensor_rec * t = pick_tensor(1);
-    const int i = (int)rng_below(sizeof f / sizeof f[0]);
-    const size_t p = t->data + (size_t)f[i].off;
-    if (!in_buf(p, (size_t)f[i].size)) return;
+    const int          i = (int) rng_below(sizeof f / sizeof f[0]);
+    const size_t       p = t->data + (size_t) f[i].off;
+    if (!in_buf(p, (size_t) f[i].size))
+        return;
     uint64_t v = get_le(g_buf + p, f[i].size);
     if (rng_below(4) == 0 && f[i].size == 8) {
-        v = get_le(g_buf + t->data + 8 * (1 + rng_below(9)), 8);   // another field's value
+        v = get_le(g_buf + t->data + 8 * (1 + rng_below(9)), 8); // another field's value
     } else if (f[i].size == 8) {
         v = interesting_u64(v);
     } else {
-        v = rng_below(2) ? (v ^ (1ull << rng_below(8 * (uint64_t)f[i].size))) : (rng_below(2) ? 0 : v + 1);
+        v = rng_below(2) ? (v ^ (1ull << rng_below(8 * (uint64_t) f[i].size))) : (rng_below(2) ? 0 : v + 1);
     }
     put_le(g_buf + p, f[i].size, v);
 }
 
 static void mut_row_index(void) {
     const tensor_rec * t = pick_tensor(1);
-    if (!t->companion || t->c_rows == 0) return;
+    if (!t->companion || t->c_rows == 0)
+        return;
     if (rng_below(2)) {
         const uint64_t n = (t->c_rows + (1ull << t->c_g) - 1) >> t->c_g;
-        const size_t p = t->data + t->c_row_base + 8 * rng_below(n);
-        if (in_buf(p, 8)) put_le(g_buf + p, 8, interesting_u64(get_le(g_buf + p, 8)));
+        const size_t   p = t->data + t->c_row_base + 8 * rng_below(n);
+        if (in_buf(p, 8))
+            put_le(g_buf + p, 8, interesting_u64(get_le(g_buf + p, 8)));
     } else {
         const size_t p = t->data + t->c_row_delta + 2 * rng_below(t->c_rows);
-        if (!in_buf(p, 2)) return;
-        const uint64_t v = get_le(g_buf + p, 2);
+        if (!in_buf(p, 2))
+            return;
+        const uint64_t v  = get_le(g_buf + p, 2);
         const uint64_t nv = rng_below(3) == 0 ? 0xffff : rng_below(2) ? v + 1 : v - 1;
         put_le(g_buf + p, 2, nv);
     }
@@ -397,16 +450,18 @@ static void mut_row_index(void) {
 
 static void mut_pool(void) {
     const tensor_rec * t = pick_tensor(1);
-    if (!t->companion) return;
+    if (!t->companion)
+        return;
     uint64_t bit;
     if (rng_below(2) && t->c_sign_bits) {
-        bit = rng_below(t->c_sign_bits);                              // a sign: still valid
+        bit = rng_below(t->c_sign_bits); // a sign: still valid
     } else {
         const uint64_t pool_bits = t->c_pool_bytes * 8;
         bit = t->c_sign_bits + rng_below(pool_bits - t->c_sign_bits + (pool_bits == t->c_sign_bits));
     }
     const size_t p = t->data + t->c_pool + bit / 8;
-    if (in_buf(p, 1)) g_buf[p] ^= (uint8_t)(1u << (bit & 7));
+    if (in_buf(p, 1))
+        g_buf[p] ^= (uint8_t) (1u << (bit & 7));
 }
 
 // The companion of weight t (NULL if none in the seed).
@@ -425,48 +480,58 @@ static void mut_scale(void) {
     const tensor_rec * t = pick_tensor(0);
     if (t->type == GGML_TYPE_BITCOS_G128) {
         const uint64_t nblocks = t->size / BITCOS_BLOCK_BYTES_G128;
-        if (nblocks == 0) return;
+        if (nblocks == 0)
+            return;
         const size_t p = t->data + BITCOS_BLOCK_BYTES_G128 * rng_below(nblocks) + BITCOS_BITMAP_BYTES;
-        if (in_buf(p, 2)) put_le(g_buf + p, 2, interesting_f16_bits());
+        if (in_buf(p, 2))
+            put_le(g_buf + p, 2, interesting_f16_bits());
         return;
     }
     // every other variant: the companion's scales section (FORMAT.md 4.2), sized from the seed's header
     const tensor_rec * c = companion_of(t);
-    if (c == NULL || c->c_scales == 0 || c->c_variant < 0 || c->c_variant >= BITCOS_VARIANT_COUNT) return;
+    if (c == NULL || c->c_scales == 0 || c->c_variant < 0 || c->c_variant >= BITCOS_VARIANT_COUNT)
+        return;
     const uint64_t bytes = bitcos_scales_bytes(c->c_variant, c->c_cols, c->c_rows, c->c_mats);
-    const int f16 = bitcos_variant_scale_block(c->c_variant) != 0;
-    const uint64_t n = bytes / (f16 ? 2 : 4);
-    if (n == 0) return;
+    const int      f16   = bitcos_variant_scale_block(c->c_variant) != 0;
+    const uint64_t n     = bytes / (f16 ? 2 : 4);
+    if (n == 0)
+        return;
     const size_t p = c->data + c->c_scales + (f16 ? 2 : 4) * rng_below(n);
     if (f16) {
-        if (in_buf(p, 2)) put_le(g_buf + p, 2, interesting_f16_bits());
+        if (in_buf(p, 2))
+            put_le(g_buf + p, 2, interesting_f16_bits());
     } else {
-        if (in_buf(p, 4)) put_le(g_buf + p, 4, interesting_f32_bits());
+        if (in_buf(p, 4))
+            put_le(g_buf + p, 4, interesting_f32_bits());
     }
 }
 
 static void mut_bitmap(void) {
-    const tensor_rec * t = pick_tensor(0);
+    const tensor_rec * t       = pick_tensor(0);
     // the unit whose bits may move without changing the row's popcount: a v1 block (128 weights, scale after
     // the bitmap) or a v2 ggml block (32 weights; a row is whole blocks, so a block never straddles rows)
-    const int v2 = t->type == GGML_TYPE_BITCOS;
-    const size_t bb = v2 ? sizeof(block_bitcos) : t->type == GGML_TYPE_BITCOS_G128 ? BITCOS_BLOCK_BYTES_G128 : BITCOS_BLOCK_BYTES_PT;
-    const unsigned nbits = v2 ? QK_BITCOS_BITMAP : QK_BITCOS;
-    const uint64_t nblocks = t->size / bb;
-    if (nblocks == 0) return;
+    const int          v2      = t->type == GGML_TYPE_BITCOS;
+    const size_t       bb      = v2                               ? sizeof(block_bitcos) :
+                                 t->type == GGML_TYPE_BITCOS_G128 ? BITCOS_BLOCK_BYTES_G128 :
+                                                                    BITCOS_BLOCK_BYTES_PT;
+    const unsigned     nbits   = v2 ? QK_BITCOS_BITMAP : QK_BITCOS;
+    const uint64_t     nblocks = t->size / bb;
+    if (nblocks == 0)
+        return;
     const uint64_t blk = rng_below(nblocks);
-    const size_t p = t->data + bb * blk;
-    if (!in_buf(p, nbits / 8)) return;
-    const unsigned a = (unsigned)rng_below(nbits);
+    const size_t   p   = t->data + bb * blk;
+    if (!in_buf(p, nbits / 8))
+        return;
+    const unsigned a = (unsigned) rng_below(nbits);
     if (rng_below(2)) {
-        g_buf[p + a / 8] ^= (uint8_t)(1u << (a % 8));          // popcount changes: the row index breaks
+        g_buf[p + a / 8] ^= (uint8_t) (1u << (a % 8)); // popcount changes: the row index breaks
     } else {
         // move a set bit to a clear position in the same block: popcount (and the index) unchanged, valid
-        const unsigned c = (unsigned)rng_below(nbits);
-        const int sa = (g_buf[p + a / 8] >> (a % 8)) & 1, sc = (g_buf[p + c / 8] >> (c % 8)) & 1;
+        const unsigned c  = (unsigned) rng_below(nbits);
+        const int      sa = (g_buf[p + a / 8] >> (a % 8)) & 1, sc = (g_buf[p + c / 8] >> (c % 8)) & 1;
         if (sa != sc) {
-            g_buf[p + a / 8] ^= (uint8_t)(1u << (a % 8));
-            g_buf[p + c / 8] ^= (uint8_t)(1u << (c % 8));
+            g_buf[p + a / 8] ^= (uint8_t) (1u << (a % 8));
+            g_buf[p + c / 8] ^= (uint8_t) (1u << (c % 8));
         }
     }
 }
@@ -480,14 +545,28 @@ static int is_bitcos_related(const tensor_rec * t) {
 // types: upstream ggml aborts on, e.g., an I32 norm weight in a binary op at decode (found by this fuzzer,
 // tests/data/fuzz-regressions/upstream/), which is not BITCOS code.
 static void mut_type(void) {
-    static const uint32_t types[] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_BITCOS, GGML_TYPE_I8, GGML_TYPE_F32,
-                                      GGML_TYPE_F16, GGML_TYPE_TQ2_0, GGML_TYPE_TQ1_0, GGML_TYPE_Q8_0, GGML_TYPE_I32,
-                                      43, 100, 159, 163, 255, 0xffffffffu, 0x800000a0u };
-    const tensor_rec * t = pick_tensor(-1);
+    static const uint32_t types[] = { GGML_TYPE_BITCOS_G128,
+                                      GGML_TYPE_BITCOS_PT,
+                                      GGML_TYPE_BITCOS,
+                                      GGML_TYPE_I8,
+                                      GGML_TYPE_F32,
+                                      GGML_TYPE_F16,
+                                      GGML_TYPE_TQ2_0,
+                                      GGML_TYPE_TQ1_0,
+                                      GGML_TYPE_Q8_0,
+                                      GGML_TYPE_I32,
+                                      43,
+                                      100,
+                                      159,
+                                      163,
+                                      255,
+                                      0xffffffffu,
+                                      0x800000a0u };
+    const tensor_rec *    t       = pick_tensor(-1);
     if (rng_below(4) == 0) {
         // swap the types of two BITCOS weights / companions (a weight and its companion, two variants, ...)
-        const tensor_rec * a = pick_tensor(rng_below(2)), * b = pick_tensor(rng_below(2));
-        const uint32_t ta = (uint32_t)get_le(g_buf + a->type_off, 4), tb = (uint32_t)get_le(g_buf + b->type_off, 4);
+        const tensor_rec *a = pick_tensor(rng_below(2)), *b = pick_tensor(rng_below(2));
+        const uint32_t ta = (uint32_t) get_le(g_buf + a->type_off, 4), tb = (uint32_t) get_le(g_buf + b->type_off, 4);
         put_le(g_buf + a->type_off, 4, tb);
         put_le(g_buf + b->type_off, 4, ta);
         return;
@@ -503,58 +582,89 @@ static void mut_type(void) {
 static void mut_shape(void) {
     const tensor_rec * t = pick_tensor(-1);
     if (rng_below(5) == 0) {
-        put_le(g_buf + t->ndims_off, 4, rng_below(8) == 0 ? 0xffffffffu : rng_below(6));   // the layout after it shifts
+        put_le(g_buf + t->ndims_off, 4, rng_below(8) == 0 ? 0xffffffffu : rng_below(6)); // the layout after it shifts
         return;
     }
-    if (t->ndims == 0) return;
-    const uint32_t d = (uint32_t)rng_below(t->ndims);
+    if (t->ndims == 0)
+        return;
+    const uint32_t d = (uint32_t) rng_below(t->ndims);
     const uint64_t v = get_le(g_buf + t->ne_off[d], 8);
-    uint64_t nv;
+    uint64_t       nv;
     switch (rng_below(12)) {
-    case 0:  nv = 0; break;
-    case 1:  nv = v + 128; break;
-    case 2:  nv = v - 128; break;
-    case 3:  nv = v + 1; break;
-    case 4:  nv = 128; break;
-    case 5:  nv = 1; break;
-    case 6:  nv = v + 32; break;    // GGML_TYPE_BITCOS: still whole ggml blocks, maybe not the variant's K
-    case 7:  nv = v - 32; break;
-    default: nv = interesting_u64(v); break;
+        case 0:
+            nv = 0;
+            break;
+        case 1:
+            nv = v + 128;
+            break;
+        case 2:
+            nv = v - 128;
+            break;
+        case 3:
+            nv = v + 1;
+            break;
+        case 4:
+            nv = 128;
+            break;
+        case 5:
+            nv = 1;
+            break;
+        case 6:
+            nv = v + 32;
+            break; // GGML_TYPE_BITCOS: still whole ggml blocks, maybe not the variant's K
+        case 7:
+            nv = v - 32;
+            break;
+        default:
+            nv = interesting_u64(v);
+            break;
     }
     put_le(g_buf + t->ne_off[d], 8, nv);
 }
 
 static void mut_offset(void) {
     const tensor_rec * t = pick_tensor(-1);
-    uint64_t v = get_le(g_buf + t->offs_off, 8);
+    uint64_t           v = get_le(g_buf + t->offs_off, 8);
     switch (rng_below(6)) {
-    case 0:  v = g_s->t[rng_below((uint64_t)g_s->n_t)].offs; break;     // another tensor's data
-    case 1:  v += 32 * (1 + rng_below(4)); break;
-    case 2:  v -= 32 * (1 + rng_below(4)); break;
-    case 3:  v = g_len - g_s->data_start; break;
-    default: v = interesting_u64(v); break;
+        case 0:
+            v = g_s->t[rng_below((uint64_t) g_s->n_t)].offs;
+            break; // another tensor's data
+        case 1:
+            v += 32 * (1 + rng_below(4));
+            break;
+        case 2:
+            v -= 32 * (1 + rng_below(4));
+            break;
+        case 3:
+            v = g_len - g_s->data_start;
+            break;
+        default:
+            v = interesting_u64(v);
+            break;
     }
     put_le(g_buf + t->offs_off, 8, v);
 }
 
 static void mut_name(void) {
     const tensor_rec * t = pick_tensor(rng_below(2) ? 1 : -1);
-    if (t->name_len == 0) return;
+    if (t->name_len == 0)
+        return;
     switch (rng_below(4)) {
-    case 0:   // break the suffix or the weight part
-        g_buf[t->name_off + rng_below(t->name_len)] ^= (uint8_t)(1u << rng_below(7));
-        break;
-    case 1: { // take another tensor's name of the same length (duplicate names / companion of another weight)
-        const tensor_rec * u = pick_tensor(-1);
-        if (u->name_len == t->name_len) memcpy(g_buf + t->name_off, g_buf + u->name_off, t->name_len);
-        break;
-    }
-    case 2:   // a NUL inside the name
-        g_buf[t->name_off + rng_below(t->name_len)] = 0;
-        break;
-    default:  // name length field
-        put_le(g_buf + t->name_off - 8, 8, interesting_u64(t->name_len));
-        break;
+        case 0: // break the suffix or the weight part
+            g_buf[t->name_off + rng_below(t->name_len)] ^= (uint8_t) (1u << rng_below(7));
+            break;
+        case 1: { // take another tensor's name of the same length (duplicate names / companion of another weight)
+            const tensor_rec * u = pick_tensor(-1);
+            if (u->name_len == t->name_len)
+                memcpy(g_buf + t->name_off, g_buf + u->name_off, t->name_len);
+            break;
+        }
+        case 2: // a NUL inside the name
+            g_buf[t->name_off + rng_below(t->name_len)] = 0;
+            break;
+        default: // name length field
+            put_le(g_buf + t->name_off - 8, 8, interesting_u64(t->name_len));
+            break;
     }
 }
 
@@ -568,26 +678,29 @@ static int kv_fuzzable(const char * key) {
     static const char * const keys[] = { "bitcos.", "general.alignment", "general.file_type", ".embedding_length",
                                          ".feed_forward_length" };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; ++i) {
-        if (strstr(key, keys[i])) return 1;
+        if (strstr(key, keys[i]))
+            return 1;
     }
     return 0;
 }
 
 static void mut_kv(void) {
     const kv_rec * cand[MAX_KV];
-    int n = 0;
+    int            n = 0;
     for (int i = 0; i < g_s->n_kv; ++i) {
-        if (kv_fuzzable(g_s->kv[i].key)) cand[n++] = &g_s->kv[i];
+        if (kv_fuzzable(g_s->kv[i].key))
+            cand[n++] = &g_s->kv[i];
     }
-    if (n == 0) return;
-    const kv_rec * r = cand[rng_below((uint64_t)n)];
+    if (n == 0)
+        return;
+    const kv_rec * r = cand[rng_below((uint64_t) n)];
     if (r->size == 0) {
         // string or array: corrupt its length
         put_le(g_buf + r->off, 8, interesting_u64(get_le(g_buf + r->off, 8)));
         return;
     }
-    const uint64_t v = get_le(g_buf + r->off, r->size);
-    uint64_t nv = rng_below(2) ? interesting_u64(v) : v + (rng_below(2) ? 1 : (uint64_t)-1);
+    const uint64_t v  = get_le(g_buf + r->off, r->size);
+    uint64_t       nv = rng_below(2) ? interesting_u64(v) : v + (rng_below(2) ? 1 : (uint64_t) -1);
     if (strstr(r->key, "alignment") && nv != 0 && nv < 32 && (nv & (nv - 1)) == 0 && nv != v) {
         // a smaller power of two moves the data section off a 32-byte boundary, and upstream then aborts in
         // ggml_backend_cpu_buffer_from_ptr under mmap (found by this fuzzer; fuzz-regressions/upstream/)
@@ -602,14 +715,16 @@ static void mut_counts(void) {
 }
 
 static void mut_truncate(void) {
-    if (g_len == 0) return;
+    if (g_len == 0)
+        return;
     if (rng_below(2)) {
         // inside a companion, near its end, or anywhere
-        const tensor_rec * t = pick_tensor(1);
-        const size_t end = t->data + t->size;
-        const size_t cut = rng_below(2) ? end - 1 - rng_below(t->size < 256 ? t->size : 256)
-                                        : t->data + rng_below(t->size + 1);
-        if (cut < g_len) g_len = cut;
+        const tensor_rec * t   = pick_tensor(1);
+        const size_t       end = t->data + t->size;
+        const size_t       cut =
+            rng_below(2) ? end - 1 - rng_below(t->size < 256 ? t->size : 256) : t->data + rng_below(t->size + 1);
+        if (cut < g_len)
+            g_len = cut;
     } else {
         g_len = rng_below(g_len);
     }
@@ -617,62 +732,68 @@ static void mut_truncate(void) {
 
 static void mut_append(void) {
     const size_t n = 1 + rng_below(256);
-    if (g_len + n > g_cap) return;
+    if (g_len + n > g_cap)
+        return;
     for (size_t i = 0; i < n; ++i) {
-        g_buf[g_len + i] = (uint8_t)rng_u64();
+        g_buf[g_len + i] = (uint8_t) rng_u64();
     }
     g_len += n;
 }
 
 // Random bytes in the tensor infos and data (not in the KV section: see kv_fuzzable).
 static void mut_havoc(void) {
-    const int n = 1 + (int)rng_below(8);
+    const int n = 1 + (int) rng_below(8);
     for (int i = 0; i < n && g_len > g_s->kv_end; ++i) {
         const size_t p = g_s->kv_end + rng_below(g_len - g_s->kv_end);
-        g_buf[p] = rng_below(2) ? (uint8_t)rng_u64() : (uint8_t)(g_buf[p] ^ (1u << rng_below(8)));
+        g_buf[p]       = rng_below(2) ? (uint8_t) rng_u64() : (uint8_t) (g_buf[p] ^ (1u << rng_below(8)));
     }
 }
 
 static void mut_copy_companion(void) {
     // one companion's bytes over another's: a well-formed header of the wrong tensor
-    const tensor_rec * a = pick_tensor(1), * b = pick_tensor(1);
-    if (a == b) return;
+    const tensor_rec *a = pick_tensor(1), *b = pick_tensor(1);
+    if (a == b)
+        return;
     const size_t n = a->size < b->size ? a->size : b->size;
     memmove(g_buf + b->data, g_buf + a->data, n);
 }
 
 typedef void (*mutator)(void);
-static const struct { mutator fn; int weight; const char * name; } k_mutators[] = {
+static const struct {
+    mutator      fn;
+    int          weight;
+    const char * name;
+} k_mutators[] = {
     { mut_companion_header, 14, "companion-header" },
-    { mut_row_index,         8, "row-index" },
-    { mut_pool,              6, "pool" },
-    { mut_scale,             6, "scale" },
-    { mut_bitmap,            6, "bitmap" },
-    { mut_type,              8, "type" },
-    { mut_shape,             8, "shape" },
-    { mut_offset,            5, "offset" },
-    { mut_name,              5, "name" },
-    { mut_kv,                5, "kv" },
-    { mut_counts,            2, "counts" },
-    { mut_truncate,          4, "truncate" },
-    { mut_append,            2, "append" },
-    { mut_havoc,             5, "havoc" },
-    { mut_copy_companion,    2, "copy-companion" },
+    { mut_row_index, 8, "row-index" },
+    { mut_pool, 6, "pool" },
+    { mut_scale, 6, "scale" },
+    { mut_bitmap, 6, "bitmap" },
+    { mut_type, 8, "type" },
+    { mut_shape, 8, "shape" },
+    { mut_offset, 5, "offset" },
+    { mut_name, 5, "name" },
+    { mut_kv, 5, "kv" },
+    { mut_counts, 2, "counts" },
+    { mut_truncate, 4, "truncate" },
+    { mut_append, 2, "append" },
+    { mut_havoc, 5, "havoc" },
+    { mut_copy_companion, 2, "copy-companion" },
 };
-#define N_MUTATORS (int)(sizeof k_mutators / sizeof k_mutators[0])
+#define N_MUTATORS (int) (sizeof k_mutators / sizeof k_mutators[0])
 
 static void make_case(const seed_file * seeds, int n_seeds) {
     rng_seed_case(g_seed, g_index);
-    g_s = &seeds[g_index % (uint64_t)n_seeds];
+    g_s = &seeds[g_index % (uint64_t) n_seeds];
     memcpy(g_buf, g_s->bytes, g_s->len);
-    g_len = g_s->len;
+    g_len     = g_s->len;
     int total = 0;
     for (int i = 0; i < N_MUTATORS; ++i) {
         total += k_mutators[i].weight;
     }
-    const int n = rng_below(2) ? 1 : 2 + (int)rng_below(5);
+    const int n = rng_below(2) ? 1 : 2 + (int) rng_below(5);
     for (int m = 0; m < n; ++m) {
-        int r = (int)rng_below((uint64_t)total);
+        int r = (int) rng_below((uint64_t) total);
         int i = 0;
         while (r >= k_mutators[i].weight) {
             r -= k_mutators[i].weight;
@@ -688,31 +809,40 @@ static char     g_fd_path[64];
 static uint64_t g_accepted, g_refused, g_decoded, g_ctx_failed, g_decode_failed;
 
 #define N_REASONS 64
-static struct { char text[72]; uint64_t n; } g_reasons[N_REASONS];
+static struct {
+    char     text[72];
+    uint64_t n;
+} g_reasons[N_REASONS];
 static int g_n_reasons;
 
 static void count_reason(const char * msg) {
     // the reason with quoted names as '*' and numbers as '#', so that reasons group
-    char key[72];
-    size_t n = 0;
-    int quoted = 0;
+    char   key[72];
+    size_t n      = 0;
+    int    quoted = 0;
     for (const char * c = msg; *c && n < sizeof key - 1; ++c) {
         if (*c == '\'') {
             quoted = !quoted;
-            if (quoted) key[n++] = '*';
+            if (quoted)
+                key[n++] = '*';
             continue;
         }
-        if (quoted) continue;
-        if (*c >= '0' && *c <= '9') {   // a number (decimal, hex, float) -> '#'
+        if (quoted)
+            continue;
+        if (*c >= '0' && *c <= '9') { // a number (decimal, hex, float) -> '#'
             key[n++] = '#';
-            while (c[1] && (strchr("0123456789abcdefxABCDEFX.+-", c[1]) != NULL)) ++c;
+            while (c[1] && (strchr("0123456789abcdefxABCDEFX.+-", c[1]) != NULL))
+                ++c;
             continue;
         }
         key[n++] = *c == '\n' ? ' ' : *c;
     }
     key[n] = 0;
     for (int i = 0; i < g_n_reasons; ++i) {
-        if (!strcmp(g_reasons[i].text, key)) { g_reasons[i].n++; return; }
+        if (!strcmp(g_reasons[i].text, key)) {
+            g_reasons[i].n++;
+            return;
+        }
     }
     if (g_n_reasons < N_REASONS) {
         snprintf(g_reasons[g_n_reasons].text, sizeof g_reasons[0].text, "%s", key);
@@ -721,38 +851,38 @@ static void count_reason(const char * msg) {
 }
 
 static void write_fd(void) {
-    if (ftruncate(g_fd, 0) != 0 || pwrite(g_fd, g_buf, g_len, 0) != (ssize_t)g_len) {
+    if (ftruncate(g_fd, 0) != 0 || pwrite(g_fd, g_buf, g_len, 0) != (ssize_t) g_len) {
         perror("memfd write");
         exit(2);
     }
 }
 
-static const char * g_load_path;     // replay: the file itself (split models need their real names)
+static const char *       g_load_path; // replay: the file itself (split models need their real names)
 static ggml_backend_dev_t g_no_devices[1] = { NULL };
 
 // mode_pick of load_case: load mode (pick % 4: read, mmap, mmap, direct I/O), lazy mode ((pick / 4) % 3: off, auto,
 // on), check_tensors ((pick / 12) % 4 == 0), extra buffer types ((pick / 48) % 2). The seeds and replayed files
 // are loaded with each of these: every load x lazy mode with check_tensors, and two without it.
 static const int k_all_modes[] = { 0, 1, 3, 4, 5, 7, 8, 9, 11, 61, 21 };
-#define N_ALL_MODES (int)(sizeof k_all_modes / sizeof k_all_modes[0])
+#define N_ALL_MODES (int) (sizeof k_all_modes / sizeof k_all_modes[0])
 
 // Loads the current bytes; decodes when accepted and `decode`. Returns 1 when accepted.
 static int load_case(int decode, int mode_pick) {
     if (g_load_path == NULL) {
         write_fd();
     }
-    struct llama_model_params mp = llama_model_default_params();
-    mp.devices = g_no_devices;            // CPU only
-    mp.n_gpu_layers = 0;
-    static const enum llama_load_mode modes[] = { LLAMA_LOAD_MODE_NONE, LLAMA_LOAD_MODE_MMAP, LLAMA_LOAD_MODE_MMAP,
-                                                  LLAMA_LOAD_MODE_DIRECT_IO };
+    struct llama_model_params mp               = llama_model_default_params();
+    mp.devices                                 = g_no_devices; // CPU only
+    mp.n_gpu_layers                            = 0;
+    static const enum llama_load_mode modes[]  = { LLAMA_LOAD_MODE_NONE, LLAMA_LOAD_MODE_MMAP, LLAMA_LOAD_MODE_MMAP,
+                                                   LLAMA_LOAD_MODE_DIRECT_IO };
     static const enum llama_lazy_mode lazies[] = { LLAMA_LAZY_MODE_OFF, LLAMA_LAZY_MODE_AUTO, LLAMA_LAZY_MODE_ON };
-    mp.load_mode = modes[mode_pick % 4];
-    mp.lazy_mode = lazies[(mode_pick / 4) % 3];
-    mp.check_tensors = (mode_pick / 12) % 4 == 0;
-    mp.use_extra_bufts = (mode_pick / 48) % 2;
-    g_last_log[0] = 0;
-    struct llama_model * model = llama_model_load_from_file(g_load_path ? g_load_path : g_fd_path, mp);
+    mp.load_mode                               = modes[mode_pick % 4];
+    mp.lazy_mode                               = lazies[(mode_pick / 4) % 3];
+    mp.check_tensors                           = (mode_pick / 12) % 4 == 0;
+    mp.use_extra_bufts                         = (mode_pick / 48) % 2;
+    g_last_log[0]                              = 0;
+    struct llama_model * model                 = llama_model_load_from_file(g_load_path ? g_load_path : g_fd_path, mp);
     if (model == NULL) {
         ++g_refused;
         const char * e = ggml_bitcos_last_error();
@@ -762,21 +892,21 @@ static int load_case(int decode, int mode_pick) {
     ++g_accepted;
     if (decode) {
         struct llama_context_params cp = llama_context_default_params();
-        cp.n_ctx = 16;
-        cp.n_batch = 4;
-        cp.n_ubatch = 4;
-        cp.n_seq_max = 1;
-        cp.n_threads = 1;
-        cp.n_threads_batch = 1;
-        cp.no_perf = true;
-        struct llama_context * ctx = llama_init_from_model(model, cp);
+        cp.n_ctx                       = 16;
+        cp.n_batch                     = 4;
+        cp.n_ubatch                    = 4;
+        cp.n_seq_max                   = 1;
+        cp.n_threads                   = 1;
+        cp.n_threads_batch             = 1;
+        cp.no_perf                     = true;
+        struct llama_context * ctx     = llama_init_from_model(model, cp);
         if (ctx == NULL) {
             ++g_ctx_failed;
         } else {
             const int32_t nv = llama_vocab_n_tokens(llama_model_get_vocab(model));
-            llama_token tok[3];
+            llama_token   tok[3];
             for (int i = 0; i < 3; ++i) {
-                tok[i] = nv > 0 ? (llama_token)rng_below((uint64_t)nv) : 0;
+                tok[i] = nv > 0 ? (llama_token) rng_below((uint64_t) nv) : 0;
             }
             if (nv > 0 && llama_decode(ctx, llama_batch_get_one(tok, 3)) == 0) {
                 ++g_decoded;
@@ -793,17 +923,17 @@ static int load_case(int decode, int mode_pick) {
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
 }
 
 int main(int argc, char ** argv) {
-    uint64_t first = 0, cases = 1000, progress = 0;
-    double seconds = 0;
-    int decode_every = 4, save = 0, replay = 0;
-    unsigned timeout = 60;
+    uint64_t     first = 0, cases = 1000, progress = 0;
+    double       seconds      = 0;
+    int          decode_every = 4, save = 0, replay = 0;
+    unsigned     timeout = 60;
     const char * paths[64];
-    int n_paths = 0;
-    g_seed = 1;
+    int          n_paths = 0;
+    g_seed               = 1;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
             g_seed = strtoull(argv[++i], NULL, 0);
@@ -816,7 +946,7 @@ int main(int argc, char ** argv) {
         } else if (!strcmp(argv[i], "--decode") && i + 1 < argc) {
             decode_every = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
-            timeout = (unsigned)atoi(argv[++i]);
+            timeout = (unsigned) atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--progress") && i + 1 < argc) {
             progress = strtoull(argv[++i], NULL, 0);
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
@@ -833,15 +963,16 @@ int main(int argc, char ** argv) {
         }
     }
     if (n_paths == 0) {
-        fprintf(stderr, "usage: %s [--seed S] [--first I] [--cases N] [--seconds T] [--decode D] [--timeout T] "
-                        "[--out DIR] [--save] [--progress P] seed.gguf...\n       %s --replay file.gguf...\n",
+        fprintf(stderr,
+                "usage: %s [--seed S] [--first I] [--cases N] [--seconds T] [--decode D] [--timeout T] "
+                "[--out DIR] [--save] [--progress P] seed.gguf...\n       %s --replay file.gguf...\n",
                 argv[0], argv[0]);
         return 2;
     }
 #ifdef FUZZ_ASAN
     __sanitizer_set_death_callback(on_death);
 #else
-    (void)on_death;
+    (void) on_death;
     signal(SIGSEGV, on_signal);
     signal(SIGBUS, on_signal);
     signal(SIGFPE, on_signal);
@@ -849,7 +980,7 @@ int main(int argc, char ** argv) {
     signal(SIGABRT, on_signal);
 #endif
     signal(SIGALRM, on_alarm);
-    mkdir(g_out, 0755);                   // where crash / hang / --save files go
+    mkdir(g_out, 0755); // where crash / hang / --save files go
     llama_log_set(log_cb, NULL);
     llama_backend_init();
     g_fd = memfd_create("bitcos-fuzz", 0);
@@ -866,17 +997,23 @@ int main(int argc, char ** argv) {
             seed_file s;
             memset(&s, 0, sizeof s);
             FILE * f = fopen(paths[i], "rb");
-            if (!f) { perror(paths[i]); return 2; }
+            if (!f) {
+                perror(paths[i]);
+                return 2;
+            }
             fseek(f, 0, SEEK_END);
-            g_len = (size_t)ftell(f);
+            g_len = (size_t) ftell(f);
             fseek(f, 0, SEEK_SET);
             free(g_buf);
             g_buf = malloc(g_len + 1);
-            if (fread(g_buf, 1, g_len, f) != g_len) { fclose(f); return 2; }
+            if (fread(g_buf, 1, g_len, f) != g_len) {
+                fclose(f);
+                return 2;
+            }
             fclose(f);
             g_replay_name = paths[i];
-            g_load_path = paths[i];
-            int accepted = 0;
+            g_load_path   = paths[i];
+            int accepted  = 0;
             for (int m = 0; m < N_ALL_MODES; ++m) {
                 alarm(timeout);
                 accepted += load_case(1, k_all_modes[m]);
@@ -889,8 +1026,8 @@ int main(int argc, char ** argv) {
         return 0;
     }
 
-    seed_file * seeds = calloc((size_t)n_paths, sizeof(seed_file));
-    size_t max_len = 0;
+    seed_file * seeds   = calloc((size_t) n_paths, sizeof(seed_file));
+    size_t      max_len = 0;
     for (int i = 0; i < n_paths; ++i) {
         const int refused = !strncmp(paths[i], "refused=", 8);
         if (!load_seed(paths[i] + (refused ? 8 : 0), &seeds[i])) {
@@ -898,7 +1035,7 @@ int main(int argc, char ** argv) {
             return 2;
         }
         seeds[i].refused = refused;
-        max_len = seeds[i].len > max_len ? seeds[i].len : max_len;
+        max_len          = seeds[i].len > max_len ? seeds[i].len : max_len;
     }
     g_cap = max_len + 4096;
     g_buf = malloc(g_cap);
@@ -906,12 +1043,12 @@ int main(int argc, char ** argv) {
     // except the refused=PATH ones, which must be refused
     for (int i = 0; i < n_paths; ++i) {
         memcpy(g_buf, seeds[i].bytes, seeds[i].len);
-        g_len = seeds[i].len;
-        g_index = (uint64_t)-1;
+        g_len   = seeds[i].len;
+        g_index = (uint64_t) -1;
         for (int m = 0; m < N_ALL_MODES; ++m) {
             const int mode = k_all_modes[m];
-            g_decoded = 0;
-            const int ok = load_case(1, mode);
+            g_decoded      = 0;
+            const int ok   = load_case(1, mode);
             if (seeds[i].refused ? ok : (!ok || g_decoded == 0)) {
                 fprintf(stderr, "seed %s (load mode pick %d) %s: %s / %s\n", seeds[i].path, mode,
                         seeds[i].refused ? "is not refused" : "does not load and decode", ggml_bitcos_last_error(),
@@ -921,17 +1058,17 @@ int main(int argc, char ** argv) {
         }
     }
     g_accepted = g_refused = g_decoded = 0;
-    g_n_reasons = 0;
+    g_n_reasons                        = 0;
 
-    const double t0 = now_s();
-    uint64_t done = 0, accepted_seen = 0;
+    const double t0   = now_s();
+    uint64_t     done = 0, accepted_seen = 0;
     for (g_index = first; g_index < first + cases; ++g_index) {
         make_case(seeds, n_paths);
         if (save) {
             save_case("case");
         }
-        const int mode_pick = (int)rng_below(96);
-        const int decode = decode_every > 0 && (accepted_seen % (uint64_t)decode_every) == 0;
+        const int mode_pick = (int) rng_below(96);
+        const int decode    = decode_every > 0 && (accepted_seen % (uint64_t) decode_every) == 0;
         alarm(timeout);
         if (load_case(decode, mode_pick)) {
             ++accepted_seen;
@@ -951,19 +1088,22 @@ int main(int argc, char ** argv) {
     }
     const double dt = now_s() - t0;
     printf("refusal reasons (numbers as #, quoted names as *):\n");
-    for (int printed = 0; printed < g_n_reasons; ++printed) {     // by count, largest first
+    for (int printed = 0; printed < g_n_reasons; ++printed) { // by count, largest first
         int best = -1;
         for (int i = 0; i < g_n_reasons; ++i) {
-            if (g_reasons[i].n && (best < 0 || g_reasons[i].n > g_reasons[best].n)) best = i;
+            if (g_reasons[i].n && (best < 0 || g_reasons[i].n > g_reasons[best].n))
+                best = i;
         }
-        if (best < 0) break;
+        if (best < 0)
+            break;
         printf("  %8" PRIu64 "  %s\n", g_reasons[best].n, g_reasons[best].text);
         g_reasons[best].n = 0;
     }
     printf("ok: %" PRIu64 " cases (seed %" PRIu64 ", cases %" PRIu64 "..%" PRIu64 ", %d seed files): %" PRIu64
            " accepted, %" PRIu64 " refused, %" PRIu64 " decoded (%" PRIu64 " context / %" PRIu64
-           " decode failures), %.1f s, %.1f cases/s%s\n", done, g_seed, first, g_index, n_paths, g_accepted,
-           g_refused, g_decoded, g_ctx_failed, g_decode_failed, dt, dt > 0 ? done / dt : 0.0,
+           " decode failures), %.1f s, %.1f cases/s%s\n",
+           done, g_seed, first, g_index, n_paths, g_accepted, g_refused, g_decoded, g_ctx_failed, g_decode_failed, dt,
+           dt > 0 ? done / dt : 0.0,
 #ifdef FUZZ_ASAN
            ", ASan"
 #else

@@ -29,7 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 typedef struct {
     float   d;
     int8_t  qs[256];
@@ -38,12 +37,12 @@ typedef struct {
 
 // A random BITCOS weight [k, n, n_mats] held as codes + scales (the references' view of it).
 typedef struct {
-    int variant;              // enum bitcos_variant
-    enum ggml_type type;      // bitcos_variant_type_id(variant)
-    int64_t k, n, mats, rows;
-    int8_t   * codes;         // rows*k
-    uint16_t * bscale;        // G128 / B128 / B256: rows * k/sblk fp16 scales
-    float    * fscale;        // PT / MATRIX: mats scales; ROW: rows scales
+    int            variant; // enum bitcos_variant
+    enum ggml_type type;    // bitcos_variant_type_id(variant)
+    int64_t        k, n, mats, rows;
+    int8_t *       codes;   // rows*k
+    uint16_t *     bscale;  // G128 / B128 / B256: rows * k/sblk fp16 scales
+    float *        fscale;  // PT / MATRIX: mats scales; ROW: rows scales
 } weight_ref;
 
 static int64_t scale_block(const weight_ref * w) {
@@ -62,46 +61,52 @@ static float weight_scale(const weight_ref * w, int64_t row, int64_t col) {
 // fp16_scales: draw the fp32 scales (PT, MATRIX, ROW) as fp16 values, so TQ2_0 can hold a MATRIX weight
 static void weight_make(weight_ref * w, int variant, int64_t k, int64_t n, int64_t mats, double zero_density,
                         bool fp16_scales) {
-    w->variant = variant; w->type = (enum ggml_type) bitcos_variant_type_id(variant);
-    w->k = k; w->n = n; w->mats = mats; w->rows = n * mats;
-    const int64_t sb = scale_block(w);
+    w->variant        = variant;
+    w->type           = (enum ggml_type) bitcos_variant_type_id(variant);
+    w->k              = k;
+    w->n              = n;
+    w->mats           = mats;
+    w->rows           = n * mats;
+    const int64_t sb  = scale_block(w);
     const int64_t nbs = sb ? w->rows * (k / sb) : 0;
     const int64_t nfs = variant == BITCOS_VARIANT_ROW ? w->rows : mats;
-    w->codes  = malloc((size_t)(w->rows * k));
-    w->bscale = malloc(sizeof(uint16_t) * (size_t)(nbs + 1));
-    w->fscale = malloc(sizeof(float) * (size_t) nfs);
+    w->codes          = malloc((size_t) (w->rows * k));
+    w->bscale         = malloc(sizeof(uint16_t) * (size_t) (nbs + 1));
+    w->fscale         = malloc(sizeof(float) * (size_t) nfs);
     for (int64_t i = 0; i < w->rows * k; ++i) {
         w->codes[i] = rng_unit() < zero_density ? 0 : (rng_u64() & 1 ? 1 : -1);
     }
     for (int64_t b = 0; b < nbs; ++b) {
         // a few zero scales, like blocks without non-zero weights
-        w->bscale[b] = ggml_fp32_to_fp16(rng_unit() < 0.05 ? 0.0f : (float)(0.002 + 0.05 * rng_unit()));
+        w->bscale[b] = ggml_fp32_to_fp16(rng_unit() < 0.05 ? 0.0f : (float) (0.002 + 0.05 * rng_unit()));
     }
     for (int64_t m = 0; m < nfs; ++m) {
-        const float s = (float)(0.01 + 0.1 * rng_unit());
-        w->fscale[m] = fp16_scales ? ggml_fp16_to_fp32(ggml_fp32_to_fp16(s)) : s;
+        const float s = (float) (0.01 + 0.1 * rng_unit());
+        w->fscale[m]  = fp16_scales ? ggml_fp16_to_fp32(ggml_fp32_to_fp16(s)) : s;
     }
 }
 
 static void weight_free(weight_ref * w) {
-    free(w->codes); free(w->bscale); free(w->fscale);
+    free(w->codes);
+    free(w->bscale);
+    free(w->fscale);
 }
 
 // Creates the ggml weight + companion in ctx (encoded by ggml_bitcos_encode) and links them.
 static struct ggml_tensor * weight_to_ggml(struct ggml_context * ctx, const weight_ref * w) {
-    const size_t cbytes = ggml_bitcos_encode(w->variant, w->k, w->rows, w->mats, w->codes, w->bscale, w->fscale,
-                                             NULL, NULL, 0);
+    const size_t cbytes =
+        ggml_bitcos_encode(w->variant, w->k, w->rows, w->mats, w->codes, w->bscale, w->fscale, NULL, NULL, 0);
     CHECK(cbytes > 0, "encode size");
-    struct ggml_tensor * t = w->mats > 1 ? ggml_new_tensor_3d(ctx, w->type, w->k, w->n, w->mats)
-                                         : ggml_new_tensor_2d(ctx, w->type, w->k, w->n);
+    struct ggml_tensor * t = w->mats > 1 ? ggml_new_tensor_3d(ctx, w->type, w->k, w->n, w->mats) :
+                                           ggml_new_tensor_2d(ctx, w->type, w->k, w->n);
     struct ggml_tensor * c = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) cbytes);
     ggml_set_name(t, "w");
     ggml_set_name(c, "w.bitcos");
-    const size_t got = ggml_bitcos_encode(w->variant, w->k, w->rows, w->mats, w->codes, w->bscale, w->fscale,
-                                          t->data, c->data, cbytes);
+    const size_t got = ggml_bitcos_encode(w->variant, w->k, w->rows, w->mats, w->codes, w->bscale, w->fscale, t->data,
+                                          c->data, cbytes);
     CHECK(got == cbytes, "encode wrote %zu of %zu bytes", got, cbytes);
     t->src[0] = c;
-    char err[256];
+    char       err[256];
     const bool ok = ggml_bitcos_validate(t, t->data, c->data, cbytes, err, sizeof(err));
     CHECK(ok, "validate rejected a freshly encoded tensor: %s", err);
     return t;
@@ -110,20 +115,22 @@ static struct ggml_tensor * weight_to_ggml(struct ggml_context * ctx, const weig
 // TQ2_0 blocks of the same codes and scales (k % 256 == 0; B256: its scale per 256, MATRIX: the matrix scale,
 // an fp16 value): qs byte j % 32 + 32 * (j / 128) holds code j + 1 at bit 2 * ((j % 128) / 32), then fp16 d.
 static struct ggml_tensor * weight_to_tq2_0(struct ggml_context * ctx, const weight_ref * w) {
-    struct ggml_tensor * t = w->mats > 1 ? ggml_new_tensor_3d(ctx, GGML_TYPE_TQ2_0, w->k, w->n, w->mats)
-                                         : ggml_new_tensor_2d(ctx, GGML_TYPE_TQ2_0, w->k, w->n);
-    const int64_t nb = w->k / 256;
-    const size_t bsz = ggml_type_size(GGML_TYPE_TQ2_0);
-    uint8_t * out = (uint8_t *) t->data;
+    struct ggml_tensor * t   = w->mats > 1 ? ggml_new_tensor_3d(ctx, GGML_TYPE_TQ2_0, w->k, w->n, w->mats) :
+                                             ggml_new_tensor_2d(ctx, GGML_TYPE_TQ2_0, w->k, w->n);
+    const int64_t        nb  = w->k / 256;
+    const size_t         bsz = ggml_type_size(GGML_TYPE_TQ2_0);
+    uint8_t *            out = (uint8_t *) t->data;
     memset(out, 0, ggml_nbytes(t));
     for (int64_t r = 0; r < w->rows; ++r) {
         for (int64_t b = 0; b < nb; ++b) {
-            uint8_t * blk = out + (size_t)(r*nb + b) * bsz;
+            uint8_t * blk = out + (size_t) (r * nb + b) * bsz;
             for (int j = 0; j < 256; ++j) {
-                blk[j % 32 + 32 * (j / 128)] |= (uint8_t)((w->codes[r*w->k + 256*b + j] + 1) << (2 * ((j % 128) / 32)));
+                blk[j % 32 + 32 * (j / 128)] |=
+                    (uint8_t) ((w->codes[r * w->k + 256 * b + j] + 1) << (2 * ((j % 128) / 32)));
             }
-            const uint16_t d = ggml_fp32_to_fp16(weight_scale(w, r, 256*b));
-            CHECK(ggml_fp16_to_fp32(d) == weight_scale(w, r, 256*b), "TQ2_0 cannot hold scale of row %lld", (long long) r);
+            const uint16_t d = ggml_fp32_to_fp16(weight_scale(w, r, 256 * b));
+            CHECK(ggml_fp16_to_fp32(d) == weight_scale(w, r, 256 * b), "TQ2_0 cannot hold scale of row %lld",
+                  (long long) r);
             memcpy(blk + 64, &d, sizeof(uint16_t));
         }
     }
@@ -132,8 +139,8 @@ static struct ggml_tensor * weight_to_tq2_0(struct ggml_context * ctx, const wei
 
 // Q8_K blocks of one activation row, zero-padded to a multiple of 256, with ggml's CPU quantizer.
 static void quantize_q8k(const float * x, int64_t k, q8k_block * out) {
-    const int64_t kp = (k + 255) / 256 * 256;
-    float * pad = calloc((size_t) kp, sizeof(float));
+    const int64_t kp  = (k + 255) / 256 * 256;
+    float *       pad = calloc((size_t) kp, sizeof(float));
     memcpy(pad, x, sizeof(float) * (size_t) k);
     ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float(pad, out, kp);
     free(pad);
@@ -152,30 +159,32 @@ static float mac(float a, float b, float c, bool fused) {
 }
 
 static float contract_dot(const weight_ref * w, int64_t row, const q8k_block * y, bool fused) {
-    const int64_t nu = (w->k + QK_BITCOS - 1) / QK_BITCOS;   // 128-weight units, the last maybe partial
-    const int64_t sb = scale_block(w);
-    float acc[8] = {0};
+    const int64_t nu     = (w->k + QK_BITCOS - 1) / QK_BITCOS; // 128-weight units, the last maybe partial
+    const int64_t sb     = scale_block(w);
+    float         acc[8] = { 0 };
     for (int64_t b = 0; b < (nu + 1) / 2; ++b) {
-        const int halves = 2*b + 1 < nu ? 2 : 1;
-        int32_t L[2][8] = {{0}};
+        const int halves  = 2 * b + 1 < nu ? 2 : 1;
+        int32_t   L[2][8] = { { 0 } };
         for (int h = 0; h < halves; ++h) {
-            for (int j = 0; j < QK_BITCOS; ++j) {  // half h of Q8_K block b = 128-weight unit 2b + h
-                const int64_t col = (2*b + h) * QK_BITCOS + j;
-                const int32_t t = col < w->k ? w->codes[row * w->k + col] : 0;   // past K: absent weights
-                const int32_t q = y[b].qs[QK_BITCOS*h + j];
-                L[h][(j % 32) / 4] += (t + 1) * q;   // lane of TQ2_0's partition
-                L[h][4*h + j / 32] -= q;             // minus the block's q sum of that lane
+            for (int j = 0; j < QK_BITCOS; ++j) { // half h of Q8_K block b = 128-weight unit 2b + h
+                const int64_t col = (2 * b + h) * QK_BITCOS + j;
+                const int32_t t   = col < w->k ? w->codes[row * w->k + col] : 0; // past K: absent weights
+                const int32_t q   = y[b].qs[QK_BITCOS * h + j];
+                L[h][(j % 32) / 4] += (t + 1) * q;                               // lane of TQ2_0's partition
+                L[h][4 * h + j / 32] -= q;                                       // minus the block's q sum of that lane
             }
         }
         if (sb == 0) {
             const float D = y[b].d * weight_scale(w, row, 0);
-            for (int l = 0; l < 8; ++l) acc[l] = mac((float)(L[0][l] + L[1][l]), D, acc[l], fused);
+            for (int l = 0; l < 8; ++l)
+                acc[l] = mac((float) (L[0][l] + L[1][l]), D, acc[l], fused);
         } else {
-            const uint16_t e0 = ggml_fp32_to_fp16(weight_scale(w, row, (2*b) * QK_BITCOS));
-            const uint16_t e1 = halves == 2 ? ggml_fp32_to_fp16(weight_scale(w, row, (2*b + 1) * QK_BITCOS)) : e0;
+            const uint16_t e0 = ggml_fp32_to_fp16(weight_scale(w, row, (2 * b) * QK_BITCOS));
+            const uint16_t e1 = halves == 2 ? ggml_fp32_to_fp16(weight_scale(w, row, (2 * b + 1) * QK_BITCOS)) : e0;
             if (e0 == e1) {
                 const float D = y[b].d * ggml_fp16_to_fp32(e0);
-                for (int l = 0; l < 8; ++l) acc[l] = mac((float)(L[0][l] + L[1][l]), D, acc[l], fused);
+                for (int l = 0; l < 8; ++l)
+                    acc[l] = mac((float) (L[0][l] + L[1][l]), D, acc[l], fused);
             } else {
                 const float D0 = y[b].d * ggml_fp16_to_fp32(e0);
                 const float D1 = y[b].d * ggml_fp16_to_fp32(e1);
@@ -203,32 +212,35 @@ static void float_dot(const weight_ref * w, int64_t row, const float * x, double
             e += fabs(wv) * amax / 254.0;
         }
     }
-    *ref = s;
+    *ref   = s;
     *bound = e * 1.01 + 1e-6 * (1.0 + fabs(s));
 }
 
-static void compare(const char * what, const weight_ref * w, int64_t row, const float * x, const q8k_block * y, float got) {
+static void compare(const char * what, const weight_ref * w, int64_t row, const float * x, const q8k_block * y,
+                    float got) {
     // which FMA form the library uses is fixed by the first value where the two forms differ
-    static int form = -1;  // -1 unknown, 0 unfused, 1 fused
+    static int  form    = -1; // -1 unknown, 0 unfused, 1 fused
     const float e_fused = contract_dot(w, row, y, true), e_plain = contract_dot(w, row, y, false);
-    const bool m_fused = memcmp(&e_fused, &got, sizeof(float)) == 0;
-    const bool m_plain = memcmp(&e_plain, &got, sizeof(float)) == 0;
+    const bool  m_fused = memcmp(&e_fused, &got, sizeof(float)) == 0;
+    const bool  m_plain = memcmp(&e_plain, &got, sizeof(float)) == 0;
     if (form == -1 && m_fused != m_plain) {
         form = m_fused ? 1 : 0;
         printf("test-bitcos-mm: the library uses the %s form of the contract\n", form ? "fused (FMA)" : "unfused");
     }
     const bool ok = form == 1 ? m_fused : form == 0 ? m_plain : (m_fused || m_plain);
-    CHECK(ok, "%s row %lld: got %.9g, contract %.9g (fused) / %.9g (unfused)", what, (long long) row, got,
-          e_fused, e_plain);
+    CHECK(ok, "%s row %lld: got %.9g, contract %.9g (fused) / %.9g (unfused)", what, (long long) row, got, e_fused,
+          e_plain);
     double ref, bound;
     float_dot(w, row, x, &ref, &bound);
-    CHECK(fabs(got - ref) <= bound, "%s row %lld: got %.9g, float ref %.9g (bound %.3g)", what, (long long) row, got, ref, bound);
+    CHECK(fabs(got - ref) <= bound, "%s row %lld: got %.9g, float ref %.9g (bound %.3g)", what, (long long) row, got,
+          ref, bound);
 }
 
 // Reference (3): BITCOS vs ggml's TQ2_0 of the same codes and scales, one output.
 static void compare_tq2_0(const char * what, const weight_ref * w, int64_t row, const float * x, float got, float tq) {
 #if defined(__x86_64__) || defined(_M_X64)
-    (void) w; (void) x;
+    (void) w;
+    (void) x;
     CHECK(memcmp(&got, &tq, sizeof(float)) == 0, "%s row %lld: got %.9g, TQ2_0 %.9g (must be bit-identical)", what,
           (long long) row, got, tq);
 #else
@@ -256,7 +268,7 @@ static struct ggml_context * new_ctx(size_t mb) {
 static void fill_random(struct ggml_tensor * t) {
     float * x = (float *) t->data;
     for (int64_t i = 0; i < ggml_nelements(t); ++i) {
-        x[i] = (float)(2.0 * rng_unit() - 1.0);
+        x[i] = (float) (2.0 * rng_unit() - 1.0);
     }
 }
 
@@ -274,43 +286,44 @@ static void compute(struct ggml_context * ctx, struct ggml_tensor * out, struct 
     CHECK(st == GGML_STATUS_SUCCESS, "%s: compute status %d", what, (int) st);
 }
 
-static void test_mul_mat(int variant, int64_t k, int64_t n, int64_t mats, int64_t bcast, int64_t batch,
-                         double z, int n_threads, int64_t view_row0) {
-    char what[200];
+static void test_mul_mat(int variant, int64_t k, int64_t n, int64_t mats, int64_t bcast, int64_t batch, double z,
+                         int n_threads, int64_t view_row0) {
+    char       what[200];
     weight_ref w;
     weight_make(&w, variant, k, n, mats, z, true);
     const bool tq = tq2_0_comparable(&w);
-    snprintf(what, sizeof(what), "mul_mat %s k=%lld n=%lld mats=%lld bcast=%lld batch=%lld z=%.1f threads=%d view=%lld%s",
+    snprintf(what, sizeof(what),
+             "mul_mat %s k=%lld n=%lld mats=%lld bcast=%lld batch=%lld z=%.1f threads=%d view=%lld%s",
              variant_name(variant), (long long) k, (long long) n, (long long) mats, (long long) bcast,
              (long long) batch, z, n_threads, (long long) view_row0, tq ? " (+TQ2_0)" : "");
-    struct ggml_context * ctx = new_ctx(64);
-    struct ggml_tensor * wt = weight_to_ggml(ctx, &w);
-    struct ggml_tensor * wq = tq ? weight_to_tq2_0(ctx, &w) : NULL;
-    int64_t n_used = n;
+    struct ggml_context * ctx    = new_ctx(64);
+    struct ggml_tensor *  wt     = weight_to_ggml(ctx, &w);
+    struct ggml_tensor *  wq     = tq ? weight_to_tq2_0(ctx, &w) : NULL;
+    int64_t               n_used = n;
     if (view_row0 > 0) {
         // rows view_row0 .. n-1 of the (2-D) weight: reaches the companion through view_src
         n_used = n - view_row0;
-        wt = ggml_view_2d(ctx, wt, k, n_used, wt->nb[1], (size_t) view_row0 * wt->nb[1]);
-        wq = wq ? ggml_view_2d(ctx, wq, k, n_used, wq->nb[1], (size_t) view_row0 * wq->nb[1]) : NULL;
+        wt     = ggml_view_2d(ctx, wt, k, n_used, wt->nb[1], (size_t) view_row0 * wt->nb[1]);
+        wq     = wq ? ggml_view_2d(ctx, wq, k, n_used, wq->nb[1], (size_t) view_row0 * wq->nb[1]) : NULL;
     }
     struct ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, k, batch, mats * bcast);
     fill_random(x);
-    struct ggml_tensor * out = ggml_mul_mat(ctx, wt, x);
+    struct ggml_tensor * out  = ggml_mul_mat(ctx, wt, x);
     struct ggml_tensor * outq = wq ? ggml_mul_mat(ctx, wq, x) : NULL;
     compute(ctx, out, outq, n_threads, what);
 
-    q8k_block * y = malloc(sizeof(q8k_block) * (size_t)((k + 255) / 256));
+    q8k_block * y = malloc(sizeof(q8k_block) * (size_t) ((k + 255) / 256));
     for (int64_t i2 = 0; i2 < mats * bcast; ++i2) {
         for (int64_t c = 0; c < batch; ++c) {
-            const float * xr = (const float *)((const char *) x->data + c*x->nb[1] + i2*x->nb[2]);
+            const float * xr = (const float *) ((const char *) x->data + c * x->nb[1] + i2 * x->nb[2]);
             quantize_q8k(xr, k, y);
             for (int64_t r = 0; r < n_used; ++r) {
                 const int64_t row = (i2 / bcast) * n + view_row0 + r;
-                const size_t off = r*out->nb[0] + c*out->nb[1] + i2*out->nb[2];
-                const float got = *(const float *)((const char *) out->data + off);
+                const size_t  off = r * out->nb[0] + c * out->nb[1] + i2 * out->nb[2];
+                const float   got = *(const float *) ((const char *) out->data + off);
                 compare(what, &w, row, xr, y, got);
                 if (outq) {
-                    compare_tq2_0(what, &w, row, xr, got, *(const float *)((const char *) outq->data + off));
+                    compare_tq2_0(what, &w, row, xr, got, *(const float *) ((const char *) outq->data + off));
                 }
             }
         }
@@ -323,47 +336,49 @@ static void test_mul_mat(int variant, int64_t k, int64_t n, int64_t mats, int64_
 // MUL_MAT_ID: experts [k, n, n_exp], src1 [k, n_used or 1, n_tok], ids [n_used, n_tok] (distinct per token).
 static void test_mul_mat_id(int variant, int64_t k, int64_t n, int64_t n_exp, int64_t n_used, int64_t n_tok,
                             bool bcast_src1, double z, int n_threads) {
-    char what[200];
+    char       what[200];
     weight_ref w;
     weight_make(&w, variant, k, n, n_exp, z, true);
     const bool tq = tq2_0_comparable(&w);
-    snprintf(what, sizeof(what), "mul_mat_id %s k=%lld n=%lld experts=%lld used=%lld tokens=%lld bcast=%d z=%.1f threads=%d%s",
+    snprintf(what, sizeof(what),
+             "mul_mat_id %s k=%lld n=%lld experts=%lld used=%lld tokens=%lld bcast=%d z=%.1f threads=%d%s",
              variant_name(variant), (long long) k, (long long) n, (long long) n_exp, (long long) n_used,
              (long long) n_tok, (int) bcast_src1, z, n_threads, tq ? " (+TQ2_0)" : "");
-    struct ggml_context * ctx = new_ctx(64);
-    struct ggml_tensor * wt = weight_to_ggml(ctx, &w);
-    struct ggml_tensor * wq = tq ? weight_to_tq2_0(ctx, &w) : NULL;
-    const int64_t ne11 = bcast_src1 ? 1 : n_used;
-    struct ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, k, ne11, n_tok);
+    struct ggml_context * ctx  = new_ctx(64);
+    struct ggml_tensor *  wt   = weight_to_ggml(ctx, &w);
+    struct ggml_tensor *  wq   = tq ? weight_to_tq2_0(ctx, &w) : NULL;
+    const int64_t         ne11 = bcast_src1 ? 1 : n_used;
+    struct ggml_tensor *  x    = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, k, ne11, n_tok);
     fill_random(x);
     struct ggml_tensor * ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_used, n_tok);
     for (int64_t t = 0; t < n_tok; ++t) {
-        int32_t * row = (int32_t *)((char *) ids->data + t*ids->nb[1]);
+        int32_t * row = (int32_t *) ((char *) ids->data + t * ids->nb[1]);
         for (int64_t i = 0; i < n_used; ++i) {
             bool dup;
-            do {  // distinct experts per token, as a router's top-k gives
-                row[i] = (int32_t)(rng_u64() % (uint64_t) n_exp);
-                dup = false;
-                for (int64_t j = 0; j < i; ++j) dup = dup || row[j] == row[i];
+            do { // distinct experts per token, as a router's top-k gives
+                row[i] = (int32_t) (rng_u64() % (uint64_t) n_exp);
+                dup    = false;
+                for (int64_t j = 0; j < i; ++j)
+                    dup = dup || row[j] == row[i];
             } while (dup);
         }
     }
-    struct ggml_tensor * out = ggml_mul_mat_id(ctx, wt, x, ids);
+    struct ggml_tensor * out  = ggml_mul_mat_id(ctx, wt, x, ids);
     struct ggml_tensor * outq = wq ? ggml_mul_mat_id(ctx, wq, x, ids) : NULL;
     compute(ctx, out, outq, n_threads, what);
 
-    q8k_block * y = malloc(sizeof(q8k_block) * (size_t)((k + 255) / 256));
+    q8k_block * y = malloc(sizeof(q8k_block) * (size_t) ((k + 255) / 256));
     for (int64_t t = 0; t < n_tok; ++t) {
         for (int64_t i = 0; i < n_used; ++i) {
-            const int32_t e = *(const int32_t *)((const char *) ids->data + i*ids->nb[0] + t*ids->nb[1]);
-            const float * xr = (const float *)((const char *) x->data + (i % ne11)*x->nb[1] + t*x->nb[2]);
+            const int32_t e  = *(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]);
+            const float * xr = (const float *) ((const char *) x->data + (i % ne11) * x->nb[1] + t * x->nb[2]);
             quantize_q8k(xr, k, y);
             for (int64_t r = 0; r < n; ++r) {
-                const size_t off = r*out->nb[0] + i*out->nb[1] + t*out->nb[2];
-                const float got = *(const float *)((const char *) out->data + off);
+                const size_t off = r * out->nb[0] + i * out->nb[1] + t * out->nb[2];
+                const float  got = *(const float *) ((const char *) out->data + off);
                 compare(what, &w, e * n + r, xr, y, got);
                 if (outq) {
-                    compare_tq2_0(what, &w, e * n + r, xr, got, *(const float *)((const char *) outq->data + off));
+                    compare_tq2_0(what, &w, e * n + r, xr, got, *(const float *) ((const char *) outq->data + off));
                 }
             }
         }
@@ -377,38 +392,42 @@ static void test_mul_mat_id(int variant, int64_t k, int64_t n, int64_t n_exp, in
 static void test_validate_rejects(int variant) {
     weight_ref w;
     weight_make(&w, variant, 256, 40, 2, 0.4, false);
-    struct ggml_context * ctx = new_ctx(8);
-    struct ggml_tensor * t = weight_to_ggml(ctx, &w);
-    struct ggml_tensor * c = t->src[0];
-    const size_t cb = ggml_nbytes(c);
-    uint8_t * cd = (uint8_t *) c->data;
-    uint8_t * save = malloc(cb);
+    struct ggml_context * ctx  = new_ctx(8);
+    struct ggml_tensor *  t    = weight_to_ggml(ctx, &w);
+    struct ggml_tensor *  c    = t->src[0];
+    const size_t          cb   = ggml_nbytes(c);
+    uint8_t *             cd   = (uint8_t *) c->data;
+    uint8_t *             save = malloc(cb);
     memcpy(save, cd, cb);
     struct ggml_bitcos_header h;
     ggml_bitcos_read_header(cd, &h);
     char err[256];
 
-    struct { const char * name; size_t off; uint8_t xor_mask; } cases[] = {
-        { "magic",            0,                          0x01 },
-        { "version",          4,                          0x02 },
-        { "version 1<->2",    4,                          0x03 },
-        { "variant",          6,                          0x01 },
-        { "variant +4",       6,                          0x04 },
-        { "row_group_log2",   7,                          0x08 },
-        { "n_cols",           8,                          0x80 },
-        { "n_rows",           16,                         0x01 },
-        { "n_mats",           24,                         0x01 },
-        { "n_sign_bits",      32,                         0x01 },
-        { "scales_offset",    40,                         0x40 },
-        { "row_base_offset",  48,                         0x40 },
-        { "pool_offset",      64,                         0x40 },
-        { "pool_bytes",       72,                         0x40 },
-        { "reserved",         100,                        0x01 },
-        { "row_delta[1]",     (size_t) h.row_delta_offset + 2,         0x01 },
-        { "row_base[last]",   (size_t) h.row_base_offset + 8*((h.n_rows - 1) >> h.row_group_log2), 0x01 },
-        { "pool tail",        (size_t)(h.pool_offset + h.pool_bytes - 1), 0x01 },
+    struct {
+        const char * name;
+        size_t       off;
+        uint8_t      xor_mask;
+    } cases[] = {
+        { "magic", 0, 0x01 },
+        { "version", 4, 0x02 },
+        { "version 1<->2", 4, 0x03 },
+        { "variant", 6, 0x01 },
+        { "variant +4", 6, 0x04 },
+        { "row_group_log2", 7, 0x08 },
+        { "n_cols", 8, 0x80 },
+        { "n_rows", 16, 0x01 },
+        { "n_mats", 24, 0x01 },
+        { "n_sign_bits", 32, 0x01 },
+        { "scales_offset", 40, 0x40 },
+        { "row_base_offset", 48, 0x40 },
+        { "pool_offset", 64, 0x40 },
+        { "pool_bytes", 72, 0x40 },
+        { "reserved", 100, 0x01 },
+        { "row_delta[1]", (size_t) h.row_delta_offset + 2, 0x01 },
+        { "row_base[last]", (size_t) h.row_base_offset + 8 * ((h.n_rows - 1) >> h.row_group_log2), 0x01 },
+        { "pool tail", (size_t) (h.pool_offset + h.pool_bytes - 1), 0x01 },
     };
-    for (size_t i = 0; i < sizeof(cases)/sizeof(cases[0]); ++i) {
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
         memcpy(cd, save, cb);
         cd[cases[i].off] ^= cases[i].xor_mask;
         CHECK(!ggml_bitcos_validate(t, t->data, cd, cb, err, sizeof(err)), "%s: corrupted %s accepted",
@@ -423,15 +442,17 @@ static void test_validate_rejects(int variant) {
     ((uint8_t *) t->data)[0] ^= 1;
     // an invalid scale (negative: sign bit set) is refused, and the message names where it is
     if (variant != BITCOS_VARIANT_G128) {
-        const size_t last = variant == BITCOS_VARIANT_B128 || variant == BITCOS_VARIANT_B256
-            ? (size_t)(h.scales_offset + ggml_bitcos_scale_row_bytes(&h) * h.n_rows - 1)
-            : (size_t)(h.scales_offset + 4 * (variant == BITCOS_VARIANT_ROW ? h.n_rows : h.n_mats) - 1);
+        const size_t last =
+            variant == BITCOS_VARIANT_B128 || variant == BITCOS_VARIANT_B256 ?
+                (size_t) (h.scales_offset + ggml_bitcos_scale_row_bytes(&h) * h.n_rows - 1) :
+                (size_t) (h.scales_offset + 4 * (variant == BITCOS_VARIANT_ROW ? h.n_rows : h.n_mats) - 1);
         cd[last] ^= 0x80;
         CHECK(!ggml_bitcos_validate(t, t->data, cd, cb, err, sizeof(err)), "%s: negative scale accepted",
               variant_name(variant));
-        const char * where = variant == BITCOS_VARIANT_ROW ? "of row 79" :
+        const char * where = variant == BITCOS_VARIANT_ROW  ? "of row 79" :
                              variant == BITCOS_VARIANT_B128 ? "in block 1 of row 79" :
-                             variant == BITCOS_VARIANT_B256 ? "in block 0 of row 79" : "of matrix 1";
+                             variant == BITCOS_VARIANT_B256 ? "in block 0 of row 79" :
+                                                              "of matrix 1";
         CHECK(strstr(err, where) != NULL, "%s: message '%s' does not say '%s'", variant_name(variant), err, where);
         cd[last] ^= 0x80;
     }
@@ -458,47 +479,55 @@ static void test_encoder_refuses(void) {
     int8_t codes[2 * 512];
     memset(codes, 1, sizeof codes);
     uint16_t d16[2 * 4];
-    float f[2] = { 0.5f, 0.5f };
-    for (int i = 0; i < 8; ++i) d16[i] = ggml_fp32_to_fp16(0.25f);
+    float    f[2] = { 0.5f, 0.5f };
+    for (int i = 0; i < 8; ++i)
+        d16[i] = ggml_fp32_to_fp16(0.25f);
     for (int v = 0; v < BITCOS_VARIANT_COUNT; ++v) {
         const int64_t m = bitcos_variant_k_multiple(v);
-        CHECK(ggml_bitcos_encode(v, m, 2, 1, codes, d16, f, NULL, NULL, 0) > 0, "%s: k=%lld refused", variant_name(v), (long long) m);
-        CHECK(ggml_bitcos_encode(v, m + 16, 2, 1, codes, d16, f, NULL, NULL, 0) == 0,
-              "%s: k=%lld accepted", variant_name(v), (long long)(m + 16));
-        CHECK(m == 32 || ggml_bitcos_encode(v, m + 32, 2, 1, codes, d16, f, NULL, NULL, 0) == 0,
-              "%s: k=%lld accepted", variant_name(v), (long long)(m + 32));
+        CHECK(ggml_bitcos_encode(v, m, 2, 1, codes, d16, f, NULL, NULL, 0) > 0, "%s: k=%lld refused", variant_name(v),
+              (long long) m);
+        CHECK(ggml_bitcos_encode(v, m + 16, 2, 1, codes, d16, f, NULL, NULL, 0) == 0, "%s: k=%lld accepted",
+              variant_name(v), (long long) (m + 16));
+        CHECK(m == 32 || ggml_bitcos_encode(v, m + 32, 2, 1, codes, d16, f, NULL, NULL, 0) == 0, "%s: k=%lld accepted",
+              variant_name(v), (long long) (m + 32));
     }
     const float bad[4] = { -1.0f, -0.0f, NAN, 70000.0f };
     for (int i = 0; i < 4; ++i) {
         float fb[2] = { 0.5f, bad[i] };
-        CHECK(ggml_bitcos_encode(BITCOS_VARIANT_ROW, 64, 2, 1, codes, NULL, fb, NULL, NULL, 0) == 0, "ROW scale %g accepted", (double) bad[i]);
-        CHECK(ggml_bitcos_encode(BITCOS_VARIANT_MATRIX, 64, 2, 1, codes, NULL, fb + 1, NULL, NULL, 0) == 0, "MATRIX scale %g accepted", (double) bad[i]);
+        CHECK(ggml_bitcos_encode(BITCOS_VARIANT_ROW, 64, 2, 1, codes, NULL, fb, NULL, NULL, 0) == 0,
+              "ROW scale %g accepted", (double) bad[i]);
+        CHECK(ggml_bitcos_encode(BITCOS_VARIANT_MATRIX, 64, 2, 1, codes, NULL, fb + 1, NULL, NULL, 0) == 0,
+              "MATRIX scale %g accepted", (double) bad[i]);
     }
     uint16_t db[2] = { ggml_fp32_to_fp16(0.5f), 0xbc00 /* -1.0 */ };
-    CHECK(ggml_bitcos_encode(BITCOS_VARIANT_B256, 256, 2, 1, codes, db, NULL, NULL, NULL, 0) == 0, "B256 scale -1 accepted");
-    CHECK(ggml_bitcos_encode(BITCOS_VARIANT_COUNT, 256, 2, 1, codes, db, f, NULL, NULL, 0) == 0, "unknown variant accepted");
+    CHECK(ggml_bitcos_encode(BITCOS_VARIANT_B256, 256, 2, 1, codes, db, NULL, NULL, NULL, 0) == 0,
+          "B256 scale -1 accepted");
+    CHECK(ggml_bitcos_encode(BITCOS_VARIANT_COUNT, 256, 2, 1, codes, db, f, NULL, NULL, 0) == 0,
+          "unknown variant accepted");
 }
 
 int main(int argc, char ** argv) {
     rng_seed(0x9e3779b97f4a7c15ull);
     // argv[1] (optional): "quick" runs fewer shapes (the sanitizer build)
-    const bool quick = argc > 1 && strcmp(argv[1], "quick") == 0;
-    const int64_t ks_all[7] = { 32, 96, 160, 576, 640, 1536, 2048 };
+    const bool    quick      = argc > 1 && strcmp(argv[1], "quick") == 0;
+    const int64_t ks_all[7]  = { 32, 96, 160, 576, 640, 1536, 2048 };
     const int64_t batches[3] = { 1, 3, 17 };
-    const double zs[3] = { 0.0, 0.4, 1.0 };
-    const int threads[3] = { 1, 2, 3 };
+    const double  zs[3]      = { 0.0, 0.4, 1.0 };
+    const int     threads[3] = { 1, 2, 3 };
 
     test_encoder_refuses();
     for (int v = 0; v < BITCOS_VARIANT_COUNT; ++v) {
         test_validate_rejects(v);
         const int64_t kmul = bitcos_variant_k_multiple(v);
         // every row length of ks_all the variant allows, plus 384 for the v1 types (an odd number of units)
-        int64_t ks[8];
-        int nk = 0;
+        int64_t       ks[8];
+        int           nk = 0;
         for (int i = 0; i < 7; ++i) {
-            if (ks_all[i] % kmul == 0) ks[nk++] = ks_all[i];
+            if (ks_all[i] % kmul == 0)
+                ks[nk++] = ks_all[i];
         }
-        if (kmul == QK_BITCOS) ks[nk++] = 384;
+        if (kmul == QK_BITCOS)
+            ks[nk++] = 384;
         for (int ki = 0; ki < nk; ++ki) {
             for (int bi = 0; bi < (quick ? 1 : 3); ++bi) {
                 for (int zi = 0; zi < 3; ++zi) {

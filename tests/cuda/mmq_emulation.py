@@ -32,13 +32,13 @@ class Comp:
         self.pool = self.u64(64)
 
     def u64(self, off: int) -> int:
-        return int(self.c[off:off + 8].view("<u8")[0])
+        return int(self.c[off : off + 8].view("<u8")[0])
 
     def u16(self, buf: np.ndarray, off: int) -> int:
-        return int(buf[off:off + 2].view("<u2")[0])
+        return int(buf[off : off + 2].view("<u2")[0])
 
     def u32(self, buf: np.ndarray, off: int) -> int:
-        return int(buf[off:off + 4].view("<u4")[0])
+        return int(buf[off : off + 4].view("<u4")[0])
 
     def row_sign_pos(self, r: int) -> int:
         g = int(self.c[7])
@@ -66,11 +66,11 @@ class Comp:
         return np.float32(np.array([d], "<u2").view(np.float16)[0])
 
     def row_scale(self, r: int) -> np.float32:
-        s = self.c[self.scales:].view(np.uint8)
+        s = self.c[self.scales :].view(np.uint8)
         if self.variant in (PT, MATRIX):
-            return np.float32(s[4 * (r // self.rows_per_mat):][:4].view("<f4")[0])
+            return np.float32(s[4 * (r // self.rows_per_mat) :][:4].view("<f4")[0])
         if self.variant == ROW:
-            return np.float32(s[4 * r:][:4].view("<f4")[0])
+            return np.float32(s[4 * r :][:4].view("<f4")[0])
         return np.float32(1)
 
 
@@ -99,8 +99,9 @@ def quantize_q8(x: np.ndarray, k_pad: int) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(q, -127, 127).astype(np.int8).reshape(n_x, k_pad), d
 
 
-def emulate(blocks: np.ndarray, comp: np.ndarray, x: np.ndarray, row0: int, rows: int,
-            codes_out: np.ndarray | None = None) -> np.ndarray:
+def emulate(
+    blocks: np.ndarray, comp: np.ndarray, x: np.ndarray, row0: int, rows: int, codes_out: np.ndarray | None = None
+) -> np.ndarray:
     """dst (n_x, rows) as the kernel computes it; codes_out (rows, k) receives the decoded W tiles."""
     L = Comp(blocks, comp)
     n_x, k = x.shape
@@ -115,8 +116,16 @@ def emulate(blocks: np.ndarray, comp: np.ndarray, x: np.ndarray, row0: int, rows
     return dst
 
 
-def emulate_id(blocks: np.ndarray, comp: np.ndarray, x: np.ndarray, n_experts: int, rows: int, ne11: int,
-               ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def emulate_id(
+    blocks: np.ndarray,
+    comp: np.ndarray,
+    x: np.ndarray,
+    n_experts: int,
+    rows: int,
+    ne11: int,
+    ids: np.ndarray,
+    rng: np.random.Generator,
+) -> np.ndarray:
     """MUL_MAT_ID through the batched kernel: x (n_tok * ne11, k) (column t * ne11 + j: token t's column j), ids
     (n_tok, n_used); bitcos_cuda_mmq_id_slots_kernel's grouping (in a random order, as atomics give) and the tile
     kernel's block z loop; dst (n_tok, n_used, rows), NaN where an id is out of range."""
@@ -145,20 +154,42 @@ def emulate_id(blocks: np.ndarray, comp: np.ndarray, x: np.ndarray, n_experts: i
             t, u = divmod(int(sl[c]), n_used)
             dst[t, u, r] = v
 
-        _block_rows(L, q.reshape(-1), d.reshape(-1), k_pad, e * rows, rows, int(counts[e]), q_col, put, None,
-                    n_y=(cap + BN - 1) // BN)
+        _block_rows(
+            L,
+            q.reshape(-1),
+            d.reshape(-1),
+            k_pad,
+            e * rows,
+            rows,
+            int(counts[e]),
+            q_col,
+            put,
+            None,
+            n_y=(cap + BN - 1) // BN,
+        )
     return dst
 
 
-def _block_rows(L: Comp, qf: np.ndarray, df: np.ndarray, k_pad: int, row0: int, rows: int, n_x: int, q_col, put,
-                codes_out: np.ndarray | None, n_y: int | None = None) -> None:
+def _block_rows(
+    L: Comp,
+    qf: np.ndarray,
+    df: np.ndarray,
+    k_pad: int,
+    row0: int,
+    rows: int,
+    n_x: int,
+    q_col,
+    put,
+    codes_out: np.ndarray | None,
+    n_y: int | None = None,
+) -> None:
     """The tile kernel's blocks (x, y) for one z: n_x tile columns, column c reading quantized column q_col(c),
     output (c, r) going to put(c, r, value)."""
     nqb = k_pad // 32
     for bx in range((rows + BM - 1) // BM):
         for by in range(n_y if n_y is not None else (n_x + BN - 1) // BN):
             if by * BN >= n_x:
-                continue                                              # the kernel's early exit (ID mode)
+                continue  # the kernel's early exit (ID mode)
             r0, c0 = bx * BM, by * BN
             cursor, row_ok, gr, rowp = [0] * THREADS, [False] * THREADS, [0] * THREADS, [0] * THREADS
             for tid in range(THREADS):
@@ -167,7 +198,7 @@ def _block_rows(L: Comp, qf: np.ndarray, df: np.ndarray, k_pad: int, row0: int, 
                 gr[tid] = row0 + r0 + dr
                 rowp[tid] = gr[tid] * L.row_bytes if row_ok[tid] else 0
                 cursor[tid] = L.row_sign_pos(gr[tid]) if row_ok[tid] else 0
-            acc = np.zeros((THREADS // 32, 32, 2, 8), np.float32)       # [warp][lane][f][j]
+            acc = np.zeros((THREADS // 32, 32, 2, 8), np.float32)  # [warp][lane][f][j]
             for w0 in range(0, L.n_words, WORDS):
                 As = np.zeros(SLABS * BM * 16, np.uint8)
                 Bs = np.zeros(SLABS * BN * 16, np.uint8)
@@ -182,7 +213,7 @@ def _block_rows(L: Comp, qf: np.ndarray, df: np.ndarray, k_pad: int, row0: int, 
                     n[tid] = bin(word[tid]).count("1")
                 before = list(n)
                 o = 1
-                while o < WORDS:                                      # __shfl_up_sync(.., o, width 4)
+                while o < WORDS:  # __shfl_up_sync(.., o, width 4)
                     prev = list(before)
                     for tid in range(THREADS):
                         if tid % WORDS >= o:
@@ -190,7 +221,7 @@ def _block_rows(L: Comp, qf: np.ndarray, df: np.ndarray, k_pad: int, row0: int, 
                     o <<= 1
                 for tid in range(THREADS):
                     dr, dw = tid // WORDS, tid % WORDS
-                    total = before[(tid // WORDS) * WORDS + WORDS - 1]   # __shfl_sync(.., 3, width 4)
+                    total = before[(tid // WORDS) * WORDS + WORDS - 1]  # __shfl_sync(.., 3, width 4)
                     cw = [0] * 8
                     ws = np.float32(0)
                     if active[tid]:
@@ -202,15 +233,17 @@ def _block_rows(L: Comp, qf: np.ndarray, df: np.ndarray, k_pad: int, row0: int, 
                         ws = L.word_scale(rowp[tid], gr[tid], w0 + dw)
                     cursor[tid] += total
                     a = np.array(cw, "<u4").view(np.uint8)
-                    As[(2 * dw) * BM * 16 + dr * 16:][:16] = a[:16]
-                    As[(2 * dw + 1) * BM * 16 + dr * 16:][:16] = a[16:]
+                    As[(2 * dw) * BM * 16 + dr * 16 :][:16] = a[:16]
+                    As[(2 * dw + 1) * BM * 16 + dr * 16 :][:16] = a[16:]
                     Ws[dr][dw] = ws
                 k0 = w0 * 32
                 for i in range(BN * SLABS):
                     cn, slab = i // SLABS, i % SLABS
                     c = c0 + cn
                     if c < n_x:
-                        Bs[slab * BN * 16 + cn * 16:][:16] = qf[q_col(c) * k_pad + k0 + 16 * slab:][:16].view(np.uint8)
+                        Bs[slab * BN * 16 + cn * 16 :][:16] = qf[q_col(c) * k_pad + k0 + 16 * slab :][:16].view(
+                            np.uint8
+                        )
                 for i in range(BN * WORDS):
                     cn, b = i // WORDS, i % WORDS
                     c = c0 + cn
@@ -221,26 +254,32 @@ def _block_rows(L: Comp, qf: np.ndarray, df: np.ndarray, k_pad: int, row0: int, 
                             for dw in range(WORDS):
                                 if w0 + dw < L.n_words:
                                     kk = (w0 + dw) * 32
-                                    codes_out[r0 + dr, kk:kk + 16] = As[(2 * dw) * BM * 16 + dr * 16:][:16].view(np.int8)
-                                    codes_out[r0 + dr, kk + 16:kk + 32] = As[(2 * dw + 1) * BM * 16 + dr * 16:][:16].view(np.int8)
+                                    codes_out[r0 + dr, kk : kk + 16] = As[(2 * dw) * BM * 16 + dr * 16 :][:16].view(
+                                        np.int8
+                                    )
+                                    codes_out[r0 + dr, kk + 16 : kk + 32] = As[(2 * dw + 1) * BM * 16 + dr * 16 :][
+                                        :16
+                                    ].view(np.int8)
                 As8, Bs8 = As.view(np.int8), Bs.view(np.int8)
                 for warp in range(THREADS // 32):
                     wm, wn = warp // 2, warp % 2
                     for b in range(WORDS):
                         # load_matrix_sync(row_major, ldm 16): A[i][kk] = p[i * 16 + kk]
-                        a0 = As8[(2 * b) * BM * 16 + wm * 16 * 16:][:256].reshape(16, 16).astype(np.int32)
-                        a1 = As8[(2 * b + 1) * BM * 16 + wm * 16 * 16:][:256].reshape(16, 16).astype(np.int32)
+                        a0 = As8[(2 * b) * BM * 16 + wm * 16 * 16 :][:256].reshape(16, 16).astype(np.int32)
+                        a1 = As8[(2 * b + 1) * BM * 16 + wm * 16 * 16 :][:256].reshape(16, 16).astype(np.int32)
                         for f in range(2):
                             cn0 = wn * 32 + f * 16
                             # load_matrix_sync(col_major, ldm 16): B[kk][n] = p[n * 16 + kk]
-                            b0 = Bs8[(2 * b) * BN * 16 + cn0 * 16:][:256].reshape(16, 16).T.astype(np.int32)
-                            b1 = Bs8[(2 * b + 1) * BN * 16 + cn0 * 16:][:256].reshape(16, 16).T.astype(np.int32)
-                            Cs = (a0 @ b0 + a1 @ b1).reshape(-1)          # store_matrix_sync(mem_row_major, 16)
+                            b0 = Bs8[(2 * b) * BN * 16 + cn0 * 16 :][:256].reshape(16, 16).T.astype(np.int32)
+                            b1 = Bs8[(2 * b + 1) * BN * 16 + cn0 * 16 :][:256].reshape(16, 16).T.astype(np.int32)
+                            Cs = (a0 @ b0 + a1 @ b1).reshape(-1)  # store_matrix_sync(mem_row_major, 16)
                             for lane in range(32):
                                 for j in range(8):
                                     e = lane + 32 * j
                                     sc = np.float32(Ws[wm * 16 + e // 16][b] * Xs[cn0 + e % 16][b])
-                                    acc[warp, lane, f, j] = np.float32(acc[warp, lane, f, j] + np.float32(np.float32(Cs[e]) * sc))
+                                    acc[warp, lane, f, j] = np.float32(
+                                        acc[warp, lane, f, j] + np.float32(np.float32(Cs[e]) * sc)
+                                    )
             for warp in range(THREADS // 32):
                 wm, wn = warp // 2, warp % 2
                 for f in range(2):

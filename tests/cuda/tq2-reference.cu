@@ -15,7 +15,8 @@ static __device__ __forceinline__ int tq2_dp4a(uint32_t a, uint32_t b, int c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
     return __dp4a((int) a, (int) b, c);
 #else
-    for (int i = 0; i < 4; ++i) c += (int) (int8_t) (a >> 8 * i) * (int) (int8_t) (b >> 8 * i);
+    for (int i = 0; i < 4; ++i)
+        c += (int) (int8_t) (a >> 8 * i) * (int) (int8_t) (b >> 8 * i);
     return c;
 #endif
 }
@@ -25,38 +26,39 @@ __global__ void tq2_reference_gemv(const uint4 * __restrict__ codes, const __hal
                                    const uint4 * __restrict__ xq, const float * __restrict__ xd,
                                    const int * __restrict__ xsum, float * __restrict__ dst, int rows, int k) {
     const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * blockDim.y + threadIdx.y;
+    const int r    = blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) {
         return;
     }
-    const int units = k / 64;
-    const uint4 * rc = codes + (int64_t) r * units;
-    const __half * rd = wscale + (int64_t) r * (k / 256);
-    float acc = 0.0f;
+    const int      units = k / 64;
+    const uint4 *  rc    = codes + (int64_t) r * units;
+    const __half * rd    = wscale + (int64_t) r * (k / 256);
+    float          acc   = 0.0f;
     for (int g = lane; g < units; g += 32) {
-        const uint4 q = rc[g];
+        const uint4 q  = rc[g];
         const uint4 x0 = xq[4 * g], x1 = xq[4 * g + 1], x2 = xq[4 * g + 2], x3 = xq[4 * g + 3];
-        int s0 = 0, s1 = 0;
-        s0 = tq2_dp4a(q.x & 0x03030303u, x0.x, s0);
-        s0 = tq2_dp4a((q.x >> 2) & 0x03030303u, x0.y, s0);
-        s0 = tq2_dp4a((q.x >> 4) & 0x03030303u, x0.z, s0);
-        s0 = tq2_dp4a((q.x >> 6) & 0x03030303u, x0.w, s0);
-        s0 = tq2_dp4a(q.y & 0x03030303u, x1.x, s0);
-        s0 = tq2_dp4a((q.y >> 2) & 0x03030303u, x1.y, s0);
-        s0 = tq2_dp4a((q.y >> 4) & 0x03030303u, x1.z, s0);
-        s0 = tq2_dp4a((q.y >> 6) & 0x03030303u, x1.w, s0);
-        s1 = tq2_dp4a(q.z & 0x03030303u, x2.x, s1);
-        s1 = tq2_dp4a((q.z >> 2) & 0x03030303u, x2.y, s1);
-        s1 = tq2_dp4a((q.z >> 4) & 0x03030303u, x2.z, s1);
-        s1 = tq2_dp4a((q.z >> 6) & 0x03030303u, x2.w, s1);
-        s1 = tq2_dp4a(q.w & 0x03030303u, x3.x, s1);
-        s1 = tq2_dp4a((q.w >> 2) & 0x03030303u, x3.y, s1);
-        s1 = tq2_dp4a((q.w >> 4) & 0x03030303u, x3.z, s1);
-        s1 = tq2_dp4a((q.w >> 6) & 0x03030303u, x3.w, s1);
+        int         s0 = 0, s1 = 0;
+        s0            = tq2_dp4a(q.x & 0x03030303u, x0.x, s0);
+        s0            = tq2_dp4a((q.x >> 2) & 0x03030303u, x0.y, s0);
+        s0            = tq2_dp4a((q.x >> 4) & 0x03030303u, x0.z, s0);
+        s0            = tq2_dp4a((q.x >> 6) & 0x03030303u, x0.w, s0);
+        s0            = tq2_dp4a(q.y & 0x03030303u, x1.x, s0);
+        s0            = tq2_dp4a((q.y >> 2) & 0x03030303u, x1.y, s0);
+        s0            = tq2_dp4a((q.y >> 4) & 0x03030303u, x1.z, s0);
+        s0            = tq2_dp4a((q.y >> 6) & 0x03030303u, x1.w, s0);
+        s1            = tq2_dp4a(q.z & 0x03030303u, x2.x, s1);
+        s1            = tq2_dp4a((q.z >> 2) & 0x03030303u, x2.y, s1);
+        s1            = tq2_dp4a((q.z >> 4) & 0x03030303u, x2.z, s1);
+        s1            = tq2_dp4a((q.z >> 6) & 0x03030303u, x2.w, s1);
+        s1            = tq2_dp4a(q.w & 0x03030303u, x3.x, s1);
+        s1            = tq2_dp4a((q.w >> 2) & 0x03030303u, x3.y, s1);
+        s1            = tq2_dp4a((q.w >> 4) & 0x03030303u, x3.z, s1);
+        s1            = tq2_dp4a((q.w >> 6) & 0x03030303u, x3.w, s1);
         const float d = __half2float(rd[g / 4]);
         acc += (float) (s0 - xsum[2 * g]) * (d * xd[2 * g]) + (float) (s1 - xsum[2 * g + 1]) * (d * xd[2 * g + 1]);
     }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    for (int o = 16; o > 0; o >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) {
         dst[r] = acc;
     }

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from . import __version__
 
 SUBCOMMAND_MODULES: list[str] = [
-    "ggml_bitcos.convert",
+    "ggml_bitcos.convert_cli",
     "ggml_bitcos.stats",
     "ggml_bitcos.info",
     "ggml_bitcos.make_model",

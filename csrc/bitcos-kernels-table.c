@@ -19,7 +19,16 @@
 #if defined(BITCOS_KERNELS_PER_FILE_FLAGS) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #    define BITCOS_TABLE_AVX2   1
 #    define BITCOS_TABLE_AVX512 1
+#elif defined(BITCOS_KERNELS_PER_FILE_FLAGS) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#    define BITCOS_TABLE_NEON         1
+#    define BITCOS_TABLE_NEON_DOTPROD 1
 #else
+#    if defined(BITCOS_BUILD_NEON)
+#        define BITCOS_TABLE_NEON 1
+#    endif
+#    if defined(BITCOS_BUILD_NEON_DOTPROD)
+#        define BITCOS_TABLE_NEON_DOTPROD 1
+#    endif
 #    if defined(BITCOS_BUILD_AVX2)
 #        define BITCOS_TABLE_AVX2 1
 #    endif
@@ -53,9 +62,42 @@ static int bitcos_cpu_avx512(void) {
 #    define BITCOS_AVAILABLE_AVX512 bitcos_always
 #endif
 
+#if defined(BITCOS_KERNELS_PER_FILE_FLAGS) && defined(BITCOS_TABLE_NEON_DOTPROD)
+// The dotprod kernel's object is compiled with -march=armv8.2-a+dotprod (CMakeLists.txt): ask the CPU for sdot.
+#    if defined(__linux__)
+#        include <sys/auxv.h>
+#        ifndef HWCAP_ASIMDDP
+#            define HWCAP_ASIMDDP (1UL << 20) // the Linux arm64 ABI's bit (asm/hwcap.h)
+#        endif
+static int bitcos_cpu_dotprod(void) {
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+}
+#    elif defined(__APPLE__)
+#        include <sys/sysctl.h>
+static int bitcos_cpu_dotprod(void) {
+    int    v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &n, NULL, 0) == 0 && v != 0;
+}
+#    else
+static int bitcos_cpu_dotprod(void) {
+    return 0; // no portable way to ask: the Armv8.0 kernel runs
+}
+#    endif
+#    define BITCOS_AVAILABLE_NEON_DOTPROD bitcos_cpu_dotprod
+#else
+#    define BITCOS_AVAILABLE_NEON_DOTPROD bitcos_always
+#endif
+
 static const bitcos_kernel bitcos_kernels[] = {
     { "generic", bitcos_always, NULL, bitcos_mm_generic },
     { "portable", bitcos_always, NULL, bitcos_mm_portable },
+#if defined(BITCOS_TABLE_NEON)
+    { "neon", bitcos_always, NULL, bitcos_mm_neon }, // Advanced SIMD is part of every aarch64 CPU
+#endif
+#if defined(BITCOS_TABLE_NEON_DOTPROD)
+    { "neon-dotprod", BITCOS_AVAILABLE_NEON_DOTPROD, NULL, bitcos_mm_neon_dotprod },
+#endif
 #if defined(BITCOS_TABLE_AVX2)
     { "avx2", BITCOS_AVAILABLE_AVX2, bitcos_covers_avx2, bitcos_mm_avx2 },
 #endif

@@ -24,15 +24,18 @@
 
 #    include <arm_neon.h>
 
+// The helpers are inlined into the kernel's loops (a call per block and column would cost more than its body).
+#    define NEON_INLINE static inline __attribute__((always_inline))
+
 #    if defined(BITCOS_BUILD_NEON_DOTPROD)
 #        define NEON_KERNEL(name) name##_neon_dotprod
 // The contract's lanes of u . q over a 16-byte chunk: lane i += sum of bytes 4i .. 4i+3.
-static inline int32x4_t neon_dot16(int32x4_t acc, uint8x16_t u, int8x16_t q) {
+NEON_INLINE int32x4_t neon_dot16(int32x4_t acc, uint8x16_t u, int8x16_t q) {
     return vdotq_s32(acc, vreinterpretq_s8_u8(u), q);
 }
 #    else
 #        define NEON_KERNEL(name) name##_neon
-static inline int32x4_t neon_dot16(int32x4_t acc, uint8x16_t u, int8x16_t q) {
+NEON_INLINE int32x4_t neon_dot16(int32x4_t acc, uint8x16_t u, int8x16_t q) {
     // |u q| <= 256, so a pair of products fits int16; exact like sdot
     const int16x8_t lo = vmull_s8(vreinterpret_s8_u8(vget_low_u8(u)), vget_low_s8(q));
     const int16x8_t hi = vmull_high_s8(vreinterpretq_s8_u8(u), q);
@@ -58,92 +61,98 @@ static inline int32x4_t neon_dot16(int32x4_t acc, uint8x16_t u, int8x16_t q) {
 
 static const uint64_t neon_rank[256] = { NEON_RANKS64(0u), NEON_RANKS64(64u), NEON_RANKS64(128u), NEON_RANKS64(192u) };
 
-static inline uint64_t neon_load_u64(const uint8_t * p) {
+NEON_INLINE uint64_t neon_load_u64(const uint8_t * p) {
     uint64_t v;
     memcpy(&v, p, 8);
     return v;
 }
 
 // The 64 sign bits from pool bit pos, branch-free (bitcos_sign_window's bits: the 9-byte window of the format).
-static inline uint64_t neon_signs(const uint8_t * pool, uint64_t pos) {
+NEON_INLINE uint64_t neon_signs(const uint8_t * pool, uint64_t pos) {
     const uint64_t lo = neon_load_u64(pool + (pos >> 3));
     const uint64_t hi = pool[(pos >> 3) + 8];
     const unsigned sh = (unsigned) (pos & 7);
     return (lo >> sh) | ((hi << 1) << (63 - sh));
 }
 
+// The decode's constant vectors, set up once per kernel call.
+typedef struct {
+    uint8x16_t bcast[4]; // bcast[r]: byte 2r to lanes 0..7, byte 2r+1 to lanes 8..15
+    uint8x16_t bitsel;   // 1, 2, 4, .. 128 in every 8 lanes
+    uint8x16_t two, one;
+} neon_consts;
+
+NEON_INLINE neon_consts neon_consts_init(void) {
+    neon_consts k;
+    for (int r = 0; r < 4; ++r) {
+        k.bcast[r] = vcombine_u8(vdup_n_u8((uint8_t) (2 * r)), vdup_n_u8((uint8_t) (2 * r + 1)));
+    }
+    k.bitsel = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ULL));
+    k.two    = vdupq_n_u8(2);
+    k.one    = vdupq_n_u8(1);
+    return k;
+}
+
 // Codes u = t + 1 of the 64 weights of presence word p into u[0..3] (16 each, in weight order); advances cursor.
-static inline void neon_decode64(uint64_t p, const uint8_t * pool, uint64_t * cursor, uint8x16_t * u) {
-    static const uint8_t bcast[4][16] = {
-        { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1 },
-        { 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3 },
-        { 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5 },
-        { 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7 },
-    };
-    const uint8x16_t bitsel = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ULL));
-    const uint8x16_t two    = vdupq_n_u8(2);
-    const uint8x16_t one    = vdupq_n_u8(1);
-    // C[k] = 0 when sign k is set (t = -1), else 2 (t = +1)
-    const uint8x16_t w      = vreinterpretq_u8_u64(vdupq_n_u64(neon_signs(pool, *cursor)));
+NEON_INLINE void neon_decode64(const neon_consts * k, uint64_t p, const uint8_t * pool, uint64_t * cursor,
+                               uint8x16_t * u) {
+    // C[j] = 0 when the word's sign j is set (t = -1), else 2 (t = +1)
+    const uint8x16_t w = vreinterpretq_u8_u64(vdupq_n_u64(neon_signs(pool, *cursor)));
     uint8x16x4_t     c;
-    c.val[0]            = vbicq_u8(two, vtstq_u8(vqtbl1q_u8(w, vld1q_u8(bcast[0])), bitsel));
-    c.val[1]            = vbicq_u8(two, vtstq_u8(vqtbl1q_u8(w, vld1q_u8(bcast[1])), bitsel));
-    c.val[2]            = vbicq_u8(two, vtstq_u8(vqtbl1q_u8(w, vld1q_u8(bcast[2])), bitsel));
-    c.val[3]            = vbicq_u8(two, vtstq_u8(vqtbl1q_u8(w, vld1q_u8(bcast[3])), bitsel));
-    // inclusive prefix counts of p's bytes: byte 7 is popcount(p); shifted up one byte, the exclusive ones
-    const uint64_t incl = vget_lane_u64(vreinterpret_u64_u8(vcnt_u8(vcreate_u8(p))), 0) * 0x0101010101010101ULL;
-    const uint64_t excl = incl << 8;
+    for (int r = 0; r < 4; ++r) {
+        c.val[r] = vbicq_u8(k->two, vtstq_u8(vqtbl1q_u8(w, k->bcast[r]), k->bitsel));
+    }
+    // prefix counts of p's bytes (inclusive: byte 7 is popcount(p); one byte up: exclusive), broadcast per byte
+    const uint64_t   incl = vget_lane_u64(vreinterpret_u64_u8(vcnt_u8(vcreate_u8(p))), 0) * 0x0101010101010101ULL;
+    const uint8x16_t excl = vreinterpretq_u8_u64(vdupq_n_u64(incl << 8));
     *cursor += incl >> 56;
-    for (int b = 0; b < 8; b += 2) {
-        const uint64_t i0 = neon_rank[(p >> (8 * b)) & 0xff] + ((excl >> (8 * b)) & 0xff) * 0x0101010101010101ULL;
-        const uint64_t i1 =
-            neon_rank[(p >> (8 * b + 8)) & 0xff] + ((excl >> (8 * b + 8)) & 0xff) * 0x0101010101010101ULL;
-        u[b / 2] = vqtbx4q_u8(one, c, vcombine_u8(vcreate_u8(i0), vcreate_u8(i1)));
+    for (int r = 0; r < 4; ++r) {
+        const uint64x2_t ranks = vcombine_u64(vld1_u64(&neon_rank[(p >> (16 * r)) & 0xff]),
+                                              vld1_u64(&neon_rank[(p >> (16 * r + 8)) & 0xff]));
+        const uint8x16_t idx   = vaddq_u8(vreinterpretq_u8_u64(ranks), vqtbl1q_u8(excl, k->bcast[r]));
+        u[r]                   = vqtbx4q_u8(k->one, c, idx);
     }
 }
 
-// One row's decoded Q8_K block: codes, how many 128-weight halves it has, its unit scales (fp16 bits).
-typedef struct {
-    uint8x16_t u[16];
-    int        halves;
-    uint16_t   e[2];
-} neon_block;
+// The two presence words of unit u of a row (a partial last unit's missing bytes are absent weights).
+NEON_INLINE void neon_unit_bits(const bitcos_rows * w, const uint8_t * row, int64_t u, int64_t nu, size_t tail,
+                                uint64_t p[2]) {
+    const uint8_t * bits = row + (size_t) u * w->unit_bytes;
+    if (tail && u == nu - 1) {
+        // only the unit's first `tail` bytes belong to the row (the next bytes may be past the tensor)
+        uint8_t partial[BITCOS_BITMAP_BYTES] = { 0 };
+        memcpy(partial, bits, tail);
+        bits = partial;
+        p[0] = neon_load_u64(bits);
+        p[1] = neon_load_u64(bits + 8);
+        return;
+    }
+    p[0] = neon_load_u64(bits);
+    p[1] = neon_load_u64(bits + 8);
+}
 
-// Decodes block b of row i (its bitmap at row; cursor: the row's sign cursor).
-static inline void neon_decode_block(const bitcos_rows * w, int64_t i, const uint8_t * row, int64_t b, int64_t nu,
-                                     size_t tail, uint64_t * cursor, neon_block * blk) {
-    blk->halves = (2 * b + 1 < nu) ? 2 : 1;
-    blk->e[0] = blk->e[1] = 0;
-    for (int h = 0; h < blk->halves; ++h) {
-        const int64_t   u    = 2 * b + h;
-        const uint8_t * bits = row + (size_t) u * w->unit_bytes;
-        uint64_t        p0, p1;
-        if (tail && u == nu - 1) {
-            // a partial last unit: only its first `tail` bytes belong to the row; the rest are absent weights
-            uint8_t partial[BITCOS_BITMAP_BYTES] = { 0 };
-            memcpy(partial, bits, tail);
-            p0 = neon_load_u64(partial);
-            p1 = neon_load_u64(partial + 8);
-        } else {
-            p0 = neon_load_u64(bits);
-            p1 = neon_load_u64(bits + 8);
-        }
-        neon_decode64(p0, w->pool, cursor, blk->u + 8 * h);
-        neon_decode64(p1, w->pool, cursor, blk->u + 8 * h + 4);
-        if (w->row_scale == NULL) {
-            memcpy(&blk->e[h],
-                   w->block_scale + (size_t) i * w->scale_row_bytes +
-                       (size_t) (u >> w->block_scale_shift) * w->scale_stride,
-                   sizeof blk->e[h]);
-        }
-    }
-    if (blk->halves == 1) {
-        blk->e[1] = blk->e[0];
-    }
+// The fp16 scale bits of unit u of row i (block scales only).
+NEON_INLINE uint16_t neon_unit_scale(const bitcos_rows * w, int64_t i, int64_t u) {
+    uint16_t e;
+    memcpy(&e,
+           w->block_scale + (size_t) i * w->scale_row_bytes + (size_t) (u >> w->block_scale_shift) * w->scale_stride,
+           sizeof e);
+    return e;
+}
+
+// Decodes the 128 codes of unit u of row i into u8[0..7]; its scale into *e (block scales).
+NEON_INLINE void neon_decode_unit(const neon_consts * k, const bitcos_rows * w, int64_t i, const uint8_t * row,
+                                  int64_t u, int64_t nu, size_t tail, uint64_t * cursor, uint8x16_t * u8,
+                                  uint16_t * e) {
+    uint64_t p[2];
+    neon_unit_bits(w, row, u, nu, tail, p);
+    neon_decode64(k, p[0], w->pool, cursor, u8);
+    neon_decode64(k, p[1], w->pool, cursor, u8 + 4);
+    *e = w->row_scale == NULL ? neon_unit_scale(w, i, u) : 0;
 }
 
 // The contract's FMA(x, D, acc), 4 lanes.
-static inline float32x4_t neon_fma(float32x4_t x, float d, float32x4_t acc) {
+NEON_INLINE float32x4_t neon_fma(float32x4_t x, float d, float32x4_t acc) {
 #    if BITCOS_FMA
     return vfmaq_n_f32(acc, x, d);
 #    else
@@ -151,8 +160,8 @@ static inline float32x4_t neon_fma(float32x4_t x, float d, float32x4_t acc) {
 #    endif
 }
 
-// Half h's lanes of u . q: lo gets lanes 0..3 (chunks 32g .. 32g+15), hi lanes 4..7 (chunks 32g+16 .. 32g+31).
-static inline void neon_dot_half(const uint8x16_t * u, const int8_t * q, int32x4_t * lo, int32x4_t * hi) {
+// A half's lanes of u . q: lo gets lanes 0..3 (chunks 32g .. 32g+15), hi lanes 4..7 (chunks 32g+16 .. 32g+31).
+NEON_INLINE void neon_dot_half(const uint8x16_t * u, const int8_t * q, int32x4_t * lo, int32x4_t * hi) {
     int32x4_t a = vdupq_n_s32(0), c = vdupq_n_s32(0);
     for (int g = 0; g < 4; ++g) {
         a = neon_dot16(a, u[2 * g], vld1q_s8(q + 32 * g));
@@ -162,62 +171,113 @@ static inline void neon_dot_half(const uint8x16_t * u, const int8_t * q, int32x4
     *hi = c;
 }
 
-// One decoded block of row i against column block yb: the contract's float step into acc[0] (lanes 0..3) and
-// acc[1] (lanes 4..7).
-static inline void neon_block_column(const bitcos_rows * w, int64_t i, const neon_block * blk, const bitcos_q8_K * yb,
-                                     float32x4_t * acc) {
-    // the 32-weight group sums: groups 0..3 (half 0) subtract from lanes 0..3, groups 4..7 from lanes 4..7
+// The contract's float step of one Q8_K block of row i and column block yb into acc[0] (lanes 0..3) and acc[1]
+// (lanes 4..7): lo[h] / hi[h] are half h's lanes of u . q, e[] the halves' fp16 scales (block scales).
+NEON_INLINE void neon_block_float(const bitcos_rows * w, int64_t i, int halves, const uint16_t * e,
+                                  const bitcos_q8_K * yb, const int32x4_t * lo, const int32x4_t * hi,
+                                  float32x4_t * acc) {
+    // the 32-weight group sums: groups 0..3 (half 0) subtract from lanes 0..3, groups 4..7 (half 1) from 4..7
     const int32x4_t g0 = vpaddlq_s16(vld1q_s16(yb->bsums));
-    int32x4_t       a0, b0, a1 = vdupq_n_s32(0), b1 = vdupq_n_s32(0), g1 = vdupq_n_s32(0);
-    neon_dot_half(blk->u, yb->qs, &a0, &b0);
-    if (blk->halves == 2) {
-        neon_dot_half(blk->u + 8, yb->qs + QK_BITCOS, &a1, &b1);
-        g1 = vpaddlq_s16(vld1q_s16(yb->bsums + 8));
+    if (halves == 1) {
+        const float d = yb->d * (w->row_scale != NULL ? w->row_scale[i] : bitcos_fp16_to_fp32(e[0]));
+        acc[0]        = neon_fma(vcvtq_f32_s32(vsubq_s32(lo[0], g0)), d, acc[0]);
+        acc[1]        = neon_fma(vcvtq_f32_s32(hi[0]), d, acc[1]);
+        return;
     }
-    if (w->row_scale != NULL || blk->e[0] == blk->e[1]) {
-        const float d = yb->d * (w->row_scale != NULL ? w->row_scale[i] : bitcos_fp16_to_fp32(blk->e[0]));
-        acc[0]        = neon_fma(vcvtq_f32_s32(vsubq_s32(vaddq_s32(a0, a1), g0)), d, acc[0]);
-        acc[1]        = neon_fma(vcvtq_f32_s32(vsubq_s32(vaddq_s32(b0, b1), g1)), d, acc[1]);
+    const int32x4_t g1 = vpaddlq_s16(vld1q_s16(yb->bsums + 8));
+    if (w->row_scale != NULL || e[0] == e[1]) {
+        const float d = yb->d * (w->row_scale != NULL ? w->row_scale[i] : bitcos_fp16_to_fp32(e[0]));
+        acc[0]        = neon_fma(vcvtq_f32_s32(vsubq_s32(vaddq_s32(lo[0], lo[1]), g0)), d, acc[0]);
+        acc[1]        = neon_fma(vcvtq_f32_s32(vsubq_s32(vaddq_s32(hi[0], hi[1]), g1)), d, acc[1]);
     } else {
-        const float d0 = yb->d * bitcos_fp16_to_fp32(blk->e[0]);
-        const float d1 = yb->d * bitcos_fp16_to_fp32(blk->e[1]);
-        acc[0]         = neon_fma(vcvtq_f32_s32(vsubq_s32(a0, g0)), d0, acc[0]);
-        acc[1]         = neon_fma(vcvtq_f32_s32(b0), d0, acc[1]);
-        acc[0]         = neon_fma(vcvtq_f32_s32(a1), d1, acc[0]);
-        acc[1]         = neon_fma(vcvtq_f32_s32(vsubq_s32(b1, g1)), d1, acc[1]);
+        const float d0 = yb->d * bitcos_fp16_to_fp32(e[0]);
+        const float d1 = yb->d * bitcos_fp16_to_fp32(e[1]);
+        acc[0]         = neon_fma(vcvtq_f32_s32(vsubq_s32(lo[0], g0)), d0, acc[0]);
+        acc[1]         = neon_fma(vcvtq_f32_s32(hi[0]), d0, acc[1]);
+        acc[0]         = neon_fma(vcvtq_f32_s32(lo[1]), d1, acc[0]);
+        acc[1]         = neon_fma(vcvtq_f32_s32(vsubq_s32(hi[1], g1)), d1, acc[1]);
     }
 }
 
 // The contract's final reduction: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
-static inline float neon_reduce(const float32x4_t * acc) {
+NEON_INLINE float neon_reduce(const float32x4_t * acc) {
     const float32x4_t s = vaddq_f32(acc[0], acc[1]);
     return (vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 2)) + (vgetq_lane_f32(s, 1) + vgetq_lane_f32(s, 3));
 }
 
+// The row's geometry: units, Q8_K blocks, bitmap bytes of a partial last unit (0: none).
+typedef struct {
+    int64_t nu, nby;
+    size_t  tail;
+} neon_shape;
+
+// GEMV of row i against one column y: each unit is decoded straight into its dot products (no code buffer).
+NEON_INLINE float neon_gemv_row(const neon_consts * k, const bitcos_rows * w, neon_shape sh, int64_t i,
+                                const bitcos_q8_K * y) {
+    const uint8_t * row    = w->bits + (size_t) i * w->row_bytes;
+    uint64_t        cursor = w->sign_pos[i];
+    float32x4_t     acc[2] = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };
+    for (int64_t b = 0; b < sh.nby; ++b) {
+        const int  halves = (2 * b + 1 < sh.nu) ? 2 : 1;
+        int32x4_t  lo[2], hi[2];
+        uint16_t   e[2];
+        uint8x16_t u8[8];
+        for (int h = 0; h < halves; ++h) {
+            neon_decode_unit(k, w, i, row, 2 * b + h, sh.nu, sh.tail, &cursor, u8, &e[h]);
+            neon_dot_half(u8, y[b].qs + QK_BITCOS * h, &lo[h], &hi[h]);
+        }
+        neon_block_float(w, i, halves, e, &y[b], lo, hi, acc);
+    }
+    return neon_reduce(acc);
+}
+
+// Row i against the ncc (<= NEON_COLS) columns y[0 ..]: each block is decoded once into a code buffer, then
+// serves every column.
+NEON_INLINE void neon_gemm_row(const neon_consts * k, const bitcos_rows * w, neon_shape sh, int64_t i,
+                               const bitcos_q8_K * const * y, int ncc, float * const * dst) {
+    const uint8_t * row    = w->bits + (size_t) i * w->row_bytes;
+    uint64_t        cursor = w->sign_pos[i];
+    float32x4_t     acc[NEON_COLS][2];
+    for (int c = 0; c < ncc; ++c) {
+        acc[c][0] = acc[c][1] = vdupq_n_f32(0.0f);
+    }
+    for (int64_t b = 0; b < sh.nby; ++b) {
+        const int  halves = (2 * b + 1 < sh.nu) ? 2 : 1;
+        uint16_t   e[2];
+        uint8x16_t u8[16];
+        for (int h = 0; h < halves; ++h) {
+            neon_decode_unit(k, w, i, row, 2 * b + h, sh.nu, sh.tail, &cursor, u8 + 8 * h, &e[h]);
+        }
+        for (int c = 0; c < ncc; ++c) {
+            int32x4_t lo[2], hi[2];
+            for (int h = 0; h < halves; ++h) {
+                neon_dot_half(u8 + 8 * h, y[c][b].qs + QK_BITCOS * h, &lo[h], &hi[h]);
+            }
+            neon_block_float(w, i, halves, e, &y[c][b], lo, hi, acc[c]);
+        }
+    }
+    for (int c = 0; c < ncc; ++c) {
+        dst[c][i] = neon_reduce(acc[c]);
+    }
+}
+
 void NEON_KERNEL(bitcos_mm)(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                             float * const * dst) {
-    const int64_t nu   = (w->k + QK_BITCOS - 1) / QK_BITCOS; // 128-weight units, the last maybe partial
-    const int64_t nby  = (nu + 1) / 2;                       // Q8_K blocks
-    const size_t  tail = (size_t) (w->k % QK_BITCOS) / 8;    // bitmap bytes of a partial last unit (0: none)
+    const neon_consts k = neon_consts_init();
+    neon_shape        sh;
+    sh.nu   = (w->k + QK_BITCOS - 1) / QK_BITCOS; // 128-weight units, the last maybe partial
+    sh.nby  = (sh.nu + 1) / 2;                    // Q8_K blocks
+    sh.tail = (size_t) (w->k % QK_BITCOS) / 8;
+    if (nc == 1) {
+        for (int64_t i = 0; i < nr; ++i) {
+            dst[0][i] = neon_gemv_row(&k, w, sh, i, y[0]);
+        }
+        return;
+    }
     for (int64_t c0 = 0; c0 < nc; c0 += NEON_COLS) {
         const int ncc = (int) (nc - c0 < NEON_COLS ? nc - c0 : NEON_COLS);
         for (int64_t i = 0; i < nr; ++i) {
-            const uint8_t * row    = w->bits + (size_t) i * w->row_bytes;
-            uint64_t        cursor = w->sign_pos[i];
-            float32x4_t     acc[NEON_COLS][2];
-            for (int c = 0; c < ncc; ++c) {
-                acc[c][0] = acc[c][1] = vdupq_n_f32(0.0f);
-            }
-            for (int64_t b = 0; b < nby; ++b) {
-                neon_block blk;
-                neon_decode_block(w, i, row, b, nu, tail, &cursor, &blk);
-                for (int c = 0; c < ncc; ++c) {
-                    neon_block_column(w, i, &blk, &y[c0 + c][b], acc[c]);
-                }
-            }
-            for (int c = 0; c < ncc; ++c) {
-                dst[c0 + c][i] = neon_reduce(acc[c]);
-            }
+            neon_gemm_row(&k, w, sh, i, y + c0, ncc, dst + c0);
         }
     }
 }

@@ -139,22 +139,51 @@ const bitcos_kernel * bitcos_kernel_best(void) {
     return &bitcos_kernels[0];
 }
 
-// One flag per entry: set by the first fallback of that kernel. A race between threads can at worst print the
-// line twice, so plain C11 atomics where the compiler has them, a volatile int elsewhere (MSVC's C mode).
+// One flag per entry: set by the first fallback of that kernel; one for the line naming the best kernel. A race between
+// threads can at worst print the line twice, so plain C11 atomics where the compiler has them, a volatile int elsewhere
+// (MSVC's C mode).
 #if defined(__STDC_NO_ATOMICS__) || defined(_MSC_VER)
 static volatile int bitcos_fallback_told[BITCOS_N_KERNELS];
+static volatile int bitcos_best_told;
 static int          bitcos_first_fallback(int i) {
     const int first         = !bitcos_fallback_told[i];
     bitcos_fallback_told[i] = 1;
     return first;
 }
+static int bitcos_first_best_told(void) {
+    const int first  = !bitcos_best_told;
+    bitcos_best_told = 1;
+    return first;
+}
 #else
 #    include <stdatomic.h>
 static atomic_int bitcos_fallback_told[BITCOS_N_KERNELS];
+static atomic_int bitcos_best_told;
 static int        bitcos_first_fallback(int i) {
     return atomic_exchange_explicit(&bitcos_fallback_told[i], 1, memory_order_relaxed) == 0;
 }
+static int bitcos_first_best_told(void) {
+    return atomic_exchange_explicit(&bitcos_best_told, 1, memory_order_relaxed) == 0;
+}
 #endif
+
+static void bitcos_tell(const char * text, bitcos_log_fn log) {
+    if (log != NULL) {
+        log(text);
+    } else {
+        fputs(text, stderr);
+    }
+}
+
+const bitcos_kernel * bitcos_kernel_best_told(bitcos_log_fn log) {
+    const bitcos_kernel * k = bitcos_kernel_best();
+    if (bitcos_first_best_told()) {
+        char text[64];
+        snprintf(text, sizeof text, "BITCOS CPU kernel: %s\n", k->name);
+        bitcos_tell(text, log);
+    }
+    return k;
+}
 
 static void bitcos_tell_fallback(const bitcos_kernel * k, const bitcos_rows * w, bitcos_log_fn log) {
     char text[320];
@@ -166,11 +195,7 @@ static void bitcos_tell_fallback(const bitcos_kernel * k, const bitcos_rows * w,
              w->block_scale_shift ? "a scale per 256" :
                                     "a scale per 128",
              w->row_scale != NULL ? (size_t) 0 : w->scale_stride);
-    if (log != NULL) {
-        log(text);
-    } else {
-        fputs(text, stderr);
-    }
+    bitcos_tell(text, log);
 }
 
 void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,

@@ -125,6 +125,9 @@ const bitcos_kernel * bitcos_kernel_at(int i);
 const bitcos_kernel * bitcos_kernel_named(const char * name); // NULL when not compiled in
 // The last available entry: the best kernel this CPU can run.
 const bitcos_kernel * bitcos_kernel_best(void);
+// bitcos_kernel_best(); the first call in the process also gives log (NULL: stderr) the line
+// "BITCOS CPU kernel: <name>\n" (the ggml glue's line at the first BITCOS mat-mul, i.e. at model load's warm-up).
+const bitcos_kernel * bitcos_kernel_best_told(bitcos_log_fn log);
 
 // Runs k->mm, or bitcos_mm_portable when k does not cover w; the first time that happens for k, log gets one
 // line naming the kernel, the layout and the kernel that runs instead (reported once per kernel and process).

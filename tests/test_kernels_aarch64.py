@@ -141,6 +141,10 @@ def test_arm_kernels_equal_generic_and_numpy(tmp_path: Path, arm_cases: list[Arm
     names = r.stdout.splitlines()[0].split()[1:]
     assert r.stdout.splitlines()[1] == f"cases: {len(arm_cases)}", r.stdout
     assert all(n in names for n in ARM_KERNELS), names
+    # the best entry is named once per process, however often it is asked for (the ggml glue's load-time line)
+    assert [x for x in r.stderr.splitlines() if x.startswith("BITCOS CPU kernel:")] == [
+        "BITCOS CPU kernel: neon-dotprod"
+    ], r.stderr
     data, off = out.read_bytes(), 0
     checked = {n: 0 for n in names}
     for c in arm_cases:
@@ -162,3 +166,32 @@ def test_arm_kernels_equal_generic_and_numpy(tmp_path: Path, arm_cases: list[Arm
             checked[n] += 1
     assert off == len(data)
     assert all(checked[n] == len(arm_cases) for n in ARM_KERNELS), checked
+
+
+# -march of llama.cpp's ARM CPU variants (ggml/src/CMakeLists.txt, GGML_CPU_ALL_VARIANTS / GGML_CPU_ARM_ARCH) and the
+# one NEON kernel each compiles in
+GGML_ARM_BUILDS = (
+    ("armv8-a", "neon"),
+    ("armv8.2-a+dotprod", "neon-dotprod"),
+    ("armv8.6-a+dotprod+i8mm", "neon-dotprod"),
+)
+
+
+@pytest.mark.parametrize("march,kernel", GGML_ARM_BUILDS, ids=[m for m, _ in GGML_ARM_BUILDS])
+def test_ggml_arm_variant_builds_one_neon_kernel(tmp_path: Path, march: str, kernel: str) -> None:
+    """Built as ggml-cpu builds a CPU variant (every kernel file and the table with the variant's flags, no
+    BITCOS_KERNELS_PER_FILE_FLAGS), the table holds exactly the NEON kernel those flags allow, and that is the
+    kernel the load-time line names."""
+    cc, runner = _toolchain()
+    flags = ["-std=c11", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", f"-march={march}"]
+    srcs = [fuzzing.CSRC / f"bitcos-kernels-{x}.c" for x in ("generic", "portable", "neon", "table")]
+    exe = tmp_path / "cases"
+    cmd = [cc, *flags, "-I", str(fuzzing.CSRC), *map(str, srcs), str(fuzzing.CTESTS / "bitcos-kernel-cases.c")]
+    r = subprocess.run([*cmd, "-lm", "-o", str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    empty = tmp_path / "none.bin"
+    empty.write_bytes(np.zeros(12, "<i8").tobytes())
+    r = subprocess.run([*runner, str(exe), str(empty), str(tmp_path / "out.bin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[0] == f"kernels: generic portable {kernel}", r.stdout
+    assert r.stderr.splitlines() == [f"BITCOS CPU kernel: {kernel}"], r.stderr

@@ -3,7 +3,8 @@
 // run under qemu-user: tests/test_kernels_aarch64.py; cases from ggml_bitcos.harness, the same descriptors the
 // harness library gets).
 //
-//     bitcos-kernel-cases CASES OUT      prints "kernels: NAME ..." (the table, in order) and "cases: N"
+//     bitcos-kernel-cases CASES OUT      prints "kernels: NAME ..." (the table, in order) and "cases: N" on stdout,
+//                                        and the table's "BITCOS CPU kernel: NAME" line once on stderr
 //
 // CASES: little-endian records, each a header of 12 int64
 //     k, nr, nc, unit_bytes, row_bytes, pool_bytes, has_row_scale, block_scale_bytes, block_scale_offset,
@@ -50,6 +51,10 @@ int main(int argc, char ** argv) {
         printf(" %s", bitcos_kernel_at(i)->name);
     }
     printf("\n");
+    fflush(stdout);
+    // the line the ggml glue logs at the first BITCOS mat-mul, on stderr here; asked twice, told once
+    bitcos_kernel_best_told(NULL);
+    bitcos_kernel_best_told(NULL);
     int64_t ncases = 0;
     for (;;) {
         int64_t h[12];

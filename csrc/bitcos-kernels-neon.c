@@ -7,7 +7,7 @@
 // `covers` is NULL. Design and static cycle counts: docs/KERNELS.md.
 //
 // Sign placement without pdep (per 64-weight presence word P, its 64 signs W from the row's cursor):
-//   * the signs become a 64-byte table C of codes u = t + 1 (2 for +1, 0 for -1): broadcast, cmtst, bic;
+//   * the signs become a 64-byte table C of codes u = t + 1 (2 for +1, 0 for -1): broadcast, ushl, and;
 //   * each weight's index into C is its rank among the present weights of P: per presence byte, a 256-entry
 //     table gives the 8 ranks within the byte (0x80 for an absent weight), and adding the byte's prefix count
 //     (cnt, then one multiply by 0x0101..00) in a general register makes them ranks within P;
@@ -78,7 +78,7 @@ NEON_INLINE uint64_t neon_signs(const uint8_t * pool, uint64_t pos) {
 // The decode's constant vectors, set up once per kernel call.
 typedef struct {
     uint8x16_t bcast[4]; // bcast[r]: byte 2r to lanes 0..7, byte 2r+1 to lanes 8..15
-    uint8x16_t bitsel;   // 1, 2, 4, .. 128 in every 8 lanes
+    int8x16_t  bit_to_1; // 1, 0, -1, .. -6 in every 8 lanes: shifts bit i of lane i % 8 to bit 1
     uint8x16_t two, one;
 } neon_consts;
 
@@ -87,20 +87,22 @@ NEON_INLINE neon_consts neon_consts_init(void) {
     for (int r = 0; r < 4; ++r) {
         k.bcast[r] = vcombine_u8(vdup_n_u8((uint8_t) (2 * r)), vdup_n_u8((uint8_t) (2 * r + 1)));
     }
-    k.bitsel = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ULL));
-    k.two    = vdupq_n_u8(2);
-    k.one    = vdupq_n_u8(1);
+    static const int8_t shifts[16] = { 1, 0, -1, -2, -3, -4, -5, -6, 1, 0, -1, -2, -3, -4, -5, -6 };
+    k.bit_to_1                     = vld1q_s8(shifts);
+    k.two                          = vdupq_n_u8(2);
+    k.one                          = vdupq_n_u8(1);
     return k;
 }
 
 // Codes u = t + 1 of the 64 weights of presence word p into u[0..3] (16 each, in weight order); advances cursor.
 NEON_INLINE void neon_decode64(const neon_consts * k, uint64_t p, const uint8_t * pool, uint64_t * cursor,
                                uint8x16_t * u) {
-    // C[j] = 0 when the word's sign j is set (t = -1), else 2 (t = +1)
-    const uint8x16_t w = vreinterpretq_u8_u64(vdupq_n_u64(neon_signs(pool, *cursor)));
+    // C[j] = 0 when the word's sign j is set (t = -1), else 2 (t = +1): lane j of the inverted sign byte shifted so
+    // that its bit j % 8 lands on bit 1, and 2 (two operations; a test-and-select costs three as compilers emit it)
+    const uint8x16_t w = vreinterpretq_u8_u64(vdupq_n_u64(~neon_signs(pool, *cursor)));
     uint8x16x4_t     c;
     for (int r = 0; r < 4; ++r) {
-        c.val[r] = vbicq_u8(k->two, vtstq_u8(vqtbl1q_u8(w, k->bcast[r]), k->bitsel));
+        c.val[r] = vandq_u8(vshlq_u8(vqtbl1q_u8(w, k->bcast[r]), k->bit_to_1), k->two);
     }
     // prefix counts of p's bytes (inclusive: byte 7 is popcount(p); one byte up: exclusive), broadcast per byte
     const uint64_t   incl = vget_lane_u64(vreinterpret_u64_u8(vcnt_u8(vcreate_u8(p))), 0) * 0x0101010101010101ULL;

@@ -1,7 +1,7 @@
 // aarch64 NEON BITCOS kernels: bitcos_mm_neon (Armv8.0 Advanced SIMD) and bitcos_mm_neon_dotprod (+ sdot), two
 // entries of the kernel table from this one file. Whichever the target flags allow is built: the ggml-cpu build
 // compiles the file once with the CPU variant's flags (one of the two), the harness and the fuzzer compile it
-// twice, with -march=armv8-a and with -march=armv8.2-a+dotprod (docs/KERNELS.md §2c).
+// twice, with -march=armv8-a and with -march=armv8.2-a+dotprod (docs/KERNELS.md §2d).
 //
 // Contract: bitcos-kernels.h (results bit-identical to bitcos_mm_generic) for every descriptor, so the table's
 // `covers` is NULL. Design and static cycle counts: docs/KERNELS.md.
@@ -10,13 +10,14 @@
 //   * the signs become a 64-byte table C of codes u = t + 1 (2 for +1, 0 for -1): broadcast, ushl, and;
 //   * each weight's index into C is its rank among the present weights of P: per presence byte, a 256-entry
 //     table gives the 8 ranks within the byte (0x80 for an absent weight), and adding the byte's prefix count
-//     (cnt, then one multiply by 0x0101..00) in a general register makes them ranks within P;
+//     (cnt, one multiply by 0x0101..00 in a general register, a tbl broadcast) makes them ranks within P;
 //   * one tbx over the 4 registers of C gives 16 codes: an absent weight's index is >= 64, so it keeps the
 //     default 1 (t = 0).
 // Dot products: u . q in the contract's lanes. A 16-byte chunk at position 32g + 16s of a Q8_K block holds
 // lanes 4s .. 4s+3 in its four 4-byte groups, so sdot (or smull + pairwise adds) into two int32x4 accumulators
 // (s = 0, 1) gives the lanes directly; subtracting the 32-weight group sums (from the Q8_K bsums) gives the
-// contract's L. A block's 256 codes are decoded once per row and serve every column of the call.
+// contract's L. GEMV: each unit is decoded straight into its dot products; GEMM: a block's 256 codes are
+// decoded once per row and serve up to NEON_COLS columns.
 // Compile with -ffp-contract=off like every kernel file: the only fused operation is the contract's FMA.
 #include "bitcos-kernels.h"
 

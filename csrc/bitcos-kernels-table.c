@@ -19,7 +19,7 @@
 #if defined(BITCOS_KERNELS_PER_FILE_FLAGS) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #    define BITCOS_TABLE_AVX2   1
 #    define BITCOS_TABLE_AVX512 1
-#elif defined(BITCOS_KERNELS_PER_FILE_FLAGS) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#elif defined(BITCOS_KERNELS_PER_FILE_FLAGS) && (defined(BITCOS_BUILD_NEON) || defined(BITCOS_BUILD_NEON_DOTPROD))
 #    define BITCOS_TABLE_NEON         1
 #    define BITCOS_TABLE_NEON_DOTPROD 1
 #else

@@ -149,8 +149,10 @@ void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr
 #        define BITCOS_BUILD_AVX512 1
 #    endif
 #endif
-// aarch64: one file, bitcos-kernels-neon.c, builds the dotprod kernel when the flags have it, else the Armv8.0 one.
-#if defined(__aarch64__) && defined(__ARM_NEON) && (defined(__GNUC__) || defined(__clang__))
+// aarch64 (little-endian: the kernels load byte tables as 64-bit words): one file, bitcos-kernels-neon.c, builds the
+// dotprod kernel when the flags have it, else the Armv8.0 one.
+#if defined(__aarch64__) && defined(__ARM_NEON) && (defined(__GNUC__) || defined(__clang__)) && \
+    defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #    if defined(__ARM_FEATURE_DOTPROD)
 #        define BITCOS_BUILD_NEON_DOTPROD 1
 #    else

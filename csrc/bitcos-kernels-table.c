@@ -19,7 +19,16 @@
 #if defined(BITCOS_KERNELS_PER_FILE_FLAGS) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #    define BITCOS_TABLE_AVX2   1
 #    define BITCOS_TABLE_AVX512 1
+#elif defined(BITCOS_KERNELS_PER_FILE_FLAGS) && (defined(BITCOS_BUILD_NEON) || defined(BITCOS_BUILD_NEON_DOTPROD))
+#    define BITCOS_TABLE_NEON         1
+#    define BITCOS_TABLE_NEON_DOTPROD 1
 #else
+#    if defined(BITCOS_BUILD_NEON)
+#        define BITCOS_TABLE_NEON 1
+#    endif
+#    if defined(BITCOS_BUILD_NEON_DOTPROD)
+#        define BITCOS_TABLE_NEON_DOTPROD 1
+#    endif
 #    if defined(BITCOS_BUILD_AVX2)
 #        define BITCOS_TABLE_AVX2 1
 #    endif
@@ -53,9 +62,42 @@ static int bitcos_cpu_avx512(void) {
 #    define BITCOS_AVAILABLE_AVX512 bitcos_always
 #endif
 
+#if defined(BITCOS_KERNELS_PER_FILE_FLAGS) && defined(BITCOS_TABLE_NEON_DOTPROD)
+// The dotprod kernel's object is compiled with -march=armv8.2-a+dotprod (CMakeLists.txt): ask the CPU for sdot.
+#    if defined(__linux__)
+#        include <sys/auxv.h>
+#        ifndef HWCAP_ASIMDDP
+#            define HWCAP_ASIMDDP (1UL << 20) // the Linux arm64 ABI's bit (asm/hwcap.h)
+#        endif
+static int bitcos_cpu_dotprod(void) {
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+}
+#    elif defined(__APPLE__)
+#        include <sys/sysctl.h>
+static int bitcos_cpu_dotprod(void) {
+    int    v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &n, NULL, 0) == 0 && v != 0;
+}
+#    else
+static int bitcos_cpu_dotprod(void) {
+    return 0; // no portable way to ask: the Armv8.0 kernel runs
+}
+#    endif
+#    define BITCOS_AVAILABLE_NEON_DOTPROD bitcos_cpu_dotprod
+#else
+#    define BITCOS_AVAILABLE_NEON_DOTPROD bitcos_always
+#endif
+
 static const bitcos_kernel bitcos_kernels[] = {
     { "generic", bitcos_always, NULL, bitcos_mm_generic },
     { "portable", bitcos_always, NULL, bitcos_mm_portable },
+#if defined(BITCOS_TABLE_NEON)
+    { "neon", bitcos_always, NULL, bitcos_mm_neon }, // Advanced SIMD is part of every aarch64 CPU
+#endif
+#if defined(BITCOS_TABLE_NEON_DOTPROD)
+    { "neon-dotprod", BITCOS_AVAILABLE_NEON_DOTPROD, NULL, bitcos_mm_neon_dotprod },
+#endif
 #if defined(BITCOS_TABLE_AVX2)
     { "avx2", BITCOS_AVAILABLE_AVX2, bitcos_covers_avx2, bitcos_mm_avx2 },
 #endif
@@ -97,22 +139,51 @@ const bitcos_kernel * bitcos_kernel_best(void) {
     return &bitcos_kernels[0];
 }
 
-// One flag per entry: set by the first fallback of that kernel. A race between threads can at worst print the
-// line twice, so plain C11 atomics where the compiler has them, a volatile int elsewhere (MSVC's C mode).
+// One flag per entry: set by the first fallback of that kernel; one for the line naming the best kernel. A race between
+// threads can at worst print the line twice, so plain C11 atomics where the compiler has them, a volatile int elsewhere
+// (MSVC's C mode).
 #if defined(__STDC_NO_ATOMICS__) || defined(_MSC_VER)
 static volatile int bitcos_fallback_told[BITCOS_N_KERNELS];
+static volatile int bitcos_best_told;
 static int          bitcos_first_fallback(int i) {
     const int first         = !bitcos_fallback_told[i];
     bitcos_fallback_told[i] = 1;
     return first;
 }
+static int bitcos_first_best_told(void) {
+    const int first  = !bitcos_best_told;
+    bitcos_best_told = 1;
+    return first;
+}
 #else
 #    include <stdatomic.h>
 static atomic_int bitcos_fallback_told[BITCOS_N_KERNELS];
+static atomic_int bitcos_best_told;
 static int        bitcos_first_fallback(int i) {
     return atomic_exchange_explicit(&bitcos_fallback_told[i], 1, memory_order_relaxed) == 0;
 }
+static int bitcos_first_best_told(void) {
+    return atomic_exchange_explicit(&bitcos_best_told, 1, memory_order_relaxed) == 0;
+}
 #endif
+
+static void bitcos_tell(const char * text, bitcos_log_fn log) {
+    if (log != NULL) {
+        log(text);
+    } else {
+        fputs(text, stderr);
+    }
+}
+
+const bitcos_kernel * bitcos_kernel_best_told(bitcos_log_fn log) {
+    const bitcos_kernel * k = bitcos_kernel_best();
+    if (bitcos_first_best_told()) {
+        char text[64];
+        snprintf(text, sizeof text, "BITCOS CPU kernel: %s\n", k->name);
+        bitcos_tell(text, log);
+    }
+    return k;
+}
 
 static void bitcos_tell_fallback(const bitcos_kernel * k, const bitcos_rows * w, bitcos_log_fn log) {
     char text[320];
@@ -124,11 +195,7 @@ static void bitcos_tell_fallback(const bitcos_kernel * k, const bitcos_rows * w,
              w->block_scale_shift ? "a scale per 256" :
                                     "a scale per 128",
              w->row_scale != NULL ? (size_t) 0 : w->scale_stride);
-    if (log != NULL) {
-        log(text);
-    } else {
-        fputs(text, stderr);
-    }
+    bitcos_tell(text, log);
 }
 
 void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,

@@ -110,7 +110,7 @@ typedef void (*bitcos_mm_fn)(const bitcos_rows * w, int64_t nr, const bitcos_q8_
 // Every caller (the ggml-cpu glue, the harness library and through it the Python tests and benchmarks, the
 // kernel fuzzer) finds the kernels here, by index or name, and runs them through bitcos_kernel_mm.
 typedef struct {
-    const char * name;                    // "generic", "portable", "avx2", "avx512": the harness/bench/test name
+    const char * name;                    // "generic", "portable", "avx2", "avx512", "neon", "neon-dotprod"
     int (*available)(void);               // 1 when this CPU can run it
     int (*covers)(const bitcos_rows * w); // 1 when its own paths handle w; NULL: every descriptor
     bitcos_mm_fn mm;                      // the kernel; w must be one `covers` accepts
@@ -125,6 +125,9 @@ const bitcos_kernel * bitcos_kernel_at(int i);
 const bitcos_kernel * bitcos_kernel_named(const char * name); // NULL when not compiled in
 // The last available entry: the best kernel this CPU can run.
 const bitcos_kernel * bitcos_kernel_best(void);
+// bitcos_kernel_best(); the first call in the process also gives log (NULL: stderr) the line
+// "BITCOS CPU kernel: <name>\n" (the ggml glue's line at the first BITCOS mat-mul, i.e. at model load's warm-up).
+const bitcos_kernel * bitcos_kernel_best_told(bitcos_log_fn log);
 
 // Runs k->mm, or bitcos_mm_portable when k does not cover w; the first time that happens for k, log gets one
 // line naming the kernel, the layout and the kernel that runs instead (reported once per kernel and process).
@@ -146,6 +149,16 @@ void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr
 #        define BITCOS_BUILD_AVX512 1
 #    endif
 #endif
+// aarch64 (little-endian: the kernels load byte tables as 64-bit words): one file, bitcos-kernels-neon.c, builds the
+// dotprod kernel when the flags have it, else the Armv8.0 one.
+#if defined(__aarch64__) && defined(__ARM_NEON) && (defined(__GNUC__) || defined(__clang__)) && \
+    defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#    if defined(__ARM_FEATURE_DOTPROD)
+#        define BITCOS_BUILD_NEON_DOTPROD 1
+#    else
+#        define BITCOS_BUILD_NEON 1
+#    endif
+#endif
 
 // The reference: portable C, every descriptor (bitcos-kernels-generic.c).
 void bitcos_mm_generic(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
@@ -161,6 +174,11 @@ int  bitcos_covers_avx2(const bitcos_rows * w);
 void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                       float * const * dst);
 int  bitcos_covers_avx512(const bitcos_rows * w);
+// aarch64 Advanced SIMD (Armv8.0), every descriptor: bitcos-kernels-neon.c.
+void bitcos_mm_neon(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+// The same with sdot (Armv8.2 dotprod), every descriptor: bitcos-kernels-neon.c.
+void bitcos_mm_neon_dotprod(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                            float * const * dst);
 
 // The contract's FMA(a, b, c) in the form BITCOS_FMA selects (the plain C kernels; SIMD kernels use intrinsics).
 static inline float bitcos_contract_fma(float a, float b, float c) {

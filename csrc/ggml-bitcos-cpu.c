@@ -29,7 +29,8 @@ void quantize_row_q8_K(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, in
 _Static_assert(sizeof(bitcos_q8_K) == sizeof(block_q8_K) && BITCOS_Q8K_BLOCK == QK_K,
                "bitcos_q8_K must match ggml's block_q8_K");
 
-// The kernel table's line when the best kernel does not cover a weight's layout and the generic one runs it.
+// The kernel table's lines: which kernel runs (once per process), and when the best kernel does not cover a
+// weight's layout and the portable one runs it.
 static void bitcos_cpu_log(const char * text) {
     GGML_LOG_WARN("%s", text);
 }
@@ -141,7 +142,8 @@ static void bitcos_weight_init(struct bitcos_weight * bw, const struct ggml_tens
 static void bitcos_run_rows(const struct bitcos_weight * bw, int64_t i2, int64_t i3, int64_t r0, int64_t r1,
                             const bitcos_q8_K * const * y, float * const * dst, int64_t nc) {
     const struct ggml_tensor * w       = bw->w;
-    const bitcos_kernel *      kernel  = bitcos_kernel_best(); // what this CPU variant's flags compiled in
+    // what this CPU variant's flags compiled in; named once per process ("BITCOS CPU kernel: <name>")
+    const bitcos_kernel *      kernel  = bitcos_kernel_best_told(bitcos_cpu_log);
     const int                  variant = bw->hdr.variant;
     const int64_t              sblk    = bitcos_variant_scale_block(variant); // 0: a scale per row / matrix
     uint64_t                   sign_pos[BITCOS_RUN];

@@ -383,12 +383,12 @@ def _cc() -> str | None:
     return shutil.which("gcc") or shutil.which("cc")
 
 
-def harness_x86_flags() -> tuple[list[str], list[str]]:
-    """The target flags of the harness library's AVX2 and AVX-512 kernel objects, read from the root
-    CMakeLists.txt (so the fuzzer builds the x86 kernels exactly as the harness does)."""
+def harness_object_flags(*suffixes: str) -> list[list[str]]:
+    """The target flags of the harness library's kernel objects `${name}<suffix>` (e.g. "_avx2"), read from the
+    root CMakeLists.txt (so the fuzzer builds each kernel exactly as the harness does)."""
     text = (ROOT / "CMakeLists.txt").read_text()
     out = []
-    for suffix in ("_avx2", "_avx512"):
+    for suffix in suffixes:
         m = re.search(
             r"target_compile_options\(\$\{name\}" + suffix + r" PRIVATE \$\{BITCOS_KERNEL_FLAGS\}(.*?)\)", text, re.S
         )
@@ -398,7 +398,17 @@ def harness_x86_flags() -> tuple[list[str], list[str]]:
         if not m or not d:
             raise RuntimeError(f"CMakeLists.txt: no flags for the {suffix} object")
         out.append(m.group(1).split() + ["-D" + x for x in d.group(1).split()])
-    return out[0], out[1]
+    return out
+
+
+def harness_x86_flags() -> tuple[list[str], list[str]]:
+    """The flags of the harness's AVX2 and AVX-512 kernel objects."""
+    avx2, avx512 = harness_object_flags("_avx2", "_avx512")
+    return avx2, avx512
+
+
+# The harness's aarch64 kernel objects: bitcos-kernels-neon.c compiled once per object suffix (CMakeLists.txt).
+AARCH64_KERNEL_OBJECTS = ("_neon", "_neon_dotprod")
 
 
 def sanitizers_work(cc: str, folder: Path) -> bool:
@@ -412,16 +422,19 @@ def sanitizers_work(cc: str, folder: Path) -> bool:
 CROSS_TARGETS = {"aarch64": ("aarch64-linux-gnu-gcc", ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", "-cpu", "max"])}
 
 
-def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True, target: str | None = None) -> Path:
-    """Compiles tests/c/fuzz-bitcos-kernels.c with the kernel table, the generic and the portable kernel (baseline flags) and,
-    on x86-64, the AVX2 and AVX-512 objects as the harness builds them; ASan+UBSan when `sanitize` and the
-    compiler has them. `target` (a key of CROSS_TARGETS): cross-compile for that CPU instead (no sanitizers;
-    run the program with the target's runner)."""
+def build_kernel_program(
+    folder: Path, program: Path, fma: int = 1, sanitize: bool = True, target: str | None = None, opt: str = "-O1"
+) -> Path:
+    """Compiles the C program `program` (tests/c/) with the kernel table, the generic and the portable kernel
+    (baseline flags) and the SIMD kernel objects of the architecture as the harness builds them (x86-64: AVX2
+    and AVX-512; aarch64: the two NEON objects); ASan+UBSan when `sanitize` and the compiler has them. `target`
+    (a key of CROSS_TARGETS): cross-compile for that CPU instead (no sanitizers; run the program with the
+    target's runner)."""
     cc = CROSS_TARGETS[target][0] if target else _cc()
     if cc is None or shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler{f' for {target}' if target else ''}")
     folder.mkdir(parents=True, exist_ok=True)
-    base = ["-std=c11", "-O1", "-g", "-ffp-contract=off", "-Wall", "-Wextra", f"-DBITCOS_FMA={fma}", "-I", str(CSRC)]
+    base = ["-std=c11", opt, "-g", "-ffp-contract=off", "-Wall", "-Wextra", f"-DBITCOS_FMA={fma}", "-I", str(CSRC)]
     if sanitize:
         base += SAN_FLAGS + ["-fno-sanitize-recover=all"]
     objs = []
@@ -435,20 +448,27 @@ def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True, targe
 
     obj(CSRC / "bitcos-kernels-generic.c", "generic", [])
     obj(CSRC / "bitcos-kernels-portable.c", "portable", [])
-    x86 = target is None and os.uname().machine in ("x86_64", "AMD64", "amd64")
-    if x86:
+    machine = target or os.uname().machine
+    if machine in ("x86_64", "AMD64", "amd64"):
         avx2, avx512 = harness_x86_flags()
         obj(CSRC / "bitcos-kernels-avx2.c", "avx2", avx2)
         obj(CSRC / "bitcos-kernels-avx512.c", "avx512", avx512)
         base.append("-DBITCOS_KERNELS_PER_FILE_FLAGS=1")
+    elif machine in ("aarch64", "arm64"):
+        for suffix, flags in zip(AARCH64_KERNEL_OBJECTS, harness_object_flags(*AARCH64_KERNEL_OBJECTS)):
+            obj(CSRC / "bitcos-kernels-neon.c", suffix.lstrip("_"), flags)
+        base.append("-DBITCOS_KERNELS_PER_FILE_FLAGS=1")
     obj(CSRC / "bitcos-kernels-table.c", "table", [])
-    exe = folder / f"fuzz-bitcos-kernels-fma{fma}"
-    r = subprocess.run(
-        [cc, *base, str(CTESTS / "fuzz-bitcos-kernels.c"), *objs, "-lm", "-o", str(exe)], capture_output=True, text=True
-    )
+    exe = folder / f"{program.stem}-fma{fma}"
+    r = subprocess.run([cc, *base, str(program), *objs, "-lm", "-o", str(exe)], capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"linking the kernel fuzzer failed:\n{r.stderr[-3000:]}")
+        raise RuntimeError(f"linking {program.name} failed:\n{r.stderr[-3000:]}")
     return exe
+
+
+def build_kernel_fuzzer(folder: Path, fma: int = 1, sanitize: bool = True, target: str | None = None) -> Path:
+    """tests/c/fuzz-bitcos-kernels.c with every kernel of the architecture (build_kernel_program)."""
+    return build_kernel_program(folder, CTESTS / "fuzz-bitcos-kernels.c", fma, sanitize, target)
 
 
 def installed_llama_lib() -> Path | None:

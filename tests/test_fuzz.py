@@ -73,8 +73,9 @@ def test_kernel_fuzz(kernel_fuzzer, fma: int, guard: str, cases: int) -> None:
 
 @pytest.mark.parametrize("fma", (0, 1), ids=("nofma", "fma"))
 def test_kernel_fuzz_aarch64(tmp_path: Path, fma: int) -> None:
-    """The kernels of an aarch64 build (its table: generic and portable) cross-compiled with Debian's
-    gcc-aarch64-linux-gnu and run under qemu-user (-cpu max): every kernel equal to the generic one bit for bit,
+    """The kernels of an aarch64 build (its table: generic, portable, neon, neon-dotprod) cross-compiled with
+    Debian's gcc-aarch64-linux-gnu and run under qemu-user (-cpu max, which has dotprod, so every ARM path runs;
+    -cpu cortex-a53, which has not, so the table drops neon-dotprod): every kernel equal to the generic one bit for bit,
     buffers against guard pages, both FMA forms. Skipped without the toolchain (fails instead under
     BITCOS_REQUIRE_AARCH64=1, as CI sets it: scripts/install.sh installs both)."""
     cc, runner = fuzzing.CROSS_TARGETS["aarch64"]
@@ -88,7 +89,12 @@ def test_kernel_fuzz_aarch64(tmp_path: Path, fma: int) -> None:
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "ok: 1500 cases" in r.stdout, r.stdout
-    assert r.stdout.splitlines()[0].startswith("kernels: generic portable"), r.stdout
+    assert r.stdout.splitlines()[0].startswith("kernels: generic portable neon neon-dotprod ("), r.stdout
+    # an Armv8.0 core: the dotprod kernel must not be offered (its availability test asks the CPU)
+    a53 = [*runner[:-1], "cortex-a53"]
+    r = subprocess.run([*a53, str(exe), "--seed", "5", "--cases", "200"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert r.stdout.splitlines()[0].startswith("kernels: generic portable neon ("), r.stdout
 
 
 def test_kernel_fuzz_guard_is_live(kernel_fuzzer) -> None:

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -433,6 +437,38 @@ def test_kernel_table(kernel_library) -> None:
         for impl in names:
             if harness.available(impl):
                 assert harness.covers(impl, c.w), (impl, variant.name)
+
+
+# -march levels of llama.cpp's x86 CPU variants and the kernel each one's table prefers
+GGML_X86_BUILDS = (("x86-64", "portable"), ("x86-64-v3", "avx2"), ("x86-64-v4", "avx512"))
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 builds")
+@pytest.mark.parametrize("march,kernel", GGML_X86_BUILDS, ids=[m for m, _ in GGML_X86_BUILDS])
+def test_ggml_x86_variant_names_its_kernel_once(tmp_path: Path, march: str, kernel: str) -> None:
+    """Built as ggml-cpu builds a CPU variant (every kernel file and the table with the variant's flags), the
+    table's best entry is the kernel those flags allow, and bitcos_kernel_best_told (the glue's load-time
+    line) names it exactly once however often it is asked for. The program only lists the table, so it runs on
+    any x86-64 CPU."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    csrc, ctests = Path(__file__).resolve().parents[1] / "csrc", Path(__file__).resolve().parent / "c"
+    srcs = [csrc / f"bitcos-kernels-{x}.c" for x in ("generic", "portable", "avx2", "avx512", "table")]
+    exe = tmp_path / "cases"
+    flags = ["-std=c11", "-O1", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", f"-march={march}"]
+    r = subprocess.run(
+        [cc, *flags, "-I", str(csrc), *map(str, srcs), str(ctests / "bitcos-kernel-cases.c"), "-lm", "-o", str(exe)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    empty = tmp_path / "none.bin"
+    empty.write_bytes(np.zeros(12, "<i8").tobytes())
+    r = subprocess.run([str(exe), str(empty), str(tmp_path / "out.bin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[0].split()[-1] == kernel, r.stdout
+    assert r.stderr.splitlines() == [f"BITCOS CPU kernel: {kernel}"], r.stderr
 
 
 _FALLBACK_SCRIPT = """

@@ -1,6 +1,7 @@
 """The patched llama.cpp cross-built for aarch64 (`ggml-bitcos build-llama --host aarch64-linux-gnu`, the
 aarch64_llama fixture) and run under qemu-user: a BITCOS model must behave there as its TQ2_0 source does, dense
-and MoE, and the load log must name the BITCOS kernel that runs.
+and MoE, and the load log must name the BITCOS kernel that runs; its test-bitcos-mm checks BITCOS MUL_MAT /
+MUL_MAT_ID through that CPU backend against the kernels' arithmetic contract.
 
 TQ2_0 runs upstream's NEON vec_dot there, BITCOS the kernel the aarch64 build's table picks, so their logits
 agree to rounding (1e-3 of the largest, as on x86: tests/test_e2e.py), not bit for bit. Emulation says nothing
@@ -120,3 +121,11 @@ def test_aarch64_load_log_names_kernel(aarch64_llama: Path, arm_pairs) -> None:
     names = KERNEL_LINE.findall(log)
     assert names, f"no 'BITCOS CPU kernel: <name>' line in the log:\n{log[-3000:]}"
     assert len(set(names)) == 1 and names[0] in AARCH64_KERNELS, names
+
+
+def test_aarch64_c_mul_mat(aarch64_llama: Path) -> None:
+    """test-bitcos-mm (tests/c) of the aarch64 build: BITCOS MUL_MAT / MUL_MAT_ID through that CPU backend, every
+    variant, bit for bit against the kernels' arithmetic contract and within the Q8_K bound of a float
+    reference, as tests/test_llama_build.py runs it on x86."""
+    r = _run_arm(aarch64_llama, "test-bitcos-mm")
+    assert " 0 failures" in r.stdout, (r.stdout + r.stderr)[-4000:]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything ggml-bitcos needs on a fresh Debian machine with Python >= 3.10:
-#   1. system packages when missing and we are root (ccache, gcc-aarch64-linux-gnu and qemu-user for the
-#      aarch64 kernel tests; with -DGGML_VULKAN=ON in CMAKE_ARGS also glslc,
-#      libvulkan-dev, mesa-vulkan-drivers, spirv-tools/-headers, glslang-tools),
+#   1. system packages when missing and we are root (ccache; gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu and
+#      qemu-user for the aarch64 kernel tests and the aarch64 llama.cpp build; with -DGGML_VULKAN=ON in
+#      CMAKE_ARGS also glslc, libvulkan-dev, mesa-vulkan-drivers, spirv-tools/-headers, glslang-tools),
 #   2. the tools the test suite uses (pytest, matplotlib, cmake, ninja, the pinned ruff and clang-format, ...),
 #   3. `pip install .`: this package, whose build (buildsys/ggml_bitcos_backend.py) builds the patched llama.cpp
 #      once (pinned llama-cpp-python sdist + patches/ + csrc/, incremental in ~/.cache/ggml-bitcos, ccache) and
@@ -17,8 +17,10 @@ PY=${PYTHON:-python3}
 # Debian packages, installed only when missing and we are root (otherwise: say what to install)
 apt_packages=()
 command -v ccache >/dev/null 2>&1 || apt_packages+=(ccache)
-# the aarch64 cross toolchain and user-mode emulator: the tests run the kernels of an aarch64 build under qemu
+# the aarch64 cross toolchain and user-mode emulator: the tests run the kernels and the llama.cpp tools of an
+# aarch64 build (build-llama --host aarch64-linux-gnu) under qemu
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || apt_packages+=(gcc-aarch64-linux-gnu)
+command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || apt_packages+=(g++-aarch64-linux-gnu)
 command -v qemu-aarch64 >/dev/null 2>&1 || apt_packages+=(qemu-user)
 case " ${CMAKE_ARGS:-} " in
     *-DGGML_VULKAN=ON*|*-DGGML_VULKAN=1*)

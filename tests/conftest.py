@@ -152,3 +152,29 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
     names = harness.kernel_names() if load_kernel_library() is None else ("generic",)
     metafunc.parametrize("impl", names)
+
+
+@pytest.fixture(scope="session")
+def aarch64_llama() -> Path:
+    """The patched llama.cpp cross-built for aarch64 (ggml_bitcos.build.build_cross) into <cache>/aarch64-linux-gnu
+    (bin/, lib/): incremental in <cache>/build-aarch64-linux-gnu, so a warm build only checks that nothing
+    changed. Skips without the cross toolchain, qemu-user, cmake or ninja (fails instead under
+    BITCOS_REQUIRE_AARCH64=1, as CI sets it: scripts/install.sh installs them). CMAKE_ARGS is not passed on: it
+    holds the x86 build's options (-DGGML_VULKAN=ON in CI)."""
+    import os
+
+    from ggml_bitcos import build, upstream
+
+    host = build.CROSS_HOSTS["aarch64-linux-gnu"]
+    missing = build.cross_tools_missing(host) + [e for e in host.emulator()[:1] if shutil.which(e) is None]
+    if missing:
+        why = f"no aarch64 cross build: {', '.join(missing)} missing (apt-get install {' '.join(host.apt_packages)})"
+        if os.environ.get("BITCOS_REQUIRE_AARCH64") == "1":
+            pytest.fail(f"{why} but BITCOS_REQUIRE_AARCH64=1")
+        pytest.skip(why)
+    target = upstream.cache_dir() / host.triplet
+    try:
+        build.build_cross(host, target, cmake_args="")
+    except build.BuildError as e:
+        pytest.fail(str(e))
+    return target

@@ -18,7 +18,7 @@
 // with broadcasting and MUL_MAT_ID. Also checks that ggml_bitcos_validate() accepts every encoded tensor and
 // rejects corrupted ones. Compile with -ffp-contract=off so reference (1) rounds like the kernels.
 #include "ggml.h"
-#include "ggml-cpu.h"
+#include "../bitcos-cpu-api.h" // ggml-cpu.h in both build modes (csrc/ is copied next to tests/)
 #include "ggml-bitcos.h"
 #include "bitcos-test.h"
 
@@ -508,6 +508,7 @@ static void test_encoder_refuses(void) {
 
 int main(int argc, char ** argv) {
     rng_seed(0x9e3779b97f4a7c15ull);
+    bitcos_load_backends();
     // argv[1] (optional): "quick" runs fewer shapes (the sanitizer build)
     const bool    quick      = argc > 1 && strcmp(argv[1], "quick") == 0;
     const int64_t ks_all[7]  = { 32, 96, 160, 576, 640, 1536, 2048 };

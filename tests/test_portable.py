@@ -66,21 +66,23 @@ N_TOKENS = 32
 pytestmark = pytest.mark.slow
 
 # Run in a child process with a one-variant copy of the package first on the path: whether this CPU runs the
-# variant (its ggml_backend_score), then greedy generation of each model through llama_cpp.Llama (verbose: the
-# load log on stderr), the CPU modules mapped into the process, and the logits saved beside the models.
+# variant (its ggml_backend_score), the BITCOS kernel its table picks, then greedy generation of each model through
+# llama_cpp.Llama (verbose: the load log on stderr), the CPU modules mapped into the process, the logits saved.
 VARIANT_RUN = r"""
 import ctypes, json, sys
 from pathlib import Path
 import numpy as np
 pkg_root, out_dir, prompt, n = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 (variant,) = (pkg_root / "llama_cpp" / "lib").glob("libggml-cpu-*.so")
-score = ctypes.CDLL(str(variant)).ggml_backend_score
-if score() == 0:
+module = ctypes.CDLL(str(variant))
+if module.ggml_backend_score() == 0:
     print(json.dumps({"runs": False}))
     sys.exit(0)
+module.bitcos_kernel_best.restype = ctypes.POINTER(ctypes.c_char_p)  # the kernel table entry the glue runs
 import llama_cpp
 from ggml_bitcos import llama_run
 res = {"runs": True, "llama_cpp": llama_cpp.__file__, "tokens": {}}
+res["kernel_best"] = module.bitcos_kernel_best().contents.value.decode()
 for i, model in enumerate(sys.argv[5:]):
     g = llama_run.greedy_generate(Path(model), prompt, n, n_threads=2, verbose=True)
     res["tokens"][model] = g.tokens
@@ -182,6 +184,8 @@ def test_variant_runs_bitcos_like_tq2_0(
         pytest.skip(f"this CPU cannot run the {variant} variant (ggml_backend_score 0)")
     assert res["llama_cpp"].startswith(str(root)), res["llama_cpp"]
     assert res["cpu_modules"] == [str(module)], res["cpu_modules"]
+    kernel = VARIANT_KERNEL[variant]
+    assert res["kernel_best"] == kernel, f"{variant}: its kernel table runs {res['kernel_best']}, not {kernel}"
     a, b = res["tokens"][str(src)], res["tokens"][str(out)]
     assert a == b, f"{variant}: greedy tokens differ\nTQ2_0: {a}\nBITCOS: {b}"
     assert len(set(a)) > 3  # not a degenerate model
@@ -198,5 +202,4 @@ def test_variant_runs_bitcos_like_tq2_0(
     )
     assert mm.returncode == 0 and " 0 failures" in mm.stdout, (mm.stdout + mm.stderr)[-4000:]
 
-    kernel = VARIANT_KERNEL[variant]
     assert f"BITCOS CPU kernel: {kernel}" in r.stderr, f"{variant}: no 'BITCOS CPU kernel: {kernel}' in the load log"

@@ -314,6 +314,14 @@ def build_dir_for(cache: Path, cmake_args: str) -> Path:
     return cache / ("build-portable" if is_backend_dl(cmake_args) else "build")
 
 
+def _clear_installed_libs(tree: Path) -> None:
+    """The patched tree's install rules copy every library into the source tree's llama_cpp/lib as well (the
+    layout llama-cpp-python keeps for editable installs), and its wheel packs that folder: empty it before each
+    build, so that a wheel holds this build's libraries only (not the libggml-cpu.so or libggml-vulkan.so of an
+    earlier build with other options next to a portable build's CPU variants)."""
+    shutil.rmtree(tree / "llama_cpp" / "lib", ignore_errors=True)
+
+
 def _forget_stale_options(build_dir: Path, cmake_args: str) -> None:
     """CMake keeps every -D of an earlier configure in CMakeCache.txt (a -DGGML_VULKAN=ON stays on when the next
     build omits it), so when the effective CMAKE_ARGS differ from the last build's, start from a fresh cache; the
@@ -366,6 +374,7 @@ def build(
         )
         print(f"  CMAKE_ARGS={env['CMAKE_ARGS']}\n  build dir {build_dir}\n  log {log}", flush=True)
         _forget_stale_options(build_dir, env["CMAKE_ARGS"])
+        _clear_installed_libs(tree)
         rc = _run_logged(cmd, env, log, verbose)
     dt = time.monotonic() - t0
     if rc != 0:
@@ -411,6 +420,7 @@ def build_package(
     with build_lock(cache):
         tree = prepare_tree(cache)
         _forget_stale_options(build_dir, env["CMAKE_ARGS"])
+        _clear_installed_libs(tree)
         with tempfile.TemporaryDirectory(prefix="wheel-", dir=cache) as out:
             rc = _run_logged([sys.executable, "-c", _WHEEL_SCRIPT, out, str(build_dir)], env, log, verbose, cwd=tree)
             wheels = sorted(Path(out).glob("*.whl"))

@@ -9,8 +9,9 @@ makes with those options (ggml_bitcos.build.build_package, its own build dir <ca
 - every variant is there, and its exported kernel symbols are those of its ISA level;
 - per variant this CPU can run (a copy of the package holding only that libggml-cpu-<variant>.so):
   `from llama_cpp import Llama` loads exactly that module (found next to libggml, not beside the Python
-  executable), a BITCOS model generates its TQ2_0 source's greedy tokens with logits within 1e-3 of the largest
-  (below AVX2 TQ2_0 runs its generic C, which sums in another order than the contract: not bit for bit there),
+  executable) and its kernel table picks the variant's kernel; a BITCOS model generates its TQ2_0 source's
+  greedy tokens with bit-identical logits (AVX2 and AVX-512 variants), or below AVX2, where TQ2_0 runs its generic
+  C that sums in another order than the contract, the first 16 tokens with KLD <= 1e-3 per step;
   the load log names the BITCOS kernel the variant runs, and test-bitcos-mm (linked to ggml/ggml-base only)
   finds the CPU backend from llama_cpp/bin and passes against the contract and TQ2_0.
 
@@ -62,6 +63,7 @@ ALL_KERNEL_SYMBOLS = KERNEL_SYMBOLS["avx512"]
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 N_TOKENS = 32
+N_TOKENS_BELOW_AVX2 = 16  # compared where TQ2_0 is not bit-identical (a near tie may flip a later token)
 
 pytestmark = pytest.mark.slow
 
@@ -130,6 +132,16 @@ def _exported(lib: Path) -> set[str]:
     return {line.split()[-1] for line in r.stdout.splitlines() if line.strip()}
 
 
+def _kld(la: np.ndarray, lb: np.ndarray) -> np.ndarray:
+    """KL(softmax(la) || softmax(lb)) per row, in float64."""
+    la, lb = la.astype(np.float64), lb.astype(np.float64)
+    la -= la.max(axis=1, keepdims=True)
+    lb -= lb.max(axis=1, keepdims=True)
+    lpa = la - np.log(np.exp(la).sum(axis=1, keepdims=True))
+    lpb = lb - np.log(np.exp(lb).sum(axis=1, keepdims=True))
+    return (np.exp(lpa) * (lpa - lpb)).sum(axis=1)
+
+
 def _one_variant_copy(pkg: Path, variant: str, dest: Path) -> Path:
     """dest/llama_cpp: the package with libggml-cpu-<variant>.so as its only CPU backend."""
     keep = f"libggml-cpu-{variant}.so"
@@ -164,8 +176,9 @@ def test_variant_runs_bitcos_like_tq2_0(
     portable_pkg: Path, model_pair: tuple[Path, Path], variant: str, tmp_path: Path
 ) -> None:
     """A copy of the package with only this variant: Llama() loads it from llama_cpp/lib, BITCOS generates TQ2_0's
-    greedy tokens (logits within 1e-3 of the largest), the log names the variant's BITCOS kernel, and
+    greedy tokens (bit for bit from AVX2 up), the log names the variant's BITCOS kernel, and
     llama_cpp/bin/test-bitcos-mm finds the same module and passes."""
+    kernel = VARIANT_KERNEL[variant]
     root = _one_variant_copy(portable_pkg, variant, tmp_path / "pkg")
     module = root / "llama_cpp" / "lib" / f"libggml-cpu-{variant}.so"
     src, out = model_pair
@@ -184,14 +197,21 @@ def test_variant_runs_bitcos_like_tq2_0(
         pytest.skip(f"this CPU cannot run the {variant} variant (ggml_backend_score 0)")
     assert res["llama_cpp"].startswith(str(root)), res["llama_cpp"]
     assert res["cpu_modules"] == [str(module)], res["cpu_modules"]
-    kernel = VARIANT_KERNEL[variant]
     assert res["kernel_best"] == kernel, f"{variant}: its kernel table runs {res['kernel_best']}, not {kernel}"
     a, b = res["tokens"][str(src)], res["tokens"][str(out)]
-    assert a == b, f"{variant}: greedy tokens differ\nTQ2_0: {a}\nBITCOS: {b}"
-    assert len(set(a)) > 3  # not a degenerate model
     la, lb = np.load(tmp_path / "logits-0.npy"), np.load(tmp_path / "logits-1.npy")
-    scale, diff = float(np.max(np.abs(la))), float(np.max(np.abs(la - lb)))
-    assert diff <= 1e-3 * scale, f"{variant}: max |logit diff| {diff} > 1e-3 * {scale}"
+    assert len(set(a)) > 3  # not a degenerate model
+    if kernel != "portable":
+        # TQ2_0 runs its AVX2 kernel, whose arithmetic the contract is: the same bits, every step
+        assert a == b, f"{variant}: greedy tokens differ\nTQ2_0: {a}\nBITCOS: {b}"
+        np.testing.assert_array_equal(la, lb, err_msg=f"{variant}: logits not bit-identical to TQ2_0")
+    else:
+        # TQ2_0's generic C sums in another order (docs/KERNELS.md §1): the first tokens agree, and the next-token
+        # distributions to float rounding (measured on x64: KLD <= 1.9e-4 per step)
+        n = N_TOKENS_BELOW_AVX2
+        assert a[:n] == b[:n], f"{variant}: first {n} greedy tokens differ\nTQ2_0: {a[:n]}\nBITCOS: {b[:n]}"
+        kld = _kld(la[:n], lb[:n])
+        assert kld.max() <= 1e-3, f"{variant}: KLD(TQ2_0 || BITCOS) per step up to {kld.max():.3g}"
 
     mm = subprocess.run(
         [str(root / "llama_cpp" / "bin" / "test-bitcos-mm"), "quick"],

@@ -382,5 +382,5 @@ def test_pip_install_portable(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"loaded CPU backend from {lib}/libggml-cpu-" in r.stderr, r.stderr[-3000:]
+    assert "CPU : " in r.stderr, r.stderr[-3000:]  # system_info: the features of the CPU variant it loaded
     print(f"\npip install . (portable): {seconds:.0f} s")

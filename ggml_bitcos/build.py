@@ -296,6 +296,35 @@ def _build_env(cmake_args: str | None, jobs: int | None) -> dict[str, str]:
     return env
 
 
+def _cmake_bool(value: str) -> bool:
+    return value.upper() in ("ON", "1", "TRUE", "YES", "Y")
+
+
+def is_backend_dl(cmake_args: str) -> bool:
+    """Whether the effective CMAKE_ARGS build ggml with GGML_BACKEND_DL (the last -DGGML_BACKEND_DL wins)."""
+    on = False
+    for arg in shlex.split(cmake_args):
+        name, _, value = arg.removeprefix("-D").partition("=")
+        if arg.startswith("-D") and name.split(":")[0] == "GGML_BACKEND_DL":
+            on = _cmake_bool(value)
+    return on
+
+
+def build_dir_for(cache: Path, cmake_args: str) -> Path:
+    """The stable CMake build dir: <cache>/build, or <cache>/build-portable for a GGML_BACKEND_DL build (the
+    portable one, e.g. with GGML_CPU_ALL_VARIANTS: a CPU backend per ISA level). The two differ in almost every
+    object's flags, so one dir each keeps both incremental when a machine (or CI) builds both."""
+    return cache / ("build-portable" if is_backend_dl(cmake_args) else "build")
+
+
+def _clear_installed_libs(tree: Path) -> None:
+    """The patched tree's install rules copy every library into the source tree's llama_cpp/lib as well (the
+    layout llama-cpp-python keeps for editable installs), and its wheel packs that folder: empty it before each
+    build, so that a wheel holds this build's libraries only (not the libggml-cpu.so or libggml-vulkan.so of an
+    earlier build with other options next to a portable build's CPU variants)."""
+    shutil.rmtree(tree / "llama_cpp" / "lib", ignore_errors=True)
+
+
 def _forget_stale_options(build_dir: Path, cmake_args: str) -> None:
     """CMake keeps every -D of an earlier configure in CMakeCache.txt (a -DGGML_VULKAN=ON stays on when the next
     build omits it), so when the effective CMAKE_ARGS differ from the last build's, start from a fresh cache; the
@@ -328,7 +357,7 @@ def build(
     with build_lock(cache):
         tree = prepare_tree(cache)
         env = _build_env(cmake_args, jobs)
-        build_dir = cache / "build"
+        build_dir = build_dir_for(cache, env["CMAKE_ARGS"])
         cmd = [
             sys.executable,
             "-m",
@@ -348,6 +377,7 @@ def build(
         )
         print(f"  CMAKE_ARGS={env['CMAKE_ARGS']}\n  build dir {build_dir}\n  log {log}", flush=True)
         _forget_stale_options(build_dir, env["CMAKE_ARGS"])
+        _clear_installed_libs(tree)
         rc = _run_logged(cmd, env, log, verbose)
     dt = time.monotonic() - t0
     if rc != 0:
@@ -374,7 +404,7 @@ def build_package(
     log: Path | None = None,
     verbose: bool = False,
 ) -> Path:
-    """Build the patched llama-cpp-python's wheel in the incremental build dir (<cache>/build, as build-llama
+    """Build the patched llama-cpp-python's wheel in the incremental build dir (build_dir_for, as build-llama
     uses) and unpack its `llama_cpp` package into stage/llama_cpp (replaced), with stage/llama_build.json
     saying how it was built. Returns stage/llama_cpp. Used by the build backend (buildsys/) for the
     ggml-bitcos wheel. cmake_args defaults to $CMAKE_ARGS. Raises BuildError with the log tail on failure."""
@@ -384,7 +414,7 @@ def build_package(
     cache = work or upstream.cache_dir()
     log = log or cache / "build-llama.log"
     env = _build_env(cmake_args, jobs)
-    build_dir = cache / "build"
+    build_dir = build_dir_for(cache, env["CMAKE_ARGS"])
     print(
         f"building patched llama-cpp-python {upstream.SDIST_VERSION} (llama.cpp {upstream.LLAMA_CPP_COMMIT})",
         flush=True,
@@ -393,6 +423,7 @@ def build_package(
     with build_lock(cache):
         tree = prepare_tree(cache)
         _forget_stale_options(build_dir, env["CMAKE_ARGS"])
+        _clear_installed_libs(tree)
         with tempfile.TemporaryDirectory(prefix="wheel-", dir=cache) as out:
             rc = _run_logged([sys.executable, "-c", _WHEEL_SCRIPT, out, str(build_dir)], env, log, verbose, cwd=tree)
             wheels = sorted(Path(out).glob("*.whl"))

@@ -209,9 +209,9 @@ print(json.dumps(out))
 """
 
 
-def _venv_install(venv: Path, source: str, log: Path) -> float:
+def _venv_install(venv: Path, source: str, log: Path, env: dict[str, str] | None = None) -> float:
     """A clean venv with `pip install SOURCE` (build isolation, deps from the index as a user gets them);
-    returns the install's seconds."""
+    returns the install's seconds. env: the environment (default: this one)."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     t0 = time.monotonic()
     with open(log, "w") as f:
@@ -219,8 +219,9 @@ def _venv_install(venv: Path, source: str, log: Path) -> float:
             [str(venv / "bin" / "python"), "-m", "pip", "install", "-v", source],
             stdout=f,
             stderr=subprocess.STDOUT,
-            timeout=3600,
+            timeout=7200,
             cwd=venv,
+            env=env,
         )
     dt = time.monotonic() - t0
     text = log.read_text()
@@ -339,3 +340,47 @@ def test_pip_install_checkout_and_sdist(tmp_path: Path) -> None:
             timeout=120,
         )
     print("\n" + "\n".join(f"{k}: {v:.0f} s" for k, v in times.items()))
+
+
+@pytest.mark.slow
+def test_pip_install_portable(tmp_path: Path) -> None:
+    """`CMAKE_ARGS="-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF" pip install .` (the build for
+    other machines: a CPU backend per x86 ISA level, the best loaded at run time) into a clean venv: the wheel's
+    llama_cpp/lib holds the CPU variants and no libggml-cpu.so, and a BITCOS model runs through `Llama` and the
+    venv's llama-completion with its TQ2_0 source's greedy tokens. Its own build dir (<cache>/build-portable,
+    incremental; tests/test_portable.py checks every variant)."""
+    from test_portable import PORTABLE_CMAKE_ARGS
+
+    venv = tmp_path / "venv"
+    env = dict(os.environ, CMAKE_ARGS=PORTABLE_CMAKE_ARGS)
+    seconds = _venv_install(venv, str(ROOT), tmp_path / "pip-portable.log", env=env)
+    text = (tmp_path / "pip-portable.log").read_text()
+    assert "build-portable" in text  # its own build dir, not the native build's
+    (lib,) = venv.glob("lib/python3*/site-packages/llama_cpp/lib")
+    assert not (lib / "libggml-cpu.so").exists()
+    assert len(list(lib.glob("libggml-cpu-*.so"))) >= 14, sorted(p.name for p in lib.iterdir())
+    bindir = venv / "bin"
+    src, out = tmp_path / "m-tq2_0.gguf", tmp_path / "m-bitcos.gguf"
+    make = ["make-model", "-o", str(src), "--preset", "tiny", "--zero-density", "0.4", "--type", "tq2_0", "-q"]
+    subprocess.run([str(bindir / "ggml-bitcos"), *make], check=True, timeout=600, cwd=tmp_path)
+    subprocess.run(
+        [str(bindir / "ggml-bitcos"), "convert", str(src), "-o", str(out)],
+        check=True,
+        timeout=600,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+    )
+    res = _greedy(venv, src, out)
+    assert res[str(out)] == res[str(src)] and len(res[str(src)]) == 16
+    r = subprocess.run(
+        [str(bindir / "llama-completion"), "-m", str(out), "-p", "Once upon a time", "-n", "8", "--temp", "0"]
+        + ["-t", "2", "-no-cnv", "--no-warmup", "--simple-io", "-c", "256"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "CPU : " in r.stderr, r.stderr[-3000:]  # system_info: the features of the CPU variant it loaded
+    print(f"\npip install . (portable): {seconds:.0f} s")

@@ -478,6 +478,19 @@ def test_cmake_args_user_last() -> None:
     assert args.endswith("-DGGML_VULKAN=ON -DGGML_NATIVE=OFF")  # the user's options win (CMake: last -D)
 
 
+def test_portable_build_has_its_own_build_dir(tmp_path: Path) -> None:
+    """A GGML_BACKEND_DL build (the portable one) and a default build keep separate CMake build dirs; the last
+    -DGGML_BACKEND_DL decides, in any of CMake's boolean spellings."""
+    from ggml_bitcos import build
+
+    def bdir(user: str | None) -> str:
+        return build.build_dir_for(tmp_path, build.cmake_args_for(user)).name
+
+    assert bdir(None) == bdir("-DGGML_VULKAN=ON") == bdir("-DGGML_BACKEND_DL=ON -DGGML_BACKEND_DL=OFF") == "build"
+    portable = "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF"
+    assert bdir(portable) == bdir("-DGGML_BACKEND_DL:BOOL=1") == bdir("-DGGML_BACKEND_DL=yes") == "build-portable"
+
+
 @pytest.fixture(scope="session")
 def patched_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pinned sdist with csrc copied in and the patch series applied (no compile)."""

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tq2_reference
 from crafted import gemma4_model, llama_model
 from ggml_bitcos import codec, llama_tools, ternary
 from ggml_bitcos.format import MAX_SCALE, Variant
@@ -273,7 +274,7 @@ def test_scale_rule_python() -> None:
 def libs(patched_llama) -> tuple[ctypes.CDLL, ctypes.CDLL]:
     pkg = llama_tools.llama_cpp_dir()
     base = ctypes.CDLL(str(sorted((pkg / "lib").glob("libggml-base.so*"))[0]))
-    cpu = ctypes.CDLL(str(sorted((pkg / "lib").glob("libggml-cpu.so*"))[0]))
+    cpu = ctypes.CDLL(str(tq2_reference.cpu_backend_library(pkg)))  # libggml-cpu.so or the variant ggml loads
     return base, cpu
 
 

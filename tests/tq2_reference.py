@@ -1,5 +1,6 @@
 """llama.cpp's TQ2_0 dot product as the reference the BITCOS kernels must equal bit for bit: ``vec_dot`` of
-GGML_TYPE_TQ2_0 from the ``libggml-cpu.so`` of the installed (patched) llama-cpp-python, called through ctypes,
+GGML_TYPE_TQ2_0 from the CPU backend (``libggml-cpu.so``, or in a portable build the ``libggml-cpu-<variant>.so``
+ggml loads here) of the installed (patched) llama-cpp-python, called through ctypes,
 and the helpers that compare every harness kernel with it (tests/test_tq2_compat.py, tests/test_kernels.py;
 the fixture ``tq2_vec_dot`` in conftest.py loads it).
 
@@ -49,25 +50,50 @@ VEC_DOT = ctypes.CFUNCTYPE(
 )
 
 
-def ggml_cpu_library() -> Path | None:
-    """<llama_cpp package>/lib/libggml-cpu.so, found without importing llama_cpp."""
+# The GGML_CPU_ALL_VARIANTS modules compiled without FMA (ggml's x86 variant list): no contraction there
+NO_FMA_VARIANTS = frozenset({"x64", "sse42", "sandybridge", "ivybridge"})
+
+
+def llama_cpp_package() -> Path | None:
+    """The installed llama_cpp package folder, found without importing it."""
     try:
         spec = importlib.util.find_spec("llama_cpp")
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    for loc in spec.submodule_search_locations:
-        path = Path(loc) / "lib" / "libggml-cpu.so"
-        if path.is_file():
-            return path
-    return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def cpu_backend_library(pkg: Path) -> Path | None:
+    """The CPU backend of a llama_cpp package: lib/libggml-cpu.so, or in a portable build (GGML_BACKEND_DL +
+    GGML_CPU_ALL_VARIANTS) the lib/libggml-cpu-<variant>.so that ggml_backend_load_all() loads on this CPU:
+    the one with the highest ggml_backend_score() (0: this CPU cannot run it), the first on a tie."""
+    lib = pkg / "lib"
+    if (lib / "libggml-cpu.so").is_file():
+        return lib / "libggml-cpu.so"
+    best, best_score = None, 0
+    for path in sorted(lib.glob("libggml-cpu-*.so")):
+        score_fn = ctypes.CDLL(str(path)).ggml_backend_score
+        score_fn.restype = ctypes.c_int
+        score = score_fn()
+        if score > best_score:
+            best, best_score = path, score
+    return best
+
+
+def ggml_cpu_library() -> Path | None:
+    """The CPU backend library of the installed llama_cpp package (cpu_backend_library)."""
+    pkg = llama_cpp_package()
+    return cpu_backend_library(pkg) if pkg is not None else None
 
 
 def expected_fma(lib_path: Path, cpu_flags: set[str]) -> bool:
-    """The FMA form of TQ2_0 in this ggml build: fused when GCC compiled it for a target with FMA."""
+    """The FMA form of TQ2_0 in this ggml build: fused when GCC compiled it for a target with FMA (a native
+    build on an FMA machine, or a CPU variant with FMA)."""
     built_by_clang = b"clang version" in lib_path.read_bytes()
-    return "fma" in cpu_flags and not built_by_clang
+    variant = lib_path.stem.removeprefix("libggml-cpu").removeprefix("-")
+    return "fma" in cpu_flags and not built_by_clang and variant not in NO_FMA_VARIANTS
 
 
 def load_tq2_vec_dot(cpu_flags: set[str]):

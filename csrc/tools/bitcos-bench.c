@@ -28,9 +28,9 @@
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
-#include "ggml-cpu.h"
 #include "gguf.h"
-#include "../bitcos-format.h" // BITCOS_COMPANION_SUFFIX (csrc/ is copied next to tools/)
+#include "../bitcos-cpu-api.h" // ggml-cpu.h in both build modes (csrc/ is copied next to tools/)
+#include "../bitcos-format.h"  // BITCOS_COMPANION_SUFFIX
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -420,7 +420,6 @@ static int bench_gamma(const char * type_name, int64_t k, int64_t rows, int iter
 #define DEVICE_INNER 16 // MUL_MATs per timed graph (same weight, independent outputs)
 
 static ggml_backend_t device_init(const char * name) {
-    ggml_backend_load_all();
     ggml_backend_dev_t dev = ggml_backend_dev_by_name(name);
     if (dev == NULL) {
         fprintf(stderr, "no backend device named %s; devices:", name);
@@ -564,6 +563,7 @@ static int bench_copy_device(size_t mib, const char * device, int reps) {
 }
 
 int main(int argc, char ** argv) {
+    bitcos_load_backends();
     if (argc >= 6 && strcmp(argv[1], "gamma") == 0) {
         return bench_gamma(argv[2], atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     }

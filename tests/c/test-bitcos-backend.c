@@ -20,7 +20,7 @@
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
-#include "ggml-cpu.h"
+#include "../bitcos-cpu-api.h" // csrc/ is copied next to tests/
 #include "ggml-bitcos.h"
 #include "bitcos-test.h"
 
@@ -288,7 +288,7 @@ static float * random_x(size_t n) {
 
 int main(int argc, char ** argv) {
     rng_seed(0x2545f4914f6cdd1dull);
-    ggml_backend_load_all();
+    bitcos_load_backends();
     if (argc > 1 && strcmp(argv[1], "--list") == 0) {
         for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
             ggml_backend_dev_t d = ggml_backend_dev_get(i);
@@ -307,7 +307,7 @@ int main(int argc, char ** argv) {
         return 77;
     }
     ggml_backend_t dev = ggml_backend_dev_init(devd, NULL);
-    ggml_backend_t cpu = ggml_backend_cpu_init();
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, NULL);
     printf("device: %s (%s)\n", ggml_backend_dev_name(devd), ggml_backend_dev_description(devd));
     g_dev_tq2_0 = device_runs_tq2_0(dev);
     if (!g_dev_tq2_0) {

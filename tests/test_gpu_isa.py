@@ -76,13 +76,22 @@ def test_classify_amd_opcodes():
 
 
 def test_hot_loop_of_a_made_up_listing():
-    """The first top-level loop is the hot one; an iteration counts its inner loop 4 times, both arms of the
+    """The loop loading most is the hot one; an iteration counts its inner loop 4 times, both arms of the
     divergent if, the longer arm of the uniform if/else (counted by hand: 34 instructions)."""
     loop = gpu_isa.hot_loop(ISA, [4])
     assert loop.label == "BB1" and loop.depth == 1 and loop.top_level_loops == 2
     assert dict(loop.per_iteration) == {"VALU": 5, "SALU": 14, "SMEM": 4, "VMEM": 1, "control": 10}
     # the uniform arm's choice: the longer (BB6, 3 VALU) and not BB7's LDS load
     assert loop.per_iteration["LDS"] == 0
+
+
+def test_hot_loop_is_the_one_loading_most():
+    """A setup loop before the hot one (filling shared memory from constant data) is not the hot loop."""
+    setup = "BB90:\n\ts_load_b32 s20, s[0:1], 0x0\n\tds_store_b32 v22, v20\n\ts_cbranch_scc1 BB90\n"
+    isa = ISA.replace("BB0:\n", setup + "BB0:\n", 1)
+    loop = gpu_isa.hot_loop(isa, [4])
+    assert loop.label == "BB1" and loop.top_level_loops == 3
+    assert sum(loop.per_iteration.values()) == 34
 
 
 def test_hot_loop_needs_the_inner_trip_counts():

@@ -14,9 +14,9 @@ with VK_KHR_pipeline_executable_properties capturing statistics and the ISA (vk_
 runs on the null device, so correctness stays with the lavapipe tests.
 
 How it counts: the ISA is split into basic blocks; loops are the natural loops of backward branches (ACO lays
-out a loop's header first and branches back to it); the hot loop is the first outermost loop in layout order
-(mat-vec's main() calls compute_outputs() twice, for full and for partial row groups: the first call is the
-full one). One iteration's cost is the longest path from its header back to it: a divergent branch
+out a loop's header first and branches back to it); the hot loop is the outermost loop with the most vector
+memory instructions in its body, the first in layout order of those (mat-vec's main() calls compute_outputs()
+for full row groups first, then for a partial one; setup loops load less). One iteration's cost is the longest path from its header back to it: a divergent branch
 (s_cbranch_execz, taken only when no lane is active) is assumed not taken, so both arms of a divergent if run,
 as a wave with mixed lanes runs them; a uniform branch (scc / vcc) takes its longer arm; an inner loop counts
 its own longest iteration times its trip count. Instructions are classed VALU, SALU, VMEM, SMEM, LDS and
@@ -258,12 +258,19 @@ class HotLoop:
 
 
 def hot_loop(isa: str, trips: list[int]) -> HotLoop:
-    """The hot loop of a mat-vec's ISA (the first outermost loop) and one iteration's cost by class."""
+    """The hot loop of a mat-vec's ISA and one iteration's cost by class: of the outermost loops, the one with
+    the most vector memory instructions in its body (the weight and activation loads; a setup loop filling
+    shared memory or a run's popcount has fewer), the first in layout order of those (mat-vec's main() calls
+    compute_outputs() for full row groups first, then for a partial one)."""
     blocks = parse_isa(isa)
     outer = find_loops(blocks)
     if not outer:
         raise ValueError("no loop in the ISA")
-    lp = outer[0]
+
+    def vmem(lp: Loop) -> int:
+        return sum(classify(op) == "VMEM" for bi in lp.body for op in blocks[bi].ops)
+
+    lp = max(outer, key=lambda c: (vmem(c), -c.header))
     depth = loop_depth(lp)
     if depth != len(trips):
         raise ValueError(
@@ -423,12 +430,25 @@ def shader_tree(vulkan_dir: Path = REPO_VULKAN, format_h: Path = REPO_FORMAT_H) 
     return ShaderTree(root, root / "vk_shaders_gen_driver", srcs)
 
 
+def pipeline_variant(name: str, source: str) -> str:
+    """The type variant a pipeline computes (tq2_0, bitcos, bitcos_pt, bitcos_g128), its shader's own suffix
+    taken off: mul_mat_vec_bitcos_g128_fast_f32_f32 from mul_mat_vec_bitcos_fast.comp is bitcos_g128."""
+    kind = PIPELINE_NAME.match(name).group("type")
+    stem = source.removesuffix(".comp")
+    suffix = stem[len("mul_mat_vec_bitcos") :] if stem.startswith("mul_mat_vec_bitcos") else ""
+    return kind[: -len(suffix)] if suffix and kind.endswith(suffix) else kind
+
+
 @dataclass
 class Pipeline:
     name: str  # the generator's name, e.g. mul_mat_vec_bitcos_f32_f32_subgroup_no_shmem
     spv: Path
     source: str  # the .comp file it comes from ("" when taken from a build folder)
     shape: Shape | None
+
+    @property
+    def variant(self) -> str:
+        return pipeline_variant(self.name, self.source)
 
 
 def compile_shaders(tree: ShaderTree) -> list[Pipeline]:
@@ -456,10 +476,13 @@ def compile_shaders(tree: ShaderTree) -> list[Pipeline]:
 
 
 def build_dir_shaders(spv_dir: Path, tree_sources: list[Path]) -> list[Pipeline]:
-    """The mat-vec SPIR-V of a Vulkan build (its vulkan-shaders.spv folder); a BITCOS pipeline's shape is
-    the one BITCOS source's tag when the tree has one mat-vec source, else unknown."""
+    """The mat-vec SPIR-V of a Vulkan build (its vulkan-shaders.spv folder). A BITCOS pipeline's source is
+    told by its name: the source whose suffix (mul_mat_vec_bitcos_fast.comp: _fast) ends its type, else the
+    one without a suffix (mul_mat_vec_bitcos.comp)."""
     shapes = {p.name: shader_shape(p) for p in tree_sources}
-    bitcos_src = [n for n in shapes if n not in UPSTREAM_SHAPES]
+    suffixes = {
+        n: n.removesuffix(".comp")[len("mul_mat_vec_bitcos") :] for n in shapes if n.startswith("mul_mat_vec_bitcos")
+    }
     found = []
     for p in sorted(spv_dir.glob("mul_mat_vec*.spv")):
         m = PIPELINE_NAME.match(p.stem)
@@ -468,7 +491,8 @@ def build_dir_shaders(spv_dir: Path, tree_sources: list[Path]) -> list[Pipeline]
         if m.group("type") == "tq2_0":
             src = "mul_mat_vec_tq2_0.comp"
         else:
-            src = bitcos_src[0] if len(bitcos_src) == 1 else ""
+            src = next((n for n, suf in suffixes.items() if suf and m.group("type").endswith(suf)), None)
+            src = src or next((n for n, suf in suffixes.items() if not suf), "")
         found.append(Pipeline(p.stem, p, src, shapes.get(src)))
     return found
 
@@ -573,7 +597,7 @@ def measure(
     params = device_params(query_device(family))
     suffix = REDUCTION_SUFFIX[params.reduction]
     chosen = [p for p in pipelines if (PIPELINE_NAME.match(p.name).group("red") or "") == suffix]
-    chosen = [p for p in chosen if PIPELINE_NAME.match(p.name).group("b") == "f32"]
+    chosen = [p for p in chosen if PIPELINE_NAME.match(p.name).group("b") in ("f32", "q8_1")]
     jobs: list[tuple[str, Pipeline, int]] = []
     for p in chosen:
         is_id = PIPELINE_NAME.match(p.name).group("kind") == "mul_mat_vec_id"
@@ -725,7 +749,7 @@ def budget_table(measured: list[tuple[str, DeviceParams, list[Result]]], cols: t
             continue
         for n in cols:
             tq2 = next((r.as_dict() for r in res if r.cols == n and r.pipeline.startswith("mul_mat_vec_tq2_0_")), None)
-            bcs = [r for r in res if r.cols == n and PIPELINE_NAME.match(r.pipeline).group("type") == "bitcos"]
+            bcs = [r for r in res if r.cols == n and pipeline_variant(r.pipeline, r.source) == "bitcos"]
             bcs = [r for r in bcs if PIPELINE_NAME.match(r.pipeline).group("kind") == "mul_mat_vec"]
             for r in bcs:
                 d = r.as_dict()
@@ -742,7 +766,7 @@ def budget_table(measured: list[tuple[str, DeviceParams, list[Result]]], cols: t
 def select(pipelines: list[Pipeline], types: list[str] | None) -> list[Pipeline]:
     if not types:
         return pipelines
-    return [p for p in pipelines if PIPELINE_NAME.match(p.name).group("type") in types]
+    return [p for p in pipelines if p.variant in types]
 
 
 def run_all(

@@ -707,11 +707,20 @@ def budget(gpu: dict[str, Any], bits_per_weight: float) -> float:
     return lane_rate / weight_rate
 
 
-def issue_count(d: dict[str, Any], scalar_unit: bool) -> float:
-    """What competes for the vector lanes, per weight per lane: VALU where a scalar unit takes the uniform work
-    (AMD), VALU + SALU where uniform work runs on the vector lanes too (NVIDIA, Intel, Apple)."""
+# AMD's scalar unit issues one wave instruction per SALU slot; a wave64 VALU instruction takes 2 cycles on an
+# RDNA SIMD32 and 4 on a GCN / CDNA SIMD16, where a SIMD gets an issue slot every 4 cycles: the SALU work a
+# vector instruction slot can hide, per family
+SALU_PER_VALU_SLOT = {"gfx1100": 0.5, "gfx1030": 0.5, "gfx90a": 1.0}
+
+
+def issue_count(d: dict[str, Any], gpu: dict[str, Any]) -> float:
+    """Issue-limiting instructions per weight per lane on `gpu` from its proxy's counts: on AMD (a scalar unit
+    beside the vector ALUs) the larger of VALU and SALU in vector-slot terms; elsewhere (NVIDIA, Intel, Apple)
+    uniform work runs on the vector lanes too: VALU + SALU."""
     c = d["per_weight_by_class"]
-    return c["VALU"] + (0.0 if scalar_unit else c["SALU"])
+    if gpu["scalar_unit"]:
+        return max(c["VALU"], c["SALU"] * SALU_PER_VALU_SLOT.get(gpu["proxy"], 1.0))
+    return c["VALU"] + c["SALU"]
 
 
 def predict(gpu: dict[str, Any], bitcos: dict[str, Any], tq2: dict[str, Any]) -> dict[str, float]:
@@ -721,7 +730,7 @@ def predict(gpu: dict[str, Any], bitcos: dict[str, Any], tq2: dict[str, Any]) ->
     t = {}
     for name, d in (("bitcos", bitcos), ("tq2_0", tq2)):
         mem = BITS_PER_WEIGHT[name] / 8 / (gpu["bandwidth_gbs"] * 1e9)
-        t[name] = max(mem, issue_count(d, gpu["scalar_unit"]) / lane_rate)
+        t[name] = max(mem, issue_count(d, gpu) / lane_rate)
     return {
         "speed_ratio": t["tq2_0"] / t["bitcos"],
         "bitcos_s_per_gweight": t["bitcos"] * 1e9,
@@ -731,19 +740,17 @@ def predict(gpu: dict[str, Any], bitcos: dict[str, Any], tq2: dict[str, Any]) ->
 
 def budget_table(measured: list[tuple[str, DeviceParams, list[Result]]], cols: tuple[int, ...]) -> str:
     """Markdown: per GPU its budget at BITCOS's and TQ2_0's bits per weight and, from its proxy family's counts
-    (the v2 BITCOS pipeline of each BITCOS shader, TQ2_0's), the predicted BITCOS / TQ2_0 mat-vec speed."""
+    (the v2 BITCOS pipeline of each BITCOS shader, TQ2_0's), the predicted BITCOS / TQ2_0 mat-vec speed. The
+    datasheet figures stay in gpu_datasheets.json."""
     by_family = {f: res for f, _, res in measured}
     lines = [
-        "| GPU | lanes x GHz | GB/s | budget @1.6 | budget @2.0625 | proxy | cols | BITCOS shader | count B / T "
+        "| GPU | budget @1.6 | budget @2.0625 | proxy | cols | BITCOS shader | issue count B / T "
         "| predicted BITCOS / TQ2_0 |",
-        "|---|---|---:|---:|---:|---|---:|---|---|---:|",
+        "|---|---:|---:|---|---:|---|---|---:|",
     ]
     for gpu in load_datasheets():
         res = by_family.get(gpu["proxy"])
-        head = (
-            f"| {gpu['gpu']} | {gpu['alu_lanes']} x {gpu['clock_ghz']} | {gpu['bandwidth_gbs']} "
-            f"| {budget(gpu, 1.6):.2f} | {budget(gpu, 2.0625):.2f} | {gpu['proxy']} "
-        )
+        head = f"| {gpu['gpu']} | {budget(gpu, 1.6):.2f} | {budget(gpu, 2.0625):.2f} | {gpu['proxy']} "
         if res is None:
             lines.append(head + "| - | (proxy not measured) | - | - |")
             continue
@@ -757,8 +764,8 @@ def budget_table(measured: list[tuple[str, DeviceParams, list[Result]]], cols: t
                     continue
                 p = predict(gpu, d, tq2)
                 lines.append(
-                    head + f"| {n} | {r.source} | {issue_count(d, gpu['scalar_unit']):.2f} / "
-                    f"{issue_count(tq2, gpu['scalar_unit']):.2f} | {p['speed_ratio']:.2f}x |"
+                    head + f"| {n} | {r.source} | {issue_count(d, gpu):.2f} / {issue_count(tq2, gpu):.2f} "
+                    f"| {p['speed_ratio']:.2f}x |"
                 )
     return "\n".join(lines)
 
@@ -837,8 +844,9 @@ def run(args: argparse.Namespace) -> int:
             print()
             print(
                 "### Budget and prediction (a static prediction, not a measurement): instructions per weight per "
-                "lane a mat-vec may spend and stay memory-bound; count B / T = the proxy's BITCOS / TQ2_0 hot-loop "
-                "count per weight competing for the vector lanes (VALU; + SALU off AMD)"
+                "lane a mat-vec may spend and stay memory-bound (gpu_datasheets.json); issue count B / T: the "
+                "proxy's BITCOS / TQ2_0 hot-loop count per weight per lane that limits issue (AMD: max(VALU, "
+                "SALU in vector slots); others: VALU + SALU)"
             )
             print()
             print(budget_table(measured, cols))

@@ -153,7 +153,7 @@ def test_instruction_count_matches_radv(radv_null_isa, tmp_path: Path):
     params, results = radv_null_isa
     pipelines = [
         p
-        for p in gpu_isa.compile_shaders(gpu_isa.shader_tree())
+        for p in gpu_isa.compile_shaders(gpu_isa.shader_tree(), {"subgroup"})
         if p.name == "mul_mat_vec_tq2_0_f32_f32_subgroup_no_shmem"
     ]
     _, res = gpu_isa.measure("gfx1100", pipelines, (1,), keep=tmp_path)
@@ -169,7 +169,7 @@ def test_tq2_spirv_is_the_builds(radv_null_isa):
     spv_dir = upstream.cache_dir() / "build/vendor/llama.cpp/ggml/src/ggml-vulkan/vulkan-shaders.spv"
     if not spv_dir.is_dir():
         pytest.skip(f"no Vulkan build in {spv_dir}")
-    ours = {p.name: p for p in gpu_isa.compile_shaders(gpu_isa.shader_tree()) if "tq2_0" in p.name}
+    ours = {p.name: p for p in gpu_isa.compile_shaders(gpu_isa.shader_tree(), {"subgroup"}) if "tq2_0" in p.name}
     assert ours
     for name, p in ours.items():
         assert p.spv.read_bytes() == (spv_dir / f"{name}.spv").read_bytes(), name

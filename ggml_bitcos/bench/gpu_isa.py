@@ -350,6 +350,17 @@ def _compile(cmd: list[str], what: str) -> None:
         raise RuntimeError(f"building {what} failed:\n{' '.join(cmd)}\n{r.stdout}{r.stderr}")
 
 
+def _install_dir(tmp: Path, dest: Path) -> None:
+    """Moves a folder made under a temporary name into place; another process that got there first wins (the
+    same inputs made the same contents)."""
+    try:
+        tmp.replace(dest)
+    except OSError:
+        if not dest.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def stats_tool() -> Path:
     """vk_pipeline_stats built against libvulkan (cached by its source's hash)."""
     src = HERE / "vk_pipeline_stats.c"
@@ -372,9 +383,7 @@ def upstream_shaders() -> Path:
                 m.name = m.name[len(UPSTREAM_SHADERS) + 1 :]
                 if "/" not in m.name:
                     tf.extract(m, tmp, filter="data")
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.replace(dest)
+        _install_dir(tmp, dest)
     return dest
 
 
@@ -395,6 +404,7 @@ def shader_tree(vulkan_dir: Path = REPO_VULKAN, format_h: Path = REPO_FORMAT_H) 
     key = _digest(inc.read_bytes(), format_h.read_bytes(), *(p.name.encode() + p.read_bytes() for p in ours))
     root = tools_dir() / f"tree-{key}"
     if not (root / "done").exists():
+        shutil.rmtree(root, ignore_errors=True)  # a build cut short
         tmp = Path(tempfile.mkdtemp(dir=tools_dir()))
         sh = tmp / "vulkan-shaders"
         shutil.copytree(up, sh)
@@ -419,12 +429,8 @@ def shader_tree(vulkan_dir: Path = REPO_VULKAN, format_h: Path = REPO_FORMAT_H) 
             ],
             "the shader generator",
         )
-        if root.exists():
-            shutil.rmtree(root)
-        tmp.replace(root)
-        # the paths baked into the generator are its build folder's: rebuilt nowhere else, nothing reads them
-        # after the build
-        (root / "done").write_text("")
+        (tmp / "done").write_text("")
+        _install_dir(tmp, root)
     mat_vec = [p.name for p in ours if p.suffix == ".comp" and p.name.startswith("mul_mat_vec")]
     srcs = [root / "vulkan-shaders" / n for n in mat_vec] + [root / "vulkan-shaders" / n for n in UPSTREAM_SHAPES]
     return ShaderTree(root, root / "vk_shaders_gen_driver", srcs)
@@ -451,26 +457,63 @@ class Pipeline:
         return pipeline_variant(self.name, self.source)
 
 
-def compile_shaders(tree: ShaderTree) -> list[Pipeline]:
-    """Every mat-vec variant of the tree's sources, compiled with the generator (once per tree: the SPIR-V
-    and the generator's list of it stay in the tree's folder)."""
+def reduction_of(name: str) -> str:
+    """The reduction mode a mat-vec pipeline's name says (REDUCTION_SUFFIX's keys)."""
+    red = PIPELINE_NAME.match(name).group("red") or ""
+    return next(k for k, v in REDUCTION_SUFFIX.items() if v == red)
+
+
+# glslc for the generator, compiling only the variants measured (the reduction modes in $GPU_ISA_REDUCTIONS,
+# f32 or q8_1 activations): every other output is left empty, so a cold cache compiles a quarter of them
+GLSLC_FILTER = """#!/bin/sh
+out=; prev=
+for a; do [ "$prev" = -o ] && out=$a; prev=$a; done
+name=$(basename "$out" .spv)
+case "$name" in
+*_subgroup_no_shmem) red=subgroup ;;
+*_subgroup) red=hybrid ;;
+*) red=shmem ;;
+esac
+case "$name" in *_f16_f32*) red=none ;; esac
+case " $GPU_ISA_REDUCTIONS " in
+*" $red "*) exec "$GPU_ISA_GLSLC" "$@" ;;
+esac
+: > "$out"
+"""
+
+
+def compile_shaders(tree: ShaderTree, reductions: set[str] | None = None) -> list[Pipeline]:
+    """The mat-vec variants of the tree's sources in the given reduction modes (default all), compiled with
+    the generator once per tree and set of modes: the SPIR-V and the generator's list of it stay in the
+    tree's folder."""
     glslc = os.environ.get("GLSLC") or shutil.which("glslc")
     if glslc is None:
         raise RuntimeError("no glslc (apt-get install glslc)")
+    reductions = set(REDUCTION_SUFFIX) if reductions is None else reductions
+    wrapper = tools_dir() / "glslc-filter.sh"
+    if not wrapper.exists() or wrapper.read_text() != GLSLC_FILTER:
+        tmp = wrapper.with_suffix(f".{os.getpid()}")
+        tmp.write_text(GLSLC_FILTER)
+        tmp.chmod(0o755)
+        tmp.replace(wrapper)
+    env = dict(os.environ, GPU_ISA_GLSLC=glslc, GPU_ISA_REDUCTIONS=" ".join(sorted(reductions)))
     found = []
     for src in tree.sources:
-        out = tree.root / "spv" / src.stem
+        out = tree.root / "spv" / f"{src.stem}.{'-'.join(sorted(reductions))}"
         listing = out / "list.txt"
         if not listing.exists():
             out.mkdir(parents=True, exist_ok=True)
-            r = subprocess.run([str(tree.gen), glslc, str(src), str(out)], capture_output=True, text=True)
+            r = subprocess.run(
+                [str(tree.gen), str(wrapper), str(src), str(out)], capture_output=True, text=True, env=env
+            )
             if r.returncode != 0:
                 raise RuntimeError(f"compiling {src.name} failed:\n{r.stdout}{r.stderr}")
             listing.write_text(r.stdout)
         shape = shader_shape(src)
         for line in listing.read_text().splitlines():
             name, path = line.split("\t")
-            if PIPELINE_NAME.match(name):
+            m = PIPELINE_NAME.match(name)
+            if m and m.group("b") != "f16" and reduction_of(name) in reductions:
                 found.append(Pipeline(name, Path(path), src.name, shape))
     return found
 
@@ -595,8 +638,7 @@ def measure(
     """Every mat-vec pipeline of the family's reduction mode at each column count (mat-vec-id: one column, as
     ggml-vulkan builds it), compiled on RADV's null device for `family`."""
     params = device_params(query_device(family))
-    suffix = REDUCTION_SUFFIX[params.reduction]
-    chosen = [p for p in pipelines if (PIPELINE_NAME.match(p.name).group("red") or "") == suffix]
+    chosen = [p for p in pipelines if reduction_of(p.name) == params.reduction]
     chosen = [p for p in chosen if PIPELINE_NAME.match(p.name).group("b") in ("f32", "q8_1")]
     jobs: list[tuple[str, Pipeline, int]] = []
     for p in chosen:
@@ -785,7 +827,10 @@ def run_all(
     keep: Path | None = None,
 ) -> list[tuple[str, DeviceParams, list[Result]]]:
     tree = shader_tree(vulkan_dir)
-    pipelines = build_dir_shaders(spv_dir, tree.sources) if spv_dir is not None else compile_shaders(tree)
+    if spv_dir is not None:
+        pipelines = build_dir_shaders(spv_dir, tree.sources)
+    else:
+        pipelines = compile_shaders(tree, {device_params(query_device(f)).reduction for f in families})
     pipelines = select(pipelines, types)
     return [(f, *measure(f, pipelines, cols, keep)) for f in families]
 

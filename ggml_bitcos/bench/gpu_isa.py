@@ -16,10 +16,11 @@ runs on the null device, so correctness stays with the lavapipe tests.
 How it counts: the ISA is split into basic blocks; loops are the natural loops of backward branches (ACO lays
 out a loop's header first and branches back to it); the hot loop is the outermost loop with the most vector
 memory instructions in its body, the first in layout order of those (mat-vec's main() calls compute_outputs()
-for full row groups first, then for a partial one; setup loops load less). One iteration's cost is the longest path from its header back to it: a divergent branch
-(s_cbranch_execz, taken only when no lane is active) is assumed not taken, so both arms of a divergent if run,
-as a wave with mixed lanes runs them; a uniform branch (scc / vcc) takes its longer arm; an inner loop counts
-its own longest iteration times its trip count. Instructions are classed VALU, SALU, VMEM, SMEM, LDS and
+for full row groups first, then for a partial one; setup loops load less). One iteration's cost is the
+longest path from its header back to it: a divergent branch (s_cbranch_execz, taken only when no lane is
+active) is assumed not taken, so both arms of a divergent if run, as a wave with mixed lanes runs them; a
+uniform branch (scc / vcc) takes its longer arm; an inner loop counts its own longest iteration times its trip
+count. Instructions are classed VALU, SALU, VMEM, SMEM, LDS and
 control (waits, branches, scheduling hints); one instruction issues once per wave, so its count per weight a
 lane handles is the count "per weight per lane". The weights one iteration covers, and the trip counts of
 inner loops, come from the shader: a line in the .comp source
@@ -565,10 +566,9 @@ def radv_env(family: str) -> dict[str, str]:
     env = dict(os.environ)
     env["RADV_FORCE_FAMILY"] = FAMILIES.get(family, family)
     # RADV only: the null device is Mesa's radeon ICD; a lavapipe or real device would answer otherwise
-    icd = Path("/usr/share/vulkan/icd.d/radeon_icd.x86_64.json")
-    if icd.exists():
-        env["VK_ICD_FILENAMES"] = str(icd)
-        env["VK_DRIVER_FILES"] = str(icd)
+    icds = sorted(Path("/usr/share/vulkan/icd.d").glob("radeon_icd.*.json"))
+    if icds:
+        env["VK_ICD_FILENAMES"] = env["VK_DRIVER_FILES"] = ":".join(map(str, icds))
     return env
 
 
@@ -844,7 +844,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--families", default="gfx1100,gfx1030,gfx90a", help="comma list of " + ", ".join(FAMILIES))
-    p.add_argument("--cols", default="1,2,4,8", help="activation columns (mat-vec pipelines NUM_COLS)")
+    p.add_argument(
+        "--cols", default=",".join(map(str, DEFAULT_COLS)), help="activation columns (mat-vec pipelines NUM_COLS)"
+    )
     p.add_argument(
         "--types",
         help="comma list of pipeline types to measure (tq2_0, bitcos, bitcos_pt, bitcos_g128, ...); default all",

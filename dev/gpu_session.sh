@@ -30,8 +30,9 @@
 #             lavapipe, except in a dry run), both BITCOS mat-vec shaders: the default (fast) one and the exact one
 #             (GGML_BITCOS_VULKAN_EXACT=1, TQ2_0's arithmetic bit for bit): test-bitcos-backend on the device
 #             under each (BITCOS vs the CPU; the exact one also bit for bit vs TQ2_0), `bench gpu --device
-#             VulkanN` under each (mat-vec BITCOS vs TQ2_0 in one run per shader, the TQ2_0 reference timed in
-#             both; llama-bench -ngl 99 with the default shader only; reuses the CUDA part's weights and models).
+#             VulkanN --no-e2e` under each (mat-vec BITCOS vs TQ2_0 in one run per shader, the TQ2_0 reference
+#             timed in both), then `bench gpu` with llama-bench -ngl 99 under the default shader (reuses the CUDA
+#             part's weights and models).
 #             $GPU_SESSION_VULKAN_BENCH_ARGS adds options to both benches (a dry run on lavapipe: small shapes);
 #   bandwidth `ggml-bitcos bench bandwidth` on the 16 CPU cores (the many-core regime: little DRAM bandwidth per core).
 # Results: $OUT/summary.md (one line per step: exit status, seconds, the end of its output) and
@@ -216,15 +217,22 @@ run)
     # environment of the whole process selects the exact one
     vulkan_op() { $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
     vulkan_op_exact() { GGML_BITCOS_VULKAN_EXACT=1 $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
-    vulkan_bench() {
+    # the mat-vec under each shader first (each run times TQ2_0 too), then llama-bench with the default one (its
+    # bench gpu run times the mat-vec once more); the weights and models are made once in /tmp/bitcos-gpu
+    vulkan_matvec() {
         vulkan_env
-        python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
+        python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu --no-e2e \
             --json "$logs/bench-gpu-vulkan-fast.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
-    vulkan_bench_exact() {
+    vulkan_matvec_exact() {
         vulkan_env
         GGML_BITCOS_VULKAN_EXACT=1 python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
             --no-e2e --json "$logs/bench-gpu-vulkan-exact.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
+    }
+    vulkan_e2e() {
+        vulkan_env
+        python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
+            --json "$logs/bench-gpu-vulkan-e2e.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
     bandwidth() {
         export PYTHONPATH="$PWD:$pkgs/vulkan-py:$pydeps"
@@ -234,7 +242,7 @@ run)
             --json "$logs/bench-bandwidth.json" --plot "$logs/bandwidth.png"
     }
     export -f cuda_env vulkan_env cuda_rebuild cuda_devices cuda_op cuda_e2e cuda_bench kernels vulkan_devices \
-        vulkan_op vulkan_op_exact vulkan_bench vulkan_bench_exact bandwidth
+        vulkan_op vulkan_op_exact vulkan_matvec vulkan_matvec_exact vulkan_e2e bandwidth
     export pkgs pydeps logs SRC_TOPDIR CUDA_CMAKE_ARGS CUDA_TARGETS
 
     for part in $parts; do
@@ -281,8 +289,9 @@ print(next((os.path.join(d, "lib") for d in (s.submodule_search_locations if s e
                     | tee -a "$summary"
                 step vulkan-op 180 vulkan_op
                 step vulkan-op-exact 150 vulkan_op_exact
-                step vulkan-bench 300 vulkan_bench
-                step vulkan-bench-exact 180 vulkan_bench_exact
+                step vulkan-matvec 240 vulkan_matvec
+                step vulkan-matvec-exact 150 vulkan_matvec_exact
+                step vulkan-e2e 300 vulkan_e2e
             fi
             ;;
         bandwidth) step bandwidth 300 bandwidth ;;

@@ -114,6 +114,37 @@ def test_shape_tags():
         assert gpu_isa.shader_shape(src) is not None, f"{src.name} has no gpu-isa tag"
 
 
+def test_pipelines_of_a_build_folder(tmp_path: Path):
+    """A build's SPIR-V names tell each BITCOS pipeline's shader (a second shader's suffix ends its type) and
+    its variant (the suffix taken off); the f16-activation and non-mat-vec files are not mat-vec pipelines."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "mul_mat_vec_bitcos.comp").write_text("// gpu-isa: weights-per-iteration = 16 * NUM_ROWS\n")
+    (src / "mul_mat_vec_bitcos_fast.comp").write_text("// gpu-isa: weights-per-iteration = 32 * NUM_ROWS\n")
+    spv = tmp_path / "spv"
+    spv.mkdir()
+    for name in (
+        "mul_mat_vec_bitcos_f32_f32_subgroup_no_shmem",
+        "mul_mat_vec_id_bitcos_g128_fast_f32_f32",
+        "mul_mat_vec_bitcos_fast_f32_f32_subgroup",
+        "mul_mat_vec_tq2_0_f32_f32",
+        "mul_mat_vec_q4_0_f32_f32",
+        "mul_mm_bitcos",
+    ):
+        (spv / f"{name}.spv").write_bytes(b"")
+    got = {
+        p.name: (p.source, p.variant, p.shape.weights if p.shape else None)
+        for p in gpu_isa.build_dir_shaders(spv, sorted(src.iterdir()))
+    }
+    assert got == {
+        "mul_mat_vec_bitcos_f32_f32_subgroup_no_shmem": ("mul_mat_vec_bitcos.comp", "bitcos", "16 * NUM_ROWS"),
+        "mul_mat_vec_id_bitcos_g128_fast_f32_f32": ("mul_mat_vec_bitcos_fast.comp", "bitcos_g128", "32 * NUM_ROWS"),
+        "mul_mat_vec_bitcos_fast_f32_f32_subgroup": ("mul_mat_vec_bitcos_fast.comp", "bitcos", "32 * NUM_ROWS"),
+        "mul_mat_vec_tq2_0_f32_f32": ("mul_mat_vec_tq2_0.comp", "tq2_0", "16 * NUM_ROWS"),
+    }
+    assert [gpu_isa.reduction_of(n) for n in sorted(got)] == ["hybrid", "subgroup", "shmem", "shmem"]
+
+
 def test_budget_arithmetic():
     """Lane-instructions per second over weights per second at full bandwidth, e.g. an H200-like part:
     16896 lanes x 1.98 GHz over 4.8 TB/s at 1.6 bits per weight = 1.39; and every datasheet entry is complete."""

@@ -524,6 +524,7 @@ def build_dir_shaders(spv_dir: Path, tree_sources: list[Path]) -> list[Pipeline]
     told by its name: the source whose suffix (mul_mat_vec_bitcos_fast.comp: _fast) ends its type, else the
     one without a suffix (mul_mat_vec_bitcos.comp)."""
     shapes = {p.name: shader_shape(p) for p in tree_sources}
+    shapes.update({n: Shape.parse(tag) for n, tag in UPSTREAM_SHAPES.items()})
     suffixes = {
         n: n.removesuffix(".comp")[len("mul_mat_vec_bitcos") :] for n in shapes if n.startswith("mul_mat_vec_bitcos")
     }

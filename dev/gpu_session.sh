@@ -26,8 +26,14 @@
 #             Q8_0 and the device copy, llama-bench -ngl 99 on the bitnet-2b shape, device model buffer vs TQ2_0's
 #             file bytes;
 #   kernels   the standalone CUDA kernel test (csrc/cuda/ against numpy: tests/test_cuda.py -k matches);
-#   vulkan    test-bitcos-backend Vulkan0 (BITCOS vs the CPU and bit for bit vs TQ2_0), `bench gpu --device
-#             Vulkan0` (BITCOS vs TQ2_0 on one backend; reuses the CUDA part's weights and models);
+#   vulkan    where the machine has a Vulkan GPU device (test-bitcos-backend --list; the first one that is not
+#             lavapipe, except in a dry run), both BITCOS mat-vec shaders: the default (fast) one and the exact one
+#             (GGML_BITCOS_VULKAN_EXACT=1, TQ2_0's arithmetic bit for bit): test-bitcos-backend on the device
+#             under each (BITCOS vs the CPU; the exact one also bit for bit vs TQ2_0), `bench gpu --device
+#             VulkanN --no-e2e` under each (mat-vec BITCOS vs TQ2_0 in one run per shader, the TQ2_0 reference
+#             timed in both), then `bench gpu` with llama-bench -ngl 99 under the default shader (reuses the CUDA
+#             part's weights and models).
+#             $GPU_SESSION_VULKAN_BENCH_ARGS adds options to both benches (a dry run on lavapipe: small shapes);
 #   bandwidth `ggml-bitcos bench bandwidth` on the 16 CPU cores (the many-core regime: little DRAM bandwidth per core).
 # Results: $OUT/summary.md (one line per step: exit status, seconds, the end of its output) and
 # $OUT/gpu-session-logs.tar.gz (every step's whole output and JSON), both rewritten after each step, so what
@@ -206,10 +212,27 @@ run)
         BITCOS_CUDA_TEST_EXE=$PWD/.gpu/test-bitcos-cuda PYTHONPATH="$PWD:$pydeps" \
             python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k matches
     }
-    vulkan_op() { $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend --list; $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend Vulkan0; }
-    vulkan_bench() {
+    vulkan_devices() { $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend --list; }
+    # the BITCOS mat-vec shader is chosen when ggml-vulkan creates its pipelines: GGML_BITCOS_VULKAN_EXACT=1 in the
+    # environment of the whole process selects the exact one
+    vulkan_op() { $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
+    vulkan_op_exact() { GGML_BITCOS_VULKAN_EXACT=1 $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
+    # the mat-vec under each shader first (each run times TQ2_0 too), then llama-bench with the default one (its
+    # bench gpu run times the mat-vec once more); the weights and models are made once in /tmp/bitcos-gpu
+    vulkan_matvec() {
         vulkan_env
-        python3 -m ggml_bitcos bench gpu --device Vulkan0 --workdir /tmp/bitcos-gpu --json "$logs/bench-gpu-vulkan.json"
+        python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu --no-e2e \
+            --json "$logs/bench-gpu-vulkan-fast.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
+    }
+    vulkan_matvec_exact() {
+        vulkan_env
+        GGML_BITCOS_VULKAN_EXACT=1 python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
+            --no-e2e --json "$logs/bench-gpu-vulkan-exact.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
+    }
+    vulkan_e2e() {
+        vulkan_env
+        python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
+            --json "$logs/bench-gpu-vulkan-e2e.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
     bandwidth() {
         export PYTHONPATH="$PWD:$pkgs/vulkan-py:$pydeps"
@@ -218,8 +241,8 @@ run)
         python3 -m ggml_bitcos bench bandwidth --levels "$levels" --kernel-impl avx2 --workdir /tmp/bitcos-bw \
             --json "$logs/bench-bandwidth.json" --plot "$logs/bandwidth.png"
     }
-    export -f cuda_env vulkan_env cuda_rebuild cuda_devices cuda_op cuda_e2e cuda_bench kernels vulkan_op \
-        vulkan_bench bandwidth
+    export -f cuda_env vulkan_env cuda_rebuild cuda_devices cuda_op cuda_e2e cuda_bench kernels vulkan_devices \
+        vulkan_op vulkan_op_exact vulkan_matvec vulkan_matvec_exact vulkan_e2e bandwidth
     export pkgs pydeps logs SRC_TOPDIR CUDA_CMAKE_ARGS CUDA_TARGETS
 
     for part in $parts; do
@@ -253,8 +276,23 @@ print(next((os.path.join(d, "lib") for d in (s.submodule_search_locations if s e
         kernels) step kernels 120 kernels ;;
         vulkan)
             mkdir -p $pkgs/vulkan-py && tar -C $pkgs/vulkan-py -xJf .gpu/llama_cpp_vulkan.tar.xz
-            step vulkan-op 180 vulkan_op
-            step vulkan-bench 300 vulkan_bench
+            step vulkan-devices 60 vulkan_devices
+            # the first Vulkan device that is a GPU (lavapipe, a CPU, only in a dry run)
+            vk_dev=$(awk -F'\t' -v any="${GPU_SESSION_DRY_RUN:-0}" \
+                '$1 ~ /^Vulkan[0-9]+$/ && (any == 1 || $2 !~ /llvmpipe/) { print $1; exit }' \
+                "$logs/vulkan-devices.txt" || true)
+            if [ -z "$vk_dev" ]; then
+                echo "- vulkan: NOT RUN (no Vulkan GPU device: see vulkan-devices)" | tee -a "$summary"
+            else
+                export vk_dev
+                echo "Vulkan device: $vk_dev ($(awk -F'\t' -v d="$vk_dev" '$1 == d { print $2 }' "$logs/vulkan-devices.txt"))" \
+                    | tee -a "$summary"
+                step vulkan-op 180 vulkan_op
+                step vulkan-op-exact 150 vulkan_op_exact
+                step vulkan-matvec 240 vulkan_matvec
+                step vulkan-matvec-exact 150 vulkan_matvec_exact
+                step vulkan-e2e 300 vulkan_e2e
+            fi
             ;;
         bandwidth) step bandwidth 300 bandwidth ;;
         *) echo "unknown part $part (cuda, kernels, vulkan, bandwidth)" | tee -a "$summary" ;;

@@ -81,6 +81,29 @@ def patched_llama() -> None:
 
 
 @pytest.fixture(scope="session")
+def radv_null_isa():
+    """`bench gpu-isa` measured once on RADV's null gfx1100 device: TQ2_0 and the v2 BITCOS pipelines at 1 and
+    4 columns, as (DeviceParams, [Result]). Skips without the null device, glslc, a C/C++ compiler or the
+    pinned sdist in the cache (fails instead under BITCOS_REQUIRE_RADV_NULL=1, as in CI)."""
+    import os
+
+    from ggml_bitcos import upstream
+    from ggml_bitcos.bench import gpu_isa
+
+    missing = [t for t in ("glslc", "cc", "c++") if shutil.which(t) is None]
+    if not upstream.sdist_cached():
+        missing.append(f"the pinned sdist in {upstream.cache_dir()}")
+    if not missing and not gpu_isa.radv_null_available():
+        missing.append("RADV's null device (mesa-vulkan-drivers, libvulkan-dev)")
+    if missing:
+        if os.environ.get("BITCOS_REQUIRE_RADV_NULL") == "1":
+            pytest.fail(f"BITCOS_REQUIRE_RADV_NULL=1 but missing: {', '.join(missing)}")
+        pytest.skip(f"missing: {', '.join(missing)}")
+    ((_, params, results),) = gpu_isa.run_all(["gfx1100"], (1, 4), types=["tq2_0", "bitcos"])
+    return params, results
+
+
+@pytest.fixture(scope="session")
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
     try:

@@ -24,6 +24,10 @@
 // gen.inc, taken from bitcos-format.h): BITCOS_G128, BITCOS_PT or BITCOS_V2, BITCOS_BLOCK_U16 (block size in
 // u16), BITCOS_SCALE_U16 (G128: where d is), BITCOS_HDR_* (header field offsets), BITCOS_VARIANT_*.
 
+// For `ggml-bitcos bench gpu-isa` (ggml_bitcos/bench/gpu_isa.py): the superblock loop is the hot loop, 16
+// weights per lane and row an iteration; inside it the row loop and each row's recount of the step's superblocks.
+// gpu-isa: weights-per-iteration = 16 * NUM_ROWS; inner-trips = NUM_ROWS, BLOCK_SIZE / 16
+
 // get_offsets() then returns, as a_offset, the first weight of the matrix (batch_stride_a = K * rows): the
 // companion's row index needs global rows, not byte offsets
 #define QUANT_K 1

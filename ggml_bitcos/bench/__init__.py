@@ -16,12 +16,15 @@
                  sequences (aggregate tokens/s), BITCOS vs TQ2_0 / TQ1_0.
 * ``gpu``      — on a GPU backend device (ggml-vulkan): mat-vec BITCOS vs TQ2_0 with the device's copy
                  bandwidth, llama-bench -ngl 99, device memory of the weights.
+* ``gpu-isa``  — no GPU needed: instructions per weight of the Vulkan mat-vec shaders (BITCOS, TQ2_0) in real
+                 AMD ISA from Mesa RADV's null device, and (``--budget``) the per-GPU instruction budget with the
+                 predicted BITCOS / TQ2_0 speed (a static prediction).
 * ``kernels``  — the BITCOS kernel microbenchmark (ggml_bitcos.bench.kernels).
 
 Every ratio printed is measured in the same invocation; nothing here asserts a timing.
 """
 
-# One module per benchmark (gemv, roofline, e2e, gpu, kernels; codec: the numpy codec's throughput, run with
+# One module per benchmark (gemv, roofline, e2e, gpu, gpu_isa, kernels; codec: the numpy codec's throughput, run with
 # `python -m ggml_bitcos.bench.codec`) and common.py for what they share. The modules are imported in
 # register() only, so `python -m ggml_bitcos.bench.kernels` runs its module once.
 
@@ -31,16 +34,16 @@ import argparse
 import importlib
 
 # `bench` subcommands in the order `--help` lists them, each a module with add_parser(subparsers)
-BENCH_MODULES = ("gemv", "roofline", "bandwidth", "e2e", "batched", "gpu")
+BENCH_MODULES = ("gemv", "roofline", "bandwidth", "e2e", "batched", "gpu", "gpu_isa")
 # needs the kernel harness binding; left out of the CLI when that cannot be imported
 OPTIONAL_BENCH_MODULES = ("kernels",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Adds `bench` with its gemv, roofline, bandwidth, e2e, batched, gpu and kernels subcommands (CLI registration, see cli.py)."""
+    """Adds `bench` with its gemv, roofline, bandwidth, e2e, batched, gpu, gpu-isa and kernels subcommands (CLI registration, see cli.py)."""
     p = subparsers.add_parser(
         "bench",
-        help="benchmarks: gemv, roofline, bandwidth, e2e, batched, gpu, kernels",
+        help="benchmarks: gemv, roofline, bandwidth, e2e, batched, gpu, gpu-isa, kernels",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

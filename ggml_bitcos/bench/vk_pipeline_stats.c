@@ -1,0 +1,337 @@
+// vk_pipeline_stats: compiles compute pipelines on a Vulkan device and prints what the driver reports about
+// them (VK_KHR_pipeline_executable_properties): statistics (instructions, VGPRs, SGPRs, LDS, waves per SIMD)
+// and internal representations (the ISA text). Built at run time by ggml_bitcos/bench/gpu_isa.py into the
+// cache; meant for Mesa RADV's null device (RADV_FORCE_FAMILY=gfx1100 etc.), where pipelines compile to real
+// AMD ISA while nothing can execute.
+//
+//   vk_pipeline_stats --device          one JSON object: the device's name, vendor and subgroup properties
+//   vk_pipeline_stats JOBS OUTDIR       JOBS: one pipeline a line, "NAME SPV_PATH SUBGROUP_SIZE ID=VALUE...";
+//                                       per job OUTDIR/NAME.json (statistics) and OUTDIR/NAME.<repr>.txt
+//
+// Every pipeline gets ggml-vulkan's creation parameters for its mat-vec shaders: the specialization constants
+// given (32-bit unsigned), a required subgroup size (0: none) with full subgroups, seven storage buffers in
+// set 0 (the most a BITCOS mat-vec-id binds) and a 128-byte push constant range.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vulkan/vulkan.h>
+
+#define MAX_SPEC   16
+#define N_BINDINGS 8
+
+static void die(const char * what, VkResult r) {
+    fprintf(stderr, "vk_pipeline_stats: %s failed (VkResult %d)\n", what, (int) r);
+    exit(1);
+}
+
+static void json_string(FILE * f, const char * s) {
+    fputc('"', f);
+    for (; *s; ++s) {
+        if (*s == '"' || *s == '\\') {
+            fputc('\\', f);
+            fputc(*s, f);
+        } else if ((unsigned char) *s < 0x20) {
+            fprintf(f, "\\u%04x", (unsigned char) *s);
+        } else {
+            fputc(*s, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static void * read_file(const char * path, size_t * size) {
+    FILE * f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "vk_pipeline_stats: cannot open %s\n", path);
+        exit(1);
+    }
+    fseek(f, 0, SEEK_END);
+    *size = (size_t) ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void * data = malloc(*size);
+    if (fread(data, 1, *size, f) != *size) {
+        fprintf(stderr, "vk_pipeline_stats: cannot read %s\n", path);
+        exit(1);
+    }
+    fclose(f);
+    return data;
+}
+
+static int has_extension(VkPhysicalDevice pd, const char * name) {
+    uint32_t n = 0;
+    vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL);
+    VkExtensionProperties * e = calloc(n, sizeof(*e));
+    vkEnumerateDeviceExtensionProperties(pd, NULL, &n, e);
+    int found = 0;
+    for (uint32_t i = 0; i < n && !found; ++i) {
+        found = strcmp(e[i].extensionName, name) == 0;
+    }
+    free(e);
+    return found;
+}
+
+int main(int argc, char ** argv) {
+    if (argc < 2 || (strcmp(argv[1], "--device") != 0 && argc < 3)) {
+        fprintf(stderr, "usage: %s --device | %s JOBS OUTDIR\n", argv[0], argv[0]);
+        return 2;
+    }
+    VkApplicationInfo app = {
+        VK_STRUCTURE_TYPE_APPLICATION_INFO, NULL, "vk_pipeline_stats", 1, NULL, 0, VK_API_VERSION_1_2
+    };
+    VkInstanceCreateInfo ici = { VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, NULL, 0, &app, 0, NULL, 0, NULL };
+    VkInstance           inst;
+    VkResult             r = vkCreateInstance(&ici, NULL, &inst);
+    if (r != VK_SUCCESS) {
+        die("vkCreateInstance", r);
+    }
+    uint32_t n_pd = 0;
+    vkEnumeratePhysicalDevices(inst, &n_pd, NULL);
+    if (n_pd == 0) {
+        fprintf(stderr, "vk_pipeline_stats: no Vulkan device\n");
+        return 1;
+    }
+    VkPhysicalDevice * pds = calloc(n_pd, sizeof(*pds));
+    vkEnumeratePhysicalDevices(inst, &n_pd, pds);
+    // the first device that can report pipeline executables (RADV's null device with RADV_FORCE_FAMILY)
+    VkPhysicalDevice pd = VK_NULL_HANDLE;
+    for (uint32_t i = 0; i < n_pd && pd == VK_NULL_HANDLE; ++i) {
+        if (has_extension(pds[i], VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME)) {
+            pd = pds[i];
+        }
+    }
+    if (pd == VK_NULL_HANDLE) {
+        fprintf(stderr, "vk_pipeline_stats: no device with %s\n", VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+        return 1;
+    }
+    VkPhysicalDeviceSubgroupSizeControlProperties sgc = {
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES
+    };
+    VkPhysicalDeviceSubgroupProperties sg    = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, &sgc };
+    VkPhysicalDeviceProperties2        props = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &sg };
+    vkGetPhysicalDeviceProperties2(pd, &props);
+    if (strcmp(argv[1], "--device") == 0) {
+        printf("{\"name\": ");
+        json_string(stdout, props.properties.deviceName);
+        printf(", \"vendor_id\": %u, \"subgroup_size\": %u, \"min_subgroup_size\": %u, \"max_subgroup_size\": %u, "
+               "\"subgroup_arithmetic\": %d, \"max_shared_memory\": %u}\n",
+               props.properties.vendorID, sg.subgroupSize, sgc.minSubgroupSize, sgc.maxSubgroupSize,
+               (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0,
+               props.properties.limits.maxComputeSharedMemorySize);
+        return 0;
+    }
+
+    // a queue family with compute (the device is never used to run anything)
+    uint32_t n_qf = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &n_qf, NULL);
+    VkQueueFamilyProperties * qf = calloc(n_qf, sizeof(*qf));
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &n_qf, qf);
+    uint32_t qfi = 0;
+    while (qfi < n_qf && !(qf[qfi].queueFlags & VK_QUEUE_COMPUTE_BIT)) {
+        ++qfi;
+    }
+    float                   prio = 1.0f;
+    VkDeviceQueueCreateInfo qci  = { VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, NULL, 0, qfi, 1, &prio };
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pexf = {
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR, NULL, VK_TRUE
+    };
+    VkPhysicalDeviceVulkan12Features f12 = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &pexf };
+    VkPhysicalDeviceVulkan11Features f11 = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, &f12 };
+    VkPhysicalDeviceFeatures2        f2  = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f11 };
+    vkGetPhysicalDeviceFeatures2(pd, &f2);     // every feature the device has (16-bit storage, int8, ...)
+    pexf.pipelineExecutableInfo    = VK_TRUE;
+    f2.features.robustBufferAccess = VK_FALSE; // ggml-vulkan disables robustness for the mat-vec pipelines
+    const char * exts[4];
+    uint32_t     n_ext = 0;
+    exts[n_ext++]      = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
+    if (has_extension(pd, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) {
+        exts[n_ext++] = VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME;
+    }
+    if (has_extension(pd, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
+        exts[n_ext++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+    }
+    VkDeviceCreateInfo dci = { VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f2, 0, 1, &qci, 0, NULL, n_ext, exts, NULL };
+    VkDevice           dev;
+    r = vkCreateDevice(pd, &dci, NULL, &dev);
+    if (r != VK_SUCCESS) {
+        die("vkCreateDevice", r);
+    }
+    PFN_vkGetPipelineExecutablePropertiesKHR get_exec =
+        (PFN_vkGetPipelineExecutablePropertiesKHR) vkGetDeviceProcAddr(dev, "vkGetPipelineExecutablePropertiesKHR");
+    PFN_vkGetPipelineExecutableStatisticsKHR get_stats =
+        (PFN_vkGetPipelineExecutableStatisticsKHR) vkGetDeviceProcAddr(dev, "vkGetPipelineExecutableStatisticsKHR");
+    PFN_vkGetPipelineExecutableInternalRepresentationsKHR get_reprs =
+        (PFN_vkGetPipelineExecutableInternalRepresentationsKHR) vkGetDeviceProcAddr(
+            dev, "vkGetPipelineExecutableInternalRepresentationsKHR");
+
+    VkDescriptorSetLayoutBinding binds[N_BINDINGS];
+    for (uint32_t b = 0; b < N_BINDINGS; ++b) {
+        binds[b] = (VkDescriptorSetLayoutBinding) { b, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
+                                                    VK_SHADER_STAGE_COMPUTE_BIT, NULL };
+    }
+    VkDescriptorSetLayoutCreateInfo dslci = { VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO, NULL, 0, N_BINDINGS,
+                                              binds };
+    VkDescriptorSetLayout           dsl;
+    r = vkCreateDescriptorSetLayout(dev, &dslci, NULL, &dsl);
+    if (r != VK_SUCCESS) {
+        die("vkCreateDescriptorSetLayout", r);
+    }
+    VkPushConstantRange        pcr  = { VK_SHADER_STAGE_COMPUTE_BIT, 0, 128 };
+    VkPipelineLayoutCreateInfo plci = { VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 1, &dsl, 1, &pcr };
+    VkPipelineLayout           layout;
+    r = vkCreatePipelineLayout(dev, &plci, NULL, &layout);
+    if (r != VK_SUCCESS) {
+        die("vkCreatePipelineLayout", r);
+    }
+
+    FILE * jobs = fopen(argv[1], "r");
+    if (!jobs) {
+        fprintf(stderr, "vk_pipeline_stats: cannot open %s\n", argv[1]);
+        return 1;
+    }
+    char line[4096];
+    while (fgets(line, sizeof line, jobs)) {
+        char * save = NULL;
+        char * name = strtok_r(line, " \t\n", &save);
+        char * spv  = strtok_r(NULL, " \t\n", &save);
+        char * sgs  = strtok_r(NULL, " \t\n", &save);
+        if (!name || !spv || !sgs) {
+            continue;
+        }
+        VkSpecializationMapEntry entries[MAX_SPEC];
+        uint32_t                 values[MAX_SPEC];
+        uint32_t                 n_spec = 0;
+        for (char * tok; (tok = strtok_r(NULL, " \t\n", &save)) && n_spec < MAX_SPEC; ++n_spec) {
+            unsigned id = 0, value = 0;
+            sscanf(tok, "%u=%u", &id, &value);
+            entries[n_spec] = (VkSpecializationMapEntry) { id, n_spec * 4, 4 };
+            values[n_spec]  = value;
+        }
+        size_t                   code_size;
+        void *                   code = read_file(spv, &code_size);
+        VkShaderModuleCreateInfo smci = { VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, code_size, code };
+        VkShaderModule           module;
+        r = vkCreateShaderModule(dev, &smci, NULL, &module);
+        if (r != VK_SUCCESS) {
+            die("vkCreateShaderModule", r);
+        }
+        VkSpecializationInfo                                si  = { n_spec, entries, n_spec * 4, values };
+        VkPipelineShaderStageRequiredSubgroupSizeCreateInfo rss = {
+            VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO, NULL, (uint32_t) atoi(sgs)
+        };
+        VkPipelineShaderStageCreateInfo stage = { VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                                                  rss.requiredSubgroupSize ? &rss : NULL,
+                                                  rss.requiredSubgroupSize ?
+                                                      VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT :
+                                                      0,
+                                                  VK_SHADER_STAGE_COMPUTE_BIT,
+                                                  module,
+                                                  "main",
+                                                  &si };
+        VkComputePipelineCreateInfo     cpci  = { VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+                                                  NULL,
+                                                  VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR |
+                                                      VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR,
+                                                  stage,
+                                                  layout,
+                                                  VK_NULL_HANDLE,
+                                                  -1 };
+        VkPipeline                      pipe;
+        r = vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &cpci, NULL, &pipe);
+        if (r != VK_SUCCESS) {
+            die("vkCreateComputePipelines", r);
+        }
+
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.json", argv[2], name);
+        FILE * out = fopen(path, "w");
+        if (!out) {
+            fprintf(stderr, "vk_pipeline_stats: cannot write %s\n", path);
+            return 1;
+        }
+        VkPipelineInfoKHR pinfo  = { VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR, NULL, pipe };
+        uint32_t          n_exec = 0;
+        get_exec(dev, &pinfo, &n_exec, NULL);
+        VkPipelineExecutablePropertiesKHR * ep = calloc(n_exec, sizeof(*ep));
+        for (uint32_t e = 0; e < n_exec; ++e) {
+            ep[e].sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR;
+        }
+        get_exec(dev, &pinfo, &n_exec, ep);
+        fprintf(out, "{\"executables\": [");
+        for (uint32_t e = 0; e < n_exec; ++e) {
+            fprintf(out, "%s{\"name\": ", e ? ", " : "");
+            json_string(out, ep[e].name);
+            fprintf(out, ", \"subgroup_size\": %u, \"statistics\": {", ep[e].subgroupSize);
+            VkPipelineExecutableInfoKHR einfo = { VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR, NULL, pipe, e };
+            uint32_t                    n_st  = 0;
+            get_stats(dev, &einfo, &n_st, NULL);
+            VkPipelineExecutableStatisticKHR * st = calloc(n_st, sizeof(*st));
+            for (uint32_t s = 0; s < n_st; ++s) {
+                st[s].sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR;
+            }
+            get_stats(dev, &einfo, &n_st, st);
+            for (uint32_t s = 0; s < n_st; ++s) {
+                fprintf(out, "%s", s ? ", " : "");
+                json_string(out, st[s].name);
+                switch (st[s].format) {
+                    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR:
+                        fprintf(out, ": %d", (int) st[s].value.b32);
+                        break;
+                    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR:
+                        fprintf(out, ": %lld", (long long) st[s].value.i64);
+                        break;
+                    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR:
+                        fprintf(out, ": %llu", (unsigned long long) st[s].value.u64);
+                        break;
+                    default:
+                        fprintf(out, ": %g", st[s].value.f64);
+                }
+            }
+            free(st);
+            fprintf(out, "}, \"representations\": [");
+            uint32_t n_ir = 0;
+            get_reprs(dev, &einfo, &n_ir, NULL);
+            VkPipelineExecutableInternalRepresentationKHR * ir = calloc(n_ir, sizeof(*ir));
+            for (uint32_t i = 0; i < n_ir; ++i) {
+                ir[i].sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INTERNAL_REPRESENTATION_KHR;
+            }
+            get_reprs(dev, &einfo, &n_ir, ir);
+            for (uint32_t i = 0; i < n_ir; ++i) {
+                ir[i].pData = calloc(1, ir[i].dataSize + 1);
+            }
+            get_reprs(dev, &einfo, &n_ir, ir);
+            for (uint32_t i = 0; i < n_ir; ++i) {
+                // the text goes to its own file, named by the representation ("Assembly" -> NAME.Assembly.txt)
+                char rname[VK_MAX_DESCRIPTION_SIZE];
+                snprintf(rname, sizeof rname, "%s", ir[i].name);
+                for (char * c = rname; *c; ++c) {
+                    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9'))) {
+                        *c = '_';
+                    }
+                }
+                snprintf(path, sizeof path, "%s/%s.%s.txt", argv[2], name, rname);
+                FILE * t = fopen(path, "w");
+                if (t) {
+                    fputs((const char *) ir[i].pData, t);
+                    fclose(t);
+                }
+                fprintf(out, "%s", i ? ", " : "");
+                json_string(out, rname);
+                free(ir[i].pData);
+            }
+            free(ir);
+            fprintf(out, "]}");
+        }
+        fprintf(out, "]}\n");
+        fclose(out);
+        free(ep);
+        vkDestroyPipeline(dev, pipe, NULL);
+        vkDestroyShaderModule(dev, module, NULL);
+        free(code);
+    }
+    fclose(jobs);
+    vkDestroyPipelineLayout(dev, layout, NULL);
+    vkDestroyDescriptorSetLayout(dev, dsl, NULL);
+    vkDestroyDevice(dev, NULL);
+    vkDestroyInstance(inst, NULL);
+    return 0;
+}

@@ -104,8 +104,9 @@ class Mark:
 class KernelModel:
     """One kernel path of one source file: its marks for nc columns and how it is compiled.
 
-    `source`: a file of csrc/ or, for upstream, the path under vendor/llama.cpp/ggml/. `flags(arch, cpu)`:
-    the compiler flags beyond -O3 -S. `marks(nc)`: the loops that make up the path at nc columns.
+    `source`: a file of csrc/ or, for upstream, the path under vendor/llama.cpp/ggml/. `cmake_object`: the
+    harness library's OBJECT library (root CMakeLists.txt, `${name}_<object>`) whose target flags the file is
+    compiled with (None: the baseline flags). `marks(nc)`: the loops that make up the path at nc columns.
     `substitutions(nc)`: (regex, replacement) edits of the copy's headers and source (a tile size made equal to
     nc, so an unrolled column loop holds exactly the columns that run)."""
 
@@ -114,23 +115,20 @@ class KernelModel:
     source: str
     upstream: bool
     marks: Callable[[int], tuple[Mark, ...]]
+    cmake_object: str | None = None
     substitutions: Callable[[int], tuple[tuple[str, str], ...]] = lambda nc: ()
-    measured_impl: str | None = None  # the name `bench kernels` (or "tq2_0": llama-bitcos-bench gamma) times
 
 
-def _x86_flags(kernel: str) -> list[str]:
-    """The harness library's target flags of a kernel file (root CMakeLists.txt: one OBJECT library per SIMD
-    kernel file; the portable kernel gets the baseline flags)."""
-    text = (REPO / "CMakeLists.txt").read_text()
-    base = ["-ffp-contract=off", "-DBITCOS_FMA=1", "-DNDEBUG"]
-    if kernel == "portable":
-        return base
+def cmake_object_flags(cmakelists: Path, obj: str) -> list[str]:
+    """The target flags of the harness library's OBJECT library `${name}_<obj>` (root CMakeLists.txt: one per
+    SIMD kernel build), beyond BITCOS_KERNEL_FLAGS."""
+    text = cmakelists.read_text()
     m = re.search(
-        r"target_compile_options\(\$\{name\}_" + kernel + r" PRIVATE \$\{BITCOS_KERNEL_FLAGS\}(.*?)\)", text, re.S
+        r"target_compile_options\(\$\{name\}_" + obj + r" PRIVATE \$\{BITCOS_KERNEL_FLAGS\}(.*?)\)", text, re.S
     )
     if not m:
-        raise McaError(f"CMakeLists.txt: no target flags for the {kernel} kernel object")
-    return base + m.group(1).split()
+        raise McaError(f"{cmakelists}: no target flags for the {obj} kernel object")
+    return m.group(1).split()
 
 
 def _portable_marks(nc: int) -> tuple[Mark, ...]:
@@ -218,6 +216,34 @@ def _x86_shape(nc: int) -> tuple[tuple[str, str], ...]:
     return (*_shape(nc), (r"(#define X86_TILE_COLS\s+)\d+", rf"\g<1>{max(2, nc + nc % 2)}"))
 
 
+def _neon_marks(nc: int) -> tuple[Mark, ...]:
+    if nc == 1:
+        # GEMV: a row's block per pass, each unit decoded straight into its dot products
+        return (
+            Mark("gemv-block", "neon_gemv_row", r"for \(int64_t b = 0; b < sh\.nby; \+\+b\)", lambda n, d: 1.0),
+            Mark("gemv-half", "neon_gemv_row", r"for \(int h = 0; h < halves; \+\+h\)", lambda n, d: 2.0),
+        )
+    # GEMM: a row's block decoded once, then every column
+    return (
+        Mark("gemm-block", "neon_gemm_row", r"for \(int64_t b = 0; b < sh\.nby; \+\+b\)", lambda n, d: 1.0),
+        Mark(
+            "gemm-decode-half",
+            "neon_gemm_row",
+            r"for \(int h = 0; h < halves; \+\+h\) \{\s*neon_decode",
+            lambda n, d: 2.0,
+        ),
+        Mark(
+            "gemm-column", "neon_gemm_row", r"for \(int c = 0; c < ncc; \+\+c\) \{\s*int32x4_t", lambda n, d: float(n)
+        ),
+        Mark(
+            "gemm-dot-half",
+            "neon_gemm_row",
+            r"for \(int h = 0; h < halves; \+\+h\) \{\s*neon_dot",
+            lambda n, d: 2.0 * n,
+        ),
+    )
+
+
 def _tq2_marks(nc: int) -> tuple[Mark, ...]:
     # one vec_dot per row and column, a 256-weight block per pass
     return (
@@ -226,12 +252,14 @@ def _tq2_marks(nc: int) -> tuple[Mark, ...]:
 
 
 MODELS: Final = (
-    KernelModel("portable", "aarch64", "bitcos-kernels-portable.c", False, _portable_marks, _shape, "portable"),
-    KernelModel("tq2_0", "aarch64", UPSTREAM_QUANTS["aarch64"], True, _tq2_marks, measured_impl="tq2_0"),
-    KernelModel("avx512", "x86_64", "bitcos-kernels-avx512.c", False, _avx512_marks, _x86_shape, "avx512"),
-    KernelModel("avx2", "x86_64", "bitcos-kernels-avx2.c", False, _avx2_marks, _x86_shape, "avx2"),
-    KernelModel("portable", "x86_64", "bitcos-kernels-portable.c", False, _portable_marks, _shape, "portable"),
-    KernelModel("tq2_0", "x86_64", UPSTREAM_QUANTS["x86_64"], True, _tq2_marks, measured_impl="tq2_0"),
+    KernelModel("neon", "aarch64", "bitcos-kernels-neon.c", False, _neon_marks, "neon", _shape),
+    KernelModel("neon-dotprod", "aarch64", "bitcos-kernels-neon.c", False, _neon_marks, "neon_dotprod", _shape),
+    KernelModel("portable", "aarch64", "bitcos-kernels-portable.c", False, _portable_marks, None, _shape),
+    KernelModel("tq2_0", "aarch64", UPSTREAM_QUANTS["aarch64"], True, _tq2_marks),
+    KernelModel("avx512", "x86_64", "bitcos-kernels-avx512.c", False, _avx512_marks, "avx512", _x86_shape),
+    KernelModel("avx2", "x86_64", "bitcos-kernels-avx2.c", False, _avx2_marks, "avx2", _x86_shape),
+    KernelModel("portable", "x86_64", "bitcos-kernels-portable.c", False, _portable_marks, None, _shape),
+    KernelModel("tq2_0", "x86_64", UPSTREAM_QUANTS["x86_64"], True, _tq2_marks),
 )
 # Kernel files of csrc/ that are no hot loop of their own (the reference, the kernel table) or not for a CPU
 # modelled here; any other bitcos-kernels-*.c without a model is reported as not modelled.
@@ -440,16 +468,28 @@ def natural_loops(cfg: Cfg) -> list[frozenset[int]]:
 
 
 def tick_positions(items: list[AsmItem]) -> list[tuple[int, str, int | None]]:
-    """(instruction index after the marker, mark name, selected value or None) of every marker."""
+    """(instruction the marker sits with, mark name, selected value or None) of every marker: the next
+    instruction, or the previous one when a label comes first (the marker ends a block that falls through
+    into the label, e.g. the preheader of a loop that starts right after it)."""
     out = []
     n = 0
+    pending: list[tuple[str, int | None]] = []
+    label_seen = False
     for it in items:
         if it.kind == "insn":
+            out.extend((max(n - 1, 0) if label_seen else n, name, value) for name, value in pending)
+            pending, label_seen = [], False
             n += 1
-        elif it.kind == "tick":
+        elif it.kind == "label":
+            label_seen = bool(pending)
+        else:
             parts = it.text.split()
             value = int(parts[1]) if len(parts) > 1 and re.fullmatch(r"-?\d+", parts[1]) else None
-            out.append((n, parts[0], value))
+            if label_seen:  # a marker after the label: the labelled block's
+                out.extend((max(n - 1, 0), name, v) for name, v in pending)
+                pending, label_seen = [], False
+            pending.append((parts[0], value))
+    out.extend((max(n - 1, 0), name, value) for name, value in pending)
     return out
 
 
@@ -487,7 +527,7 @@ def find_instance(
         loops = natural_loops(cfg)
         groups: dict[frozenset[int], int] = {}
         for at, _, _ in ticks:
-            blk = cfg.block_of(min(at, len(insns) - 1))
+            blk = cfg.block_of(at)
             inside = [lp for lp in loops if blk in lp]
             if inside:
                 key = min(inside, key=len)
@@ -505,9 +545,9 @@ def find_instance(
     insns = instructions(items)
     cfg = build_cfg(items)
     ticks = tick_positions(items)
-    marked_blocks = {cfg.block_of(min(at, len(insns) - 1)) for at, name, _ in ticks if name in names}
+    marked_blocks = {cfg.block_of(at) for at, name, _ in ticks if name in names}
     # blocks of a path the modelled case does not run (its mark counts 0 passes, or its selected value is 0)
-    not_run = {cfg.block_of(min(at, len(insns) - 1)) for at, name, value in ticks if name in never or value == 0}
+    not_run = {cfg.block_of(at) for at, name, value in ticks if name in never or value == 0}
     skip: set[int] = set(not_run & blocks) if not_run & blocks != blocks else set()
     notes: list[str] = []
     for lp in natural_loops(cfg):
@@ -598,14 +638,18 @@ def compiler_for(arch: str, x86_cc: str) -> str:
     return cc
 
 
-def compile_flags(model: KernelModel, cpu: str) -> list[str]:
-    """-O3 plus: aarch64, a native build of `cpu` (-mcpu); x86-64, the harness library's flags (BITCOS) or
-    x86-64-v4 (TQ2_0's AVX2 vec_dot in an AVX-512 build, as GGML_NATIVE makes on these cores)."""
+def compile_flags(model: KernelModel, cpu: str, cmakelists: Path) -> list[str]:
+    """-O3 -DNDEBUG plus, on aarch64: a native build of `cpu` (-mcpu), or for a kernel built per ISA level
+    (cmake_object) that object's flags (e.g. -march=armv8.2-a+dotprod) tuned for `cpu` (-mtune). On x86-64:
+    the harness library's flags (BITCOS_FMA=1, as the measured library), or x86-64-v4 for TQ2_0 (its AVX2
+    vec_dot in an AVX-512 build, what GGML_NATIVE makes on these cores). Kernel files: -ffp-contract=off."""
+    out = ["-O3", "-DNDEBUG"] + ([] if model.upstream else ["-ffp-contract=off"])
+    obj = cmake_object_flags(cmakelists, model.cmake_object) if model.cmake_object else []
     if model.arch == "aarch64":
-        return ["--target=aarch64-linux-gnu", f"-mcpu={cpu}", "-O3", "-ffp-contract=off", "-DNDEBUG"]
+        return ["--target=aarch64-linux-gnu", *out, *(obj + [f"-mtune={cpu}"] if obj else [f"-mcpu={cpu}"])]
     if model.upstream:
-        return ["-O3", "-march=x86-64-v4", "-DNDEBUG"]
-    return ["-O3", *_x86_flags(model.name)]
+        return [*out, "-march=x86-64-v4"]
+    return [*out, "-DBITCOS_FMA=1", *obj]
 
 
 def stage_upstream(dest: Path) -> Path:
@@ -756,7 +800,7 @@ def run_models(
                 for nc in ncs:
                     staged, includes = staged_source(model, nc, csrc, ggml, work)
                     for cpu in cpus[arch]:
-                        flags = compile_flags(model, cpu)
+                        flags = compile_flags(model, cpu, csrc.parent / "CMakeLists.txt")
                         key = (nc, tuple(flags))
                         if key not in asm_cache:
                             asm_cache[key] = compile_asm(cc, staged, flags, includes)
@@ -857,7 +901,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cpus = _cpus_of(args, arches)
     try:
-        preds, compilers = run_models(arches, cpus, args.nc, args.csrc, args.x86_cc, log=print)
+        preds, compilers = run_models(
+            arches, cpus, args.nc, args.csrc, args.x86_cc, log=lambda m: print(m, file=sys.stderr)
+        )
     except McaError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

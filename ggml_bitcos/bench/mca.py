@@ -56,13 +56,13 @@ CPUS: Final = {
 }
 CPU_NOTES: Final = {
     "apple-a14": "Apple M1 / A14 performance core (Firestorm); LLVM 19 has no apple-m1 model",
-    "apple-m4": "Apple M4 performance core",
+    "apple-m4": "Apple M4 performance core; LLVM 19 schedules it with apple-a14's model (same numbers)",
     "neoverse-v2": "AWS Graviton4, NVIDIA Grace",
     "cortex-a76": "Raspberry Pi 5, many Android phones",
-    "sapphirerapids": "Intel Xeon 4th gen (this VM's kind of core)",
+    "sapphirerapids": "Intel Xeon 4th gen (the nearest model of the dev VM's Xeon with AMX)",
     "icelake-server": "Intel Xeon 3rd gen",
     "znver4": "AMD Zen 4",
-    "znver5": "AMD Zen 5",
+    "znver5": "AMD Zen 5; LLVM 19 schedules it with znver4's model (same numbers)",
 }
 TRIPLES: Final = {"aarch64": "aarch64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
 # The assembler comment that starts a marker's text, per architecture.
@@ -207,8 +207,14 @@ def _avx2_marks(nc: int) -> tuple[Mark, ...]:
 
 
 def _shape(nc: int) -> tuple[tuple[str, str], ...]:
-    # the modelled shape: k a multiple of 256, so every Q8_K block has two 128-weight halves
-    return ((r"(const int\s+halves\s*=)[^;]*;", r"\g<1> 2;"),)
+    # the modelled case: k a multiple of 256 (every Q8_K block has two whole 128-weight units: no partial-unit
+    # copy) and row scales (the MATRIX variant `--measure` times): the other paths are not compiled in
+    return (
+        (r"(const int\s+halves\s*=)[^;]*;", r"\g<1> 2;"),
+        (r"\bw->k\s*%\s*QK_BITCOS\b", "0"),
+        (r"\bw->row_scale\s*!=\s*NULL\b", "1"),
+        (r"\bw->row_scale\s*==\s*NULL\b", "0"),
+    )
 
 
 def _x86_shape(nc: int) -> tuple[tuple[str, str], ...]:
@@ -341,6 +347,7 @@ class AsmItem:
 BRANCH_MNEMONICS: Final = re.compile(r"^(j[a-z]+|b|b\.[a-z]+|b[a-z]{2}|cbn?z|tbn?z)$")
 JUMP_MNEMONICS: Final = ("jmp", "jmpq", "b", "br")  # no fall-through
 RETURN_MNEMONICS: Final = ("ret", "retq")
+CALL_MNEMONICS: Final = ("call", "callq", "bl", "blr")
 
 
 def parse_functions(asm: str, comment: str = "#") -> dict[str, list[AsmItem]]:
@@ -558,6 +565,10 @@ def find_instance(
                 notes.append(f"{fname}: an inner loop of {size} instructions without a marker left out")
     keep = sorted(blocks - skip)
     body = [insns[i] for k in keep for i in range(cfg.blocks[k][0], cfg.blocks[k][1] + 1)]
+    calls = [s for s in body if s.split()[0] in CALL_MNEMONICS]
+    if calls:  # a library call (memcpy of a cold path): llvm-mca would charge it 100 cycles
+        notes.append(f"{fname}: {len(calls)} call(s) left out ({', '.join(sorted(set(calls)))})")
+        body = [s for s in body if s.split()[0] not in CALL_MNEMONICS]
     return Instance(fname, blocks, count, body, notes)
 
 
@@ -809,16 +820,67 @@ def run_models(
 
 
 # ------------------------------------------------------------------------------------------ measuring
-def measure_x86(ncs: list[int], rows: int = 64, k: int = 2048, z: float = 0.4, reps: int = 400) -> dict[tuple, float]:
-    """This machine's TSC ticks per 32 weights per column (min over repeats): `bench kernels` on MATRIX
-    (rows x k, z) for each BITCOS kernel of the harness library, and TQ2_0's vec_dot from llama-bitcos-bench
-    gamma (one column; a vec_dot per column, so the same per column at any nc). Keys (kernel, nc)."""
+# A dependent chain of 3-cycle multiplies (imul r64, imm: 3 cycles of latency on every x86-64 core of the last
+# fifteen years), timed with rdtsc: TSC ticks per core cycle, the minimum over short runs (a run the VM or
+# another process interrupts is slower, never faster). An add-immediate chain would not do: newer Intel cores
+# fold dependent immediate adds in the renamer.
+CLOCK_PROBE_C: Final = r"""
+#include <stdio.h>
+#include <x86intrin.h>
+int main(void) {
+    double best = 1e9;
+    for (int rep = 0; rep < 2000; ++rep) {
+        long x = 1, n = 200;
+        unsigned long long t0 = __rdtsc();
+        __asm__ volatile("1:\n.rept 100\nimul $3, %0, %0\n.endr\ndec %1\njnz 1b\n" : "+r"(x), "+r"(n));
+        unsigned long long t1 = __rdtsc();
+        double r = (double) (t1 - t0) / (200.0 * 100 * 3);
+        if (r < best) best = r;
+    }
+    printf("%.4f\n", best);
+    return 0;
+}
+"""
+
+
+def tsc_ticks_per_core_cycle(cc: str = "gcc") -> float:
+    """TSC ticks per core cycle of this x86-64 machine (CLOCK_PROBE_C compiled and run): below 1 when the core
+    runs above the TSC rate (turbo), so measured ticks / this = core cycles, what llvm-mca predicts."""
+    with tempfile.TemporaryDirectory(prefix="bitcos-clock-") as td:
+        src, exe = Path(td) / "clock.c", Path(td) / "clock"
+        src.write_text(CLOCK_PROBE_C)
+        r = subprocess.run([cc, "-O2", str(src), "-o", str(exe)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise McaError(f"compiling the clock probe failed:\n{r.stderr[-2000:]}")
+        return float(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """This machine's measured cost per 32 weights per column (min over repeats), keyed (kernel, nc), in TSC
+    ticks, and the TSC ticks per core cycle that convert them to core cycles."""
+
+    ticks: dict[tuple[str, int], float]
+    ticks_per_cycle: float
+
+    def cycles(self, kernel: str, nc: int) -> float | None:
+        t = self.ticks.get((kernel, nc))
+        return t / self.ticks_per_cycle if t is not None else None
+
+
+def measure_x86(
+    ncs: list[int], rows: int = 64, k: int = 2048, z: float = 0.4, reps: int = 400, cc: str = "gcc"
+) -> Measured:
+    """This machine's cost per 32 weights per column: `bench kernels` on MATRIX (rows x k, z, min of reps) for
+    each BITCOS kernel of the harness library, TQ2_0's vec_dot from llama-bitcos-bench gamma (one column; a
+    vec_dot per column, so the same per column at any nc; left out without the patched llama.cpp), and the
+    TSC ticks per core cycle."""
     from ggml_bitcos import harness
     from ggml_bitcos.bench.common import run_tool
     from ggml_bitcos.bench.kernels import measure
     from ggml_bitcos.format import Variant
 
-    out: dict[tuple, float] = {}
+    out: dict[tuple[str, int], float] = {}
     impls = [i for i in ("avx512", "avx2", "portable") if harness.available(i, True)]
     for t in measure(impls, Variant.MATRIX, rows, k, ncs, [z], reps):
         out[(t.impl, t.nc)] = t.cycles_per_32_min
@@ -828,7 +890,7 @@ def measure_x86(ncs: list[int], rows: int = 64, k: int = 2048, z: float = 0.4, r
             out[("tq2_0", nc)] = tq
     except Exception:  # no patched llama.cpp installed: BITCOS kernels only
         pass
-    return out
+    return Measured(out, tsc_ticks_per_core_cycle(cc))
 
 
 # ------------------------------------------------------------------------------------------ output
@@ -837,13 +899,13 @@ def ratio_to_tq2(preds: list[Prediction], p: Prediction) -> float | None:
     return p.cycles_per_32 / ref.cycles_per_32 if ref is not None and ref.cycles_per_32 > 0 else None
 
 
-def format_table(preds: list[Prediction], arch: str, measured: dict[tuple, float] | None = None) -> str:
+def format_table(preds: list[Prediction], arch: str, measured: Measured | None = None) -> str:
     """One line per (CPU, nc, kernel): predicted cycles per 32 weights (all columns, per column), static
-    instructions per 32 weights, the ratio to TQ2_0 at the same nc; with `measured`, this machine's ticks per
-    32 weights per column and predicted / measured."""
+    instructions per 32 weights, the ratio to TQ2_0 at the same nc; with `measured`, this machine's measured
+    TSC ticks and core cycles per 32 weights per column and predicted / measured (cycles)."""
     head = f"{'cpu':<15} {'nc':>3} {'kernel':<14} {'cyc/32w':>8} {'per col':>8} {'insn/32w':>9} {'vs TQ2_0':>9}"
     if measured is not None:
-        head += f" {'measured':>9} {'pred/meas':>9}"
+        head += f" {'ticks':>7} {'meas.cyc':>8} {'pred/meas':>9}"
     lines = [head, "-" * len(head)]
     rows = [p for p in preds if p.arch == arch]
     for cpu in dict.fromkeys(p.cpu for p in rows):
@@ -855,8 +917,12 @@ def format_table(preds: list[Prediction], arch: str, measured: dict[tuple, float
                     f"{p.instructions_per_32:9.1f} {('%.2fx' % r) if r is not None else '-':>9}"
                 )
                 if measured is not None:
-                    m = measured.get((p.kernel, nc))
-                    line += f" {m:9.2f} {p.cycles_per_32_per_column / m:8.2f}x" if m else f" {'-':>9} {'-':>9}"
+                    m = measured.cycles(p.kernel, nc)
+                    line += (
+                        f" {measured.ticks[(p.kernel, nc)]:7.2f} {m:8.2f} {p.cycles_per_32_per_column / m:8.2f}x"
+                        if m
+                        else f" {'-':>7} {'-':>8} {'-':>9}"
+                    )
                 lines.append(line)
     return "\n".join(lines)
 
@@ -912,7 +978,7 @@ def run(args: argparse.Namespace) -> int:
         from ggml_bitcos import harness
 
         try:
-            measured = measure_x86(args.nc)
+            measured = measure_x86(args.nc, cc=args.x86_cc)
         except harness.KernelLibraryNotFound as e:
             print(f"# --measure: {e}", file=sys.stderr)
     missing = unmodelled_kernel_files(args.csrc)
@@ -924,7 +990,9 @@ def run(args: argparse.Namespace) -> int:
             rec["ratio_to_tq2_0"] = ratio_to_tq2(preds, p)
             rec["compiler"] = compilers[p.arch]
             if measured is not None and p.arch == "x86_64":
-                rec["measured_ticks_per_32_per_column"] = measured.get((p.kernel, p.nc))
+                rec["measured_ticks_per_32_per_column"] = measured.ticks.get((p.kernel, p.nc))
+                rec["measured_cycles_per_32_per_column"] = measured.cycles(p.kernel, p.nc)
+                rec["tsc_ticks_per_core_cycle"] = measured.ticks_per_cycle
             recs.append(rec)
         print(json.dumps({"predictions": recs, "not_modelled": missing}, indent=1))
         return 0
@@ -940,7 +1008,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             "32 weights, BITCOS / TQ2_0 cycles at the same nc"
             + (
-                "; measured: this machine's TSC ticks per 32 weights per column (min)"
+                "; measured: this machine's core cycles per 32 weights per column (min of `bench kernels`' TSC "
+                f"ticks / {measured.ticks_per_cycle:.3f} TSC ticks per core cycle)"
                 if measured and arch == "x86_64"
                 else ""
             )

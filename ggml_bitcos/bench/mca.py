@@ -927,6 +927,22 @@ def format_table(preds: list[Prediction], arch: str, measured: Measured | None =
     return "\n".join(lines)
 
 
+def format_loops(preds: list[Prediction], arch: str) -> str:
+    """The loops behind each prediction of `arch`: where they are, their size and their llvm-mca cycles."""
+    lines = [
+        f"\n{'cpu':<15} {'nc':>3} {'kernel':<14} {'function':<36} {'marks':<28} {'insns':>5} {'passes':>6} "
+        f"{'cyc/pass':>8} {'bound':>6}"
+    ]
+    for p in (q for q in preds if q.arch == arch):
+        for lp in p.loops:
+            lines.append(
+                f"{p.cpu:<15} {p.nc:>3} {p.kernel:<14} {lp['function'][:36]:<36} {','.join(lp['marks'])[:28]:<28} "
+                f"{lp['instructions']:>5} {lp['passes_per_block']:>6.3g} {lp['cycles_per_pass']:>8.2f} "
+                f"{lp['block_rthroughput']:>6.1f}"
+            )
+    return "\n".join(lines)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--arch",
@@ -950,6 +966,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(llama-bitcos-bench gamma) and print predicted / measured",
     )
     p.add_argument("--json", action="store_true", help="print JSON records instead of the tables")
+    p.add_argument(
+        "--loops",
+        action="store_true",
+        help="after each table, the loops of every prediction: compiled function, marks, instructions, "
+        "passes per 256 weights, llvm-mca cycles per pass and its resource bound (Block RThroughput)",
+    )
 
 
 def _cpus_of(args: argparse.Namespace, arches: list[str]) -> dict[str, list[str]]:
@@ -1015,6 +1037,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         print(format_table(preds, arch, measured if arch == "x86_64" else None))
+        if args.loops:
+            print(format_loops(preds, arch))
         for cpu in cpus[arch]:
             if cpu in CPU_NOTES:
                 print(f"  {cpu}: {CPU_NOTES[cpu]}")

@@ -272,3 +272,12 @@ def test_bench_mca_real(llvm_mca: str) -> None:
             assert four["ratio_to_tq2_0"] == pytest.approx(1.0)
         else:
             assert four["cycles_per_32_per_column"] < one_col["cycles_per_32_per_column"], (four, one_col)
+
+
+def test_cpus_by_architecture(llvm_mca: str) -> None:
+    """--cpus goes to the architecture whose llvm-mca knows each name; apple-m1 is LLVM 19's apple-a14."""
+    got = mca.cpus_for("apple-m1,znver4,neoverse-v2", ["aarch64", "x86_64"], llvm_mca)
+    assert got == {"aarch64": ["apple-a14", "neoverse-v2"], "x86_64": ["znver4"]}
+    assert mca.cpus_for(None, ["x86_64"], llvm_mca) == {"x86_64": list(mca.CPUS["x86_64"])}
+    with pytest.raises(mca.McaError, match="no CPU foo"):
+        mca.cpus_for("foo", ["aarch64"], llvm_mca)

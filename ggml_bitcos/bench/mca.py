@@ -954,7 +954,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="comma list of llvm-mca -mcpu names (default: "
         + "; ".join(f"{a}: {','.join(c)}" for a, c in CPUS.items())
-        + "); each applies to the architectures whose llvm-mca knows it",
+        + "); each goes to the architecture whose llvm-mca knows it (apple-m1: apple-a14)",
     )
     p.add_argument("--nc", type=parse_ints, default=[1, 4], help="activation columns, comma list (default 1,4)")
     p.add_argument("--x86-cc", default="gcc", help="compiler of the x86-64 kernels (default gcc, as the harness)")
@@ -974,11 +974,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _cpus_of(args: argparse.Namespace, arches: list[str]) -> dict[str, list[str]]:
-    if args.cpus is None:
+# Names a reader may use for a core LLVM 19 knows by another name.
+CPU_ALIASES: Final = {"apple-m1": "apple-a14"}
+
+
+def known_cpus(mca: str, arch: str) -> set[str]:
+    """The -mcpu names llvm-mca knows for an architecture (from its -mcpu=help)."""
+    r = subprocess.run([mca, f"-mtriple={TRIPLES[arch]}", "-mcpu=help"], capture_output=True, text=True)
+    return set(re.findall(r"^\s+([\w.-]+)\s+- Select the", r.stdout + r.stderr, re.M))
+
+
+def cpus_for(wanted: str | None, arches: list[str], mca: str) -> dict[str, list[str]]:
+    """The CPUs of each architecture: the defaults (CPUS), or the comma list `wanted` split by the
+    architecture whose llvm-mca knows each name (aliases such as apple-m1 resolved); McaError for a name no
+    architecture knows."""
+    if wanted is None:
         return {a: list(CPUS[a]) for a in arches}
-    wanted = [c.strip() for c in args.cpus.split(",") if c.strip()]
-    return {a: [c for c in wanted if c in CPUS[a] or c not in sum(map(list, CPUS.values()), [])] for a in arches}
+    names = [CPU_ALIASES.get(c.strip(), c.strip()) for c in wanted.split(",") if c.strip()]
+    known = {a: known_cpus(mca, a) for a in arches}
+    unknown = [c for c in names if not any(c in known[a] for a in arches)]
+    if unknown:
+        raise McaError(f"llvm-mca knows no CPU {', '.join(unknown)} for {', '.join(arches)}")
+    return {a: [c for c in dict.fromkeys(names) if c in known[a]] for a in arches}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -987,8 +1004,10 @@ def run(args: argparse.Namespace) -> int:
     if bad or not args.nc or min(args.nc) < 1:
         print(f"error: --arch must be a list of {', '.join(CPUS)} and --nc positive", file=sys.stderr)
         return 2
-    cpus = _cpus_of(args, arches)
     try:
+        if llvm_mca_path() is None:
+            raise McaError("llvm-mca not found (Debian: apt-get install llvm-19)")
+        cpus = cpus_for(args.cpus, arches, llvm_mca_path() or "")
         preds, compilers = run_models(
             arches, cpus, args.nc, args.csrc, args.x86_cc, log=lambda m: print(m, file=sys.stderr)
         )

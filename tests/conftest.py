@@ -201,3 +201,19 @@ def aarch64_llama() -> Path:
     except build.BuildError as e:
         pytest.fail(str(e))
     return target
+
+
+@pytest.fixture(scope="session")
+def llvm_mca() -> str:
+    """llvm-mca and clang 19 for the static model (`ggml-bitcos bench mca`): the llvm-mca path; skips without
+    them (fails instead under BITCOS_REQUIRE_MCA=1, as CI sets it: scripts/install.sh installs both)."""
+    import os
+
+    from ggml_bitcos.bench import mca
+
+    path = mca.llvm_mca_path()
+    if path is None or mca.find_tool(("clang-19", "clang")) is None:
+        if os.environ.get("BITCOS_REQUIRE_MCA") == "1":
+            pytest.fail("llvm-mca or clang is missing but BITCOS_REQUIRE_MCA=1")
+        pytest.skip("no llvm-mca / clang (apt-get install llvm-19 clang-19)")
+    return path

@@ -20,11 +20,15 @@
                  AMD ISA from Mesa RADV's null device, and (``--budget``) the per-GPU instruction budget with the
                  predicted BITCOS / TQ2_0 speed (a static prediction).
 * ``kernels``  — the BITCOS kernel microbenchmark (ggml_bitcos.bench.kernels).
+* ``mca``      — a static model, not a measurement: llvm-mca on the compiled hot loops of every CPU kernel
+                 file (aarch64 and x86-64) and of upstream's TQ2_0 vec_dot, cycles per 32 weights at 1 and
+                 several columns on CPUs this machine is not (Apple, Neoverse, Cortex-A, Zen), with the
+                 model's error against this machine's measured ticks (--measure).
 
 Every ratio printed is measured in the same invocation; nothing here asserts a timing.
 """
 
-# One module per benchmark (gemv, roofline, e2e, gpu, gpu_isa, kernels; codec: the numpy codec's throughput, run with
+# One module per benchmark (gemv, roofline, e2e, gpu, gpu_isa, mca, kernels; codec: the numpy codec's throughput, run with
 # `python -m ggml_bitcos.bench.codec`) and common.py for what they share. The modules are imported in
 # register() only, so `python -m ggml_bitcos.bench.kernels` runs its module once.
 
@@ -34,16 +38,16 @@ import argparse
 import importlib
 
 # `bench` subcommands in the order `--help` lists them, each a module with add_parser(subparsers)
-BENCH_MODULES = ("gemv", "roofline", "bandwidth", "e2e", "batched", "gpu", "gpu_isa")
+BENCH_MODULES = ("gemv", "roofline", "bandwidth", "e2e", "batched", "gpu", "gpu_isa", "mca")
 # needs the kernel harness binding; left out of the CLI when that cannot be imported
 OPTIONAL_BENCH_MODULES = ("kernels",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Adds `bench` with its gemv, roofline, bandwidth, e2e, batched, gpu, gpu-isa and kernels subcommands (CLI registration, see cli.py)."""
+    """Adds `bench` with its gemv, roofline, bandwidth, e2e, batched, gpu, gpu-isa, mca and kernels subcommands (CLI registration, see cli.py)."""
     p = subparsers.add_parser(
         "bench",
-        help="benchmarks: gemv, roofline, bandwidth, e2e, batched, gpu, gpu-isa, kernels",
+        help="benchmarks: gemv, roofline, bandwidth, e2e, batched, gpu, gpu-isa, mca, kernels",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -111,9 +111,15 @@ bool fits_shader(const vk_device & device, const ggml_tensor * t) {
 
 } // namespace
 
-bool ggml_vk_bitcos_exact() {
-    const char * v = getenv("GGML_BITCOS_VULKAN_EXACT");
+static bool env_is_1(const char * name) {
+    const char * v = getenv(name);
     return v != nullptr && strcmp(v, "1") == 0;
+}
+
+// The fast shader is opt-in until it has passed the lavapipe tests (its pipelines take lavapipe 13-21 s each to
+// compile, against 0.8 s for the exact one; docs/PERFORMANCE.md §5).
+bool ggml_vk_bitcos_exact() {
+    return env_is_1("GGML_BITCOS_VULKAN_EXACT") || !env_is_1("GGML_BITCOS_VULKAN_FAST");
 }
 
 ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc) {

@@ -67,24 +67,18 @@ void workgroup_exclusive_scan(inout uint v[NUM_ROWS], const uint tid) {
         v[n] = incl[n] - v[n];
     }
 #else
-    // Hillis-Steele in shared memory (devices without subgroup arithmetic)
+    // devices without subgroup arithmetic: one barrier, then each invocation adds the counts before its own
+    // (once per row per workgroup; few barriers also keep lavapipe's shader compile short)
     [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
         scan_sh[n][tid] = v[n];
     }
     barrier();
-    for (uint d = 1; d < BLOCK_SIZE; d *= 2) {
-        uint add[NUM_ROWS];
-        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
-            add[n] = tid >= d ? scan_sh[n][tid - d] : 0u;
-        }
-        barrier();
-        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
-            scan_sh[n][tid] += add[n];
-        }
-        barrier();
-    }
     [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
-        v[n] = scan_sh[n][tid] - v[n];
+        uint before = 0;
+        for (uint t = 0; t < tid; ++t) {
+            before += scan_sh[n][t];
+        }
+        v[n] = before;
     }
 #endif
 }

@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -35,11 +37,21 @@ size_t type_index(ggml_type type) {
     return type == GGML_TYPE_BITCOS_G128 ? 0 : type == GGML_TYPE_BITCOS_PT ? 1 : 2;
 }
 
-const ggml_vk_bitcos_shader mat_vec_shaders[N_TYPES][2][SHADER_REDUCTION_MODE_COUNT] = {
-    // [type][id][reduc]
-    { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_g128_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_f32_f32) },
-    { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_f32_f32) },
-    { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_f32_f32) },
+// [exact][type][id][reduc]: the fast shader (mul_mat_vec_bitcos_fast.comp) and the exact one
+// (mul_mat_vec_bitcos.comp, TQ2_0's arithmetic)
+const ggml_vk_bitcos_shader mat_vec_shaders[2][N_TYPES][2][SHADER_REDUCTION_MODE_COUNT] = {
+    {
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_g128_fast_f32_f32),
+          BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_fast_f32_f32) },
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_fast_f32_f32),
+          BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_fast_f32_f32) },
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_fast_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_fast_f32_f32) },
+    },
+    {
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_g128_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_f32_f32) },
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_f32_f32) },
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_f32_f32) },
+    },
 };
 
 #undef BITCOS_VK_SHADERS
@@ -99,9 +111,20 @@ bool fits_shader(const vk_device & device, const ggml_tensor * t) {
 
 } // namespace
 
+static bool env_is_1(const char * name) {
+    const char * v = getenv(name);
+    return v != nullptr && strcmp(v, "1") == 0;
+}
+
+// The fast shader is opt-in until its end-to-end lavapipe test has run (its pipelines take lavapipe 13-21 s each
+// to compile, against 0.8 s for the exact one; docs/PERFORMANCE.md §5).
+bool ggml_vk_bitcos_exact() {
+    return env_is_1("GGML_BITCOS_VULKAN_EXACT") || !env_is_1("GGML_BITCOS_VULKAN_FAST");
+}
+
 ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc) {
     GGML_ASSERT(reduc < SHADER_REDUCTION_MODE_COUNT);
-    return mat_vec_shaders[type_index(type)][id][reduc];
+    return mat_vec_shaders[ggml_vk_bitcos_exact()][type_index(type)][id][reduc];
 }
 
 ggml_vk_bitcos_shader ggml_vk_bitcos_mul_mm_shader(ggml_type type) {

@@ -1,0 +1,237 @@
+#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types_int32 : require
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_arithmetic : enable
+
+// BITCOS mat-vec (MUL_MAT with 1..8 columns, MUL_MAT_ID), the fast decode shader, opt-in with
+// GGML_BITCOS_VULKAN_FAST=1 (docs/PERFORMANCE.md §5). mul_mat_vec_bitcos.comp, the default, mirrors TQ2_0's
+// arithmetic bit for bit; this one is
+// built for few instructions per weight and rounds differently (f32 fmas in another order: results within
+// test-backend-ops' NMSE bound for TQ2_0, not bit-identical).
+//
+// Partition: each invocation owns one contiguous run of 32-weight bitmap words of the row (the same run in
+// every row and column of the workgroup), so a row's sign cursor is found once per row: every invocation
+// popcounts its run, one exclusive scan over the workgroup gives the signs before it, and from there it walks
+// its run with a running cursor. Per word and row: one 32-sign window from the pool (two u32 words, funnel
+// shift); per 4 weights: the presence nibble and the window's next 4 signs index a 256-entry table in shared
+// memory (bitcos_nibble_codes.glsl) that returns the 4 codes as a vec4, and the cursor advances by the
+// nibble's popcount. The codes of a word serve every column, its activations every row.
+//
+// Same bindings, push constants, specialization constants and workgroup grid as mul_mat_vec_bitcos.comp
+// (ggml-vulkan creates either with TQ2_0's geometry); the same generator defines.
+
+// gpu-isa: weights-per-iteration = 32 * NUM_ROWS; inner-trips =
+#define QUANT_K 1
+
+#include "mul_mat_vec_base.glsl"
+
+layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
+
+layout (binding = BITCOS_COMPANION_BINDING) readonly buffer C {uint data_c[];};
+#if !defined(BITCOS_G128)
+// PT and version-2 rows are K/8 bytes with K % 32 == 0: their bitmap words are u32-aligned (G128's 18-byte
+// blocks are not, so G128 reads two u16)
+layout (binding = 0) readonly buffer A32 {uint data_a32[];};
+#endif
+
+FLOAT_TYPE temp[NUM_COLS][NUM_ROWS];
+
+#include "bitcos_decode.glsl"
+#include "bitcos_nibble_codes.glsl"
+
+shared vec4 codes_sh[256];
+shared uint scan_sh[NUM_ROWS][BLOCK_SIZE];
+
+// Exclusive prefix sum of v[n] over the workgroup's invocations, per row n (workgroup-uniform control flow).
+void workgroup_exclusive_scan(inout uint v[NUM_ROWS], const uint tid) {
+#if USE_SUBGROUP_ADD || USE_SUBGROUP_ADD_NO_SHMEM
+    // one subgroup scan; the subgroups' totals through shared memory when the workgroup has several
+    uint incl[NUM_ROWS];
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        incl[n] = subgroupInclusiveAdd(v[n]);
+    }
+    if (gl_NumSubgroups > 1) {
+        if (gl_SubgroupInvocationID == gl_SubgroupSize - 1) {
+            [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+                scan_sh[n][gl_SubgroupID] = incl[n];
+            }
+        }
+        barrier();
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            uint before = 0;
+            for (uint s = 0; s < gl_SubgroupID; ++s) {
+                before += scan_sh[n][s];
+            }
+            incl[n] += before;
+        }
+    }
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        v[n] = incl[n] - v[n];
+    }
+#else
+    // devices without subgroup arithmetic: one barrier, then each invocation adds the counts before its own
+    // (once per row per workgroup; few barriers also keep lavapipe's shader compile short)
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        scan_sh[n][tid] = v[n];
+    }
+    barrier();
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        uint before = 0;
+        for (uint t = 0; t < tid; ++t) {
+            before += scan_sh[n][t];
+        }
+        v[n] = before;
+    }
+#endif
+}
+
+// 32-bit bitmap word w of the row whose first u16 is data_a[row_u16_0]
+uint row_word(const uint row_u16_0, const uint w) {
+#if defined(BITCOS_G128)
+    return bitmap_word(row_u16_0 + (w / 4) * BITCOS_BLOCK_U16, w % 4);
+#else
+    return data_a32[row_u16_0 / 2 + w];
+#endif
+}
+
+// 32 signs from pool bit pos on (bit j: the sign of the j-th non-zero weight from pos, 1 = negative). The word
+// after the last one the row uses is always readable: the pool is followed by BITCOS_POOL_TAIL_BYTES zeros.
+uint sign_window(const uint pool_word0, const uint pos) {
+    const uint i  = pool_word0 + (pos >> 5);
+    const uint sh = pos & 31u;
+    return (data_c[i] >> sh) | ((data_c[i + 1] << 1) << (31u - sh));
+}
+
+void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const uint tid) {
+    uint a_offset, b_offset, d_offset;
+    get_offsets(a_offset, b_offset, d_offset);
+
+    const uint K       = p.ncols;
+    const uint n_words = K / 32;                 // 32-weight bitmap words per row (K % 32 == 0 in every version)
+    const uint row0    = a_offset / K + first_row;
+    const uint rb      = row_u16(K);
+
+    // this invocation's run of words [w_begin, w_end)
+    const uint run     = (n_words + BLOCK_SIZE - 1) / BLOCK_SIZE;
+    const uint w_begin = min(tid * run, n_words);
+    const uint w_end   = min(w_begin + run, n_words);
+
+    const uint pool_word0 = comp_u32(BITCOS_HDR_POOL_OFFSET) >> 2;
+#if defined(BITCOS_PT) || defined(BITCOS_V2)
+    const uint scales       = comp_u32(BITCOS_HDR_SCALES_OFFSET);
+    const uint rows_per_mat = comp_u32(BITCOS_HDR_N_ROWS) / comp_u32(BITCOS_HDR_N_MATS);
+#endif
+#if defined(BITCOS_G128)
+    const bool unit_scaled = true;
+#elif defined(BITCOS_PT)
+    const bool unit_scaled = false;
+#else
+    const uint variant     = comp_u8(BITCOS_HDR_VARIANT);   // the same for every invocation: uniform branches
+    const bool unit_scaled = v2_block_scaled(variant);
+#endif
+
+    // signs before the run, per row: the row's first sign + the popcounts of the runs before this one
+    uint cursor[NUM_ROWS];
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        uint c = 0;
+        if (n < num_rows) {
+            const uint row_blk = (row0 + n) * rb;
+            for (uint w = w_begin; w < w_end; ++w) {
+                c += bitCount(row_word(row_blk, w));
+            }
+        }
+        cursor[n] = c;
+    }
+    workgroup_exclusive_scan(cursor, tid);
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        cursor[n] += n < num_rows ? row_sign_pos(row0 + n) : 0u;
+    }
+
+    [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            temp[j][n] = FLOAT_TYPE(0);
+        }
+    }
+
+    for (uint w = w_begin; w < w_end; ++w) {
+        // the word's codes, per row (32 weights = 8 vec4)
+        vec4 q[NUM_ROWS][8];
+        float d[NUM_ROWS];
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            const uint row_blk = (row0 + n) * rb;
+            const uint bits = n < num_rows ? row_word(row_blk, w) : 0u;
+            const uint window = sign_window(pool_word0, cursor[n]);
+            cursor[n] += bitCount(bits);
+            int used = 0;                       // signs of the word taken so far (<= 28 before the last nibble)
+            [[unroll]] for (uint k = 0; k < 8; ++k) {
+                const uint nib = bitfieldExtract(bits, int(4 * k), 4);
+                q[n][k] = codes_sh[nib | (bitfieldExtract(window, used, 4) << 4)];
+                used += bitCount(nib);
+            }
+            d[n] = 1.0;
+            if (unit_scaled && n < num_rows) {
+#if defined(BITCOS_G128)
+                d[n] = unpackHalf2x16(uint(data_a[row_blk + (w / 4) * BITCOS_BLOCK_U16 + BITCOS_SCALE_U16])).x;
+#elif defined(BITCOS_V2)
+                d[n] = v2_unit_scale(variant, scales, K, row0 + n, w / 4);
+#endif
+            }
+        }
+        [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
+            const uint b_base = (j * p.batch_stride_b + b_offset + 32 * w) / 4;
+            FLOAT_TYPE sum[NUM_ROWS];
+            [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+                sum[n] = FLOAT_TYPE(0);
+            }
+            [[unroll]] for (uint k = 0; k < 8; ++k) {
+                const vec4 b = vec4(data_b_v4[b_base + k]);
+                [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+                    sum[n] = fma(q[n][k].x, b.x, fma(q[n][k].y, b.y, fma(q[n][k].z, b.z, fma(q[n][k].w, b.w, sum[n]))));
+                }
+            }
+            [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+                temp[j][n] = fma(d[n], sum[n], temp[j][n]);
+            }
+        }
+    }
+
+    // a scale per row or per matrix: once, on this invocation's partial sums
+    if (!unit_scaled) {
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            if (n >= num_rows) {
+                continue;
+            }
+#if defined(BITCOS_PT)
+            const float dr = uintBitsToFloat(data_c[(scales >> 2) + (row0 + n) / rows_per_mat]);
+#elif defined(BITCOS_V2)
+            const float dr = v2_row_scale(variant, scales, rows_per_mat, row0 + n);
+#else
+            const float dr = 1.0;
+#endif
+            [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
+                temp[j][n] *= dr;
+            }
+        }
+    }
+
+    reduce_result(temp, d_offset, first_row, num_rows, tid);
+}
+
+void main() {
+    const uint tid = gl_LocalInvocationID.x;
+    for (uint i = tid; i < 256; i += BLOCK_SIZE) {
+        codes_sh[i] = BITCOS_NIBBLE_CODES[i];
+    }
+    barrier();
+
+    const uint first_row = NUM_ROWS * (gl_WorkGroupID.x + gl_NumWorkGroups.x * gl_WorkGroupID.z);
+
+    if (first_row + NUM_ROWS <= p.stride_d) {
+        compute_outputs(first_row, NUM_ROWS, tid);
+    } else {
+        if (first_row >= p.stride_d) {
+            return;
+        }
+        compute_outputs(first_row, p.stride_d - first_row, tid);
+    }
+}

@@ -27,8 +27,8 @@
 #             file bytes;
 #   kernels   the standalone CUDA kernel test (csrc/cuda/ against numpy: tests/test_cuda.py -k matches);
 #   vulkan    where the machine has a Vulkan GPU device (test-bitcos-backend --list; the first one that is not
-#             lavapipe, except in a dry run), both BITCOS mat-vec shaders: the fast one (GGML_BITCOS_VULKAN_FAST=1) and the
-#             default, exact one (TQ2_0's arithmetic bit for bit): test-bitcos-backend on the device
+#             lavapipe, except in a dry run), both BITCOS mat-vec shaders: the default (fast) one and the exact one
+#             (GGML_BITCOS_VULKAN_EXACT=1, TQ2_0's arithmetic bit for bit): test-bitcos-backend on the device
 #             under each (BITCOS vs the CPU; the exact one also bit for bit vs TQ2_0), `bench gpu --device
 #             VulkanN --no-e2e` under each (mat-vec BITCOS vs TQ2_0 in one run per shader, the TQ2_0 reference
 #             timed in both), then `bench gpu` with llama-bench -ngl 99 under the default shader (reuses the CUDA
@@ -213,15 +213,15 @@ run)
             python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k matches
     }
     vulkan_devices() { $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend --list; }
-    # the BITCOS mat-vec shader is chosen when ggml-vulkan creates its pipelines: GGML_BITCOS_VULKAN_FAST=1 in the
-    # environment of the whole process selects the fast one, the exact one is the default
-    vulkan_op() { GGML_BITCOS_VULKAN_FAST=1 $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
+    # the BITCOS mat-vec shader is chosen when ggml-vulkan creates its pipelines: GGML_BITCOS_VULKAN_EXACT=1 in the
+    # environment of the whole process selects the exact one, the fast one is the default
+    vulkan_op() { $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
     vulkan_op_exact() { GGML_BITCOS_VULKAN_EXACT=1 $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
     # the mat-vec under each shader first (each run times TQ2_0 too), then llama-bench with the default one (its
     # bench gpu run times the mat-vec once more); the weights and models are made once in /tmp/bitcos-gpu
     vulkan_matvec() {
         vulkan_env
-        GGML_BITCOS_VULKAN_FAST=1 python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
+        python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
             --no-e2e --json "$logs/bench-gpu-vulkan-fast.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
     vulkan_matvec_exact() {

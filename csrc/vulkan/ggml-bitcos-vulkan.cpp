@@ -116,10 +116,8 @@ static bool env_is_1(const char * name) {
     return v != nullptr && strcmp(v, "1") == 0;
 }
 
-// The fast shader is opt-in until its end-to-end lavapipe test has run (its pipelines take lavapipe 13-21 s each
-// to compile, against 0.8 s for the exact one; docs/PERFORMANCE.md §5).
 bool ggml_vk_bitcos_exact() {
-    return env_is_1("GGML_BITCOS_VULKAN_EXACT") || !env_is_1("GGML_BITCOS_VULKAN_FAST");
+    return env_is_1("GGML_BITCOS_VULKAN_EXACT");
 }
 
 ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc) {

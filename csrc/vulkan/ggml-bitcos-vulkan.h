@@ -1,10 +1,10 @@
 // ggml-bitcos-vulkan: BITCOS MUL_MAT / MUL_MAT_ID in ggml-vulkan (hooked in by the ggml-vulkan patch).
 //
 // Private to ggml-vulkan: compiled into its target next to ggml-vulkan.cpp and built on its internal header
-// ggml-vulkan-common.h. Decode runs the mat-vec shader mul_mat_vec_bitcos.comp, which mirrors TQ2_0's
-// arithmetic, so a model converted from TQ2_0 gives TQ2_0's results bit for bit on the same device; with
-// GGML_BITCOS_VULKAN_FAST=1 (and not GGML_BITCOS_VULKAN_EXACT=1) in the environment when the device's pipelines
-// are created, mul_mat_vec_bitcos_fast.comp (few instructions per weight; op-level tests pass on lavapipe).
+// ggml-vulkan-common.h. Decode runs the mat-vec shader mul_mat_vec_bitcos_fast.comp (few instructions per
+// weight; results within test-backend-ops' bound for TQ2_0, not bit-identical to it); with
+// GGML_BITCOS_VULKAN_EXACT=1 in the environment when the device's pipelines are created, mul_mat_vec_bitcos.comp,
+// which mirrors TQ2_0's arithmetic, so a model converted from TQ2_0 gives TQ2_0's results bit for bit.
 #pragma once
 
 #include "ggml-vulkan-common.h"
@@ -25,8 +25,7 @@ struct ggml_vk_bitcos_shader {
 };
 ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc);
 
-// Whether the mat-vec pipelines run the TQ2_0-exact shader: unless GGML_BITCOS_VULKAN_FAST=1, and always with
-// GGML_BITCOS_VULKAN_EXACT=1.
+// Whether the mat-vec pipelines run the TQ2_0-exact shader (GGML_BITCOS_VULKAN_EXACT=1) instead of the fast one.
 bool ggml_vk_bitcos_exact();
 
 // The tiled matrix multiply for prompt batches (MUL_MAT with more than mul_mat_vec_max_cols columns): its

@@ -9,12 +9,11 @@
 // same graph runs on the device and on the CPU backend. Checks:
 //   (1) device vs CPU: NMSE <= 5e-4 (test-backend-ops' bound for TQ2_0 MUL_MAT);
 //   (2) device BITCOS vs device TQ2_0 holding the same codes and scales (a TQ2_0 tensor written here from the
-//       codes): bit-identical wherever the device runs both through its mat-vec shaders (<= 8 columns,
-//       <= 8 tokens for MUL_MAT_ID, K % 256 == 0), because the BITCOS shader mirrors TQ2_0's arithmetic;
-//       NMSE <= 5e-4 elsewhere (both then take their matrix-multiply paths, which round differently).
-//       Only on a device with a TQ2_0 MUL_MAT (ggml-vulkan); on ggml-cuda / ggml-sycl (1) alone. Under
-//       GGML_BITCOS_VULKAN_FAST=1 ggml-vulkan runs its fast mat-vec shader, which rounds differently from
-//       TQ2_0: NMSE <= 5e-4 there instead of bit identity.
+//       codes): NMSE <= 5e-4 (ggml-vulkan's default BITCOS mat-vec shader rounds differently from TQ2_0);
+//       under GGML_BITCOS_VULKAN_EXACT=1, whose mat-vec shader mirrors TQ2_0's arithmetic, bit-identical
+//       wherever the device runs both through their mat-vec shaders (<= 8 columns, <= 8 tokens for
+//       MUL_MAT_ID, K % 256 == 0), NMSE <= 5e-4 elsewhere (both then take their matrix-multiply paths).
+//       Only on a device with a TQ2_0 MUL_MAT (ggml-vulkan); on ggml-cuda / ggml-sycl (1) alone.
 // Cases: every variant the device runs (version 1: G128, PT; version 2: MATRIX, ROW, B128, B256, each
 // skipped with a note while the device's supports_op refuses GGML_TYPE_BITCOS), zero density 0 / 0.4 / 1, K 96
 // (MATRIX, ROW) / 128 / 384 / 2048 / 4224, as far as the variant allows, 1..70 columns (mat-vec up to 8, the
@@ -297,8 +296,7 @@ static float * random_x(size_t n) {
 int main(int argc, char ** argv) {
     rng_seed(0x2545f4914f6cdd1dull);
     const char * exact = getenv("GGML_BITCOS_VULKAN_EXACT");
-    const char * fast  = getenv("GGML_BITCOS_VULKAN_FAST");
-    g_exact_matvec     = (exact != NULL && strcmp(exact, "1") == 0) || fast == NULL || strcmp(fast, "1") != 0;
+    g_exact_matvec     = exact != NULL && strcmp(exact, "1") == 0;
     bitcos_load_backends();
     if (argc > 1 && strcmp(argv[1], "--list") == 0) {
         for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {

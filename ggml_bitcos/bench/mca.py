@@ -1007,6 +1007,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if llvm_mca_path() is None:
             raise McaError("llvm-mca not found (Debian: apt-get install llvm-19)")
+        if not (args.csrc / "bitcos-kernels.h").is_file():
+            # an installed package has no csrc/: the kernels are modelled from a checkout's sources
+            raise McaError(f"no kernel sources in {args.csrc}: run from a ggml-bitcos checkout or pass --csrc DIR")
         cpus = cpus_for(args.cpus, arches, llvm_mca_path() or "")
         preds, compilers = run_models(
             arches, cpus, args.nc, args.csrc, args.x86_cc, log=lambda m: print(m, file=sys.stderr)

@@ -2,6 +2,9 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_int32 : require
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
+#if defined(BITCOS_Q8_1)
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 
 // BITCOS mat-vec (MUL_MAT with 1..8 columns, MUL_MAT_ID), the default decode shader (docs/PERFORMANCE.md §5.1).
 // mul_mat_vec_bitcos.comp (GGML_BITCOS_VULKAN_EXACT=1) mirrors TQ2_0's arithmetic bit for bit; this one is
@@ -15,6 +18,11 @@
 // shift); per 4 weights: the presence nibble and the window's next 4 signs index a 256-entry table in shared
 // memory (bitcos_nibble_codes.glsl) that returns the 4 codes as a vec4, and the cursor advances by the
 // nibble's popcount. The codes of a word serve every column, its activations every row.
+//
+// Activations: f32 (fmas on float codes), or with BITCOS_Q8_1 ggml-vulkan's q8_1_x4 blocks (int8 with an f16
+// scale per 32, quantized by its quantize_q8_1 pass): the table then holds the 4 codes as packed int8 and
+// each 4 weights and column take one packed 4x8-bit dot product (OpSDot, SPV_KHR_integer_dot_product:
+// v_dot4 on AMD, dp4a on NVIDIA, DP4A on Intel), one int -> float conversion and fma per word and column.
 //
 // Same bindings, push constants, specialization constants and workgroup grid as mul_mat_vec_bitcos.comp
 // (ggml-vulkan creates either with TQ2_0's geometry); the same generator defines.
@@ -38,7 +46,21 @@ FLOAT_TYPE temp[NUM_COLS][NUM_ROWS];
 #include "bitcos_decode.glsl"
 #include "bitcos_nibble_codes.glsl"
 
+#if defined(BITCOS_Q8_1)
+// OpSDot with the packed 4x8-bit format (capabilities DotProduct, DotProductInput4x8BitPacked): glslc without
+// GL_EXT_integer_dot_product (Debian 12's) still emits it through GL_EXT_spirv_intrinsics
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot_4x8_packed(uint a, uint b, spirv_literal int packed_vector_format_4x8bit);
+
+shared uint codes_sh[256];   // 4 codes as int8 bytes, weight i in byte i
+
+uint pack_codes(const vec4 c) {
+    const ivec4 i = ivec4(c);
+    return (uint(i.x) & 0xFFu) | ((uint(i.y) & 0xFFu) << 8) | ((uint(i.z) & 0xFFu) << 16) | (uint(i.w) << 24);
+}
+#else
 shared vec4 codes_sh[256];
+#endif
 shared uint scan_sh[NUM_ROWS][BLOCK_SIZE];
 
 // Exclusive prefix sum of v[n] over the workgroup's invocations, per row n (workgroup-uniform control flow).
@@ -153,8 +175,12 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
     }
 
     for (uint w = w_begin; w < w_end; ++w) {
-        // the word's codes, per row (32 weights = 8 vec4)
+        // the word's codes, per row (32 weights = 8 entries of 4)
+#if defined(BITCOS_Q8_1)
+        uint q[NUM_ROWS][8];
+#else
         vec4 q[NUM_ROWS][8];
+#endif
         float d[NUM_ROWS];
         [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
             const uint row_blk = (row0 + n) * rb;
@@ -177,6 +203,24 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
             }
         }
         [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
+#if defined(BITCOS_Q8_1)
+            // the word's 32 activations are q8_1 block (column offset + 32 w) / 32: a quarter of an x4 block
+            const uint  blk = (j * p.batch_stride_b + b_offset) / 32 + w;
+            const float da  = float(data_b[blk / 4].ds[blk % 4].x);
+            const ivec4 b0  = data_b[blk / 4].qs[2 * (blk % 4)];
+            const ivec4 b1  = data_b[blk / 4].qs[2 * (blk % 4) + 1];
+            [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+                int s = sdot_4x8_packed(q[n][0], uint(b0.x), 0);
+                s += sdot_4x8_packed(q[n][1], uint(b0.y), 0);
+                s += sdot_4x8_packed(q[n][2], uint(b0.z), 0);
+                s += sdot_4x8_packed(q[n][3], uint(b0.w), 0);
+                s += sdot_4x8_packed(q[n][4], uint(b1.x), 0);
+                s += sdot_4x8_packed(q[n][5], uint(b1.y), 0);
+                s += sdot_4x8_packed(q[n][6], uint(b1.z), 0);
+                s += sdot_4x8_packed(q[n][7], uint(b1.w), 0);
+                temp[j][n] = fma(d[n] * da, float(s), temp[j][n]);
+            }
+#else
             const uint b_base = (j * p.batch_stride_b + b_offset + 32 * w) / 4;
             FLOAT_TYPE sum[NUM_ROWS];
             [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
@@ -191,6 +235,7 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
             [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
                 temp[j][n] = fma(d[n], sum[n], temp[j][n]);
             }
+#endif
         }
     }
 
@@ -219,7 +264,11 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
 void main() {
     const uint tid = gl_LocalInvocationID.x;
     for (uint i = tid; i < 256; i += BLOCK_SIZE) {
+#if defined(BITCOS_Q8_1)
+        codes_sh[i] = pack_codes(BITCOS_NIBBLE_CODES[i]);
+#else
         codes_sh[i] = BITCOS_NIBBLE_CODES[i];
+#endif
     }
     barrier();
 

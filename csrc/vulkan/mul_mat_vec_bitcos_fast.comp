@@ -27,7 +27,7 @@
 // Same bindings, push constants, specialization constants and workgroup grid as mul_mat_vec_bitcos.comp
 // (ggml-vulkan creates either with TQ2_0's geometry); the same generator defines.
 
-// gpu-isa: weights-per-iteration = 32 * NUM_ROWS; inner-trips =
+// gpu-isa: weights-per-iteration = 64 * NUM_ROWS; inner-trips =
 #define QUANT_K 1
 
 #include "mul_mat_vec_base.glsl"
@@ -53,6 +53,10 @@ spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [
 int sdot_4x8_packed(uint a, uint b, spirv_literal int packed_vector_format_4x8bit);
 
 shared uint codes_sh[256];   // 4 codes as int8 bytes, weight i in byte i
+
+// data_b's q8_1_x4 blocks (block_q8_1_x4_packed128: f16vec2 ds[4]; ivec4 qs[8]) as their 4-byte and 16-byte units
+layout (binding = 1) readonly buffer BDS {f16vec2 data_b_ds[];};
+layout (binding = 1) readonly buffer BQS {ivec4 data_b_qs[];};
 
 uint pack_codes(const vec4 c) {
     const ivec4 i = ivec4(c);
@@ -119,8 +123,95 @@ uint row_word(const uint row_u16_0, const uint w) {
 // after the last one the row uses is always readable: the pool is followed by BITCOS_POOL_TAIL_BYTES zeros.
 uint sign_window(const uint pool_word0, const uint pos) {
     const uint i  = pool_word0 + (pos >> 5);
-    const uint sh = pos & 31u;
-    return (data_c[i] >> sh) | ((data_c[i + 1] << 1) << (31u - sh));
+    // a funnel shift: (31 - pos) & 31 == ~pos & 31, and shifts use only their count's 5 low bits
+    return (data_c[i] >> (pos & 31u)) | ((data_c[i + 1] << 1) << (~pos & 31u));
+}
+
+// compute_outputs' workgroup-uniform values that accumulate_word reads (set once, before the hot loop)
+uint g_pool_word0;
+uint g_num_rows;
+bool g_unit_scaled;
+uint g_row_blk[NUM_ROWS];   // each row's first u16 in data_a (the last row's for rows past num_rows)
+uint g_col_base[NUM_COLS];  // each column's first q8_1 block (BITCOS_Q8_1) or first activation
+#if defined(BITCOS_V2)
+uint g_variant;
+uint g_scales;
+uint g_K;
+uint g_row0;
+#endif
+
+// The hot loop's step: 32-weight word w of every row (bitmap words bits_w, cursor[n]: the pool bit of the row's
+// next sign) against every column, into temp.
+void accumulate_word(const uint w, const uint bits_w[NUM_ROWS], inout uint cursor[NUM_ROWS]) {
+    // the word's codes, per row (32 weights = 8 entries of 4)
+#if defined(BITCOS_Q8_1)
+    uint q[NUM_ROWS][8];
+#else
+    vec4 q[NUM_ROWS][8];
+#endif
+    float d[NUM_ROWS];
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        const uint bits = bits_w[n];
+        const uint window = sign_window(g_pool_word0, cursor[n]);
+        cursor[n] += bitCount(bits);
+        // nibble k times 16 in byte k / 2 of `odd` or `even`, so that one bitfield extract yields the table's
+        // row offset: codes_sh[signs + 16 * nibble] then costs one add-and-shift for its address
+        const uint odd  = bits & 0xF0F0F0F0u;
+        const uint even = (bits << 4) & 0xF0F0F0F0u;
+        int used = 0;                       // signs of the word taken so far (<= 28 before the last nibble)
+        [[unroll]] for (uint k = 0; k < 8; ++k) {
+            const uint nib16 = bitfieldExtract((k & 1u) != 0u ? odd : even, int(8 * (k / 2)), 8);
+            q[n][k] = codes_sh[bitfieldExtract(window, used, 4) + nib16];
+            used += bitCount(nib16);
+        }
+        d[n] = 1.0;
+        if (g_unit_scaled && n < g_num_rows) {
+#if defined(BITCOS_G128)
+            d[n] = unpackHalf2x16(uint(data_a[g_row_blk[n] + (w / 4) * BITCOS_BLOCK_U16 + BITCOS_SCALE_U16])).x;
+#elif defined(BITCOS_V2)
+            d[n] = v2_unit_scale(g_variant, g_scales, g_K, g_row0 + n, w / 4);
+#endif
+        }
+    }
+    [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
+#if defined(BITCOS_Q8_1)
+        // the word's 32 activations are q8_1 block (column offset + 32 w) / 32: a quarter of an x4 block
+        // (through the aliases, no 32-bit multiply: 144-byte x4 blocks put block blk's scale at u32
+        // 36 (blk / 4) + blk % 4 = blk + 32 (blk / 4) and its qs at 16-byte unit 9 (blk / 4) + 1 + 2 (blk % 4)
+        // = 2 blk + blk / 4 + 1)
+        const uint  blk = g_col_base[j] + w;
+        const uint  x4  = blk >> 2;
+        const float da  = float(data_b_ds[blk + 32 * x4].x);
+        const ivec4 b0  = data_b_qs[2 * blk + x4 + 1];
+        const ivec4 b1  = data_b_qs[2 * blk + x4 + 2];
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            int s = sdot_4x8_packed(q[n][0], uint(b0.x), 0);
+            s += sdot_4x8_packed(q[n][1], uint(b0.y), 0);
+            s += sdot_4x8_packed(q[n][2], uint(b0.z), 0);
+            s += sdot_4x8_packed(q[n][3], uint(b0.w), 0);
+            s += sdot_4x8_packed(q[n][4], uint(b1.x), 0);
+            s += sdot_4x8_packed(q[n][5], uint(b1.y), 0);
+            s += sdot_4x8_packed(q[n][6], uint(b1.z), 0);
+            s += sdot_4x8_packed(q[n][7], uint(b1.w), 0);
+            temp[j][n] = fma(d[n] * da, float(s), temp[j][n]);
+        }
+#else
+        const uint b_base = (g_col_base[j] + 32 * w) / 4;
+        FLOAT_TYPE sum[NUM_ROWS];
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            sum[n] = FLOAT_TYPE(0);
+        }
+        [[unroll]] for (uint k = 0; k < 8; ++k) {
+            const vec4 b = vec4(data_b_v4[b_base + k]);
+            [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+                sum[n] = fma(q[n][k].x, b.x, fma(q[n][k].y, b.y, fma(q[n][k].z, b.z, fma(q[n][k].w, b.w, sum[n]))));
+            }
+        }
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            temp[j][n] = fma(d[n], sum[n], temp[j][n]);
+        }
+#endif
+    }
 }
 
 void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const uint tid) {
@@ -174,69 +265,50 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
         }
     }
 
-    for (uint w = w_begin; w < w_end; ++w) {
-        // the word's codes, per row (32 weights = 8 entries of 4)
+    g_pool_word0  = pool_word0;
+    g_num_rows    = num_rows;
+    g_unit_scaled = unit_scaled;
+    // a partial row group's missing rows read the last row's words (valid memory) and use 0 instead: a select,
+    // not a branch around the load
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        g_row_blk[n] = (row0 + min(n, num_rows - 1)) * rb;
+    }
+    [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
 #if defined(BITCOS_Q8_1)
-        uint q[NUM_ROWS][8];
+        g_col_base[j] = (j * p.batch_stride_b + b_offset) / 32;
 #else
-        vec4 q[NUM_ROWS][8];
+        g_col_base[j] = j * p.batch_stride_b + b_offset;
 #endif
-        float d[NUM_ROWS];
+    }
+#if defined(BITCOS_V2)
+    g_variant = variant;
+    g_scales  = scales;
+    g_K       = K;
+    g_row0    = row0;
+#endif
+
+    // two words per iteration (loop control, waits and the bitmap load shared: PT and v2 rows' two u32 words
+    // become one 64-bit load), then the run's odd word
+    uint w = w_begin;
+    for (; w + 2 <= w_end; w += 2) {
+        uint bits0[NUM_ROWS];
+        uint bits1[NUM_ROWS];
         [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
-            const uint row_blk = (row0 + n) * rb;
-            const uint bits = n < num_rows ? row_word(row_blk, w) : 0u;
-            const uint window = sign_window(pool_word0, cursor[n]);
-            cursor[n] += bitCount(bits);
-            int used = 0;                       // signs of the word taken so far (<= 28 before the last nibble)
-            [[unroll]] for (uint k = 0; k < 8; ++k) {
-                const uint nib = bitfieldExtract(bits, int(4 * k), 4);
-                q[n][k] = codes_sh[nib | (bitfieldExtract(window, used, 4) << 4)];
-                used += bitCount(nib);
-            }
-            d[n] = 1.0;
-            if (unit_scaled && n < num_rows) {
-#if defined(BITCOS_G128)
-                d[n] = unpackHalf2x16(uint(data_a[row_blk + (w / 4) * BITCOS_BLOCK_U16 + BITCOS_SCALE_U16])).x;
-#elif defined(BITCOS_V2)
-                d[n] = v2_unit_scale(variant, scales, K, row0 + n, w / 4);
-#endif
-            }
+            const uint b0 = row_word(g_row_blk[n], w);
+            bits0[n] = n < num_rows ? b0 : 0u;
+            const uint b1 = row_word(g_row_blk[n], w + 1);
+            bits1[n] = n < num_rows ? b1 : 0u;
         }
-        [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
-#if defined(BITCOS_Q8_1)
-            // the word's 32 activations are q8_1 block (column offset + 32 w) / 32: a quarter of an x4 block
-            const uint  blk = (j * p.batch_stride_b + b_offset) / 32 + w;
-            const float da  = float(data_b[blk / 4].ds[blk % 4].x);
-            const ivec4 b0  = data_b[blk / 4].qs[2 * (blk % 4)];
-            const ivec4 b1  = data_b[blk / 4].qs[2 * (blk % 4) + 1];
-            [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
-                int s = sdot_4x8_packed(q[n][0], uint(b0.x), 0);
-                s += sdot_4x8_packed(q[n][1], uint(b0.y), 0);
-                s += sdot_4x8_packed(q[n][2], uint(b0.z), 0);
-                s += sdot_4x8_packed(q[n][3], uint(b0.w), 0);
-                s += sdot_4x8_packed(q[n][4], uint(b1.x), 0);
-                s += sdot_4x8_packed(q[n][5], uint(b1.y), 0);
-                s += sdot_4x8_packed(q[n][6], uint(b1.z), 0);
-                s += sdot_4x8_packed(q[n][7], uint(b1.w), 0);
-                temp[j][n] = fma(d[n] * da, float(s), temp[j][n]);
-            }
-#else
-            const uint b_base = (j * p.batch_stride_b + b_offset + 32 * w) / 4;
-            FLOAT_TYPE sum[NUM_ROWS];
-            [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
-                sum[n] = FLOAT_TYPE(0);
-            }
-            [[unroll]] for (uint k = 0; k < 8; ++k) {
-                const vec4 b = vec4(data_b_v4[b_base + k]);
-                [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
-                    sum[n] = fma(q[n][k].x, b.x, fma(q[n][k].y, b.y, fma(q[n][k].z, b.z, fma(q[n][k].w, b.w, sum[n]))));
-                }
-            }
-            [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
-                temp[j][n] = fma(d[n], sum[n], temp[j][n]);
-            }
-#endif
+        accumulate_word(w, bits0, cursor);
+        accumulate_word(w + 1, bits1, cursor);
+    }
+    if (w < w_end) {
+        uint bits0[NUM_ROWS];
+        [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+            const uint b0 = row_word(g_row_blk[n], w);
+            bits0[n] = n < num_rows ? b0 : 0u;
         }
+        accumulate_word(w, bits0, cursor);
     }
 
     // a scale per row or per matrix: once, on this invocation's partial sums
@@ -263,11 +335,14 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
 
 void main() {
     const uint tid = gl_LocalInvocationID.x;
+    // codes_sh[s + 16 * n] = BITCOS_NIBBLE_CODES[n + 16 * s] (presence nibble n, signs s): the nibble in the high
+    // index bits lets the hot loop extract it pre-scaled (see compute_outputs)
     for (uint i = tid; i < 256; i += BLOCK_SIZE) {
+        const uint src = (i >> 4) | ((i & 15u) << 4);
 #if defined(BITCOS_Q8_1)
-        codes_sh[i] = pack_codes(BITCOS_NIBBLE_CODES[i]);
+        codes_sh[i] = pack_codes(BITCOS_NIBBLE_CODES[src]);
 #else
-        codes_sh[i] = BITCOS_NIBBLE_CODES[i];
+        codes_sh[i] = BITCOS_NIBBLE_CODES[src];
 #endif
     }
     barrier();

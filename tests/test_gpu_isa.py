@@ -102,6 +102,78 @@ def test_hot_loop_needs_the_inner_trip_counts():
         gpu_isa.hot_loop(ISA, [4, 2])
 
 
+# A matrix multiply's hot loop (BB1..BB7) with two sibling inner loops, as mul_mm_bitcos.comp's K step holds a
+# decode loop and a multiply loop: A (BB2, 5 instructions) and B (BB4..BB6), which holds C (BB5, 4
+# instructions); layout order A, B, C.
+ISA_SIBLINGS = """\
+BB0:
+\ts_mov_b32 s5, 0                                             ; be850080
+BB1:
+\tglobal_load_b32 v1, v[2:3], off                             ; dc520000 017c0002
+\ts_mov_b32 s7, 0                                             ; be870080
+BB2:
+\tv_and_b32_e32 v2, v1, v3                                    ; 36040701
+\tds_store_b32 v4, v2                                         ; d8340000 00000204
+\ts_add_u32 s7, s7, 1                                         ; 80078107
+\ts_cmp_lt_u32 s7, 4                                          ; bf0a8407
+\ts_cbranch_scc1 BB2                                          ; bfa2fffb
+BB3:
+\ts_barrier                                                   ; bfbd0000
+\ts_mov_b32 s8, 0                                             ; be880080
+BB4:
+\tds_load_b32 v5, v6                                          ; d8d80000 05000006
+\ts_mov_b32 s9, 0                                             ; be890080
+BB5:
+\tv_fmac_f32_e32 v7, v5, v8                                   ; 560e1105
+\ts_add_u32 s9, s9, 1                                         ; 80098109
+\ts_cmp_lt_u32 s9, 2                                          ; bf0a8209
+\ts_cbranch_scc1 BB5                                          ; bfa2fffc
+BB6:
+\ts_add_u32 s8, s8, 1                                         ; 80088108
+\ts_cmp_lt_u32 s8, 8                                          ; bf0a8808
+\ts_cbranch_scc1 BB4                                          ; bfa2fff7
+BB7:
+\ts_add_u32 s5, s5, 1                                         ; 80058105
+\ts_cmp_lt_u32 s5, s6                                         ; bf0a0605
+\ts_cbranch_scc1 BB1                                          ; bfa2ffed
+BB8:
+\tbuffer_store_b32 v7, v10, s[0:3], 0 offen                   ; e0680000 80000a07
+\ts_endpgm                                                    ; bfb00000
+"""
+
+
+def test_sibling_inner_loops():
+    """inner-trips names every inner loop of the hot loop in layout order (a loop before the loops inside it,
+    siblings in order): [A, B, C] = [4, 8, 2] counts 2 + 4 x 5 + 2 + 8 x (2 + 2 x 4 + 3) + 3 = 131 (by hand);
+    swapping the siblings' counts changes the total; a loop the measured case never enters takes 0."""
+    loop = gpu_isa.hot_loop(ISA_SIBLINGS, [4, 8, 2])
+    assert loop.label == "BB1" and loop.depth == 2 and loop.inner_loops == 3 and loop.top_level_loops == 1
+    assert dict(loop.per_iteration) == {"VMEM": 1, "VALU": 20, "LDS": 12, "SALU": 68, "control": 30}
+    assert sum(gpu_isa.hot_loop(ISA_SIBLINGS, [8, 4, 2]).per_iteration.values()) == 2 + 40 + 2 + 4 * 13 + 3
+    assert sum(gpu_isa.hot_loop(ISA_SIBLINGS, [0, 8, 2]).per_iteration.values()) == 131 - 4 * 5
+    blocks = gpu_isa.parse_isa(ISA_SIBLINGS)
+    (hot,) = gpu_isa.find_loops(blocks)
+    assert [blocks[c.header].label for c in gpu_isa.inner_loops(hot)] == ["BB2", "BB4", "BB5"]
+    # a tag written for a chain of two nested loops does not fit three loops
+    with pytest.raises(ValueError, match="3 inner loop"):
+        gpu_isa.hot_loop(ISA_SIBLINGS, [4, 8])
+
+
+def test_matmul_shape_tags(tmp_path: Path):
+    """A matrix multiply's tag: weights per lane and the columns of one iteration, in the source's #defines
+    (mul_mm_bitcos.comp's TM, TN, TK) or upstream's specialization constants; a mat-vec's columns: NUM_COLS."""
+    src = gpu_isa.REPO_VULKAN / gpu_isa.PROMPT_BITCOS
+    shape, names = gpu_isa.shader_shape(src), gpu_isa.source_defines(src)
+    assert shape is not None and (names["TM"], names["TN"], names["TK"]) == (32, 32, 64)
+    assert shape.evaluate(names) == (32, [64]) and shape.evaluate_columns(names) == 32
+    up = gpu_isa.Shape.parse(gpu_isa.UPSTREAM_MM_SHAPE)
+    small = dict(zip(gpu_isa.WARPTILE_NAMES, [64, 32, 32, 32, 32, 32, 2, 2, 2, 1, 64]))
+    assert up.evaluate(small) == (16, []) and up.evaluate_columns(small) == 32
+    assert gpu_isa.Shape.parse("weights-per-iteration = 16").evaluate_columns({"NUM_COLS": 4}) == 4
+    assert gpu_isa.prompt_variant("mul_mm_bitcos_pt") == "bitcos_pt"
+    assert gpu_isa.prompt_variant("matmul_quant_f32_f16acc") == "tq2_0"
+
+
 def test_shape_tags():
     """A shader's gpu-isa tag, evaluated in the specialization constants."""
     shape = gpu_isa.Shape.parse("weights-per-iteration = 16 * NUM_ROWS; inner-trips = NUM_ROWS, BLOCK_SIZE / 16")
@@ -147,12 +219,38 @@ def test_pipelines_of_a_build_folder(tmp_path: Path):
 
 def test_budget_arithmetic():
     """Lane-instructions per second over weights per second at full bandwidth, e.g. an H200-like part:
-    16896 lanes x 1.98 GHz over 4.8 TB/s at 1.6 bits per weight = 1.39; and every datasheet entry is complete."""
+    16896 lanes x 1.98 GHz over 4.8 TB/s at 1.6 bits per weight = 1.39; and every datasheet entry is complete,
+    int8 dot support with its sources included."""
     gpu = {"alu_lanes": 16896, "clock_ghz": 1.98, "bandwidth_gbs": 4800}
     assert gpu_isa.budget(gpu, 1.6) == pytest.approx(16896 * 1.98e9 / (4800e9 * 8 / 1.6))
     assert gpu_isa.budget(gpu, 1.6) == pytest.approx(1.394, abs=1e-3)
     for g in gpu_isa.load_datasheets():
         assert g["proxy"] in gpu_isa.FAMILIES and g["sources"] and g["alu_lanes"] > 0
+        assert isinstance(g["int8_dot_accelerated"], bool) and g["int8_dot_sources"]
+
+
+def test_budget_uses_the_default_pipeline():
+    """The prediction takes, of the BITCOS pipelines measured, the one the backend runs by default: the fast
+    shader's q8_1 form where the GPU has accelerated int8 dot products, its f32 form elsewhere; never the exact
+    shader's, nor mat-vec-id."""
+
+    def res(name: str, source: str, cols: int = 1) -> gpu_isa.Result:
+        return gpu_isa.Result(name, source, cols, 2, 64, {}, None, None)
+
+    fast = "mul_mat_vec_bitcos_fast.comp"
+    results = [
+        res("mul_mat_vec_bitcos_f32_f32_subgroup_no_shmem", "mul_mat_vec_bitcos.comp"),
+        res("mul_mat_vec_id_bitcos_fast_q8_1_f32_subgroup_no_shmem", fast),
+        res("mul_mat_vec_bitcos_fast_f32_f32_subgroup_no_shmem", fast),
+        res("mul_mat_vec_bitcos_fast_q8_1_f32_subgroup_no_shmem", fast),
+        res("mul_mat_vec_bitcos_pt_fast_q8_1_f32_subgroup_no_shmem", fast),
+        res("mul_mat_vec_bitcos_fast_q8_1_f32_subgroup_no_shmem", fast, cols=4),
+    ]
+    assert gpu_isa.default_bitcos(results, 1, True).pipeline == "mul_mat_vec_bitcos_fast_q8_1_f32_subgroup_no_shmem"
+    assert gpu_isa.default_bitcos(results, 1, False).pipeline == "mul_mat_vec_bitcos_fast_f32_f32_subgroup_no_shmem"
+    assert gpu_isa.default_bitcos(results, 4, True).cols == 4
+    assert gpu_isa.default_bitcos(results, 4, False) is None
+    assert gpu_isa.default_bitcos(results, 1, True, "bitcos_pt").pipeline.startswith("mul_mat_vec_bitcos_pt_fast_q8_1")
 
 
 def _by(results: list[gpu_isa.Result], prefix: str, source: str, cols: int) -> dict:
@@ -207,7 +305,8 @@ def test_tq2_spirv_is_the_builds(radv_null_isa):
 
 
 def test_cli_json(radv_null_isa, capsys):
-    """`bench gpu-isa --json` prints one {"family", "cols", "bitcos", "tq2_0"} object per column count."""
+    """`bench gpu-isa --json` prints one {"family", "cols", "bitcos", "tq2_0"} object per column count, with
+    the device's int8 dot support and the BITCOS pipeline the backend runs by default there."""
     from ggml_bitcos.cli import main
 
     assert main(["bench", "gpu-isa", "--families", "gfx1100", "--cols", "1", "--types", "tq2_0,bitcos", "--json"]) == 0
@@ -215,3 +314,51 @@ def test_cli_json(radv_null_isa, capsys):
     assert [(r["family"], r["cols"]) for r in rows] == [("gfx1100", 1)]
     assert rows[0]["tq2_0"]["per_weight"] > 0
     assert any(k.startswith("mul_mat_vec_bitcos.comp:") for k in rows[0]["bitcos"])
+    # RADV reports accelerated int8 dot products on gfx1100: the default is the fast shader's q8_1 form
+    assert rows[0]["int8_dot_accelerated"] is True
+    assert rows[0]["bitcos_default"] in rows[0]["bitcos"] and "_fast_q8_1_f32" in rows[0]["bitcos_default"]
+
+
+def _fma_count(blocks: list, loop) -> int:
+    """Multiply-adds in a loop's body (v_fma_mixlo / mixhi_f16 convert to f16 with a scale: TQ2_0's decode)."""
+    fma = [op for bi in loop.body for op in blocks[bi].ops if op.startswith(("v_fma", "v_fmac"))]
+    return sum(not op.startswith(("v_fma_mixlo", "v_fma_mixhi")) for op in fma)
+
+
+def test_prompt_path_on_the_null_device(radv_null_isa, tmp_path: Path):
+    """`--prompt`: mul_mm_bitcos.comp and upstream's TQ2_0 matmul compiled for gfx1100 with ggml-vulkan's
+    parameters. Checks independent of the counter: the multiply-adds in the ISA match the tags: BITCOS's one
+    inner loop (the multiply loop, TK = 64 trips) holds 16 FMAs (a thread's 4 x 4 outputs), 16 x 64 = 1024 =
+    32 weights x 32 columns a lane covers per K step; upstream's small tile's hot loop (no inner loop) holds
+    512 f16 FMAs = 16 x 32 (its f16 accumulators; its 16 v_fma_mix*_f16 are the decode's scale)."""
+    ((_, params, results),) = gpu_isa.run_prompt(["gfx1100"], keep=tmp_path)
+    by = {r.pipeline: r for r in results}
+    assert {"mul_mm_bitcos", "mul_mm_bitcos_pt", "mul_mm_bitcos_g128"} <= set(by)
+    assert {f"{n}_aligned_{i}" for n in gpu_isa.UPSTREAM_MM for i in (0, 1)} <= set(by)
+    for r in results:
+        d = r.as_dict()
+        assert "error" not in d, d
+        assert d["per_weight_and_column"] > 0 and d["vgprs"] > 0 and d["waves_per_simd"] > 0
+    bitcos, tq2 = by["mul_mm_bitcos"], by["matmul_quant_f32_f16acc_aligned_0"]
+    assert (bitcos.weights_per_iteration, bitcos.cols, bitcos.loop.inner_loops) == (32, 32, 1)
+    assert (tq2.weights_per_iteration, tq2.cols, tq2.loop.inner_loops) == (16, 32, 0)
+    blocks = gpu_isa.parse_isa((tmp_path / "gfx1100" / "mul_mm_bitcos.mul_mm_bitcos.Assembly.txt").read_text())
+    (inner,) = next(lp for lp in gpu_isa.find_loops(blocks) if blocks[lp.header].label == bitcos.loop.label).children
+    assert _fma_count(blocks, inner) * 64 == 32 * 32
+    name = "mul_mm.matmul_quant_f32_f16acc_aligned_0.Assembly.txt"
+    blocks = gpu_isa.parse_isa((tmp_path / "gfx1100" / name).read_text())
+    hot = next(lp for lp in gpu_isa.find_loops(blocks) if blocks[lp.header].label == tq2.loop.label)
+    assert _fma_count(blocks, hot) == 16 * 32
+
+
+def test_cli_prompt_json(radv_null_isa, capsys):
+    """`bench gpu-isa --prompt --json` prints one {"family", "kind": "prompt", "bitcos", "tq2_0"} object per
+    family, counts per multiply-add under per_weight_and_column."""
+    from ggml_bitcos.cli import main
+
+    assert main(["bench", "gpu-isa", "--prompt", "--families", "gfx1100", "--types", "bitcos,tq2_0", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["family"], row["kind"]) == ("gfx1100", "prompt")
+    assert list(row["bitcos"]) == ["mul_mm_bitcos.comp:mul_mm_bitcos"]
+    assert row["tq2_0_default"] in row["tq2_0"]
+    assert all(d["per_weight_and_column"] > 0 for d in (*row["bitcos"].values(), *row["tq2_0"].values()))

@@ -1,5 +1,6 @@
-"""`ggml-bitcos bench gpu-isa`: instructions per weight of the Vulkan mat-vec shaders in real AMD GPU ISA,
-without a GPU (Mesa RADV's null device), BITCOS against TQ2_0.
+"""`ggml-bitcos bench gpu-isa`: instructions per weight of the Vulkan mat-vec shaders (and, with --prompt, per
+multiply-add of the prompt path's matrix multiply) in real AMD GPU ISA, without a GPU (Mesa RADV's null
+device), BITCOS against TQ2_0.
 
 What it compiles: the mat-vec pipelines of every BITCOS shader source in csrc/vulkan (each mul_mat_vec*.comp
 that bitcos-vulkan-shaders-gen.inc compiles: every type variant, mat-vec and mat-vec-id) and upstream's
@@ -27,16 +28,29 @@ inner loops, come from the shader: a line in the .comp source
 
     // gpu-isa: weights-per-iteration = 16 * NUM_ROWS; inner-trips = NUM_ROWS, BLOCK_SIZE / 16
 
-(weights per lane and activation column in one hot-loop iteration, and the trip counts of its inner loops from
-the outermost inward, in the specialization constants BLOCK_SIZE, NUM_ROWS, NUM_COLS), and for upstream's
-TQ2_0 shader from UPSTREAM_SHAPES here. Reported per weight (all columns: what a memory-bound mat-vec may
-spend, docs/PERFORMANCE.md's budget) and per weight and column; plus VGPRs, SGPRs, LDS bytes and waves per
-SIMD (RADV's occupancy from VGPRs, SGPRs and LDS for the family).
+(weights per lane and activation column in one hot-loop iteration, and the trip counts of every inner loop
+of the hot loop in layout order, which is source order: a loop before the loops inside it, siblings in turn,
+so a chain of nested loops reads outermost inward; 0 for a loop the measured case never enters; in the
+specialization constants BLOCK_SIZE, NUM_ROWS, NUM_COLS), and for upstream's TQ2_0 shader from
+UPSTREAM_SHAPES here. Reported per weight (all columns: what a memory-bound mat-vec may spend,
+docs/PERFORMANCE.md's budget) and per weight and column; plus VGPRs, SGPRs, LDS bytes and waves per SIMD
+(RADV's occupancy from VGPRs, SGPRs and LDS for the family). With --budget, per GPU of gpu_datasheets.json
+the budget and a predicted BITCOS / TQ2_0 mat-vec speed from BITCOS's pipeline the backend runs there by
+default (the fast shader's q8_1 form where the GPU has accelerated int8 dot products, else its f32 form).
+
+`--prompt` measures the prompt path instead: mul_mm_bitcos.comp (32 x 32 tiles) against upstream's
+mul_mm.comp, the generic matrix multiply ggml-vulkan runs TQ2_0 prompts through (scalar form, TQ2_0 by
+specialization constant, at its 32 x 32 and 64 x 64 tiles), each with ggml-vulkan's creation parameters. A
+matrix multiply's tag adds `columns = ...` (the columns one iteration covers; a mat-vec's are NUM_COLS), in
+the source's integer #defines or upstream's specialization constants (WARPTILE_NAMES): per weight and column
+is then per multiply-add and lane.
 
     ggml-bitcos bench gpu-isa                          # gfx1100, gfx1030, gfx90a; 1, 2, 4, 8 columns
     ggml-bitcos bench gpu-isa --families gfx1100 --json # {"family", "cols", "bitcos", "tq2_0"} per row
     ggml-bitcos bench gpu-isa --spv-dir BUILD/vendor/llama.cpp/ggml/src/ggml-vulkan/vulkan-shaders.spv
     ggml-bitcos bench gpu-isa --keep-isa /tmp/isa       # every pipeline's ISA text and statistics
+    ggml-bitcos bench gpu-isa --budget                 # + per-GPU budget and predicted BITCOS / TQ2_0 speed
+    ggml-bitcos bench gpu-isa --prompt [--json]        # the prompt path, per multiply-add
 """
 
 from __future__ import annotations
@@ -203,19 +217,33 @@ def loop_depth(lp: Loop) -> int:
     return 1 + max((loop_depth(c) for c in lp.children), default=-1)
 
 
-def iteration_cost(blocks: list[Block], lp: Loop, trips: list[int]) -> Counter[str]:
+def inner_loops(lp: Loop) -> list[Loop]:
+    """The loops inside `lp` in layout order: each before the loops inside it, siblings in order (for a
+    chain of nested loops: outermost inward)."""
+    out: list[Loop] = []
+    for c in sorted(lp.children, key=lambda c: c.header):
+        out.append(c)
+        out.extend(inner_loops(c))
+    return out
+
+
+def iteration_cost(blocks: list[Block], lp: Loop, trips: list[int] | dict[int, int]) -> Counter[str]:
     """Instructions by class of one iteration of `lp` on its longest path (see the module's doc): the path
-    from the header to a latch over forward edges, divergent skips not taken, each child loop contracted into
-    one node costing trips[0] x its own iteration (trips[1:] for its children)."""
-    if lp.children and not trips:
-        raise ValueError(f"loop at {blocks[lp.header].label}: inner loop without a trip count (inner-trips tag)")
+    from the header to a latch over forward edges, divergent skips not taken, each inner loop contracted into
+    one node costing its trip count x its own iteration. `trips`: the trip counts of the inner loops in
+    layout order (inner_loops), or by header block."""
+    if not isinstance(trips, dict):
+        nested = inner_loops(lp)
+        if len(trips) < len(nested):
+            raise ValueError(f"loop at {blocks[lp.header].label}: inner loop without a trip count (inner-trips tag)")
+        trips = {c.header: t for c, t in zip(nested, trips)}
     child_of: dict[int, Loop] = {}
     for c in lp.children:
         for bi in c.body:
             child_of[bi] = c
-    child_cost = {c.header: iteration_cost(blocks, c, trips[1:]) for c in lp.children}
+    child_cost = {c.header: iteration_cost(blocks, c, trips) for c in lp.children}
     for h in child_cost:
-        child_cost[h] = Counter({k: v * trips[0] for k, v in child_cost[h].items()})
+        child_cost[h] = Counter({k: v * trips[h] for k, v in child_cost[h].items()})
 
     def node(bi: int) -> int:
         return child_of[bi].header if bi in child_of else bi
@@ -256,13 +284,15 @@ class HotLoop:
     per_iteration: Counter[str]
     depth: int  # levels of inner loops
     top_level_loops: int
+    inner_loops: int = 0  # inner loops at every level (siblings counted apart)
 
 
 def hot_loop(isa: str, trips: list[int]) -> HotLoop:
-    """The hot loop of a mat-vec's ISA and one iteration's cost by class: of the outermost loops, the one with
-    the most vector memory instructions in its body (the weight and activation loads; a setup loop filling
-    shared memory or a run's popcount has fewer), the first in layout order of those (mat-vec's main() calls
-    compute_outputs() for full row groups first, then for a partial one)."""
+    """The hot loop of a mat-vec's (or matrix multiply's) ISA and one iteration's cost by class: of the
+    outermost loops, the one with the most vector memory instructions in its body (the weight and activation
+    loads; a setup loop filling shared memory or a run's popcount has fewer), the first in layout order of
+    those (mat-vec's main() calls compute_outputs() for full row groups first, then for a partial one).
+    `trips`: the trip counts of its inner loops in layout order (see inner_loops)."""
     blocks = parse_isa(isa)
     outer = find_loops(blocks)
     if not outer:
@@ -272,13 +302,14 @@ def hot_loop(isa: str, trips: list[int]) -> HotLoop:
         return sum(classify(op) == "VMEM" for bi in lp.body for op in blocks[bi].ops)
 
     lp = max(outer, key=lambda c: (vmem(c), -c.header))
-    depth = loop_depth(lp)
-    if depth != len(trips):
+    depth, n_inner = loop_depth(lp), len(inner_loops(lp))
+    if n_inner != len(trips):
         raise ValueError(
-            f"hot loop at {blocks[lp.header].label} has {depth} level(s) of inner loops, the shader's "
-            f"inner-trips tag names {len(trips)}"
+            f"hot loop at {blocks[lp.header].label} holds {n_inner} inner loop(s) in {depth} level(s), the "
+            f"shader's inner-trips tag names {len(trips)}"
         )
-    return HotLoop(blocks[lp.header].label or f"block{lp.header}", iteration_cost(blocks, lp, trips), depth, len(outer))
+    cost = iteration_cost(blocks, lp, trips)
+    return HotLoop(blocks[lp.header].label or f"block{lp.header}", cost, depth, len(outer), n_inner)
 
 
 # ---------------------------------------------------------------------------------------- shader tags
@@ -306,10 +337,14 @@ def eval_expr(text: str, names: dict[str, int]) -> int:
 
 @dataclass
 class Shape:
-    """A shader's gpu-isa tag: weights per lane and column per hot-loop iteration, inner loops' trip counts."""
+    """A shader's gpu-isa tag: weights per lane and column per hot-loop iteration, the inner loops' trip
+    counts in layout order (source order: a loop before the loops inside it, siblings in order; 0 for a loop
+    the measured case never enters) and, for a matrix multiply, the columns one iteration covers (a mat-vec's
+    are NUM_COLS)."""
 
     weights: str
     inner_trips: list[str]
+    columns: str | None = None
 
     @classmethod
     def parse(cls, tag: str) -> Shape:
@@ -317,10 +352,13 @@ class Shape:
         if "weights-per-iteration" not in fields:
             raise ValueError(f"gpu-isa tag without weights-per-iteration: {tag!r}")
         trips = [t for t in fields.get("inner-trips", "").split(",") if t.strip()]
-        return cls(fields["weights-per-iteration"], trips)
+        return cls(fields["weights-per-iteration"], trips, fields.get("columns"))
 
     def evaluate(self, names: dict[str, int]) -> tuple[int, list[int]]:
         return eval_expr(self.weights, names), [eval_expr(t, names) for t in self.inner_trips]
+
+    def evaluate_columns(self, names: dict[str, int]) -> int:
+        return eval_expr(self.columns if self.columns is not None else "NUM_COLS", names)
 
 
 def shader_shape(source: Path) -> Shape | None:
@@ -464,12 +502,21 @@ def reduction_of(name: str) -> str:
     return next(k for k, v in REDUCTION_SUFFIX.items() if v == red)
 
 
-# glslc for the generator, compiling only the variants measured (the reduction modes in $GPU_ISA_REDUCTIONS,
-# f32 or q8_1 activations): every other output is left empty, so a cold cache compiles a quarter of them
+# glslc for the generator, compiling only the variants measured (the name patterns in $GPU_ISA_NAMES where set, else
+# the reduction modes in $GPU_ISA_REDUCTIONS, f32 or q8_1 activations): every other output is left empty, so a
+# cold cache compiles a quarter of the mat-vec variants and a handful of upstream's hundreds of matmul ones
 GLSLC_FILTER = """#!/bin/sh
 out=; prev=
 for a; do [ "$prev" = -o ] && out=$a; prev=$a; done
 name=$(basename "$out" .spv)
+if [ -n "$GPU_ISA_NAMES" ]; then
+set -f
+for pat in $GPU_ISA_NAMES; do
+case "$name" in $pat) exec "$GPU_ISA_GLSLC" "$@" ;; esac
+done
+: > "$out"
+exit 0
+fi
 case "$name" in
 *_subgroup_no_shmem) red=subgroup ;;
 *_subgroup) red=hybrid ;;
@@ -483,36 +530,40 @@ esac
 """
 
 
+def _generate(tree: ShaderTree, src: Path, out: Path, **filters: str) -> list[tuple[str, str]]:
+    """The generator run on one source of the tree into `out` (once: its list of (name, SPIR-V path) stays
+    there), glslc called through GLSLC_FILTER with `filters` (GPU_ISA_NAMES or GPU_ISA_REDUCTIONS)."""
+    listing = out / "list.txt"
+    if not listing.exists():
+        glslc = os.environ.get("GLSLC") or shutil.which("glslc")
+        if glslc is None:
+            raise RuntimeError("no glslc (apt-get install glslc)")
+        wrapper = tools_dir() / "glslc-filter.sh"
+        if not wrapper.exists() or wrapper.read_text() != GLSLC_FILTER:
+            tmp = wrapper.with_suffix(f".{os.getpid()}")
+            tmp.write_text(GLSLC_FILTER)
+            tmp.chmod(0o755)
+            tmp.replace(wrapper)
+        env = {**os.environ, "GPU_ISA_GLSLC": glslc, "GPU_ISA_NAMES": "", "GPU_ISA_REDUCTIONS": "", **filters}
+        out.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([str(tree.gen), str(wrapper), str(src), str(out)], capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            raise RuntimeError(f"compiling {src.name} failed:\n{r.stdout}{r.stderr}")
+        listing.write_text(r.stdout)
+    return [tuple(line.split("\t")) for line in listing.read_text().splitlines()]
+
+
 def compile_shaders(tree: ShaderTree, reductions: set[str] | None = None) -> list[Pipeline]:
     """The mat-vec variants of the tree's sources in the given reduction modes (default all), compiled with
     the generator once per tree and set of modes: the SPIR-V and the generator's list of it stay in the
     tree's folder."""
-    glslc = os.environ.get("GLSLC") or shutil.which("glslc")
-    if glslc is None:
-        raise RuntimeError("no glslc (apt-get install glslc)")
     reductions = set(REDUCTION_SUFFIX) if reductions is None else reductions
-    wrapper = tools_dir() / "glslc-filter.sh"
-    if not wrapper.exists() or wrapper.read_text() != GLSLC_FILTER:
-        tmp = wrapper.with_suffix(f".{os.getpid()}")
-        tmp.write_text(GLSLC_FILTER)
-        tmp.chmod(0o755)
-        tmp.replace(wrapper)
-    env = dict(os.environ, GPU_ISA_GLSLC=glslc, GPU_ISA_REDUCTIONS=" ".join(sorted(reductions)))
     found = []
     for src in tree.sources:
         out = tree.root / "spv" / f"{src.stem}.{'-'.join(sorted(reductions))}"
-        listing = out / "list.txt"
-        if not listing.exists():
-            out.mkdir(parents=True, exist_ok=True)
-            r = subprocess.run(
-                [str(tree.gen), str(wrapper), str(src), str(out)], capture_output=True, text=True, env=env
-            )
-            if r.returncode != 0:
-                raise RuntimeError(f"compiling {src.name} failed:\n{r.stdout}{r.stderr}")
-            listing.write_text(r.stdout)
+        listing = _generate(tree, src, out, GPU_ISA_REDUCTIONS=" ".join(sorted(reductions)))
         shape = shader_shape(src)
-        for line in listing.read_text().splitlines():
-            name, path = line.split("\t")
+        for name, path in listing:
             m = PIPELINE_NAME.match(name)
             if m and m.group("b") != "f16" and reduction_of(name) in reductions:
                 found.append(Pipeline(name, Path(path), src.name, shape))
@@ -551,6 +602,7 @@ class DeviceParams:
     subgroup_size: int  # required, with full subgroups; also the workgroup size (DMMV_WG_SIZE_SUBGROUP)
     num_rows: int  # rm_kq
     reduction: str  # shmem / hybrid / subgroup
+    int8_dot: bool = False  # integerDotProduct4x8BitPackedSignedAccelerated: BITCOS runs its q8_1 mat-vec
 
 
 def device_params(dev: dict[str, Any]) -> DeviceParams:
@@ -560,7 +612,8 @@ def device_params(dev: dict[str, Any]) -> DeviceParams:
     amd = dev["vendor_id"] == 0x1002
     gcn = amd and dev["min_subgroup_size"] == 64 and dev["max_subgroup_size"] == 64
     sg16 = max(dev["subgroup_size"], 16)
-    return DeviceParams(dev["name"], sg16, 4 if gcn else 2, "subgroup" if dev["subgroup_arithmetic"] else "shmem")
+    red = "subgroup" if dev["subgroup_arithmetic"] else "shmem"
+    return DeviceParams(dev["name"], sg16, 4 if gcn else 2, red, bool(dev.get("int8_dot_accelerated")))
 
 
 def radv_env(family: str) -> dict[str, str]:
@@ -603,6 +656,7 @@ class Result:
     loop: HotLoop | None
     weights_per_iteration: int | None
     error: str | None = None
+    wave_size: int | None = None  # the subgroup size RADV compiled for (wave32 / wave64)
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -611,6 +665,7 @@ class Result:
             "block_size": self.block_size,
             "num_rows": self.num_rows,
             "num_cols": self.cols,
+            "wave_size": self.wave_size,
             "vgprs": self.stats.get("VGPRs"),
             "sgprs": self.stats.get("SGPRs"),
             "lds_bytes": self.stats.get("LDS size"),
@@ -666,6 +721,7 @@ def measure(
             info = json.loads((outdir / f"{key}.json").read_text())["executables"][0]
             isa = (outdir / f"{key}.Assembly.txt").read_text()
             res = Result(p.name, p.source, n, params.num_rows, params.subgroup_size, info["statistics"], None, None)
+            res.wave_size = info.get("subgroup_size")
             if p.shape is None:
                 res.error = "no gpu-isa tag in the shader source: weights per iteration unknown"
             else:
@@ -679,13 +735,162 @@ def measure(
     return params, results
 
 
+# ------------------------------------------------------------------------------------------ prompt path
+# The prompt path (MUL_MAT with more columns than a mat-vec takes): BITCOS's tiled mul_mm_bitcos.comp against
+# upstream's generic matrix multiply mul_mm.comp, which ggml-vulkan runs TQ2_0 prompts through (dequantizing
+# into shared memory; ggml-vulkan's TQ2_0 has no integer-dot matmul). The scalar form: a Vulkan build whose
+# glslc lacks GL_KHR_cooperative_matrix (Debian's) has no other, and neither has RADV before cooperative
+# matrix support. One SPIR-V serves every non-LUT quant, the type a specialization constant (MmTypeA).
+PROMPT_BITCOS = "mul_mm_bitcos.comp"
+PROMPT_UPSTREAM = "mul_mm.comp"
+# its variants for an f32 B: f16 accumulators (ggml-vulkan's choice for a quant type on a device with fp16
+# arithmetic at GGML_PREC_DEFAULT, as on every RADV family here) and f32 ones (GGML_PREC_F32); the default first
+UPSTREAM_MM = ("matmul_quant_f32_f16acc", "matmul_quant_f32")
+# 11 ALIGNED (K a multiple of the tile's, B contiguous: a prompt's usual case), 12 MmTypeA (ggml_type_ids.glsl)
+GGML_TYPE_TQ2_0 = 35
+# the tag for mul_mm.comp: per workgroup iteration a BM x BK slice of A times BN columns, over BLOCK_SIZE lanes
+UPSTREAM_MM_SHAPE = "weights-per-iteration = BM * BK / BLOCK_SIZE; columns = BN; inner-trips ="
+WARPTILE_NAMES = ("BLOCK_SIZE", "BM", "BN", "BK", "WM", "WN", "WMITER", "TM", "TN", "TK", "WARP")
+
+
+def upstream_mm_tiles(dev: dict[str, Any]) -> list[tuple[int, list[int]]]:
+    """ggml-vulkan's quant matmul tiles without cooperative matrices (ggml_vk_load_shaders: s_warptile_mmq,
+    m_warptile_mmq; spec constants 0-10 as WARPTILE_NAMES), by their index in its pipeline names (_aligned_0:
+    small, 32 x 32 as mul_mm_bitcos.comp's; _aligned_1: medium, 64 x 64, what its tile selector picks for a
+    prompt of more than 32 tokens when the large tile is off, as it is on AMD without cooperative matrices)."""
+    sg = dev["subgroup_size"]
+    sg8, sg32 = max(sg, 8), max(sg, 32)
+    warp8 = min(sg8, 64)
+    small = [sg32, 32, 32, 32, 8 if sg == 8 else 32, 32, 2, 2, 2, 1, sg8]
+    gcn = dev["vendor_id"] == 0x1002 and dev["min_subgroup_size"] == 64 and dev["max_subgroup_size"] == 64
+    medium = [256, 64, 64, 32, 16, 16, 2, 2, 2, 1, 16] if gcn else [128, 64, 64, 32, warp8, 32, 2, 4, 2, 1, warp8]
+    return [(0, small), (1, medium)]
+
+
+def source_defines(source: Path) -> dict[str, int]:
+    """A shader's integer #defines (mul_mm_bitcos.comp's TM, TN, TK), names its gpu-isa tag may use."""
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define\s+(\w+)\s+(\d+)\b", source.read_text(), re.M)}
+
+
+def prompt_variant(name: str) -> str:
+    """The type a prompt pipeline computes: mul_mm_bitcos_pt -> bitcos_pt; upstream's matmul -> tq2_0."""
+    return name.removeprefix("mul_mm_") if name.startswith("mul_mm_bitcos") else "tq2_0"
+
+
+def compile_prompt_shaders(tree: ShaderTree) -> list[Pipeline]:
+    """mul_mm_bitcos.comp's variants and upstream's UPSTREAM_MM, compiled by the generator as a build does
+    (only those: the filter leaves every other matmul variant empty)."""
+    found = []
+    bitcos_src = tree.root / "vulkan-shaders" / PROMPT_BITCOS
+    for src, shape, keep in (
+        (bitcos_src, shader_shape(bitcos_src), lambda n: n.startswith("mul_mm_bitcos")),
+        (tree.root / "vulkan-shaders" / PROMPT_UPSTREAM, Shape.parse(UPSTREAM_MM_SHAPE), lambda n: n in UPSTREAM_MM),
+    ):
+        names = " ".join(UPSTREAM_MM) if src.name == PROMPT_UPSTREAM else "mul_mm_bitcos*"
+        listing = _generate(tree, src, tree.root / "spv" / f"{src.stem}.prompt", GPU_ISA_NAMES=names)
+        found += [Pipeline(n, Path(path), src.name, shape) for n, path in listing if keep(n)]
+    if not any(p.source == PROMPT_BITCOS for p in found):
+        raise RuntimeError(f"the generator compiled no {PROMPT_BITCOS} variant")
+    return found
+
+
+def measure_prompt(
+    family: str, pipelines: list[Pipeline], tree: ShaderTree, keep: Path | None = None
+) -> tuple[DeviceParams, list[Result]]:
+    """The prompt pipelines compiled on RADV's null device for `family` with ggml-vulkan's creation
+    parameters: mul_mm_bitcos (64 invocations, no specialization constants, no required subgroup size) and
+    upstream's matmul at each tile of upstream_mm_tiles (ALIGNED, MmTypeA = TQ2_0); both with robust buffer
+    access, which ggml-vulkan leaves on for matrix multiplies. One iteration of the hot loop covers
+    `weights` weights per lane times `columns` columns: the counts per weight and column are per
+    multiply-add and lane."""
+    dev = query_device(family)
+    params = device_params(dev)
+    defines = source_defines(tree.root / "vulkan-shaders" / PROMPT_BITCOS)
+    jobs: list[tuple[str, str, Pipeline, str, dict[str, int]]] = []  # key, label, pipeline, spec, names
+    for p in pipelines:
+        if p.source == PROMPT_BITCOS:
+            jobs.append((f"{p.source.removesuffix('.comp')}.{p.name}", p.name, p, "", defines))
+            continue
+        for i, tile in upstream_mm_tiles(dev):
+            spec = " ".join(f"{k}={v}" for k, v in enumerate(tile)) + f" 11=1 12={GGML_TYPE_TQ2_0}"
+            label = f"{p.name}_aligned_{i}"
+            jobs.append((f"{p.source.removesuffix('.comp')}.{label}", label, p, spec, dict(zip(WARPTILE_NAMES, tile))))
+    with tempfile.TemporaryDirectory() as td:
+        outdir = keep / family if keep else Path(td)
+        outdir.mkdir(parents=True, exist_ok=True)
+        jobfile = Path(td) / "jobs"
+        jobfile.write_text("".join(f"{key} {p.spv} 0 robust {spec}\n" for key, _, p, spec, _ in jobs))
+        r = subprocess.run(
+            [str(stats_tool()), str(jobfile), str(outdir)], capture_output=True, text=True, env=radv_env(family)
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"{family}: pipeline creation failed: {r.stderr.strip()}")
+        results = []
+        for key, label, p, _, names in jobs:
+            info = json.loads((outdir / f"{key}.json").read_text())["executables"][0]
+            isa = (outdir / f"{key}.Assembly.txt").read_text()
+            res = Result(
+                label,
+                p.source,
+                0,
+                names.get("BM", names.get("TM", 0)),
+                names.get("BLOCK_SIZE", 64),
+                info["statistics"],
+                None,
+                None,
+                wave_size=info.get("subgroup_size"),
+            )
+            try:
+                if p.shape is None:
+                    raise ValueError("no gpu-isa tag in the shader source: weights per iteration unknown")
+                weights, trips = p.shape.evaluate(names)
+                res.cols = p.shape.evaluate_columns(names)
+                res.loop = hot_loop(isa, trips)
+                res.weights_per_iteration = weights
+            except ValueError as e:
+                res.error = str(e)
+            results.append(res)
+    return params, results
+
+
 # ------------------------------------------------------------------------------------------ output
-def rows_json(family: str, results: list[Result], cols: tuple[int, ...]) -> list[dict[str, Any]]:
+# The mat-vec ggml-bitcos runs by default (GGML_BITCOS_VULKAN_EXACT unset): the fast shader, with q8_1
+# activations where the device has accelerated packed int8 dot products, with f32 ones elsewhere
+DEFAULT_BITCOS_SOURCE = "mul_mat_vec_bitcos_fast.comp"
+
+
+def default_bitcos(results: list[Result], cols: int, int8_dot: bool, variant: str = "bitcos") -> Result | None:
+    """Of a family's results, the mat-vec (not -id) pipeline of `variant` the backend runs by default at
+    `cols` columns on a device with (int8_dot) or without accelerated int8 dot products."""
+    b = "q8_1" if int8_dot else "f32"
+    for r in results:
+        m = PIPELINE_NAME.match(r.pipeline)
+        if (
+            m
+            and r.cols == cols
+            and r.source == DEFAULT_BITCOS_SOURCE
+            and m.group("kind") == "mul_mat_vec"
+            and m.group("b") == b
+            and pipeline_variant(r.pipeline, r.source) == variant
+        ):
+            return r
+    return None
+
+
+def rows_json(
+    family: str, results: list[Result], cols: tuple[int, ...], params: DeviceParams | None = None
+) -> list[dict[str, Any]]:
     """One object per column count: {"family", "cols", "bitcos": {pipeline: counts}, "tq2_0": counts}; the
-    mat-vec-id pipelines (one column) under "bitcos_id" / "tq2_0_id" in the one-column object."""
+    mat-vec-id pipelines (one column) under "bitcos_id" / "tq2_0_id" in the one-column object. With the
+    device's parameters also "int8_dot_accelerated" and "bitcos_default": the key in "bitcos" of the v2
+    pipeline the backend runs by default there (None when it was not measured)."""
     out = []
     for n in cols:
         row: dict[str, Any] = {"family": family, "cols": n, "bitcos": {}, "tq2_0": None}
+        if params is not None:
+            d = default_bitcos(results, n, params.int8_dot)
+            row["int8_dot_accelerated"] = params.int8_dot
+            row["bitcos_default"] = f"{d.source}:{d.pipeline}" if d else None
         for r in results:
             m = PIPELINE_NAME.match(r.pipeline)
             is_id = m.group("kind") == "mul_mat_vec_id"
@@ -705,7 +910,7 @@ def table(family: str, params: DeviceParams, results: list[Result], cols: tuple[
     and column, the classes, VGPRs and waves per SIMD."""
     lines = [
         f"### {family} ({params.name}): workgroup {params.subgroup_size}, NUM_ROWS {params.num_rows}, "
-        f"{params.reduction} reduction",
+        f"{params.reduction} reduction, int8 dot {'accelerated' if params.int8_dot else 'not accelerated'}",
         "",
         "| pipeline (source) | cols | per weight | per weight & col | VALU | SALU | VMEM | SMEM | LDS | ctrl "
         "| loop instr / weights | VGPRs | SGPRs | LDS B | waves/SIMD |",
@@ -782,12 +987,14 @@ def predict(gpu: dict[str, Any], bitcos: dict[str, Any], tq2: dict[str, Any]) ->
 
 
 def budget_table(measured: list[tuple[str, DeviceParams, list[Result]]], cols: tuple[int, ...]) -> str:
-    """Markdown: per GPU its budget at BITCOS's and TQ2_0's bits per weight and, from its proxy family's counts
-    (the v2 BITCOS pipeline of each BITCOS shader, TQ2_0's), the predicted BITCOS / TQ2_0 mat-vec speed. The
-    datasheet figures stay in gpu_datasheets.json."""
+    """Markdown: per GPU its budget at BITCOS's and TQ2_0's bits per weight and, from its proxy family's counts,
+    the predicted BITCOS / TQ2_0 mat-vec speed: BITCOS's v2 pipeline the backend runs by default on that GPU
+    (default_bitcos: the fast shader with q8_1 activations where the datasheet says the GPU has accelerated
+    packed int8 dot products, with f32 ones elsewhere) against upstream's TQ2_0 shader (f32 activations:
+    ggml-vulkan has no integer-dot mat-vec for TQ2_0). The datasheet figures stay in gpu_datasheets.json."""
     by_family = {f: res for f, _, res in measured}
     lines = [
-        "| GPU | budget @1.6 | budget @2.0625 | proxy | cols | BITCOS shader | issue count B / T "
+        "| GPU | budget @1.6 | budget @2.0625 | proxy | cols | BITCOS pipeline | issue count B / T "
         "| predicted BITCOS / TQ2_0 |",
         "|---|---:|---:|---|---:|---|---|---:|",
     ]
@@ -797,19 +1004,68 @@ def budget_table(measured: list[tuple[str, DeviceParams, list[Result]]], cols: t
         if res is None:
             lines.append(head + "| - | (proxy not measured) | - | - |")
             continue
+        int8 = bool(gpu.get("int8_dot_accelerated"))
         for n in cols:
             tq2 = next((r.as_dict() for r in res if r.cols == n and r.pipeline.startswith("mul_mat_vec_tq2_0_")), None)
-            bcs = [r for r in res if r.cols == n and pipeline_variant(r.pipeline, r.source) == "bitcos"]
-            bcs = [r for r in bcs if PIPELINE_NAME.match(r.pipeline).group("kind") == "mul_mat_vec"]
-            for r in bcs:
-                d = r.as_dict()
-                if tq2 is None or "per_weight" not in d or "per_weight" not in tq2:
-                    continue
-                p = predict(gpu, d, tq2)
-                lines.append(
-                    head + f"| {n} | {r.source} | {issue_count(d, gpu):.2f} / {issue_count(tq2, gpu):.2f} "
-                    f"| {p['speed_ratio']:.2f}x |"
-                )
+            r = default_bitcos(res, n, int8)
+            form = "fast q8_1" if int8 else "fast f32"
+            d = r.as_dict() if r is not None else {}
+            if tq2 is None or "per_weight" not in d or "per_weight" not in tq2:
+                lines.append(head + f"| {n} | {form} (not measured) | - | - |")
+                continue
+            p = predict(gpu, d, tq2)
+            lines.append(
+                head + f"| {n} | {form} | {issue_count(d, gpu):.2f} / {issue_count(tq2, gpu):.2f} "
+                f"| {p['speed_ratio']:.2f}x |"
+            )
+    return "\n".join(lines)
+
+
+def prompt_json(family: str, params: DeviceParams, results: list[Result]) -> dict[str, Any]:
+    """One object per family: {"family", "kind": "prompt", "bitcos": {source:pipeline: counts}, "tq2_0":
+    {pipeline: counts}, "tq2_0_default": the pipeline ggml-vulkan picks for a prompt of more than 32 tokens}.
+    Counts per weight and column ("per_weight_and_column") are per multiply-add and lane."""
+    row: dict[str, Any] = {
+        "family": family,
+        "kind": "prompt",
+        "bitcos": {},
+        "tq2_0": {},
+        "tq2_0_default": f"{UPSTREAM_MM[0]}_aligned_1",
+    }
+    for r in results:
+        if r.source == PROMPT_BITCOS:
+            row["bitcos"][f"{r.source}:{r.pipeline}"] = r.as_dict()
+        else:
+            row["tq2_0"][r.pipeline] = r.as_dict()
+    return row
+
+
+def prompt_table(family: str, params: DeviceParams, results: list[Result]) -> str:
+    """Markdown: per prompt pipeline its hot-loop instructions per multiply-add and lane, by class, and its
+    VGPRs, LDS and occupancy."""
+    lines = [
+        f"### {family} ({params.name}): prompt path, instructions per multiply-add per lane",
+        "",
+        "| pipeline (source) | tile rows x cols | per MAC | VALU | SALU | VMEM | SMEM | LDS | ctrl "
+        "| loop instr / (weights x cols) | wave | VGPRs | SGPRs | LDS B | waves/SIMD |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(results, key=lambda r: (r.source != PROMPT_BITCOS, r.pipeline)):
+        d = r.as_dict()
+        if "per_weight" in d:
+            w, c = d["weights_per_iteration"], r.cols
+            cells = [
+                f"{d['per_weight_and_column']:.2f}",
+                *(f"{d['per_weight_by_class'][k] / c:.3f}" for k in ("VALU", "SALU", "VMEM", "SMEM", "LDS", "control")),
+                f"{d['hot_loop']['instructions']} / ({w} x {c})",
+            ]
+        else:
+            cells = ["-"] * 7 + [d.get("error", "")]
+        lines.append(
+            f"| {r.pipeline} ({r.source}) | {r.num_rows} x {r.cols} | "
+            + " | ".join(cells)
+            + f" | {r.wave_size} | {d['vgprs']} | {d['sgprs']} | {d['lds_bytes']} | {d['waves_per_simd']} |"
+        )
     return "\n".join(lines)
 
 
@@ -834,6 +1090,33 @@ def run_all(
         pipelines = compile_shaders(tree, {device_params(query_device(f)).reduction for f in families})
     pipelines = select(pipelines, types)
     return [(f, *measure(f, pipelines, cols, keep)) for f in families]
+
+
+def run_prompt(
+    families: list[str],
+    types: list[str] | None = None,
+    spv_dir: Path | None = None,
+    vulkan_dir: Path = REPO_VULKAN,
+    keep: Path | None = None,
+) -> list[tuple[str, DeviceParams, list[Result]]]:
+    """The prompt path (compile_prompt_shaders, measure_prompt) on each family; with `spv_dir` the SPIR-V of
+    a Vulkan build (its mul_mm_bitcos*.spv and UPSTREAM_MM files)."""
+    tree = shader_tree(vulkan_dir)
+    if spv_dir is not None:
+        bitcos_shape = shader_shape(tree.root / "vulkan-shaders" / PROMPT_BITCOS)
+        pipelines = [
+            Pipeline(f.stem, f, PROMPT_BITCOS, bitcos_shape) for f in sorted(spv_dir.glob("mul_mm_bitcos*.spv"))
+        ]
+        pipelines += [
+            Pipeline(n, spv_dir / f"{n}.spv", PROMPT_UPSTREAM, Shape.parse(UPSTREAM_MM_SHAPE))
+            for n in UPSTREAM_MM
+            if (spv_dir / f"{n}.spv").is_file()
+        ]
+    else:
+        pipelines = compile_prompt_shaders(tree)
+    if types:
+        pipelines = [p for p in pipelines if prompt_variant(p.name) in types]
+    return [(f, *measure_prompt(f, pipelines, tree, keep)) for f in families]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -863,6 +1146,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="also the per-GPU instruction budget (gpu_datasheets.json) and the predicted BITCOS / TQ2_0 speed",
     )
+    p.add_argument(
+        "--prompt",
+        action="store_true",
+        help="the prompt path instead of the mat-vec: mul_mm_bitcos.comp against upstream's matmul for TQ2_0, "
+        "per multiply-add (--cols and --budget do not apply)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -871,13 +1160,15 @@ def run(args: argparse.Namespace) -> int:
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     cols = tuple(int(c) for c in args.cols.split(","))
     types = [t.strip() for t in args.types.split(",")] if args.types else None
+    if getattr(args, "prompt", False):
+        return run_prompt_cli(args, families, types)
     try:
         measured = run_all(families, cols, types, args.spv_dir, args.vulkan_dir, args.keep_isa)
     except RuntimeError as e:
         print(f"gpu-isa: {e}", file=sys.stderr)
         return 2
     if args.json:
-        rows = [row for f, _, res in measured for row in rows_json(f, res, cols)]
+        rows = [row for f, params, res in measured for row in rows_json(f, res, cols, params)]
         text = json.dumps(rows, indent=1)
         if args.json == "-":
             print(text)
@@ -898,4 +1189,35 @@ def run(args: argparse.Namespace) -> int:
             )
             print()
             print(budget_table(measured, cols))
+    return 0
+
+
+def _write_json(dest: str, obj: Any) -> None:
+    text = json.dumps(obj, indent=1)
+    if dest == "-":
+        print(text)
+    else:
+        Path(dest).write_text(text + "\n")
+
+
+def run_prompt_cli(args: argparse.Namespace, families: list[str], types: list[str] | None) -> int:
+    """`bench gpu-isa --prompt`: the prompt path's tables (or JSON: one prompt_json object per family)."""
+    if args.budget:
+        print("gpu-isa: --budget applies to the mat-vec only; ignored with --prompt", file=sys.stderr)
+    try:
+        measured = run_prompt(families, types, args.spv_dir, args.vulkan_dir, args.keep_isa)
+    except RuntimeError as e:
+        print(f"gpu-isa: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        _write_json(args.json, [prompt_json(f, params, res) for f, params, res in measured])
+    if args.json != "-":
+        print(
+            "# ggml-bitcos bench gpu-isa --prompt: hot-loop instructions per multiply-add per lane (RADV null "
+            "device, static). TQ2_0: upstream's matmul (mul_mm.comp, no cooperative matrix), _aligned_0 the 32 x 32 "
+            "tile as BITCOS's, _aligned_1 the 64 x 64 one ggml-vulkan picks for prompts; _f16acc its default"
+        )
+        for f, params, res in measured:
+            print()
+            print(prompt_table(f, params, res))
     return 0

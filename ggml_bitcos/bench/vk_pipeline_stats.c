@@ -4,13 +4,19 @@
 // cache; meant for Mesa RADV's null device (RADV_FORCE_FAMILY=gfx1100 etc.), where pipelines compile to real
 // AMD ISA while nothing can execute.
 //
-//   vk_pipeline_stats --device          one JSON object: the device's name, vendor and subgroup properties
-//   vk_pipeline_stats JOBS OUTDIR       JOBS: one pipeline a line, "NAME SPV_PATH SUBGROUP_SIZE ID=VALUE...";
-//                                       per job OUTDIR/NAME.json (statistics) and OUTDIR/NAME.<repr>.txt
+//   vk_pipeline_stats --device          one JSON object: the device's name, vendor, subgroup properties and
+//                                       packed int8 dot product support
+//   vk_pipeline_stats JOBS OUTDIR       JOBS: one pipeline a line, "NAME SPV_PATH SUBGROUP_SIZE [robust]
+//                                       ID=VALUE..."; per job OUTDIR/NAME.json (statistics) and
+//                                       OUTDIR/NAME.<repr>.txt
 //
-// Every pipeline gets ggml-vulkan's creation parameters for its mat-vec shaders: the specialization constants
-// given (32-bit unsigned), a required subgroup size (0: none) with full subgroups, seven storage buffers in
-// set 0 (the most a BITCOS mat-vec-id binds) and a 128-byte push constant range.
+// Every pipeline gets ggml-vulkan's creation parameters: the specialization constants given (32-bit unsigned),
+// a required subgroup size (0: none) with full subgroups, robust buffer access only where the job says
+// "robust" (ggml-vulkan turns it off for its mat-vec pipelines, not for its matrix multiplies), eight storage
+// buffers in set 0 (more than any measured shader binds) and a 128-byte push constant range. The device is
+// created with every feature it has, shaderIntegerDotProduct included where it has
+// VK_KHR_shader_integer_dot_product (or Vulkan 1.3), as ggml-vulkan enables it for the shaders that use OpSDot
+// (the q8_1 mat-vec).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,13 +76,55 @@ static int has_extension(VkPhysicalDevice pd, const char * name) {
     return found;
 }
 
+// a device and what every pipeline on it shares
+struct ctx {
+    VkDevice                                              dev;
+    VkDescriptorSetLayout                                 dsl;
+    VkPipelineLayout                                      layout;
+    PFN_vkGetPipelineExecutablePropertiesKHR              get_exec;
+    PFN_vkGetPipelineExecutableStatisticsKHR              get_stats;
+    PFN_vkGetPipelineExecutableInternalRepresentationsKHR get_reprs;
+};
+
+static void make_ctx(VkPhysicalDevice pd, const VkDeviceCreateInfo * dci, struct ctx * c) {
+    VkResult r = vkCreateDevice(pd, dci, NULL, &c->dev);
+    if (r != VK_SUCCESS) {
+        die("vkCreateDevice", r);
+    }
+    c->get_exec =
+        (PFN_vkGetPipelineExecutablePropertiesKHR) vkGetDeviceProcAddr(c->dev, "vkGetPipelineExecutablePropertiesKHR");
+    c->get_stats =
+        (PFN_vkGetPipelineExecutableStatisticsKHR) vkGetDeviceProcAddr(c->dev, "vkGetPipelineExecutableStatisticsKHR");
+    c->get_reprs = (PFN_vkGetPipelineExecutableInternalRepresentationsKHR) vkGetDeviceProcAddr(
+        c->dev, "vkGetPipelineExecutableInternalRepresentationsKHR");
+    VkDescriptorSetLayoutBinding binds[N_BINDINGS];
+    for (uint32_t b = 0; b < N_BINDINGS; ++b) {
+        binds[b] = (VkDescriptorSetLayoutBinding) { b, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
+                                                    VK_SHADER_STAGE_COMPUTE_BIT, NULL };
+    }
+    VkDescriptorSetLayoutCreateInfo dslci = { VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO, NULL, 0, N_BINDINGS,
+                                              binds };
+
+    r = vkCreateDescriptorSetLayout(c->dev, &dslci, NULL, &c->dsl);
+    if (r != VK_SUCCESS) {
+        die("vkCreateDescriptorSetLayout", r);
+    }
+    VkPushConstantRange        pcr  = { VK_SHADER_STAGE_COMPUTE_BIT, 0, 128 };
+    VkPipelineLayoutCreateInfo plci = { VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 1, &c->dsl, 1, &pcr };
+
+    r = vkCreatePipelineLayout(c->dev, &plci, NULL, &c->layout);
+    if (r != VK_SUCCESS) {
+        die("vkCreatePipelineLayout", r);
+    }
+}
+
 int main(int argc, char ** argv) {
     if (argc < 2 || (strcmp(argv[1], "--device") != 0 && argc < 3)) {
         fprintf(stderr, "usage: %s --device | %s JOBS OUTDIR\n", argv[0], argv[0]);
         return 2;
     }
     VkApplicationInfo app = {
-        VK_STRUCTURE_TYPE_APPLICATION_INFO, NULL, "vk_pipeline_stats", 1, NULL, 0, VK_API_VERSION_1_2
+        VK_STRUCTURE_TYPE_APPLICATION_INFO, NULL, "vk_pipeline_stats", 1, NULL, 0, VK_API_VERSION_1_3
     };
     VkInstanceCreateInfo ici = { VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, NULL, 0, &app, 0, NULL, 0, NULL };
     VkInstance           inst;
@@ -103,20 +151,41 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "vk_pipeline_stats: no device with %s\n", VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
         return 1;
     }
+    VkPhysicalDeviceProperties base;
+    vkGetPhysicalDeviceProperties(pd, &base);
+    // integer dot products: an extension, core in Vulkan 1.3 (its structures are the same)
+    const int has_idot =
+        has_extension(pd, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) || base.apiVersion >= VK_API_VERSION_1_3;
+    VkPhysicalDeviceShaderIntegerDotProductProperties idotp = {
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES
+    };
     VkPhysicalDeviceSubgroupSizeControlProperties sgc = {
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES, has_idot ? &idotp : NULL
     };
     VkPhysicalDeviceSubgroupProperties sg    = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, &sgc };
     VkPhysicalDeviceProperties2        props = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &sg };
     vkGetPhysicalDeviceProperties2(pd, &props);
+    VkPhysicalDeviceShaderIntegerDotProductFeatures idotf = {
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES
+    };
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pexf = {
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR, has_idot ? &idotf : NULL, VK_TRUE
+    };
+    VkPhysicalDeviceVulkan12Features f12 = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &pexf };
+    VkPhysicalDeviceVulkan11Features f11 = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, &f12 };
+    VkPhysicalDeviceFeatures2        f2  = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f11 };
+    vkGetPhysicalDeviceFeatures2(pd, &f2); // every feature the device has (16-bit storage, int8, int dot, ...)
     if (strcmp(argv[1], "--device") == 0) {
         printf("{\"name\": ");
         json_string(stdout, props.properties.deviceName);
-        printf(", \"vendor_id\": %u, \"subgroup_size\": %u, \"min_subgroup_size\": %u, \"max_subgroup_size\": %u, "
-               "\"subgroup_arithmetic\": %d, \"max_shared_memory\": %u}\n",
-               props.properties.vendorID, sg.subgroupSize, sgc.minSubgroupSize, sgc.maxSubgroupSize,
+        printf(", \"vendor_id\": %u, \"api_version\": \"%u.%u\", \"subgroup_size\": %u, \"min_subgroup_size\": %u, "
+               "\"max_subgroup_size\": %u, \"subgroup_arithmetic\": %d, \"max_shared_memory\": %u, "
+               "\"integer_dot_product\": %d, \"int8_dot_accelerated\": %d}\n",
+               props.properties.vendorID, VK_API_VERSION_MAJOR(base.apiVersion), VK_API_VERSION_MINOR(base.apiVersion),
+               sg.subgroupSize, sgc.minSubgroupSize, sgc.maxSubgroupSize,
                (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0,
-               props.properties.limits.maxComputeSharedMemorySize);
+               props.properties.limits.maxComputeSharedMemorySize, has_idot && idotf.shaderIntegerDotProduct,
+               has_idot && idotp.integerDotProduct4x8BitPackedSignedAccelerated);
         return 0;
     }
 
@@ -131,15 +200,7 @@ int main(int argc, char ** argv) {
     }
     float                   prio = 1.0f;
     VkDeviceQueueCreateInfo qci  = { VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, NULL, 0, qfi, 1, &prio };
-    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pexf = {
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR, NULL, VK_TRUE
-    };
-    VkPhysicalDeviceVulkan12Features f12 = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &pexf };
-    VkPhysicalDeviceVulkan11Features f11 = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, &f12 };
-    VkPhysicalDeviceFeatures2        f2  = { VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f11 };
-    vkGetPhysicalDeviceFeatures2(pd, &f2);     // every feature the device has (16-bit storage, int8, ...)
-    pexf.pipelineExecutableInfo    = VK_TRUE;
-    f2.features.robustBufferAccess = VK_FALSE; // ggml-vulkan disables robustness for the mat-vec pipelines
+    pexf.pipelineExecutableInfo  = VK_TRUE;
     const char * exts[4];
     uint32_t     n_ext = 0;
     exts[n_ext++]      = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
@@ -149,39 +210,11 @@ int main(int argc, char ** argv) {
     if (has_extension(pd, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
         exts[n_ext++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
     }
-    VkDeviceCreateInfo dci = { VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f2, 0, 1, &qci, 0, NULL, n_ext, exts, NULL };
-    VkDevice           dev;
-    r = vkCreateDevice(pd, &dci, NULL, &dev);
-    if (r != VK_SUCCESS) {
-        die("vkCreateDevice", r);
-    }
-    PFN_vkGetPipelineExecutablePropertiesKHR get_exec =
-        (PFN_vkGetPipelineExecutablePropertiesKHR) vkGetDeviceProcAddr(dev, "vkGetPipelineExecutablePropertiesKHR");
-    PFN_vkGetPipelineExecutableStatisticsKHR get_stats =
-        (PFN_vkGetPipelineExecutableStatisticsKHR) vkGetDeviceProcAddr(dev, "vkGetPipelineExecutableStatisticsKHR");
-    PFN_vkGetPipelineExecutableInternalRepresentationsKHR get_reprs =
-        (PFN_vkGetPipelineExecutableInternalRepresentationsKHR) vkGetDeviceProcAddr(
-            dev, "vkGetPipelineExecutableInternalRepresentationsKHR");
-
-    VkDescriptorSetLayoutBinding binds[N_BINDINGS];
-    for (uint32_t b = 0; b < N_BINDINGS; ++b) {
-        binds[b] = (VkDescriptorSetLayoutBinding) { b, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
-                                                    VK_SHADER_STAGE_COMPUTE_BIT, NULL };
-    }
-    VkDescriptorSetLayoutCreateInfo dslci = { VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO, NULL, 0, N_BINDINGS,
-                                              binds };
-    VkDescriptorSetLayout           dsl;
-    r = vkCreateDescriptorSetLayout(dev, &dslci, NULL, &dsl);
-    if (r != VK_SUCCESS) {
-        die("vkCreateDescriptorSetLayout", r);
-    }
-    VkPushConstantRange        pcr  = { VK_SHADER_STAGE_COMPUTE_BIT, 0, 128 };
-    VkPipelineLayoutCreateInfo plci = { VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 1, &dsl, 1, &pcr };
-    VkPipelineLayout           layout;
-    r = vkCreatePipelineLayout(dev, &plci, NULL, &layout);
-    if (r != VK_SUCCESS) {
-        die("vkCreatePipelineLayout", r);
-    }
+    // Two devices, made when first needed: ggml-vulkan creates its mat-vec pipelines without robust buffer
+    // access (VK_EXT_pipeline_robustness) and its matrix multiplies with it (the device's robustBufferAccess);
+    // a job naming "robust" gets the latter.
+    const VkBool32 robust_supported = f2.features.robustBufferAccess;
+    struct ctx     ctxs[2]          = { { VK_NULL_HANDLE }, { VK_NULL_HANDLE } };
 
     FILE * jobs = fopen(argv[1], "r");
     if (!jobs) {
@@ -200,12 +233,27 @@ int main(int argc, char ** argv) {
         VkSpecializationMapEntry entries[MAX_SPEC];
         uint32_t                 values[MAX_SPEC];
         uint32_t                 n_spec = 0;
-        for (char * tok; (tok = strtok_r(NULL, " \t\n", &save)) && n_spec < MAX_SPEC; ++n_spec) {
+        int                      robust = 0;
+        for (char * tok; (tok = strtok_r(NULL, " \t\n", &save)) && n_spec < MAX_SPEC;) {
+            if (strcmp(tok, "robust") == 0) {
+                robust = 1;
+                continue;
+            }
             unsigned id = 0, value = 0;
             sscanf(tok, "%u=%u", &id, &value);
             entries[n_spec] = (VkSpecializationMapEntry) { id, n_spec * 4, 4 };
             values[n_spec]  = value;
+            ++n_spec;
         }
+        struct ctx * c = &ctxs[robust];
+        if (c->dev == VK_NULL_HANDLE) {
+            f2.features.robustBufferAccess = robust ? robust_supported : VK_FALSE;
+            VkDeviceCreateInfo dci         = {
+                VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f2, 0, 1, &qci, 0, NULL, n_ext, exts, NULL
+            };
+            make_ctx(pd, &dci, c);
+        }
+        VkDevice                 dev = c->dev;
         size_t                   code_size;
         void *                   code = read_file(spv, &code_size);
         VkShaderModuleCreateInfo smci = { VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, code_size, code };
@@ -232,7 +280,7 @@ int main(int argc, char ** argv) {
                                                   VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR |
                                                       VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR,
                                                   stage,
-                                                  layout,
+                                                  c->layout,
                                                   VK_NULL_HANDLE,
                                                   -1 };
         VkPipeline                      pipe;
@@ -250,12 +298,12 @@ int main(int argc, char ** argv) {
         }
         VkPipelineInfoKHR pinfo  = { VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR, NULL, pipe };
         uint32_t          n_exec = 0;
-        get_exec(dev, &pinfo, &n_exec, NULL);
+        c->get_exec(dev, &pinfo, &n_exec, NULL);
         VkPipelineExecutablePropertiesKHR * ep = calloc(n_exec, sizeof(*ep));
         for (uint32_t e = 0; e < n_exec; ++e) {
             ep[e].sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR;
         }
-        get_exec(dev, &pinfo, &n_exec, ep);
+        c->get_exec(dev, &pinfo, &n_exec, ep);
         fprintf(out, "{\"executables\": [");
         for (uint32_t e = 0; e < n_exec; ++e) {
             fprintf(out, "%s{\"name\": ", e ? ", " : "");
@@ -263,12 +311,12 @@ int main(int argc, char ** argv) {
             fprintf(out, ", \"subgroup_size\": %u, \"statistics\": {", ep[e].subgroupSize);
             VkPipelineExecutableInfoKHR einfo = { VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR, NULL, pipe, e };
             uint32_t                    n_st  = 0;
-            get_stats(dev, &einfo, &n_st, NULL);
+            c->get_stats(dev, &einfo, &n_st, NULL);
             VkPipelineExecutableStatisticKHR * st = calloc(n_st, sizeof(*st));
             for (uint32_t s = 0; s < n_st; ++s) {
                 st[s].sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR;
             }
-            get_stats(dev, &einfo, &n_st, st);
+            c->get_stats(dev, &einfo, &n_st, st);
             for (uint32_t s = 0; s < n_st; ++s) {
                 fprintf(out, "%s", s ? ", " : "");
                 json_string(out, st[s].name);
@@ -289,16 +337,16 @@ int main(int argc, char ** argv) {
             free(st);
             fprintf(out, "}, \"representations\": [");
             uint32_t n_ir = 0;
-            get_reprs(dev, &einfo, &n_ir, NULL);
+            c->get_reprs(dev, &einfo, &n_ir, NULL);
             VkPipelineExecutableInternalRepresentationKHR * ir = calloc(n_ir, sizeof(*ir));
             for (uint32_t i = 0; i < n_ir; ++i) {
                 ir[i].sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INTERNAL_REPRESENTATION_KHR;
             }
-            get_reprs(dev, &einfo, &n_ir, ir);
+            c->get_reprs(dev, &einfo, &n_ir, ir);
             for (uint32_t i = 0; i < n_ir; ++i) {
                 ir[i].pData = calloc(1, ir[i].dataSize + 1);
             }
-            get_reprs(dev, &einfo, &n_ir, ir);
+            c->get_reprs(dev, &einfo, &n_ir, ir);
             for (uint32_t i = 0; i < n_ir; ++i) {
                 // the text goes to its own file, named by the representation ("Assembly" -> NAME.Assembly.txt)
                 char rname[VK_MAX_DESCRIPTION_SIZE];
@@ -329,9 +377,13 @@ int main(int argc, char ** argv) {
         free(code);
     }
     fclose(jobs);
-    vkDestroyPipelineLayout(dev, layout, NULL);
-    vkDestroyDescriptorSetLayout(dev, dsl, NULL);
-    vkDestroyDevice(dev, NULL);
+    for (int i = 0; i < 2; ++i) {
+        if (ctxs[i].dev != VK_NULL_HANDLE) {
+            vkDestroyPipelineLayout(ctxs[i].dev, ctxs[i].layout, NULL);
+            vkDestroyDescriptorSetLayout(ctxs[i].dev, ctxs[i].dsl, NULL);
+            vkDestroyDevice(ctxs[i].dev, NULL);
+        }
+    }
     vkDestroyInstance(inst, NULL);
     return 0;
 }

@@ -7,8 +7,9 @@
 //   vk_shaders_gen_driver GLSLC SOURCE OUTDIR     prints "NAME<TAB>SPV_PATH" per variant compiled
 //
 // A source file only the BITCOS list names (csrc/vulkan/*.comp) compiles through bitcos_vulkan_shaders(), one
-// upstream names (mul_mat_vec_tq2_0.comp) through process_shaders(); the generator itself skips every variant
-// of another source file.
+// upstream names (mul_mat_vec_tq2_0.comp, the prompt path's mul_mm.comp) through process_shaders(); the
+// generator itself skips every variant of another source file, and the glslc it is given may leave a variant's
+// output empty (gpu_isa.py's filter compiles only the variants measured).
 #define main vulkan_shaders_gen_main
 #include UPSTREAM_GEN
 #undef main

@@ -689,6 +689,43 @@ class Result:
         return d
 
 
+def create_pipelines(family: str, jobs: list[str], keep: Path | None = None) -> dict[str, tuple[dict[str, Any], str]]:
+    """vk_pipeline_stats on RADV's null device for `family`: one job line each ("KEY SPV SUBGROUP [robust]
+    ID=VALUE..."); per KEY the first executable's properties and statistics and its ISA text (their files stay
+    in keep/family when given)."""
+    with tempfile.TemporaryDirectory() as td:
+        outdir = keep / family if keep else Path(td)
+        outdir.mkdir(parents=True, exist_ok=True)
+        jobfile = Path(td) / "jobs"
+        jobfile.write_text("".join(f"{line}\n" for line in jobs))
+        r = subprocess.run(
+            [str(stats_tool()), str(jobfile), str(outdir)], capture_output=True, text=True, env=radv_env(family)
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"{family}: pipeline creation failed: {r.stderr.strip()}")
+        out = {}
+        for line in jobs:
+            key = line.split(" ", 1)[0]
+            info = json.loads((outdir / f"{key}.json").read_text())["executables"][0]
+            out[key] = (info, (outdir / f"{key}.Assembly.txt").read_text())
+        return out
+
+
+def count_hot_loop(res: Result, shape: Shape | None, isa: str, names: dict[str, int], columns: bool = False) -> None:
+    """res's hot loop and weights per iteration from the shader's gpu-isa tag with `names` bound (and, for a
+    matrix multiply, the columns one iteration covers); the reason in res.error where that fails."""
+    try:
+        if shape is None:
+            raise ValueError("no gpu-isa tag in the shader source: weights per iteration unknown")
+        weights, trips = shape.evaluate(names)
+        if columns:
+            res.cols = shape.evaluate_columns(names)
+        res.loop = hot_loop(isa, trips)
+        res.weights_per_iteration = weights
+    except ValueError as e:
+        res.error = str(e)
+
+
 def measure(
     family: str, pipelines: list[Pipeline], cols: tuple[int, ...], keep: Path | None = None
 ) -> tuple[DeviceParams, list[Result]]:
@@ -702,37 +739,19 @@ def measure(
         is_id = PIPELINE_NAME.match(p.name).group("kind") == "mul_mat_vec_id"
         for n in (1,) if is_id else cols:
             jobs.append((f"{p.source.removesuffix('.comp') or 'build'}.{p.name}.c{n}", p, n))
-    with tempfile.TemporaryDirectory() as td:
-        outdir = keep / family if keep else Path(td)
-        outdir.mkdir(parents=True, exist_ok=True)
-        jobfile = Path(td) / "jobs"
-        lines = []
-        for key, p, n in jobs:
-            spec = f"0={params.subgroup_size} 1={params.num_rows}" + ("" if "_id_" in p.name else f" 2={n}")
-            lines.append(f"{key} {p.spv} {params.subgroup_size} {spec}")
-        jobfile.write_text("\n".join(lines) + "\n")
-        r = subprocess.run(
-            [str(stats_tool()), str(jobfile), str(outdir)], capture_output=True, text=True, env=radv_env(family)
-        )
-        if r.returncode != 0:
-            raise RuntimeError(f"{family}: pipeline creation failed: {r.stderr.strip()}")
-        results = []
-        names = {"BLOCK_SIZE": params.subgroup_size, "NUM_ROWS": params.num_rows}
-        for key, p, n in jobs:
-            info = json.loads((outdir / f"{key}.json").read_text())["executables"][0]
-            isa = (outdir / f"{key}.Assembly.txt").read_text()
-            res = Result(p.name, p.source, n, params.num_rows, params.subgroup_size, info["statistics"], None, None)
-            res.wave_size = info.get("subgroup_size")
-            if p.shape is None:
-                res.error = "no gpu-isa tag in the shader source: weights per iteration unknown"
-            else:
-                try:
-                    weights, trips = p.shape.evaluate({**names, "NUM_COLS": n})
-                    res.loop = hot_loop(isa, trips)
-                    res.weights_per_iteration = weights
-                except ValueError as e:
-                    res.error = str(e)
-            results.append(res)
+    lines = []
+    for key, p, n in jobs:
+        spec = f"0={params.subgroup_size} 1={params.num_rows}" + ("" if "_id_" in p.name else f" 2={n}")
+        lines.append(f"{key} {p.spv} {params.subgroup_size} {spec}")
+    created = create_pipelines(family, lines, keep)
+    results = []
+    names = {"BLOCK_SIZE": params.subgroup_size, "NUM_ROWS": params.num_rows}
+    for key, p, n in jobs:
+        info, isa = created[key]
+        res = Result(p.name, p.source, n, params.num_rows, params.subgroup_size, info["statistics"], None, None)
+        res.wave_size = info.get("subgroup_size")
+        count_hot_loop(res, p.shape, isa, {**names, "NUM_COLS": n})
+        results.append(res)
     return params, results
 
 
@@ -816,41 +835,23 @@ def measure_prompt(
             spec = " ".join(f"{k}={v}" for k, v in enumerate(tile)) + f" 11=1 12={GGML_TYPE_TQ2_0}"
             label = f"{p.name}_aligned_{i}"
             jobs.append((f"{p.source.removesuffix('.comp')}.{label}", label, p, spec, dict(zip(WARPTILE_NAMES, tile))))
-    with tempfile.TemporaryDirectory() as td:
-        outdir = keep / family if keep else Path(td)
-        outdir.mkdir(parents=True, exist_ok=True)
-        jobfile = Path(td) / "jobs"
-        jobfile.write_text("".join(f"{key} {p.spv} 0 robust {spec}\n" for key, _, p, spec, _ in jobs))
-        r = subprocess.run(
-            [str(stats_tool()), str(jobfile), str(outdir)], capture_output=True, text=True, env=radv_env(family)
+    created = create_pipelines(family, [f"{key} {p.spv} 0 robust {spec}" for key, _, p, spec, _ in jobs], keep)
+    results = []
+    for key, label, p, _, names in jobs:
+        info, isa = created[key]
+        res = Result(
+            label,
+            p.source,
+            0,
+            names.get("BM", names.get("TM", 0)),
+            names.get("BLOCK_SIZE", 64),
+            info["statistics"],
+            None,
+            None,
+            wave_size=info.get("subgroup_size"),
         )
-        if r.returncode != 0:
-            raise RuntimeError(f"{family}: pipeline creation failed: {r.stderr.strip()}")
-        results = []
-        for key, label, p, _, names in jobs:
-            info = json.loads((outdir / f"{key}.json").read_text())["executables"][0]
-            isa = (outdir / f"{key}.Assembly.txt").read_text()
-            res = Result(
-                label,
-                p.source,
-                0,
-                names.get("BM", names.get("TM", 0)),
-                names.get("BLOCK_SIZE", 64),
-                info["statistics"],
-                None,
-                None,
-                wave_size=info.get("subgroup_size"),
-            )
-            try:
-                if p.shape is None:
-                    raise ValueError("no gpu-isa tag in the shader source: weights per iteration unknown")
-                weights, trips = p.shape.evaluate(names)
-                res.cols = p.shape.evaluate_columns(names)
-                res.loop = hot_loop(isa, trips)
-                res.weights_per_iteration = weights
-            except ValueError as e:
-                res.error = str(e)
-            results.append(res)
+        count_hot_loop(res, p.shape, isa, names, columns=True)
+        results.append(res)
     return params, results
 
 

@@ -16,13 +16,14 @@
 // popcounts its run, one exclusive scan over the workgroup gives the signs before it, and from there it walks
 // its run with a running cursor. Per word and row: one 32-sign window from the pool (two u32 words, funnel
 // shift); per 4 weights: the presence nibble and the window's next 4 signs index a 256-entry table in shared
-// memory (bitcos_nibble_codes.glsl) that returns the 4 codes as a vec4, and the cursor advances by the
-// nibble's popcount. The codes of a word serve every column, its activations every row.
+// memory (bitcos_nibble_codes.glsl) that returns the 4 codes, and the cursor advances by the nibble's
+// popcount. The codes of a word serve every column, its activations every row.
 //
-// Activations: f32 (fmas on float codes), or with BITCOS_Q8_1 ggml-vulkan's q8_1_x4 blocks (int8 with an f16
-// scale per 32, quantized by its quantize_q8_1 pass): the table then holds the 4 codes as packed int8 and
-// each 4 weights and column take one packed 4x8-bit dot product (OpSDot, SPV_KHR_integer_dot_product:
-// v_dot4 on AMD, dp4a on NVIDIA, DP4A on Intel), one int -> float conversion and fma per word and column.
+// Activations: f32 (the table holds vec4 codes; fmas), or with BITCOS_Q8_1 blocks in ggml-vulkan's q8_1_x4
+// layout (int8 with an f16 scale per 32): the table then holds the 4 codes as packed int8 and each 4 weights
+// and column take one packed 4x8-bit dot product (OpSDot, SPV_KHR_integer_dot_product: v_dot4 on AMD, dp4a
+// on NVIDIA, DP4A on Intel), one int -> float conversion and fma per word and column. The backend dispatches
+// the f32 form only so far (docs/PERFORMANCE.md §5.1); `bench gpu-isa` counts both.
 //
 // Same bindings, push constants, specialization constants and workgroup grid as mul_mat_vec_bitcos.comp
 // (ggml-vulkan creates either with TQ2_0's geometry); the same generator defines.

@@ -37,9 +37,10 @@ size_t type_index(ggml_type type) {
     return type == GGML_TYPE_BITCOS_G128 ? 0 : type == GGML_TYPE_BITCOS_PT ? 1 : 2;
 }
 
-// [exact][type][id][reduc]: the fast shader (mul_mat_vec_bitcos_fast.comp) and the exact one
-// (mul_mat_vec_bitcos.comp, TQ2_0's arithmetic)
-const ggml_vk_bitcos_shader mat_vec_shaders[2][N_TYPES][2][SHADER_REDUCTION_MODE_COUNT] = {
+// [form][type][id][reduc], forms: the fast shader (mul_mat_vec_bitcos_fast.comp) with f32 activations, the exact
+// one (mul_mat_vec_bitcos.comp, TQ2_0's arithmetic), the fast one with q8_1 activations
+enum { FORM_FAST_F32, FORM_EXACT, FORM_FAST_Q8_1, N_FORMS };
+const ggml_vk_bitcos_shader mat_vec_shaders[N_FORMS][N_TYPES][2][SHADER_REDUCTION_MODE_COUNT] = {
     {
         { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_g128_fast_f32_f32),
           BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_fast_f32_f32) },
@@ -52,6 +53,14 @@ const ggml_vk_bitcos_shader mat_vec_shaders[2][N_TYPES][2][SHADER_REDUCTION_MODE
         { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_f32_f32) },
         { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_f32_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_f32_f32) },
     },
+    {
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_g128_fast_q8_1_f32),
+          BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_fast_q8_1_f32) },
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_fast_q8_1_f32),
+          BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_fast_q8_1_f32) },
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_fast_q8_1_f32),
+          BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_fast_q8_1_f32) },
+    },
 };
 
 #undef BITCOS_VK_SHADERS
@@ -63,6 +72,15 @@ const ggml_vk_bitcos_shader mul_mm_shaders[N_TYPES] = {
 };
 
 constexpr uint32_t MUL_MM_TILE = 32; // rows and columns per workgroup (mul_mm_bitcos.comp's TM, TN)
+
+// The q8_1 form's activation pass: blocks of 32 activations per workgroup (mul_mat_vec_bitcos_fast.comp's
+// QUANTIZE_BLOCKS_PER_WG) and bytes per 128 activations (ggml-vulkan's block_q8_1_x4: 4 f16 pairs + 128 int8)
+constexpr uint32_t QUANTIZE_BLOCKS_PER_WG = 32;
+constexpr uint64_t Q8_1_X4_BYTES          = 144;
+
+// Per device: whether its mat-vec takes q8_1 activations (ggml_vk_bitcos_init_device)
+std::mutex                                 int8_mutex;
+std::map<const vk_device_struct *, bool>   int8_devices;
 
 // The mul_mm pipelines live here rather than in vk_device_struct (whose layout is upstream's), one per type and
 // device, created by ggml_vk_load_shaders through ggml_vk_bitcos_mul_mm_pipeline().
@@ -120,9 +138,49 @@ bool ggml_vk_bitcos_exact() {
     return env_is_1("GGML_BITCOS_VULKAN_EXACT");
 }
 
-ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc) {
+ggml_vk_bitcos_shader ggml_vk_bitcos_mat_vec_shader(ggml_type type, bool id, uint32_t reduc, bool q8_1) {
     GGML_ASSERT(reduc < SHADER_REDUCTION_MODE_COUNT);
-    return mat_vec_shaders[ggml_vk_bitcos_exact()][type_index(type)][id][reduc];
+    const int form = q8_1 ? FORM_FAST_Q8_1 : ggml_vk_bitcos_exact() ? FORM_EXACT : FORM_FAST_F32;
+    return mat_vec_shaders[form][type_index(type)][id][reduc];
+}
+
+bool ggml_vk_bitcos_has_int8_extension(const std::vector<vk::ExtensionProperties> & extensions) {
+    return std::any_of(extensions.begin(), extensions.end(), [](const vk::ExtensionProperties & e) {
+        return strcmp(e.extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
+    });
+}
+
+void ggml_vk_bitcos_init_device(const vk_device & device, bool int8_feature) {
+    vk::PhysicalDeviceShaderIntegerDotProductProperties dot_props;
+    bool accelerated = false;
+    if (int8_feature) {
+        vk::PhysicalDeviceProperties2 props2;
+        props2.pNext = &dot_props;
+        device->physical_device.getProperties2(&props2);
+        accelerated = dot_props.integerDotProduct4x8BitPackedSignedAccelerated;
+    }
+    const char * force = getenv("GGML_BITCOS_VULKAN_INT8");
+    bool         int8  = force != nullptr ? strcmp(force, "1") == 0 : accelerated;
+    if (int8 && !int8_feature) {
+        GGML_LOG_WARN("ggml_vulkan: GGML_BITCOS_VULKAN_INT8=1: %s has no integer dot product (shaderIntegerDotProduct): "
+                      "f32 activations\n", device->properties.deviceName.data());
+        int8 = false;
+    }
+    int8 = int8 && !ggml_vk_bitcos_exact();
+    {
+        std::lock_guard<std::mutex> lock(int8_mutex);
+        int8_devices[device.get()] = int8;
+    }
+    GGML_LOG_INFO("ggml_vulkan: BITCOS mat-vec on %s: %s\n", device->properties.deviceName.data(),
+                  ggml_vk_bitcos_exact() ? "TQ2_0-exact shader (GGML_BITCOS_VULKAN_EXACT=1)" :
+                  int8                   ? "q8_1 activations, packed int8 dot products" :
+                                           "f32 activations");
+}
+
+bool ggml_vk_bitcos_int8(const vk_device & device) {
+    std::lock_guard<std::mutex> lock(int8_mutex);
+    const auto                  it = int8_devices.find(device.get());
+    return it != int8_devices.end() && it->second;
 }
 
 ggml_vk_bitcos_shader ggml_vk_bitcos_mul_mm_shader(ggml_type type) {
@@ -174,6 +232,51 @@ static std::array<uint32_t, 3> row_grid(ggml_backend_vk_context * ctx, uint32_t 
     return { groups_x, groups_y, groups_z };
 }
 
+// Whether a mat-vec over activations src1 takes the q8_1 form: the device's choice, and src1 one contiguous f32 run
+// (so that its 32-activation blocks are the q8_1 blocks the shader addresses)
+static bool use_q8_1(ggml_backend_vk_context * ctx, const ggml_tensor * src1) {
+    return ggml_vk_bitcos_int8(ctx->device) && src1->type == GGML_TYPE_F32 && ggml_is_contiguous(src1);
+}
+
+// The q8_1 form's activations: src1 quantized into prealloc_y in ggml-vulkan's q8_1_x4 layout, skipped when it
+// already holds them (prealloc_y's last-use bookkeeping, as ggml-vulkan's own quantize_y paths keep it). The
+// pass runs the mat-vec pipeline itself (push constant ncols = 0: mul_mat_vec_bitcos_fast.comp's
+// quantize_activations, src1 bound as fuse0, prealloc_y as D) rather than a pipeline of its own: with another
+// pipeline dispatched before the BITCOS mat-vec in one MUL_MAT, Mesa 22.3's lavapipe, the test device, corrupts
+// its heap (docs/PERFORMANCE.md §5.1). `dispatch(d_Q, pc, elements)` records the pass with the caller's bindings.
+template <typename PC, typename Dispatch>
+static vk_subbuffer quantize_activations(ggml_backend_vk_context * ctx, vk_context & subctx, vk_pipeline & dmmv,
+                                         const ggml_tensor * src1, const Dispatch & dispatch) {
+    const uint64_t n    = ggml_nelements(src1); // a multiple of 32: K % 32 == 0 in every BITCOS version
+    const uint64_t size = CEIL_DIV(n, 128) * Q8_1_X4_BYTES;
+    GGML_ASSERT(n % 32 == 0 && n < UINT32_MAX && size <= ctx->device->properties.limits.maxStorageBufferRange);
+    if (ctx->prealloc_size_y < size) {
+        ctx->prealloc_size_y = size;
+        ggml_vk_preallocate_buffers(ctx, subctx); // submits what is recorded, then grows prealloc_y
+    }
+    const vk_subbuffer d_Q = ggml_vk_subbuffer(ctx, ctx->prealloc_y, 0);
+    if (ctx->prealloc_y_last_pipeline_used == dmmv.get() && ctx->prealloc_y_last_tensor_used == src1 &&
+        !ctx->prealloc_y_last_k_padded) {
+        return d_Q;
+    }
+    if (ctx->prealloc_y_need_sync) {
+        ggml_vk_sync_buffers(ctx, subctx);
+    }
+    PC pc{};
+    pc.ncols    = 0;
+    pc.stride_b = (uint32_t) n;
+    // QUANTIZE_BLOCKS_PER_WG blocks of 32 per workgroup, workgroups along x, then y
+    const uint32_t groups   = (uint32_t) CEIL_DIV(n / 32, QUANTIZE_BLOCKS_PER_WG);
+    const uint32_t groups_x = std::min(groups, ctx->device->properties.limits.maxComputeWorkGroupCount[0]);
+    ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
+    dispatch(d_Q, pc, std::array<uint32_t, 3>{ groups_x * dmmv->wg_denoms[0], CEIL_DIV(groups, groups_x), 1 });
+    ggml_vk_sync_buffers(ctx, subctx);
+    ctx->prealloc_y_last_pipeline_used = dmmv.get();
+    ctx->prealloc_y_last_tensor_used   = src1;
+    ctx->prealloc_y_last_k_padded      = false;
+    return d_Q;
+}
+
 void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, const ggml_cgraph * cgraph,
                             int node_idx, const ggml_vk_bitcos_pipeline_fn & pipeline) {
     const ggml_tensor * dst  = cgraph->nodes[node_idx];
@@ -218,10 +321,21 @@ void ggml_vk_bitcos_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, 
             pc.batch_stride_b = col_stride;
             pc.batch_stride_d = (uint32_t) (dst->nb[1] / sizeof(float));
         }
-        vk_pipeline dmmv = pipeline(ne11);
+        const bool   q8_1 = use_q8_1(ctx, src1);
+        vk_pipeline  dmmv = pipeline(ne11, q8_1 ? GGML_TYPE_Q8_1 : GGML_TYPE_F32);
+        vk_subbuffer d_B  = d_Y;
+        if (q8_1) {
+            d_B = quantize_activations<vk_mat_vec_push_constants>(
+                ctx, subctx, dmmv, src1, [&](const vk_subbuffer & d_Q, const auto & qpc, const auto & elements) {
+                    ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Q, d_Q, d_Y, d_Y, d_C }, qpc, elements);
+                });
+        }
         ggml_pipeline_request_descriptor_sets(ctx, dmmv, 1);
-        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_C }, pc,
+        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_B, d_D, f.f0, f.f1, d_C }, pc,
                                   row_grid(ctx, rows, groups_y));
+        if (q8_1) {
+            ctx->prealloc_y_need_sync = true; // the next writer of prealloc_y waits for this read
+        }
         return;
     }
     // a prompt batch (or several columns of a view): the tiled matrix multiply decodes each 32-row tile once
@@ -252,7 +366,15 @@ void ggml_vk_bitcos_mul_mat_id(ggml_backend_vk_context * ctx, vk_context & subct
     const vk_subbuffer   d_D   = ggml_vk_tensor_subbuffer(ctx, cgraph->nodes[node_idx + ctx->num_additional_fused_ops]);
     const fused_operands f     = mul_mat_id_fused(ctx, cgraph, node_idx, d_D);
 
-    vk_pipeline dmmv = pipeline(0);
+    const bool   q8_1 = use_q8_1(ctx, src1);
+    vk_pipeline  dmmv = pipeline(0, q8_1 ? GGML_TYPE_Q8_1 : GGML_TYPE_F32);
+    vk_subbuffer d_B  = d_Y;
+    if (q8_1) {
+        d_B = quantize_activations<vk_mat_vec_id_push_constants>(
+            ctx, subctx, dmmv, src1, [&](const vk_subbuffer & d_Q, const auto & qpc, const auto & elements) {
+                ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Q, d_Q, d_Y, d_Y, d_ids, d_C }, qpc, elements);
+            });
+    }
     ggml_pipeline_request_descriptor_sets(ctx, dmmv, n_tokens);
     for (uint32_t t = 0; t < n_tokens; ++t) {
         const vk_mat_vec_id_push_constants pc = {
@@ -269,7 +391,10 @@ void ggml_vk_bitcos_mul_mat_id(ggml_backend_vk_context * ctx, vk_context & subct
             t,
             (uint32_t) (ids->nb[1] / sizeof(int32_t)),
         };
-        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_Y, d_D, f.f0, f.f1, d_ids, d_C }, pc,
+        ggml_vk_dispatch_pipeline(ctx, subctx, dmmv, { d_X, d_B, d_D, f.f0, f.f1, d_ids, d_C }, pc,
                                   row_grid(ctx, rows, n_used));
+    }
+    if (q8_1) {
+        ctx->prealloc_y_need_sync = true;
     }
 }

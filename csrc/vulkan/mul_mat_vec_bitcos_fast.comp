@@ -22,8 +22,9 @@
 // Activations: f32 (the table holds vec4 codes; fmas), or with BITCOS_Q8_1 blocks in ggml-vulkan's q8_1_x4
 // layout (int8 with an f16 scale per 32): the table then holds the 4 codes as packed int8 and each 4 weights
 // and column take one packed 4x8-bit dot product (OpSDot, SPV_KHR_integer_dot_product: v_dot4 on AMD, dp4a
-// on NVIDIA, DP4A on Intel), one int -> float conversion and fma per word and column. The backend dispatches
-// the f32 form only so far (docs/PERFORMANCE.md §5.1); `bench gpu-isa` counts both.
+// on NVIDIA, DP4A on Intel), one int -> float conversion and fma per word and column. The q8_1 form also
+// quantizes its activations: dispatched with push constant ncols == 0 it runs quantize_activations instead
+// (ggml-bitcos-vulkan.cpp says why the pass shares the pipeline).
 //
 // Same bindings, push constants, specialization constants and workgroup grid as mul_mat_vec_bitcos.comp
 // (ggml-vulkan creates either with TQ2_0's geometry); the same generator defines.
@@ -62,6 +63,47 @@ layout (binding = 1) readonly buffer BQS {ivec4 data_b_qs[];};
 uint pack_codes(const vec4 c) {
     const ivec4 i = ivec4(c);
     return (uint(i.x) & 0xFFu) | ((uint(i.y) & 0xFFu) << 8) | ((uint(i.z) & 0xFFu) << 16) | (uint(i.w) << 24);
+}
+
+// The activation pass (ncols == 0): p.stride_b f32 activations, bound as fuse0, into q8_1_x4 blocks in D; per
+// 32 activations d = max |x| / 127, q = round(x / d), the f16 pair (d, d * sum q) as ggml-vulkan's
+// quantize_q8_1_x4 writes them. QUANTIZE_BLOCKS_PER_WG blocks per workgroup (the backend's grid assumes it).
+#define QUANTIZE_BLOCKS_PER_WG 32
+layout (binding = 2) writeonly buffer DQ {uint data_dq[];};
+layout (binding = 2) writeonly buffer DQ4 {uvec4 data_dq4[];};
+layout (binding = 3) readonly buffer XF4 {vec4 data_xf4[];};
+
+void quantize_activations(const uint tid) {
+    const uint n_blocks = p.stride_b / 32;
+    const uint wg       = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    for (uint b = tid; b < QUANTIZE_BLOCKS_PER_WG; b += BLOCK_SIZE) {
+        const uint blk = wg * QUANTIZE_BLOCKS_PER_WG + b;
+        if (blk >= n_blocks) {
+            return;
+        }
+        vec4  x[8];
+        float amax = 0.0;
+        [[unroll]] for (uint i = 0; i < 8; ++i) {
+            x[i] = data_xf4[8 * blk + i];
+            const vec4 a = abs(x[i]);
+            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+        }
+        const float d  = amax / 127.0;
+        const float id = d != 0.0 ? 1.0 / d : 0.0;
+        uint q[8];
+        int  sum = 0;
+        [[unroll]] for (uint i = 0; i < 8; ++i) {
+            const ivec4 qi = ivec4(round(x[i] * id));
+            sum += qi.x + qi.y + qi.z + qi.w;
+            q[i] = (uint(qi.x) & 0xFFu) | ((uint(qi.y) & 0xFFu) << 8) | ((uint(qi.z) & 0xFFu) << 16) | (uint(qi.w) << 24);
+        }
+        // block blk of x4 block blk / 4: its pair at u32 36 (blk / 4) + blk % 4, its 32 bytes at 16-byte unit
+        // 9 (blk / 4) + 1 + 2 (blk % 4) (as the hot loop reads them)
+        const uint x4 = blk >> 2;
+        data_dq[blk + 32 * x4] = packHalf2x16(vec2(d, d * float(sum)));
+        data_dq4[2 * blk + x4 + 1] = uvec4(q[0], q[1], q[2], q[3]);
+        data_dq4[2 * blk + x4 + 2] = uvec4(q[4], q[5], q[6], q[7]);
+    }
 }
 #else
 shared vec4 codes_sh[256];
@@ -336,6 +378,12 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
 
 void main() {
     const uint tid = gl_LocalInvocationID.x;
+#if defined(BITCOS_Q8_1)
+    if (p.ncols == 0) {   // workgroup-uniform: the activation pass
+        quantize_activations(tid);
+        return;
+    }
+#endif
     // codes_sh[s + 16 * n] = BITCOS_NIBBLE_CODES[n + 16 * s] (presence nibble n, signs s): the nibble in the high
     // index bits lets the hot loop extract it pre-scaled (see compute_outputs)
     for (uint i = tid; i < 256; i += BLOCK_SIZE) {

@@ -314,11 +314,9 @@ def test_cli_json(radv_null_isa, capsys):
     assert [(r["family"], r["cols"]) for r in rows] == [("gfx1100", 1)]
     assert rows[0]["tq2_0"]["per_weight"] > 0
     assert any(k.startswith("mul_mat_vec_bitcos.comp:") for k in rows[0]["bitcos"])
-    # RADV reports accelerated int8 dot products on gfx1100; the backend runs the fast shader's f32 form until its
-    # q8_1 form is dispatched (gpu_isa.Q8_1_DISPATCHED), which is then the default there
+    # RADV reports accelerated int8 dot products on gfx1100, where the backend runs the fast shader's q8_1 form
     assert rows[0]["int8_dot_accelerated"] is True
-    form = "_fast_q8_1_f32" if gpu_isa.Q8_1_DISPATCHED else "_fast_f32_f32"
-    assert rows[0]["bitcos_default"] in rows[0]["bitcos"] and form in rows[0]["bitcos_default"]
+    assert rows[0]["bitcos_default"] in rows[0]["bitcos"] and "_fast_q8_1_f32" in rows[0]["bitcos_default"]
 
 
 def _fma_count(blocks: list, loop) -> int:

@@ -5,14 +5,16 @@ Vulkan build or device these tests skip, except under BITCOS_REQUIRE_VULKAN=1 (s
 is a failure. The device is chosen as llama.cpp documents it: GGML_VK_VISIBLE_DEVICES (default here: 0;
 lavapipe is a CPU-type device, which ggml-vulkan only uses when named).
 
-Two mat-vec shaders: the fast one (mul_mat_vec_bitcos_fast.comp, the default) and the exact one
-(mul_mat_vec_bitcos.comp, TQ2_0's arithmetic, GGML_BITCOS_VULKAN_EXACT=1). The op-level test runs both; the
-end-to-end tests that assert bit identity with TQ2_0 (and those sharing their models and expectations) run the
-exact one, test_offloaded_decode_fast_close_to_tq2_0 the fast one.
+Three mat-vec forms (FORMS): the fast shader (mul_mat_vec_bitcos_fast.comp, the default) with f32 activations
+or with q8_1 activations and packed int8 dot products (the default where the device accelerates them; forced
+here with GGML_BITCOS_VULKAN_INT8, lavapipe's are not accelerated), and the exact one (mul_mat_vec_bitcos.comp,
+TQ2_0's arithmetic, GGML_BITCOS_VULKAN_EXACT=1). The op-level test runs all three; the end-to-end tests that
+assert bit identity with TQ2_0 (and those sharing their models and expectations) run the exact one,
+test_offloaded_decode_fast_close_to_tq2_0 and test_offloaded_decode_q8_1_close_to_tq2_0 the fast ones.
 
 - op level: llama_cpp/bin/test-bitcos-backend (tests/c/test-bitcos-backend.c): BITCOS MUL_MAT / MUL_MAT_ID on
   the device against the CPU backend (NMSE <= 5e-4) and against TQ2_0 on the same device (exact shader: bit for
-  bit; fast shader: NMSE <= 5e-4), every variant of format versions 1 and 2;
+  bit; fast shader, both forms: NMSE <= 5e-4), every variant of format versions 1 and 2;
 - end to end: tiny dense and MoE models, TQ2_0 source vs its BITCOS conversion (version 1: G128, PT; version
   2: B256, MATRIX), both offloaded: with the exact shader identical greedy tokens and logits, with the fast
   one the same first 8 tokens and logits within a bound; BITCOS offloaded vs BITCOS on the CPU:
@@ -40,14 +42,21 @@ import llama_helpers
 N_TOKENS = 32
 
 
-def _vulkan_env(exact: bool = True) -> dict[str, str]:
-    """The environment of a run on the Vulkan device; `exact`: BITCOS mat-vecs through the TQ2_0-exact shader
-    (else the fast one)."""
+# the BITCOS mat-vec forms: their environment, and what the backend logs when it creates the device
+FORMS = {
+    "exact": ({"GGML_BITCOS_VULKAN_EXACT": "1"}, "TQ2_0-exact shader"),
+    "fast-f32": ({"GGML_BITCOS_VULKAN_INT8": "0"}, "f32 activations"),
+    "fast-q8_1": ({"GGML_BITCOS_VULKAN_INT8": "1"}, "q8_1 activations, packed int8 dot products"),
+}
+
+
+def _vulkan_env(form: str = "exact") -> dict[str, str]:
+    """The environment of a run on the Vulkan device with BITCOS mat-vecs in `form` (FORMS)."""
     env = dict(os.environ)
     env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
     env.pop("GGML_BITCOS_VULKAN_EXACT", None)
-    if exact:
-        env["GGML_BITCOS_VULKAN_EXACT"] = "1"
+    env.pop("GGML_BITCOS_VULKAN_INT8", None)
+    env.update(FORMS[form][0])
     return env
 
 
@@ -58,17 +67,19 @@ def vulkan_build(patched_llama) -> Path:
     return backend_bin("vulkan", "Vulkan0", "BITCOS_REQUIRE_VULKAN", env=_vulkan_env())
 
 
-@pytest.mark.parametrize("exact", [False, True], ids=["fast", "exact"])
-def test_op_level_against_cpu_and_tq2_0(vulkan_build: Path, exact: bool) -> None:
+@pytest.mark.parametrize("form", list(FORMS))
+def test_op_level_against_cpu_and_tq2_0(vulkan_build: Path, form: str) -> None:
     r = subprocess.run(
         [str(vulkan_build / "test-bitcos-backend"), "Vulkan0"],
-        env=_vulkan_env(exact),
+        env=_vulkan_env(form),
         capture_output=True,
         text=True,
         timeout=1800,
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
-    assert ("bit for bit (exact shader)" in r.stdout) == exact, r.stdout[:2000]
+    # the device ran the form asked for (the q8_1 one needs the device's integer dot product feature)
+    assert f": {FORMS[form][1]}" in r.stdout + r.stderr, (r.stdout + r.stderr)[:3000]
+    assert ("bit for bit (exact shader)" in r.stdout) == (form == "exact"), r.stdout[:2000]
     m = re.search(r"(\d+) checks, 0 failures", r.stdout)
     assert m and int(m.group(1)) > 200, r.stdout[-2000:]
     # the device runs every variant, version 2's too: none skipped for want of support
@@ -82,10 +93,10 @@ def _generate(
     n_tokens: int = N_TOKENS,
     mmap: bool = True,
     prompt: str = PROMPT,
-    exact: bool = True,
+    form: str = "exact",
 ) -> tuple[np.ndarray, np.ndarray, str]:
-    """gpu_offload.generate on the Vulkan device (lavapipe in CI); `exact`: the TQ2_0-exact mat-vec shader."""
-    return generate(model, out, ngl, n_tokens, prompt=prompt, mmap=mmap, env=_vulkan_env(exact))
+    """gpu_offload.generate on the Vulkan device (lavapipe in CI) with BITCOS mat-vecs in `form` (FORMS)."""
+    return generate(model, out, ngl, n_tokens, prompt=prompt, mmap=mmap, env=_vulkan_env(form))
 
 
 @pytest.fixture(scope="session")
@@ -118,34 +129,68 @@ def test_offloaded_decode_identical_to_tq2_0(vk_models, tmp_path: Path, name: st
     exact BITCOS shader mirrors TQ2_0's arithmetic: the same tokens and bit-identical logits on the device
     (version 2 B256 and MATRIX as version 1 G128 and PT)."""
     src, out = vk_models[name]
-    t_src, l_src, _ = _generate(src, tmp_path / "a.npz", ngl=-1, prompt="", exact=True)
-    t_out, l_out, log_out = _generate(out, tmp_path / "b.npz", ngl=-1, prompt="", exact=True)
+    t_src, l_src, _ = _generate(src, tmp_path / "a.npz", ngl=-1, prompt="")
+    t_out, l_out, log_out = _generate(out, tmp_path / "b.npz", ngl=-1, prompt="")
     assert "Vulkan0" in log_out and "offloaded 3/3 layers" in log_out, log_out[-3000:]
     assert t_src.tolist() == t_out.tolist()
     assert np.array_equal(l_src, l_out), f"max |logit diff| {float(np.abs(l_src - l_out).max())}"
     assert len(set(t_src.tolist())) > 3  # not degenerate
 
 
-# The fast shader's logits against TQ2_0's, relative to TQ2_0's largest: its mat-vecs add the same f32 products
-# in another order (and apply the scale per 32 weights or per row instead of per 256), so each output differs
-# by a few ulp of its partial sums (relative ~1e-7 per mat-vec); 1e-4 leaves room for their growth through 3
-# layers and 8 steps and stays far below the 1.4e-2 the whole graph's rounding gives against the CPU (above).
-# Measured on lavapipe: 2.1e-6 (dense MATRIX) to 2.9e-5 (MoE B256).
+# The fast shader's logits (f32 activations) against TQ2_0's, relative to TQ2_0's largest: its mat-vecs add the
+# same f32 products in another order (and apply the scale per 32 weights or per row instead of per 256), so each
+# output differs by a few ulp of its partial sums (relative ~1e-7 per mat-vec); 1e-4 leaves room for their
+# growth through 3 layers and 8 steps and stays far below the 1.4e-2 the whole graph's rounding gives against the
+# CPU (test_offloaded_bitcos_close_to_cpu). Measured on lavapipe: 2.1e-6 (dense MATRIX) to 2.9e-5 (MoE B256).
 FAST_LOGIT_BOUND = 1e-4
 
 
 @pytest.mark.parametrize("name", TQ2_0_PAIRS)
 def test_offloaded_decode_fast_close_to_tq2_0(vk_models, tmp_path: Path, name: str) -> None:
-    """The fast mat-vec shader: with a one-token prompt every matmul is a mat-vec; the first 8 greedy tokens
-    are TQ2_0's, the logits of every step within FAST_LOGIT_BOUND of TQ2_0's largest."""
+    """The fast mat-vec shader with f32 activations: with a one-token prompt every matmul is a mat-vec; the
+    first 8 greedy tokens are TQ2_0's, the logits of every step within FAST_LOGIT_BOUND of TQ2_0's largest."""
     src, out = vk_models[name]
     t_src, l_src, _ = _generate(src, tmp_path / "a.npz", ngl=-1, n_tokens=8, prompt="")
-    t_out, l_out, log_out = _generate(out, tmp_path / "b.npz", ngl=-1, n_tokens=8, prompt="", exact=False)
+    t_out, l_out, log_out = _generate(out, tmp_path / "b.npz", ngl=-1, n_tokens=8, prompt="", form="fast-f32")
     assert "Vulkan0" in log_out and "offloaded 3/3 layers" in log_out, log_out[-3000:]
+    assert f": {FORMS['fast-f32'][1]}" in log_out, log_out[-3000:]
     assert t_src.tolist() == t_out.tolist()
     err = float(np.abs(l_src - l_out).max()) / float(np.abs(l_src).max())
     print(json.dumps({"model": name, "fast_vs_tq2_0_max_logit_diff_rel": err}))
     assert err <= FAST_LOGIT_BOUND, err
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = 0
+    for x, y in zip(a.tolist(), b.tolist()):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("name", TQ2_0_PAIRS)
+def test_offloaded_decode_q8_1_close_to_tq2_0(vk_models, tmp_path: Path, name: str) -> None:
+    """The fast mat-vec shader with q8_1 activations rounds each activation to 8 bits of its 32-block's largest,
+    as the CPU's TQ2_0 and BITCOS kernels round theirs (q8_K, per 256). Reference: TQ2_0 offloaded (f32
+    activations), and the bound is the CPU's own distance from it: the first step's logits (the same input for
+    all runs) no further from TQ2_0's than the CPU's TQ2_0 logits are (x1.1 + 1e-3 of the largest), and the
+    greedy tokens agree with TQ2_0's for at least as many of 8 steps as the CPU's do. Measured on lavapipe:
+    q8_1 0.70-0.87e-2 of the largest logit, the CPU 0.95-1.41e-2; dense G128: the CPU's tokens leave TQ2_0's
+    at step 2, the q8_1 form's at step 4."""
+    src, out = vk_models[name]
+    t_src, l_src, _ = _generate(src, tmp_path / "a.npz", ngl=-1, n_tokens=8, prompt="")
+    t_q8, l_q8, log_q8 = _generate(out, tmp_path / "b.npz", ngl=-1, n_tokens=8, prompt="", form="fast-q8_1")
+    t_cpu, l_cpu, _ = _generate(src, tmp_path / "c.npz", ngl=0, n_tokens=8, prompt="")
+    assert "Vulkan0" in log_q8 and "offloaded 3/3 layers" in log_q8, log_q8[-3000:]
+    assert f": {FORMS['fast-q8_1'][1]}" in log_q8, log_q8[-3000:]
+    scale = float(np.abs(l_src[0]).max())
+    err_q8, err_cpu = (float(np.abs(logits[0] - l_src[0]).max()) / scale for logits in (l_q8, l_cpu))
+    same_q8, same_cpu = _common_prefix(t_src, t_q8), _common_prefix(t_src, t_cpu)
+    print(json.dumps({"model": name, "q8_1_vs_tq2_0": err_q8, "cpu_vs_tq2_0": err_cpu, "tokens_q8_1": same_q8,
+                      "tokens_cpu": same_cpu}))
+    assert err_q8 <= 1.1 * err_cpu + 1e-3, (err_q8, err_cpu)
+    assert same_q8 >= same_cpu, (t_src.tolist(), t_q8.tolist(), t_cpu.tolist())
 
 
 def test_fast_shader_nibble_table() -> None:

@@ -36,8 +36,8 @@ UPSTREAM_SHAPES here. Reported per weight (all columns: what a memory-bound mat-
 docs/PERFORMANCE.md's budget) and per weight and column; plus VGPRs, SGPRs, LDS bytes and waves per SIMD
 (RADV's occupancy from VGPRs, SGPRs and LDS for the family). With --budget, per GPU of gpu_datasheets.json
 the budget and a predicted BITCOS / TQ2_0 mat-vec speed from BITCOS's pipeline the backend runs there by
-default (the fast shader's f32 form), and where the GPU has accelerated int8 dot products also from its q8_1
-form (compiled and counted, not dispatched by the backend yet).
+default: the fast shader's q8_1 form where the GPU has accelerated int8 dot products (then also its f32 form,
+GGML_BITCOS_VULKAN_INT8=0), the f32 form elsewhere.
 
 `--prompt` measures the prompt path instead: mul_mm_bitcos.comp (32 x 32 tiles) against upstream's
 mul_mm.comp, the generic matrix multiply ggml-vulkan runs TQ2_0 prompts through (scalar form, TQ2_0 by
@@ -856,12 +856,9 @@ def measure_prompt(
 
 
 # ------------------------------------------------------------------------------------------ output
-# The mat-vec ggml-bitcos runs by default (GGML_BITCOS_VULKAN_EXACT unset): the fast shader. Its q8_1 form (int8
-# activations, packed dot products) is compiled and counted but the backend does not dispatch it yet (its
-# quantize-then-mat-vec dispatch is not working: docs/PERFORMANCE.md §5.1), so the default is the f32 form on
-# every device; Q8_1_DISPATCHED turns the q8_1 form into the default where int8 dot products are accelerated.
+# The mat-vec ggml-bitcos runs by default (GGML_BITCOS_VULKAN_EXACT unset): the fast shader, in its q8_1 form (int8
+# activations, packed dot products) where the device accelerates int8 dot products, in its f32 form elsewhere.
 DEFAULT_BITCOS_SOURCE = "mul_mat_vec_bitcos_fast.comp"
-Q8_1_DISPATCHED = False
 
 
 def default_bitcos(results: list[Result], cols: int, int8_dot: bool, variant: str = "bitcos") -> Result | None:
@@ -893,7 +890,7 @@ def rows_json(
     for n in cols:
         row: dict[str, Any] = {"family": family, "cols": n, "bitcos": {}, "tq2_0": None}
         if params is not None:
-            d = default_bitcos(results, n, params.int8_dot and Q8_1_DISPATCHED)
+            d = default_bitcos(results, n, params.int8_dot)
             row["int8_dot_accelerated"] = params.int8_dot
             row["bitcos_default"] = f"{d.source}:{d.pipeline}" if d else None
         for r in results:
@@ -994,8 +991,8 @@ def predict(gpu: dict[str, Any], bitcos: dict[str, Any], tq2: dict[str, Any]) ->
 def budget_table(measured: list[tuple[str, DeviceParams, list[Result]]], cols: tuple[int, ...]) -> str:
     """Markdown: per GPU its budget at BITCOS's and TQ2_0's bits per weight and, from its proxy family's counts,
     the predicted BITCOS / TQ2_0 mat-vec speed: BITCOS's v2 pipeline the backend runs by default on that GPU
-    (default_bitcos: the fast shader's f32 form; where the datasheet says the GPU has accelerated packed int8
-    dot products also a row for its q8_1 form, marked "not dispatched" while Q8_1_DISPATCHED is off) against
+    (default_bitcos: where the datasheet says the GPU has accelerated packed int8 dot products the fast shader's
+    q8_1 form, then also a row for its f32 form (GGML_BITCOS_VULKAN_INT8=0); elsewhere the f32 form) against
     upstream's TQ2_0 shader (f32 activations: ggml-vulkan has no integer-dot mat-vec for TQ2_0). The datasheet
     figures stay in gpu_datasheets.json."""
     by_family = {f: res for f, _, res in measured}
@@ -1011,9 +1008,7 @@ def budget_table(measured: list[tuple[str, DeviceParams, list[Result]]], cols: t
             lines.append(head + "| - | (proxy not measured) | - | - |")
             continue
         int8 = bool(gpu.get("int8_dot_accelerated"))
-        forms = [(False, "fast f32")]
-        if int8:
-            forms = [(True, "fast q8_1")] if Q8_1_DISPATCHED else forms + [(True, "fast q8_1 (not dispatched)")]
+        forms = [(True, "fast q8_1"), (False, "fast f32 (INT8=0)")] if int8 else [(False, "fast f32")]
         for n, (q8, form) in ((n, f) for n in cols for f in forms):
             tq2 = next((r.as_dict() for r in res if r.cols == n and r.pipeline.startswith("mul_mat_vec_tq2_0_")), None)
             r = default_bitcos(res, n, q8)

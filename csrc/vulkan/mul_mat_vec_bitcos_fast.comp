@@ -37,6 +37,10 @@
 layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
 
 layout (binding = BITCOS_COMPANION_BINDING) readonly buffer C {uint data_c[];};
+#if defined(BITCOS_V2)
+// B128 / B256 unit scales: fp16 at an even byte of the companion
+layout (binding = BITCOS_COMPANION_BINDING) readonly buffer C16 {uint16_t data_c16[];};
+#endif
 #if !defined(BITCOS_G128)
 // PT and version-2 rows are K/8 bytes with K % 32 == 0: their bitmap words are u32-aligned (G128's 18-byte
 // blocks are not, so G128 reads two u16)
@@ -170,29 +174,42 @@ uint sign_window(const uint pool_word0, const uint pos) {
     return (data_c[i] >> (pos & 31u)) | ((data_c[i + 1] << 1) << (~pos & 31u));
 }
 
-// compute_outputs' workgroup-uniform values that accumulate_word reads (set once, before the hot loop)
+// compute_outputs' workgroup-uniform values that the hot loop's helpers read (set once, before the hot loop)
 uint g_pool_word0;
 uint g_num_rows;
 bool g_unit_scaled;
 uint g_row_blk[NUM_ROWS];   // each row's first u16 in data_a (the last row's for rows past num_rows)
 uint g_col_base[NUM_COLS];  // each column's first q8_1 block (BITCOS_Q8_1) or first activation
 #if defined(BITCOS_V2)
-uint g_variant;
-uint g_scales;
-uint g_K;
-uint g_row0;
+uint g_scale_u16[NUM_ROWS]; // B128 / B256: each row's first unit scale in data_c16
+uint g_words_log2;          // log2 of the 32-weight words per scale: 2 (B128), 3 (B256)
 #endif
 
+// The scales of word w's unit (128 weights; B256: 256), per row, for block-scaled rows (G128, v2 B128 / B256);
+// 1.0 where the scale is per row or per matrix (applied once after the hot loop). Words w and w + 1 share
+// their unit for even w (runs start at even words): the two-word loop reads the scales once.
+void unit_scales(const uint w, out float d[NUM_ROWS]) {
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        d[n] = 1.0;
+        if (g_unit_scaled && n < g_num_rows) {
+#if defined(BITCOS_G128)
+            d[n] = unpackHalf2x16(uint(data_a[g_row_blk[n] + (w / 4) * BITCOS_BLOCK_U16 + BITCOS_SCALE_U16])).x;
+#elif defined(BITCOS_V2)
+            d[n] = unpackHalf2x16(uint(data_c16[g_scale_u16[n] + (w >> g_words_log2)])).x;
+#endif
+        }
+    }
+}
+
 // The hot loop's step: 32-weight word w of every row (bitmap words bits_w, cursor[n]: the pool bit of the row's
-// next sign) against every column, into temp.
-void accumulate_word(const uint w, const uint bits_w[NUM_ROWS], inout uint cursor[NUM_ROWS]) {
+// next sign, d: unit_scales) against every column, into temp.
+void accumulate_word(const uint w, const uint bits_w[NUM_ROWS], inout uint cursor[NUM_ROWS], const float d[NUM_ROWS]) {
     // the word's codes, per row (32 weights = 8 entries of 4)
 #if defined(BITCOS_Q8_1)
     uint q[NUM_ROWS][8];
 #else
     vec4 q[NUM_ROWS][8];
 #endif
-    float d[NUM_ROWS];
     [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
         const uint bits = bits_w[n];
         const uint window = sign_window(g_pool_word0, cursor[n]);
@@ -206,14 +223,6 @@ void accumulate_word(const uint w, const uint bits_w[NUM_ROWS], inout uint curso
             const uint nib16 = bitfieldExtract((k & 1u) != 0u ? odd : even, int(8 * (k / 2)), 8);
             q[n][k] = codes_sh[bitfieldExtract(window, used, 4) + nib16];
             used += bitCount(nib16);
-        }
-        d[n] = 1.0;
-        if (g_unit_scaled && n < g_num_rows) {
-#if defined(BITCOS_G128)
-            d[n] = unpackHalf2x16(uint(data_a[g_row_blk[n] + (w / 4) * BITCOS_BLOCK_U16 + BITCOS_SCALE_U16])).x;
-#elif defined(BITCOS_V2)
-            d[n] = v2_unit_scale(g_variant, g_scales, g_K, g_row0 + n, w / 4);
-#endif
         }
     }
     [[unroll]] for (uint j = 0; j < NUM_COLS; ++j) {
@@ -266,8 +275,9 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
     const uint row0    = a_offset / K + first_row;
     const uint rb      = row_u16(K);
 
-    // this invocation's run of words [w_begin, w_end)
-    const uint run     = (n_words + BLOCK_SIZE - 1) / BLOCK_SIZE;
+    // this invocation's run of words [w_begin, w_end): an even number, so that each two-word step stays in one
+    // 128-weight unit (one scale read per row and step)
+    const uint run     = ((n_words + BLOCK_SIZE - 1) / BLOCK_SIZE + 1) & ~1u;
     const uint w_begin = min(tid * run, n_words);
     const uint w_end   = min(w_begin + run, n_words);
 
@@ -324,10 +334,12 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
 #endif
     }
 #if defined(BITCOS_V2)
-    g_variant = variant;
-    g_scales  = scales;
-    g_K       = K;
-    g_row0    = row0;
+    // B128: K / 128 fp16 scales per row, one per 4 words; B256: K / 256, one per 8 words
+    const bool b256 = variant == BITCOS_VARIANT_B256;
+    g_words_log2    = b256 ? 3u : 2u;
+    [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
+        g_scale_u16[n] = scales / 2 + (row0 + min(n, num_rows - 1)) * (b256 ? K / 256 : K / 128);
+    }
 #endif
 
     // two words per iteration (loop control, waits and the bitmap load shared: PT and v2 rows' two u32 words
@@ -342,16 +354,20 @@ void compute_outputs(const uint32_t first_row, const uint32_t num_rows, const ui
             const uint b1 = row_word(g_row_blk[n], w + 1);
             bits1[n] = n < num_rows ? b1 : 0u;
         }
-        accumulate_word(w, bits0, cursor);
-        accumulate_word(w + 1, bits1, cursor);
+        float d[NUM_ROWS];
+        unit_scales(w, d);
+        accumulate_word(w, bits0, cursor, d);
+        accumulate_word(w + 1, bits1, cursor, d);
     }
-    if (w < w_end) {
+    if (w < w_end) {   // the row's odd last word
         uint bits0[NUM_ROWS];
         [[unroll]] for (uint n = 0; n < NUM_ROWS; ++n) {
             const uint b0 = row_word(g_row_blk[n], w);
             bits0[n] = n < num_rows ? b0 : 0u;
         }
-        accumulate_word(w, bits0, cursor);
+        float d[NUM_ROWS];
+        unit_scales(w, d);
+        accumulate_word(w, bits0, cursor, d);
     }
 
     // a scale per row or per matrix: once, on this invocation's partial sums

@@ -27,12 +27,13 @@
 #             file bytes;
 #   kernels   the standalone CUDA kernel test (csrc/cuda/ against numpy: tests/test_cuda.py -k matches);
 #   vulkan    where the machine has a Vulkan GPU device (test-bitcos-backend --list; the first one that is not
-#             lavapipe, except in a dry run), both BITCOS mat-vec shaders: the default (fast) one and the exact one
-#             (GGML_BITCOS_VULKAN_EXACT=1, TQ2_0's arithmetic bit for bit): test-bitcos-backend on the device
-#             under each (BITCOS vs the CPU; the exact one also bit for bit vs TQ2_0), `bench gpu --device
-#             VulkanN --no-e2e` under each (mat-vec BITCOS vs TQ2_0 in one run per shader, the TQ2_0 reference
-#             timed in both), then `bench gpu` with llama-bench -ngl 99 under the default shader (reuses the CUDA
-#             part's weights and models).
+#             lavapipe, except in a dry run), the BITCOS mat-vec forms: the default (the fast shader, with q8_1
+#             activations where the device accelerates int8 dot products), the fast shader's f32 form
+#             (GGML_BITCOS_VULKAN_INT8=0) and the exact shader (GGML_BITCOS_VULKAN_EXACT=1, TQ2_0's arithmetic bit
+#             for bit): test-bitcos-backend on the device under each (BITCOS vs the CPU; the exact one also bit
+#             for bit vs TQ2_0), `bench gpu --device VulkanN --no-e2e` under each (mat-vec BITCOS vs TQ2_0 in one
+#             run per form, the TQ2_0 reference timed in each), then `bench gpu` with llama-bench -ngl 99 under
+#             the default (reuses the CUDA part's weights and models).
 #             $GPU_SESSION_VULKAN_BENCH_ARGS adds options to both benches (a dry run on lavapipe: small shapes);
 #   bandwidth `ggml-bitcos bench bandwidth` on the 16 CPU cores (the many-core regime: little DRAM bandwidth per core).
 # Results: $OUT/summary.md (one line per step: exit status, seconds, the end of its output) and
@@ -213,9 +214,10 @@ run)
             python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k matches
     }
     vulkan_devices() { $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend --list; }
-    # the BITCOS mat-vec shader is chosen when ggml-vulkan creates its pipelines: GGML_BITCOS_VULKAN_EXACT=1 in the
-    # environment of the whole process selects the exact one, the fast one is the default
+    # the BITCOS mat-vec form is chosen when ggml-vulkan creates the device: GGML_BITCOS_VULKAN_EXACT=1 in the
+    # environment of the whole process selects the exact shader, GGML_BITCOS_VULKAN_INT8=0 the fast one's f32 form
     vulkan_op() { $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
+    vulkan_op_f32() { GGML_BITCOS_VULKAN_INT8=0 $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
     vulkan_op_exact() { GGML_BITCOS_VULKAN_EXACT=1 $pkgs/vulkan-py/llama_cpp/bin/test-bitcos-backend "$vk_dev"; }
     # the mat-vec under each shader first (each run times TQ2_0 too), then llama-bench with the default one (its
     # bench gpu run times the mat-vec once more); the weights and models are made once in /tmp/bitcos-gpu
@@ -223,6 +225,11 @@ run)
         vulkan_env
         python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
             --no-e2e --json "$logs/bench-gpu-vulkan-fast.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
+    }
+    vulkan_matvec_f32() {
+        vulkan_env
+        GGML_BITCOS_VULKAN_INT8=0 python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
+            --no-e2e --json "$logs/bench-gpu-vulkan-f32.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
     vulkan_matvec_exact() {
         vulkan_env
@@ -242,7 +249,7 @@ run)
             --json "$logs/bench-bandwidth.json" --plot "$logs/bandwidth.png"
     }
     export -f cuda_env vulkan_env cuda_rebuild cuda_devices cuda_op cuda_e2e cuda_bench kernels vulkan_devices \
-        vulkan_op vulkan_op_exact vulkan_matvec vulkan_matvec_exact vulkan_e2e bandwidth
+        vulkan_op vulkan_op_f32 vulkan_op_exact vulkan_matvec vulkan_matvec_f32 vulkan_matvec_exact vulkan_e2e bandwidth
     export pkgs pydeps logs SRC_TOPDIR CUDA_CMAKE_ARGS CUDA_TARGETS
 
     for part in $parts; do
@@ -288,8 +295,10 @@ print(next((os.path.join(d, "lib") for d in (s.submodule_search_locations if s e
                 echo "Vulkan device: $vk_dev ($(awk -F'\t' -v d="$vk_dev" '$1 == d { print $2 }' "$logs/vulkan-devices.txt"))" \
                     | tee -a "$summary"
                 step vulkan-op 180 vulkan_op
+                step vulkan-op-f32 150 vulkan_op_f32
                 step vulkan-op-exact 150 vulkan_op_exact
                 step vulkan-matvec 240 vulkan_matvec
+                step vulkan-matvec-f32 150 vulkan_matvec_f32
                 step vulkan-matvec-exact 150 vulkan_matvec_exact
                 step vulkan-e2e 300 vulkan_e2e
             fi

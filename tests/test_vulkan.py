@@ -187,8 +187,17 @@ def test_offloaded_decode_q8_1_close_to_tq2_0(vk_models, tmp_path: Path, name: s
     scale = float(np.abs(l_src[0]).max())
     err_q8, err_cpu = (float(np.abs(logits[0] - l_src[0]).max()) / scale for logits in (l_q8, l_cpu))
     same_q8, same_cpu = _common_prefix(t_src, t_q8), _common_prefix(t_src, t_cpu)
-    print(json.dumps({"model": name, "q8_1_vs_tq2_0": err_q8, "cpu_vs_tq2_0": err_cpu, "tokens_q8_1": same_q8,
-                      "tokens_cpu": same_cpu}))
+    print(
+        json.dumps(
+            {
+                "model": name,
+                "q8_1_vs_tq2_0": err_q8,
+                "cpu_vs_tq2_0": err_cpu,
+                "tokens_q8_1": same_q8,
+                "tokens_cpu": same_cpu,
+            }
+        )
+    )
     assert err_q8 <= 1.1 * err_cpu + 1e-3, (err_q8, err_cpu)
     assert same_q8 >= same_cpu, (t_src.tolist(), t_q8.tolist(), t_cpu.tolist())
 

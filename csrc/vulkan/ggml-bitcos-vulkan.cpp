@@ -58,8 +58,7 @@ const ggml_vk_bitcos_shader mat_vec_shaders[N_FORMS][N_TYPES][2][SHADER_REDUCTIO
           BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_g128_fast_q8_1_f32) },
         { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_pt_fast_q8_1_f32),
           BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_pt_fast_q8_1_f32) },
-        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_fast_q8_1_f32),
-          BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_fast_q8_1_f32) },
+        { BITCOS_VK_SHADERS(mul_mat_vec_bitcos_fast_q8_1_f32), BITCOS_VK_SHADERS(mul_mat_vec_id_bitcos_fast_q8_1_f32) },
     },
 };
 
@@ -79,8 +78,8 @@ constexpr uint32_t QUANTIZE_BLOCKS_PER_WG = 32;
 constexpr uint64_t Q8_1_X4_BYTES          = 144;
 
 // Per device: whether its mat-vec takes q8_1 activations (ggml_vk_bitcos_init_device)
-std::mutex                                 int8_mutex;
-std::map<const vk_device_struct *, bool>   int8_devices;
+std::mutex                               int8_mutex;
+std::map<const vk_device_struct *, bool> int8_devices;
 
 // The mul_mm pipelines live here rather than in vk_device_struct (whose layout is upstream's), one per type and
 // device, created by ggml_vk_load_shaders through ggml_vk_bitcos_mul_mm_pipeline().
@@ -152,7 +151,7 @@ bool ggml_vk_bitcos_has_int8_extension(const std::vector<vk::ExtensionProperties
 
 void ggml_vk_bitcos_init_device(const vk_device & device, bool int8_feature) {
     vk::PhysicalDeviceShaderIntegerDotProductProperties dot_props;
-    bool accelerated = false;
+    bool                                                accelerated = false;
     if (int8_feature) {
         vk::PhysicalDeviceProperties2 props2;
         props2.pNext = &dot_props;
@@ -162,8 +161,10 @@ void ggml_vk_bitcos_init_device(const vk_device & device, bool int8_feature) {
     const char * force = getenv("GGML_BITCOS_VULKAN_INT8");
     bool         int8  = force != nullptr ? strcmp(force, "1") == 0 : accelerated;
     if (int8 && !int8_feature) {
-        GGML_LOG_WARN("ggml_vulkan: GGML_BITCOS_VULKAN_INT8=1: %s has no integer dot product (shaderIntegerDotProduct): "
-                      "f32 activations\n", device->properties.deviceName.data());
+        GGML_LOG_WARN(
+            "ggml_vulkan: GGML_BITCOS_VULKAN_INT8=1: %s has no integer dot product (shaderIntegerDotProduct): "
+            "f32 activations\n",
+            device->properties.deviceName.data());
         int8 = false;
     }
     int8 = int8 && !ggml_vk_bitcos_exact();
@@ -263,8 +264,8 @@ static vk_subbuffer quantize_activations(ggml_backend_vk_context * ctx, vk_conte
         ggml_vk_sync_buffers(ctx, subctx);
     }
     PC pc{};
-    pc.ncols    = 0;
-    pc.stride_b = (uint32_t) n;
+    pc.ncols                = 0;
+    pc.stride_b             = (uint32_t) n;
     // QUANTIZE_BLOCKS_PER_WG blocks of 32 per workgroup, workgroups along x, then y
     const uint32_t groups   = (uint32_t) CEIL_DIV(n / 32, QUANTIZE_BLOCKS_PER_WG);
     const uint32_t groups_x = std::min(groups, ctx->device->properties.limits.maxComputeWorkGroupCount[0]);

@@ -165,7 +165,8 @@ def test_matmul_shape_tags(tmp_path: Path):
     src = gpu_isa.REPO_VULKAN / gpu_isa.PROMPT_BITCOS
     shape, names = gpu_isa.shader_shape(src), gpu_isa.source_defines(src)
     assert shape is not None and (names["TM"], names["TN"], names["TK"]) == (32, 32, 64)
-    assert shape.evaluate(names) == (32, [64]) and shape.evaluate_columns(names) == 32
+    # the multiply loop over a step's TK weights is unrolled: no inner loop
+    assert shape.evaluate(names) == (32, []) and shape.evaluate_columns(names) == 32
     up = gpu_isa.Shape.parse(gpu_isa.UPSTREAM_MM_SHAPE)
     small = dict(zip(gpu_isa.WARPTILE_NAMES, [64, 32, 32, 32, 32, 32, 2, 2, 2, 1, 64]))
     assert up.evaluate(small) == (16, []) and up.evaluate_columns(small) == 32
@@ -327,10 +328,11 @@ def _fma_count(blocks: list, loop) -> int:
 
 def test_prompt_path_on_the_null_device(radv_null_isa, tmp_path: Path):
     """`--prompt`: mul_mm_bitcos.comp and upstream's TQ2_0 matmul compiled for gfx1100 with ggml-vulkan's
-    parameters. Checks independent of the counter: the multiply-adds in the ISA match the tags: BITCOS's one
-    inner loop (the multiply loop, TK = 64 trips) holds 16 FMAs (a thread's 4 x 4 outputs), 16 x 64 = 1024 =
-    32 weights x 32 columns a lane covers per K step; upstream's small tile's hot loop (no inner loop) holds
-    512 f16 FMAs = 16 x 32 (its f16 accumulators; its 16 v_fma_mix*_f16 are the decode's scale)."""
+    parameters. Checks independent of the counter: the multiply-adds in the ISA match the tags: BITCOS's hot
+    loop (no inner loop: the multiply loop over TK = 64 is unrolled) holds 16 x 64 = 1024 FMAs (a thread's 4 x 4
+    outputs per k) = 32 weights x 32 columns a lane covers per K step; upstream's small tile's hot loop (no
+    inner loop) holds 512 f16 FMAs = 16 x 32 (its f16 accumulators; its 16 v_fma_mix*_f16 are the decode's
+    scale)."""
     ((_, params, results),) = gpu_isa.run_prompt(["gfx1100"], keep=tmp_path)
     by = {r.pipeline: r for r in results}
     assert {"mul_mm_bitcos", "mul_mm_bitcos_pt", "mul_mm_bitcos_g128"} <= set(by)
@@ -340,11 +342,11 @@ def test_prompt_path_on_the_null_device(radv_null_isa, tmp_path: Path):
         assert "error" not in d, d
         assert d["per_weight_and_column"] > 0 and d["vgprs"] > 0 and d["waves_per_simd"] > 0
     bitcos, tq2 = by["mul_mm_bitcos"], by["matmul_quant_f32_f16acc_aligned_0"]
-    assert (bitcos.weights_per_iteration, bitcos.cols, bitcos.loop.inner_loops) == (32, 32, 1)
+    assert (bitcos.weights_per_iteration, bitcos.cols, bitcos.loop.inner_loops) == (32, 32, 0)
     assert (tq2.weights_per_iteration, tq2.cols, tq2.loop.inner_loops) == (16, 32, 0)
     blocks = gpu_isa.parse_isa((tmp_path / "gfx1100" / "mul_mm_bitcos.mul_mm_bitcos.Assembly.txt").read_text())
-    (inner,) = next(lp for lp in gpu_isa.find_loops(blocks) if blocks[lp.header].label == bitcos.loop.label).children
-    assert _fma_count(blocks, inner) * 64 == 32 * 32
+    hot = next(lp for lp in gpu_isa.find_loops(blocks) if blocks[lp.header].label == bitcos.loop.label)
+    assert _fma_count(blocks, hot) == 32 * 32
     name = "mul_mm.matmul_quant_f32_f16acc_aligned_0.Assembly.txt"
     blocks = gpu_isa.parse_isa((tmp_path / "gfx1100" / name).read_text())
     hot = next(lp for lp in gpu_isa.find_loops(blocks) if blocks[lp.header].label == tq2.loop.label)

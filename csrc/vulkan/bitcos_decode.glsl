@@ -66,3 +66,11 @@ uint row_sign_pos(const uint r) {
 uint pool_sign(const uint pool_word0, const uint pos) {
     return (data_c[pool_word0 + (pos >> 5)] >> (pos & 31u)) & 1u;
 }
+
+// 32 signs from pool bit pos on (bit j: the sign of the j-th non-zero weight from pos, 1 = negative). The word
+// after the last one a row uses is always readable: the pool is followed by BITCOS_POOL_TAIL_BYTES zeros.
+uint sign_window(const uint pool_word0, const uint pos) {
+    const uint i = pool_word0 + (pos >> 5);
+    // a funnel shift: (31 - pos) & 31 == ~pos & 31, and shifts use only their count's 5 low bits
+    return (data_c[i] >> (pos & 31u)) | ((data_c[i + 1] << 1) << (~pos & 31u));
+}

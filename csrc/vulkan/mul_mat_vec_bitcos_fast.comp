@@ -166,14 +166,6 @@ uint row_word(const uint row_u16_0, const uint w) {
 #endif
 }
 
-// 32 signs from pool bit pos on (bit j: the sign of the j-th non-zero weight from pos, 1 = negative). The word
-// after the last one the row uses is always readable: the pool is followed by BITCOS_POOL_TAIL_BYTES zeros.
-uint sign_window(const uint pool_word0, const uint pos) {
-    const uint i  = pool_word0 + (pos >> 5);
-    // a funnel shift: (31 - pos) & 31 == ~pos & 31, and shifts use only their count's 5 low bits
-    return (data_c[i] >> (pos & 31u)) | ((data_c[i + 1] << 1) << (~pos & 31u));
-}
-
 // compute_outputs' workgroup-uniform values that the hot loop's helpers read (set once, before the hot loop)
 uint g_pool_word0;
 uint g_num_rows;

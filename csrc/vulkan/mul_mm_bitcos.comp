@@ -8,15 +8,17 @@
 // computes a 32 x 32 tile of D. Per 64 weights of K it decodes the tile's 32 rows once into shared memory
 // (t * scale as f32; each row's sign cursor lives in shared memory and advances by the chunk's popcount),
 // stages 32 columns of B beside it, and every thread accumulates a 4 x 4 block of outputs in f32. So the
-// weight is decoded once per 32 columns instead of once per column as in the mat-vec shader.
+// weight is decoded once per 32 columns instead of once per column as in the mat-vec shader. Both tiles are
+// stored K-major (sa[k][row], sb[k][col]), so a thread's 4 rows and 4 columns at one k are two 16-byte shared
+// loads, and the multiply loop over the step's 64 k is unrolled: per k, 2 loads and 16 fmas.
 // Version 2 (BITCOS_V2, type 162): any K % 32 (words and activations past K are 0), scales by the header's
 // variant (MATRIX / ROW per row, B128 / B256 per unit, from the companion).
 // Defines from the generator (bitcos-vulkan-shaders-gen.inc): BITCOS_G128, BITCOS_PT or BITCOS_V2,
 // BITCOS_BLOCK_U16, BITCOS_SCALE_U16, BITCOS_HDR_*, BITCOS_VARIANT_*.
 
 // For `ggml-bitcos bench gpu-isa --prompt`: the K-step loop is the hot loop, a lane's share of a step TM x TK / 64
-// weights times TN columns; RADV unrolls the 32-trip decode and staging loops, the multiply loop stays (TK trips).
-// gpu-isa: weights-per-iteration = TM * TK / 64; columns = TN; inner-trips = TK
+// weights times TN columns; RADV unrolls the 32-trip decode and staging loops and the multiply loop.
+// gpu-isa: weights-per-iteration = TM * TK / 64; columns = TN; inner-trips =
 #define TM 32   // rows per tile
 #define TN 32   // columns per tile
 #define TK 64   // weights of K per step: one 64-bit bitmap word
@@ -39,8 +41,8 @@ layout (push_constant) uniform parameter {
     uint pad1;
 } p;
 
-shared float sa[TM][TK + 1];
-shared float sb[TN][TK + 1];
+shared float sa[TK][TM];
+shared float sb[TK][TN];
 shared uint cursor[TM];
 
 #include "bitcos_decode.glsl"
@@ -100,35 +102,36 @@ void main() {
 #else
             const float d = d_row;
 #endif
-            uint pos = cursor[lr] + (h == 0 ? 0u : bitCount(lo));
-            for (uint i = 0; i < 32; ++i) {
-                float v = 0.0;
-                if (((word >> i) & 1u) != 0u) {
-                    v = pool_sign(pool_word0, pos) != 0u ? -d : d;
-                    pos++;
-                }
-                sa[lr][32*h + i] = v;
+            // the half-word's signs: one 32-sign window (it has at most 32 non-zero weights), the i-th weight's
+            // sign at the count of non-zero weights before it
+            const uint window = sign_window(pool_word0, cursor[lr] + (h == 0 ? 0u : bitCount(lo)));
+            uint used = 0;
+            [[unroll]] for (uint i = 0; i < 32; ++i) {
+                const uint present = (word >> i) & 1u;
+                const float t = ((window >> used) & 1u) != 0u ? -d : d;
+                sa[32*h + i][lr] = present != 0u ? t : 0.0;
+                used += present;
             }
             step_count = bitCount(lo) + bitCount(hi);
         } else {
             for (uint i = 0; i < 32; ++i) {
-                sa[lr][32*h + i] = 0.0;
+                sa[32*h + i][lr] = 0.0;
             }
         }
         const uint c = n0 + lr;
         for (uint i = 0; i < 32; ++i) {
             // (v2: K % 64 may be 32, then the last step's second half lies past the row: 0)
-            sb[lr][32*h + i] = c < p.cols && k0 + 32*h < p.k ? data_b[c * p.stride_b + k0 + 32*h + i] : 0.0;
+            sb[32*h + i][lr] = c < p.cols && k0 + 32*h < p.k ? data_b[c * p.stride_b + k0 + 32*h + i] : 0.0;
         }
         barrier();
         if (h == 0) {
             cursor[lr] += step_count;
         }
-        for (uint kk = 0; kk < TK; ++kk) {
+        [[unroll]] for (uint kk = 0; kk < TK; ++kk) {
             float a[4], b[4];
             [[unroll]] for (uint i = 0; i < 4; ++i) {
-                a[i] = sa[tr + i][kk];
-                b[i] = sb[tc + i][kk];
+                a[i] = sa[kk][tr + i];
+                b[i] = sb[kk][tc + i];
             }
             [[unroll]] for (uint i = 0; i < 4; ++i) {
                 [[unroll]] for (uint j = 0; j < 4; ++j) {

@@ -46,6 +46,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ggml_bitcos.bench.common import natural_loop, predecessors, reachable
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_DIR = Path.home() / ".cache" / "ggml-bitcos" / "cuda-tools"
 TOOLS_PIP = ("nvidia-cuda-nvdisasm==13.2.78", "nvidia-cuda-cuobjdump==13.2.78")
@@ -207,33 +209,10 @@ class Loop:
 
 def find_loops(blocks: list[Block]) -> list[Loop]:
     """Natural loops of the back edges u -> h (h at or before u in layout order, as nvcc lays loops out)."""
-    reach, stack = {0}, [0]  # blocks reachable from the entry
-    while stack:
-        for s in blocks[stack.pop()].succ:
-            if s not in reach:
-                reach.add(s)
-                stack.append(s)
-    preds: dict[int, list[int]] = {i: [] for i in range(len(blocks))}
-    for i in reach:
-        for s in blocks[i].succ:
-            preds[s].append(i)
-    loops = []
-    for u, b in enumerate(blocks):
-        if u not in reach:
-            continue
-        for h in b.succ:
-            if h <= u:
-                body, stack = {h, u}, [u]
-                while stack:
-                    n = stack.pop()
-                    if n == h:
-                        continue
-                    for p in preds[n]:
-                        if p not in body:
-                            body.add(p)
-                            stack.append(p)
-                loops.append(Loop(h, u, body))
-    return loops
+    succ = [b.succ for b in blocks]
+    reach = reachable(succ)
+    preds = predecessors(succ, reach)
+    return [Loop(h, u, natural_loop(preds, h, u)) for u in sorted(reach) for h in succ[u] if h <= u]
 
 
 def counted_trips(ins: list[Instr], blocks: list[Block], loop: Loop) -> int | None:

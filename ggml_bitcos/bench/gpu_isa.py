@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from ggml_bitcos import upstream
+from ggml_bitcos.bench.common import natural_loop, predecessors
 
 HERE = Path(__file__).resolve().parent
 REPO_VULKAN = HERE.parent.parent / "csrc" / "vulkan"
@@ -181,24 +182,13 @@ def parse_isa(text: str) -> list[Block]:
 def find_loops(blocks: list[Block]) -> list[Loop]:
     """Natural loops of the backward branches (target at or before the branch), one per header, nested:
     the returned list holds the outermost loops in layout order, each with its children."""
-    preds: dict[int, list[int]] = {i: [] for i in range(len(blocks))}
-    for i, b in enumerate(blocks):
-        for s in b.succ:
-            preds[s].append(i)
+    preds = predecessors([b.succ for b in blocks])
     by_header: dict[int, Loop] = {}
     for u, b in enumerate(blocks):
         for h in b.succ:
             if h > u:
                 continue
-            body, stack = {h, u}, [u]
-            while stack:
-                n = stack.pop()
-                if n == h:
-                    continue
-                for p in preds[n]:
-                    if p not in body:
-                        body.add(p)
-                        stack.append(p)
+            body = natural_loop(preds, h, u)
             lp = by_header.setdefault(h, Loop(h, set(), set()))
             lp.latches.add(u)
             lp.body |= body

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
-from ggml_bitcos.bench.common import parse_ints
+from ggml_bitcos.bench.common import natural_loop, parse_ints, predecessors, reachable
 
 REPO: Final = Path(__file__).resolve().parents[2]
 CSRC: Final = REPO / "csrc"
@@ -440,16 +440,8 @@ def natural_loops(cfg: Cfg) -> list[frozenset[int]]:
     reaches a back edge's source without passing the header, where a back edge goes to a block dominating
     its source."""
     n = len(cfg.blocks)
-    pred: list[list[int]] = [[] for _ in range(n)]
-    for u, vs in enumerate(cfg.succ):
-        for v in vs:
-            pred[v].append(u)
-    reach, stack = {0}, [0]
-    while stack:
-        for v in cfg.succ[stack.pop()]:
-            if v not in reach:
-                reach.add(v)
-                stack.append(v)
+    reach = reachable(cfg.succ)
+    pred = predecessors(cfg.succ, reach)
     dom: list[set[int]] = [set(reach) for _ in range(n)]
     dom[0] = {0}
     changed = True
@@ -464,13 +456,7 @@ def natural_loops(cfg: Cfg) -> list[frozenset[int]]:
     for u in reach:
         for h in cfg.succ[u]:
             if h in dom[u]:  # back edge u -> h
-                body = loops.setdefault(h, {h})
-                stack = [u]
-                while stack:
-                    x = stack.pop()
-                    if x not in body:
-                        body.add(x)
-                        stack.extend(p for p in pred[x] if p in reach)
+                loops.setdefault(h, {h}).update(natural_loop(pred, h, u))
     return [frozenset(b) for b in loops.values()]
 
 

@@ -1,4 +1,5 @@
-"""Test-only runs of the patched llama.cpp tools: llama-completion, llama-cli and llama-perplexity.
+"""Test-only runs of the patched llama.cpp tools: llama-completion, llama-cli and llama-perplexity, and how
+their greedy token sequences are compared.
 
 The product's own runners (greedy generation through the bindings, llama-bench, llama-server) are in
 ggml_bitcos.llama_run; these three serve only the tests, so they live here.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from ggml_bitcos.llama_run import tool_failure, tool_path
@@ -120,3 +122,13 @@ def run_perplexity(
     if r.returncode != 0 or not m:
         raise tool_failure("llama-perplexity", r.returncode, model, r.stdout)
     return float(m.group(1)), float(m.group(2))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two greedy sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -29,6 +29,7 @@ from ggml_bitcos.convert import convert
 from ggml_bitcos.format import COMPANION_SUFFIX, TYPE_ID_BITMAP, Variant
 from ggml_bitcos.ternarize import PROJECTION_RE, smollm2_gguf, ternarize
 from gguf_tools import open_gguf, tensor_bytes, tensor_ggml_shape
+import llama_helpers
 
 TEXT = Path(__file__).parent / "data" / "ppl.txt"
 PROMPT = "The capital of France is"
@@ -96,15 +97,6 @@ def _greedy(path: Path, n: int):
     from ggml_bitcos import llama_run
 
     return llama_run.greedy_generate(path, PROMPT, n, n_threads=2)
-
-
-def _common_prefix(x: list[int], y: list[int]) -> int:
-    n = 0
-    for a, b in zip(x, y):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def rel_logit_errors(ref, got) -> list[tuple[float, float]]:
@@ -191,8 +183,8 @@ def check_close_to_f16(src: Path, out: Path, q8: Path, label: str) -> None:
             f"margin {margin:.4f} exceeds twice the logit error {eb[i][0]:.4f}"
         )
     print(
-        f"{label}: identical tokens for {_common_prefix(a.tokens, b.tokens)} of 16 (Q8_0: "
-        f"{_common_prefix(a.tokens, q.tokens)}); logit error at step 0 {eb[0][1]:.3%} of the spread (Q8_0 "
+        f"{label}: identical tokens for {llama_helpers.common_prefix(a.tokens, b.tokens)} of 16 (Q8_0: "
+        f"{llama_helpers.common_prefix(a.tokens, q.tokens)}); logit error at step 0 {eb[0][1]:.3%} of the spread (Q8_0 "
         f"{eq[0][1]:.3%})"
     )
 
@@ -273,8 +265,6 @@ def smollm2_tq2_v1(smollm2_src, tmp_path_factory):
 
 @pytest.mark.llama
 def test_smollm2_v1_perplexity_equal(smollm2_tq2_v1, patched_llama):
-    import llama_helpers
-
     tq2, out = smollm2_tq2_v1
     ppl_a, _ = llama_helpers.run_perplexity(tq2, TEXT, ctx=128)
     ppl_b, _ = llama_helpers.run_perplexity(out, TEXT, ctx=128)

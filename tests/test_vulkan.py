@@ -160,15 +160,6 @@ def test_offloaded_decode_fast_close_to_tq2_0(vk_models, tmp_path: Path, name: s
     assert err <= FAST_LOGIT_BOUND, err
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = 0
-    for x, y in zip(a.tolist(), b.tolist()):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 @pytest.mark.parametrize("name", TQ2_0_PAIRS)
 def test_offloaded_decode_q8_1_close_to_tq2_0(vk_models, tmp_path: Path, name: str) -> None:
     """The fast mat-vec shader with q8_1 activations rounds each activation to 8 bits of its 32-block's largest,
@@ -186,7 +177,8 @@ def test_offloaded_decode_q8_1_close_to_tq2_0(vk_models, tmp_path: Path, name: s
     assert f": {FORMS['fast-q8_1'][1]}" in log_q8, log_q8[-3000:]
     scale = float(np.abs(l_src[0]).max())
     err_q8, err_cpu = (float(np.abs(logits[0] - l_src[0]).max()) / scale for logits in (l_q8, l_cpu))
-    same_q8, same_cpu = _common_prefix(t_src, t_q8), _common_prefix(t_src, t_cpu)
+    same_q8 = llama_helpers.common_prefix(t_src.tolist(), t_q8.tolist())
+    same_cpu = llama_helpers.common_prefix(t_src.tolist(), t_cpu.tolist())
     print(
         json.dumps(
             {

@@ -4,8 +4,11 @@
   1. builds the patched llama-cpp-python (pinned sdist + patches/ + csrc/) with ggml_bitcos.build.build_package
      in the incremental cache (~/.cache/ggml-bitcos or $GGML_BITCOS_CACHE: stable source tree and CMake build
      dir, ccache), CMAKE_ARGS passing through as with llama-cpp-python, one build at a time per cache;
-  2. hands the unpacked `llama_cpp` package to the root CMakeLists.txt (-DBITCOS_LLAMA_CPP_STAGE), which installs
-     it into the wheel next to ggml_bitcos, gguf_tools, the kernel harness libraries and the gguf-py start-up hook.
+  2. copies the files that build reads (ggml_bitcos.build.stage_sources: csrc/, patches/, tests/c/) into the same
+     stage folder, as _data/;
+  3. hands that folder to the root CMakeLists.txt (-DBITCOS_LLAMA_CPP_STAGE), which installs the `llama_cpp` package
+     into the wheel next to ggml_bitcos, gguf_tools, the kernel harness libraries and the gguf-py start-up hook, and
+     _data/ as ggml_bitcos/_data (where an installed `ggml-bitcos build-llama` finds its sources).
 So one install gives `from llama_cpp import Llama` and the llama-* tools on the BITCOS build, and llama.cpp is
 compiled once (never a stock llama-cpp-python first: the project does not depend on that distribution).
 Everything else (sdist, metadata, requirements) is scikit-build-core's.
@@ -57,8 +60,8 @@ def get_requires_for_build_editable(config_settings=None):
 
 
 def _build(hook, wheel_directory, config_settings, metadata_directory):
-    """Build the patched llama_cpp package into a fresh stage folder, point the root CMakeLists.txt at it
-    (cmake.define.BITCOS_LLAMA_CPP_STAGE) and run scikit-build-core's hook."""
+    """Build the patched llama_cpp package into a fresh stage folder with the build's sources beside it, point the
+    root CMakeLists.txt at it (cmake.define.BITCOS_LLAMA_CPP_STAGE) and run scikit-build-core's hook."""
     build, upstream = _bitcos_build()
     stage = Path(tempfile.mkdtemp(prefix="wheel-stage-", dir=upstream.cache_dir()))
     try:
@@ -66,6 +69,7 @@ def _build(hook, wheel_directory, config_settings, metadata_directory):
             # the build's output goes to its log file and to stdout, which pip shows with -v (as for
             # llama-cpp-python's own CMake output) and on failure
             build.build_package(stage, verbose=True)
+            build.stage_sources(stage / "_data")
         except (build.BuildError, upstream.UpstreamError) as e:
             print(f"ggml-bitcos: {e}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None

@@ -16,27 +16,15 @@ import os
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _build_sdist(out: Path) -> Path:
-    """The project's sdist, built by its own backend (as `python -m build --sdist` does), in a child process."""
-    code = (
-        "import sys; sys.path.insert(0, 'buildsys'); import ggml_bitcos_backend as b; print(b.build_sdist(sys.argv[1]))"
-    )
-    r = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return out / r.stdout.strip().splitlines()[-1]
+from install_helpers import PORTABLE_CMAKE_ARGS, ROOT, build_sdist, stock_llama_cpp, venv_install
 
 
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build_sdist(tmp_path_factory.mktemp("sdist"))
+    return build_sdist(tmp_path_factory.mktemp("sdist"))
 
 
 def test_sdist_holds_what_the_build_reads(sdist: Path) -> None:
@@ -73,6 +61,53 @@ def test_sdist_holds_what_the_build_reads(sdist: Path) -> None:
     assert not any(n.startswith(("build/", ".git/")) for n in names)
 
 
+# In a child process with PYTHONPATH=argv[1]: where ggml_bitcos.build finds its sources, and their hash.
+SOURCES = """
+import json
+from ggml_bitcos import build_tree
+print(json.dumps({"root": str(build_tree.SOURCE_ROOT), "hash": build_tree.source_hash(),
+                  "files": [str(p.relative_to(build_tree.SOURCE_ROOT)) for p in build_tree.source_files()]}))
+"""
+
+
+def _sources_seen_by(python: str, env: dict[str, str], cwd: Path) -> dict:
+    r = subprocess.run([python, "-c", SOURCES], capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_installed_layout_finds_the_same_sources(tmp_path: Path) -> None:
+    """The package as the wheel installs it (ggml_bitcos/ with _data/ staged by build.stage_sources, as the build
+    backend does), away from any checkout: build_tree reads the staged copy and hashes it as the checkout's
+    files, so an installed build-llama reuses the cache a checkout's install left."""
+    import shutil
+
+    from ggml_bitcos import build
+
+    site = tmp_path / "site-packages"
+    for package in ("ggml_bitcos", "gguf_tools"):  # the wheel's packages
+        shutil.copytree(ROOT / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+    copies = build.stage_sources(site / "ggml_bitcos" / "_data")
+    assert len(copies) == len(build.source_files())
+    env = dict(os.environ, PYTHONPATH=str(site))
+    seen = _sources_seen_by(sys.executable, env, tmp_path)
+    assert seen["root"] == str(site / "ggml_bitcos" / "_data")
+    assert seen["files"] == [str(p.relative_to(ROOT)) for p in build.source_files()]
+    assert seen["hash"] == build.source_hash()
+    # without the staged copy (a wheel built by another backend), build-llama says what is missing
+    shutil.rmtree(site / "ggml_bitcos" / "_data")
+    code = "import sys; from ggml_bitcos.cli import main; sys.exit(main(sys.argv[1:]))"
+    r = subprocess.run(
+        [sys.executable, "-c", code, "build-llama", "--prepare-only", "--work-dir", str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 1 and "no build sources for the patched llama.cpp" in r.stderr, r.stderr[-2000:]
+
+
 def test_metadata_ships_llama_cpp_instead_of_depending_on_it() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -94,14 +129,6 @@ def test_metadata_ships_llama_cpp_instead_of_depending_on_it() -> None:
         assert name in names, f"{d}: llama_cpp needs it"
 
 
-def _stock_llama_cpp(folder: Path) -> Path:
-    """A stand-in for the stock llama-cpp-python package (no +bitcos version, no bin/), first on PYTHONPATH."""
-    pkg = folder / "llama_cpp"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text('raise SystemExit("stock llama_cpp imported")\n__version__ = "0.3.36"\n')
-    return folder
-
-
 def _run_with_stock(folder: Path, code: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(ROOT)]))
     return subprocess.run(
@@ -119,15 +146,15 @@ def _assert_says_what_to_run(text: str, pkg: Path) -> None:
 @pytest.mark.parametrize(
     "tool", ["llama_cli", "llama_completion", "llama_server", "llama_bench", "llama_perplexity", "rpc_server"]
 )
-def test_console_scripts_on_stock_llama_cpp(tmp_path: Path, tool: str) -> None:
-    folder = _stock_llama_cpp(tmp_path)
+def test_console_scripts_onstock_llama_cpp(tmp_path: Path, tool: str) -> None:
+    folder = stock_llama_cpp(tmp_path)
     r = _run_with_stock(folder, f"from ggml_bitcos.llama_tools import {tool}; {tool}()", "--version")
     assert r.returncode == 1
     _assert_says_what_to_run(r.stderr, folder / "llama_cpp")
 
 
-def test_llama_helpers_on_stock_llama_cpp(tmp_path: Path) -> None:
-    folder = _stock_llama_cpp(tmp_path)
+def test_llama_helpers_onstock_llama_cpp(tmp_path: Path) -> None:
+    folder = stock_llama_cpp(tmp_path)
     code = """
 import sys
 from ggml_bitcos import llama_run
@@ -147,9 +174,9 @@ for call in (lambda: llama_run.greedy_generate("m.gguf", "Hello"), lambda: llama
     _assert_says_what_to_run(r.stderr, folder / "llama_cpp")
 
 
-def test_bench_on_stock_llama_cpp(tmp_path: Path) -> None:
+def test_bench_onstock_llama_cpp(tmp_path: Path) -> None:
     """`ggml-bitcos bench gemv` (llama-bitcos-bench) ends with the message, no traceback, exit 1."""
-    folder = _stock_llama_cpp(tmp_path)
+    folder = stock_llama_cpp(tmp_path)
     r = _run_with_stock(
         folder,
         "import sys; from ggml_bitcos.cli import main; sys.exit(main(sys.argv[1:]))",
@@ -209,30 +236,6 @@ print(json.dumps(out))
 """
 
 
-def _venv_install(venv: Path, source: str, log: Path, env: dict[str, str] | None = None) -> float:
-    """A clean venv with `pip install SOURCE` (build isolation, deps from the index as a user gets them);
-    returns the install's seconds. env: the environment (default: this one)."""
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    t0 = time.monotonic()
-    with open(log, "w") as f:
-        r = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "-v", source],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            timeout=7200,
-            cwd=venv,
-            env=env,
-        )
-    dt = time.monotonic() - t0
-    text = log.read_text()
-    assert r.returncode == 0, text[-4000:]
-    installed = text.rsplit("Successfully installed", 1)[-1].splitlines()[0]
-    assert "ggml-bitcos-0.1.0" in installed and "llama" not in installed, installed  # no stock llama-cpp-python
-    assert "building patched llama-cpp-python" in text  # built by this project's backend, once
-    assert text.count("building patched llama-cpp-python") == 1
-    return dt
-
-
 def _greedy(venv: Path, *models: Path) -> dict:
     r = subprocess.run(
         [str(venv / "bin" / "python"), "-c", GREEDY, *map(str, models)],
@@ -254,11 +257,17 @@ def test_pip_install_checkout_and_sdist(tmp_path: Path) -> None:
     runs them; the warm cache keeps the llama.cpp build incremental), then in each venv a BITCOS model made
     and converted by the venv's ggml-bitcos runs through `from llama_cpp import Llama` with the greedy tokens of
     its TQ2_0 source; the venv's llama-completion runs it too, and a stock llama_cpp put in front is named with
-    the exact command to run."""
+    the exact command to run. The wheel carries the llama.cpp build's sources, with the checkout's hash."""
     times = {}
     venv = tmp_path / "venv"
-    times["pip install . (checkout)"] = _venv_install(venv, str(ROOT), tmp_path / "pip-checkout.log")
+    times["pip install . (checkout)"] = venv_install(venv, str(ROOT), tmp_path / "pip-checkout.log")
     bindir = venv / "bin"
+    # the wheel carries the build's sources (ggml_bitcos/_data) and hashes them as this checkout's files
+    from ggml_bitcos import build
+
+    seen = _sources_seen_by(str(bindir / "python"), dict(os.environ), tmp_path)
+    assert seen["root"].startswith(str(venv)) and seen["root"].endswith("/ggml_bitcos/_data"), seen["root"]
+    assert seen["hash"] == build.source_hash()
     src, out = tmp_path / "m-tq2_0.gguf", tmp_path / "m-bitcos.gguf"
     subprocess.run(
         [
@@ -315,7 +324,7 @@ def test_pip_install_checkout_and_sdist(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
     # a stock llama_cpp in front of the venv's: the console script says what to run in this venv
-    stock = _stock_llama_cpp(tmp_path / "stock")
+    stock = stock_llama_cpp(tmp_path / "stock")
     r = subprocess.run(
         [str(bindir / "llama-cli"), "--version"],
         capture_output=True,
@@ -326,10 +335,10 @@ def test_pip_install_checkout_and_sdist(tmp_path: Path) -> None:
     assert r.returncode == 1 and "is stock llama-cpp-python 0.3.36" in r.stderr, r.stderr
     assert f"{bindir / 'python'} -m pip install --force-reinstall --no-deps {ROOT}" in r.stderr, r.stderr
 
-    sdist = _build_sdist(tmp_path / "dist")
+    sdist = build_sdist(tmp_path / "dist")
     venv2 = tmp_path / "venv-sdist"
     try:
-        times["pip install ggml_bitcos-0.1.0.tar.gz"] = _venv_install(venv2, str(sdist), tmp_path / "pip-sdist.log")
+        times["pip install ggml_bitcos-0.1.0.tar.gz"] = venv_install(venv2, str(sdist), tmp_path / "pip-sdist.log")
         res2 = _greedy(venv2, src, out)
         assert res2[str(out)] == res2[str(src)] == res[str(src)]
     finally:
@@ -349,11 +358,9 @@ def test_pip_install_portable(tmp_path: Path) -> None:
     llama_cpp/lib holds the CPU variants and no libggml-cpu.so, and a BITCOS model runs through `Llama` and the
     venv's llama-completion with its TQ2_0 source's greedy tokens. Its own build dir (<cache>/build-portable,
     incremental; tests/test_portable.py checks every variant)."""
-    from test_portable import PORTABLE_CMAKE_ARGS
-
     venv = tmp_path / "venv"
     env = dict(os.environ, CMAKE_ARGS=PORTABLE_CMAKE_ARGS)
-    seconds = _venv_install(venv, str(ROOT), tmp_path / "pip-portable.log", env=env)
+    seconds = venv_install(venv, str(ROOT), tmp_path / "pip-portable.log", env=env)
     text = (tmp_path / "pip-portable.log").read_text()
     assert "build-portable" in text  # its own build dir, not the native build's
     (lib,) = venv.glob("lib/python3*/site-packages/llama_cpp/lib")

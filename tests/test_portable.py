@@ -30,10 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-PORTABLE_CMAKE_ARGS = "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF"
+from install_helpers import PORTABLE_CMAKE_ARGS, ROOT
 
 # ggml's x86 CPU variants at the pinned commit (ggml/src/CMakeLists.txt, GGML_CPU_ALL_VARIANTS, GCC) and the BITCOS
 # kernel each one's flags allow: "avx512" needs AVX-512 F/BW/VL, "avx2" AVX2 (bitcos-kernels.h, BITCOS_BUILD_*)

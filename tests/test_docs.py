@@ -14,6 +14,10 @@ What counts, to keep false positives out (docs/notes/ is dated history and not c
   in UPSTREAM.
 
 Each document is one test that lists all of its misses at once.
+
+The docs also stay short enough to read (README.md <= 250 lines, PERFORMANCE.md and KERNELS.md <= 350: reference
+goes to docs/, history to git and docs/notes/), and numbered sections run in order in every document
+(`## 2.`, `### 2b.`, `### 2.1`, ... each after the one before).
 """
 
 from __future__ import annotations
@@ -290,6 +294,77 @@ def test_doc_names_only_what_exists(doc: Path) -> None:
     assert not found, f"{len(found)} name(s) in {doc.relative_to(ROOT)} that the tree does not have:\n" + "\n".join(
         found
     )
+
+
+# The longest each document may grow; past it, reference material moves into docs/ and history into docs/notes/.
+MAX_LINES = {"README.md": 250, "docs/PERFORMANCE.md": 350, "docs/KERNELS.md": 350}
+
+# "3.", "3b.", "3.1", "3.1.2" at the start of a heading's text
+SECTION_NUMBER_RE = re.compile(r"^(\d+)([a-z])?((?:\.\d+)*)\.?(?=\s|$)")
+
+
+def section_key(heading: str) -> tuple[int, ...] | None:
+    """Sort key of a numbered heading: "5" (5, 0), "5.1" (5, 0, 1), "5b" (5, 2), "5b.1" (5, 2, 1); None if unnumbered.
+
+    A letter is a sibling after the plain number and its dotted subsections (5, 5.1, 5.2, 5b, 5c)."""
+    m = SECTION_NUMBER_RE.match(heading.strip())
+    if not m:
+        return None
+    letter = ord(m.group(2)) - ord("a") + 1 if m.group(2) else 0
+    return (int(m.group(1)), letter, *(int(x) for x in m.group(3).split(".") if x))
+
+
+def headings(text: str) -> list[tuple[int, str]]:
+    """(line number, text) of every Markdown heading outside fenced blocks."""
+    out, fenced = [], False
+    for no, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"^#{1,6}\s+(.*)$", line)):
+            out.append((no, m.group(1)))
+    return out
+
+
+def section_order_misses(text: str) -> list[str]:
+    """Each numbered heading whose number is not after the previous numbered heading's."""
+    out, last = [], None
+    for no, heading in headings(text):
+        key = section_key(heading)
+        if key is None:
+            continue
+        if last is not None and key <= last[0]:
+            out.append(f"line {no}: '{heading}' comes after '{last[1]}'")
+        last = (key, heading)
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_numbered_sections_in_order(doc: Path) -> None:
+    found = section_order_misses(doc.read_text())
+    assert not found, f"{doc.relative_to(ROOT)}: sections out of order:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("name", sorted(MAX_LINES))
+def test_doc_length(name: str) -> None:
+    lines = len((ROOT / name).read_text().splitlines())
+    assert lines <= MAX_LINES[name], (
+        f"{name} has {lines} lines, more than {MAX_LINES[name]}: move reference material into docs/ "
+        "and history into docs/notes/"
+    )
+
+
+def test_section_order_check_catches_misorder() -> None:
+    """The order check knows letters and dotted subsections, and fails on KERNELS.md's old 1, 1b, 2, 2b, 3, 2c."""
+    assert section_key("5. GPU") == (5, 0)
+    assert section_key("5.1 The fast mat-vec") == (5, 0, 1)
+    assert section_key("2d. The aarch64 kernels") == (2, 4)
+    assert section_key("How to read the numbers") is None
+    assert section_key("2026-12-02 history") is None
+    ordered = "# T\n## 1. a\n### 1b. b\n## 2. c\n### 2.1 d\n### 2.2 e\n### 2b. f\n## 3. g\n## Tests\n"
+    assert section_order_misses(ordered) == []
+    misordered = "## 1. a\n### 1b. b\n## 2. c\n## 3. d\n### 2c. e\n```sh\n# 9. a comment\n```\n"
+    assert section_order_misses(misordered) == ["line 5: '2c. e' comes after '3. d'"]
+    assert section_order_misses("## 1. a\n## 1. b\n") == ["line 2: '1. b' comes after '1. a'"]
 
 
 def test_the_checks_catch_misses() -> None:

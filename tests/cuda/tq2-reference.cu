@@ -1,5 +1,5 @@
 // A plain 2-bit ternary GEMV (TQ2_0-like codes, dp4a), written as the yardstick for the BITCOS mat-vec's
-// instruction count (dev/cuda_sass_count.py target `tq2`; docs/PERFORMANCE.md §5c). Not part of ggml: the
+// instruction count (dev/cuda_sass_count.py target `tq2`; docs/GPU.md §3). Not part of ggml: the
 // layout is the simplest one a tuned 2-bit kernel would use, so its count is a floor for 2-bit decoding.
 //
 // Weights: code q = t + 1 in {0, 1, 2}, 2 bits each; a row is K / 64 uint4 units of 64 weights; unit g holds

@@ -6,7 +6,8 @@
 3. prints file sizes and bits per ternary weight;
 4. runs both files through the patched llama.cpp (Python bindings, greedy) and shows the output is
    identical;
-5. prints decode and prompt tokens/s of both from llama-bench, measured in one run.
+5. prints decode and prompt tokens/s of both from llama-bench, in rounds alternating the two files, and the
+   ratio with its per-round range ("within noise" when the rounds do not agree on a difference).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ggml_bitcos import llama_run, llama_tools
+from ggml_bitcos.bench import timing
+from ggml_bitcos.bench.e2e import llama_bench_rounds
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX
 
 DEMO_SHAPE = [
@@ -77,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--zero-density", type=float, default=0.42)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("-n", "--n-tokens", type=int, default=64)
+    timing.add_rounds_argument(p, 5, "llama-bench on both files")
     p.set_defaults(func=run)
 
 
@@ -135,15 +139,19 @@ def run(args: argparse.Namespace) -> int:
         f"(largest logit {float(np.max(np.abs(a.logits))):.2f})"
     )
 
-    print(f"== 5. llama-bench (tg{args.n_tokens}, pp128), {args.threads} thread(s), same run")
-    rows = llama_run.run_bench([src, out], n_prompt=128, n_gen=args.n_tokens, threads=[args.threads], repetitions=3)
-    ts = {}
+    print(
+        f"== 5. llama-bench (tg{args.n_tokens}, pp128), {args.threads} thread(s), {args.rounds} rounds "
+        "alternating the two files"
+    )
+    rows = llama_bench_rounds([src, out], args.rounds, 1, n_prompt=128, n_gen=args.n_tokens, threads=[args.threads])
+    runs = {}
     for r in rows:
         kind = "pp128" if r["n_prompt"] else f"tg{args.n_tokens}"
         label = "BITCOS" if "bitcos" in Path(r["model_filename"]).name else "TQ2_0"
-        ts[(label, kind)] = r["avg_ts"]
-        print(f"   {label:6s} {kind:6s} {r['avg_ts']:9.2f} ± {r['stddev_ts']:.2f} tokens/s")
+        runs[(label, kind)] = r["rounds_ts"]
+        print(f"   {label:6s} {kind:6s} {timing.value_cell(r['rounds_ts'])} tokens/s (median, min-max over rounds)")
     for kind in (f"tg{args.n_tokens}", "pp128"):
-        if ("BITCOS", kind) in ts and ("TQ2_0", kind) in ts:
-            print(f"   {kind}: BITCOS / TQ2_0 = {ts[('BITCOS', kind)] / ts[('TQ2_0', kind)]:.3f}x")
+        if ("BITCOS", kind) in runs and ("TQ2_0", kind) in runs:
+            spread = timing.speed_ratio(runs[("BITCOS", kind)], runs[("TQ2_0", kind)])
+            print(f"   {spread.sentence(f'{kind}: BITCOS / TQ2_0')}")
     return 0 if same else 1

@@ -1,16 +1,120 @@
-"""`ggml-bitcos bench gemv` runs every type through ggml's MUL_MAT in one run and prints the ratio table.
+"""The benchmarks of `ggml-bitcos bench` run every type in interleaved rounds and print each ratio with its
+spread (ggml_bitcos.bench.timing), or "within noise" in words when the rounds do not agree on a difference.
 
-A smoke test on a small shape: it checks the measurements exist and are consistent, never their speed.
+The statistics are tested on given per-round values; the benchmarks by smoke tests on small shapes that
+check the measurements exist, are consistent and are printed with their spread, never their speed.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# a printed ratio with its spread: "1.250x (1.201-1.310)" or "within noise (0.980x, 0.700-1.400)"
+RATIO_WITH_SPREAD = re.compile(
+    r"\d+\.\d{3}x \(\d+\.\d{3}-\d+\.\d{3}\)|within noise \(\d+\.\d{3}x, \d+\.\d{3}-\d+\.\d{3}\)"
+)
+# a bare ratio: one not followed by its spread (nor inside a "within noise" cell)
+BARE_RATIO = re.compile(r"(?<!\()\b\d+\.\d{3}x(?! \()")
+
+
+def assert_ratios_with_spread(text: str) -> None:
+    """Every ratio of a benchmark's tables comes with its spread: at least one, and none bare."""
+    assert RATIO_WITH_SPREAD.search(text), text
+    bare = [m.group(0) for m in BARE_RATIO.finditer(text)]
+    assert not bare, (bare, text)
+
+
+# ------------------------------------------------------------------------------------------ statistics
+def test_ratio_clear_win_and_clear_loss():
+    """Rounds that agree: the median of the per-round ratios, their range, no "within noise"."""
+    from ggml_bitcos.bench import timing
+
+    win = timing.speed_ratio([30.0, 31.0, 29.5], [25.0, 25.5, 24.0])  # tokens/s, BITCOS vs TQ2_0
+    assert win.ratios == (30 / 25, 31 / 25.5, 29.5 / 24) and win.median == 31 / 25.5
+    assert (win.lo, win.hi) == (30 / 25, 29.5 / 24) and not win.within_noise
+    assert win.cell() == "1.216x (1.200-1.229)"
+    assert (
+        win.sentence("tg64: BITCOS / TQ2_0")
+        == "tg64: BITCOS / TQ2_0 = 1.216x (per-round range 1.200-1.229 over 3 rounds)"
+    )
+
+    loss = timing.time_ratio([10.0, 10.2, 9.9], [12.5, 12.6, 12.4])  # µs: reference first, > 1 = faster
+    assert not loss.within_noise and loss.hi < 1.0
+    assert loss.cell() == "0.800x (0.798-0.810)"
+    assert loss.as_json() == {
+        "median": 10.0 / 12.5,
+        "min": 9.9 / 12.4,
+        "max": 10.2 / 12.6,
+        "rounds": 3,
+        "per_round": [10.0 / 12.5, 10.2 / 12.6, 9.9 / 12.4],
+        "within_noise": False,
+    }
+
+
+def test_ratio_noise_dominated_is_said_in_words():
+    """The issue's case (TQ2_0 30.46 +- 24.46 tokens/s): the rounds disagree about which is faster, so the
+    ratio is "within noise", not a result. Also when the range excludes 1.0 but is wider than the effect."""
+    from ggml_bitcos.bench import timing
+
+    busy = timing.speed_ratio([30.5, 8.0, 40.0], [30.46, 6.0, 55.0])
+    assert busy.lo < 1.0 < busy.hi and busy.within_noise
+    assert busy.cell() == "within noise (1.001x, 0.727-1.333)"
+    text = busy.sentence("tg64: BITCOS / TQ2_0")
+    assert text.startswith("tg64: BITCOS / TQ2_0: no measurable difference: 1.001x") and "within noise" in text
+    assert busy.as_json()["within_noise"] is True
+
+    wide = timing.speed_ratio([1.05, 1.06, 1.5], [1.0, 1.0, 1.0])  # all > 1, but spread 0.42 > effect 0.06
+    assert wide.lo > 1.0 and wide.within_noise
+    narrow = timing.speed_ratio([1.05, 1.06, 1.07], [1.0, 1.0, 1.0])  # spread 0.02 < effect 0.06
+    assert not narrow.within_noise
+    assert timing.speed_ratio([2.0, 2.0], [2.0, 2.0]).within_noise  # no difference at all
+
+
+def test_ratio_rounds_pair_and_one_round_has_no_spread():
+    """Ratios pair round i with round i (not medians of each side), need the same number of rounds on both
+    sides, and a single round says its spread is unknown; --rounds refuses fewer than two."""
+    import argparse
+
+    from ggml_bitcos.bench import timing
+
+    # each round the candidate is 2x faster, though the machine's speed moves 4x between rounds
+    paired = timing.speed_ratio([20.0, 80.0, 40.0], [10.0, 40.0, 20.0])
+    assert paired.ratios == (2.0, 2.0, 2.0) and not paired.within_noise
+    with pytest.raises(ValueError):
+        timing.speed_ratio([1.0, 2.0], [1.0])
+    one = timing.speed_ratio([30.0], [25.0])
+    assert not one.has_spread and not one.within_noise
+    assert one.cell() == "1.200x (1 round)" and "spread unknown" in one.sentence("tg")
+    assert timing.rounds_type("2") == 2
+    with pytest.raises(argparse.ArgumentTypeError):
+        timing.rounds_type("1")
+
+
+def test_merge_rounds_and_value_cell():
+    """Records of several rounds merge into one per key: the median, the per-round values in round order."""
+    from ggml_bitcos.bench import timing
+
+    runs = [
+        [{"k": "a", "us": 10.0, "x": 1}, {"k": "b", "us": 20.0, "x": 2}],
+        [{"k": "b", "us": 26.0, "x": 9}, {"k": "a", "us": 14.0, "x": 9}],
+        [{"k": "a", "us": 11.0, "x": 9}, {"k": "b", "us": 21.0, "x": 9}],
+    ]
+    merged = timing.merge_rounds(runs, lambda r: r["k"], "us", "rounds_us")
+    assert merged == [
+        {"k": "a", "us": 11.0, "x": 1, "rounds_us": [10.0, 14.0, 11.0]},
+        {"k": "b", "us": 21.0, "x": 2, "rounds_us": [20.0, 26.0, 21.0]},
+    ]
+    assert runs[0][0] == {"k": "a", "us": 10.0, "x": 1}  # inputs untouched
+    assert timing.value_cell([30.0, 28.1, 33.2]) == "30.00 (28.10-33.20)" and timing.value_cell([7.0]) == "7.00"
+
+
+# ------------------------------------------------------------------------------------------ benchmarks
 
 
 def test_bench_gemv_small(tmp_path, patched_llama):
@@ -33,6 +137,8 @@ def test_bench_gemv_small(tmp_path, patched_llama):
             "1",
             "--reps",
             "3",
+            "--rounds",
+            "2",
             "--workdir",
             str(tmp_path / "w"),
             "--json",
@@ -46,8 +152,13 @@ def test_bench_gemv_small(tmp_path, patched_llama):
         timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:]
-    assert "vs TQ2_0" in r.stdout and "bitcos_pt" in r.stdout
-    res = json.loads(out.read_text())["results"]
+    assert "vs TQ2_0" in r.stdout and "bitcos_pt" in r.stdout and "2 round(s)" in r.stdout
+    assert_ratios_with_spread(r.stdout)
+    data = json.loads(out.read_text())
+    res = data["results"]
+    assert all(len(x["rounds_us"]) == 2 and x["median_us"] == sum(x["rounds_us"]) / 2 for x in res)
+    pt_vs_tq2 = [x for x in data["ratios"] if (x["type"], x["z"], x["ref"]) == ("bitcos_pt", 0.5, "tq2_0")]
+    assert len(pt_vs_tq2) == 1 and len(pt_vs_tq2[0]["per_round"]) == 2 and "within_noise" in pt_vs_tq2[0]
     types = {(x["type"], x["z"]) for x in res}
     assert {("tq2_0", None), ("tq1_0", None), ("q4_0", None)} <= types
     assert {("bitcos_pt", 0.0), ("bitcos_g128", 0.5), ("bitcos_pt", 1.0)} <= types
@@ -95,8 +206,13 @@ def test_bench_e2e_tiny_with_decode_breakdown(tmp_path, patched_llama):
     )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "where a generated token's time goes" in r.stdout and "tg ceiling" in r.stdout
+    assert_ratios_with_spread(r.stdout)
     data = json.loads(out.read_text())
     assert len(data["llama_bench"]) == 6
+    for rec in data["llama_bench"]:
+        assert len(rec["rounds_ts"]) == 2 and rec["avg_ts"] > 0
+        assert ("vs_TQ2_0" in rec) == (rec["_label"] != "TQ2_0")
+    assert all(len(rec["vs_TQ2_0"]["per_round"]) == 2 for rec in data["llama_bench"] if rec["_label"] == "BITCOS")
     bd = {b["model"]: b for b in data["decode_breakdown"]}
     assert set(bd) == {"TQ1_0", "TQ2_0", "BITCOS"}
     for b in bd.values():
@@ -147,6 +263,7 @@ def _breakdown() -> list[dict]:
                 "threads": 1,
                 "beta_gb_s": 20.0,
                 "ternary_us": tern_us,
+                "rounds_ternary_us": [tern_us * 1.01, tern_us],
                 "ternary_bytes": tern_bytes,
                 "other_us": 5_000.0,
                 "other_bytes": 100e6,
@@ -187,14 +304,24 @@ def test_tables_and_plots_do_not_mutate_their_inputs(tmp_path):
 
     assert "| bitcos_pt | 0.50 | 8.0 |" in gemv_text and "1.250x" in gemv_text  # 10 µs / 8 µs vs TQ2_0
     assert "| bitcos_pt | 0.50 | 1 |" in roof_text
-    assert "| BITCOS | tg128 | 1 | 30.00 ± 0.50 | 1.200x |" in e2e_text
+    # tg rows in rounds: median (min-max) and per-round ratios; pp rows without rounds: llama-bench's own ±
+    assert "| BITCOS | tg128 | 1 | 30.00 (30.00-30.00) | 1.200x (1.200-1.200) | 1.500x (1.500-1.500) |" in e2e_text
+    assert "| BITCOS | pp512 | 1 | 280.00 ± 0.50 | 0.933x (1 round) |" in e2e_text
+    assert "| TQ2_0 | tg128 | 1 | 25.00 (25.00-25.00) | - | 1.250x (1.250-1.250) |" in e2e_text
     # BITCOS at 1 thread: tg 1000/30 = 33.3 ms, ternary 20 ms, other 5 ms, rest 8.3 ms
     assert "| BITCOS | 1 | 33.3 | 20.0 | 250 | 12.5 | 5.0 | 8.3 |" in split_text
-    assert "1 thread(s): BITCOS ternary matmuls 1.250x TQ2_0's; tg ceiling" in split_text
+    # per round: ternary matmuls 25.25 / 20.2 ms and 25 / 20 ms; ceiling 40 / (33.3 - 20.2 + 12.5) and
+    # 40 / (33.3 - 20 + 12.5) (llama-bench round i with breakdown round i)
+    assert "1 thread(s): BITCOS ternary matmuls vs TQ2_0's 1.250x (1.250-1.250); tg ceiling vs TQ2_0 " in split_text
+    lo, hi = 40 / (1e3 / 30 - 20 + 12.5), 40 / (1e3 / 30 - 20.2 + 12.5)
+    assert f"tg ceiling vs TQ2_0 {(lo + hi) / 2:.3f}x ({lo:.3f}-{hi:.3f}) if they ran at 20.0 GB/s" in split_text
     assert "| BITCOS | 2 |" not in split_text
     # the JSON file keeps the keys it always had: labels on the llama-bench rows, the tg split where known
     assert [r["_label"] for r in data["llama_bench"]] == ["TQ1_0"] * 2 + ["TQ2_0"] * 2 + ["BITCOS"] * 2
     assert [("tg_ms" in b, "rest_ms" in b) for b in data["decode_breakdown"]] == [(True, True)] * 3 + [(False, False)]
+    # ... and gain the ratios' spread: BITCOS tg against TQ2_0 per round, none against itself
+    assert data["llama_bench"][5]["vs_TQ2_0"]["per_round"] == [1.2, 1.2]
+    assert "vs_TQ2_0" not in data["llama_bench"][3] and data["llama_bench"][3]["vs_TQ1_0"]["median"] == 1.25
     assert (tmp_path / "gemv.png").stat().st_size > 0 and (tmp_path / "e2e.png").stat().st_size > 0
 
 
@@ -220,6 +347,8 @@ def test_bench_gpu_common_quant_references(tmp_path, patched_llama):
             "0.4",
             "--reps",
             "2",
+            "--rounds",
+            "2",
             "--copy-mib",
             "8",
             "--no-e2e",
@@ -235,7 +364,13 @@ def test_bench_gpu_common_quant_references(tmp_path, patched_llama):
     )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "| vs Q4_0 | vs Q8_0 |" in r.stdout and "| bitcos_pt | 0.40 |" in r.stdout, r.stdout
-    recs = {(x["type"], x["z"]): x for x in json.loads(out.read_text())["matvec"]}
+    assert_ratios_with_spread(r.stdout)
+    data = json.loads(out.read_text())
+    recs = {(x["type"], x["z"]): x for x in data["matvec"]}
+    assert all(len(x["rounds_us"]) == 2 for x in recs.values())
+    spread = {(x["type"], x["ref"]): x for x in data["matvec_ratios"]}
+    assert {("bitcos_pt", "q4_0"), ("bitcos_pt", "q8_0"), ("q4_0", "q8_0")} <= set(spread)
+    assert len(spread[("bitcos_pt", "q4_0")]["per_round"]) == 2
     assert set(recs) == {("q4_0", None), ("q8_0", None), ("bitcos_pt", 0.4)}
     assert (recs[("q8_0", None)]["bytes"], recs[("q4_0", None)]["bytes"]) == (
         128 * 512 // 32 * 34,
@@ -284,6 +419,8 @@ def test_bench_kernels_small(kernel_library):
             "0.4",
             "--reps",
             "20",
+            "--rounds",
+            "2",
             "--json",
         ],
         stdout=subprocess.PIPE,
@@ -296,6 +433,8 @@ def test_bench_kernels_small(kernel_library):
     timings = json.loads(r.stdout)
     assert {t["nc"] for t in timings} == {1, 2} and all(t["variant"] == "g128" for t in timings)
     assert all(t["cycles_per_32_min"] > 0 for t in timings)
+    assert all(len(t["rounds_median"]) == len(t["rounds_min"]) == 2 for t in timings)
+    assert all(t["cycles_per_32_min"] == min(t["rounds_min"]) for t in timings)
 
 
 def test_bench_kernels_variants(kernel_library):
@@ -361,6 +500,9 @@ def test_bench_kernels_variants(kernel_library):
     )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "B256 (format version 2)" in r.stdout and "PT (format version 1)" in r.stdout
+    # every implementation is timed against generic: the speed-ups with their spread over the 3 default rounds
+    assert "over 3 rounds" in r.stdout and "speedup vs generic (min-max over rounds)" in r.stdout
+    assert_ratios_with_spread(r.stdout)
     r = subprocess.run(
         [sys.executable, "-m", "ggml_bitcos", "bench", "kernels", "--k", "384", "--variant", "b256"],
         stdout=subprocess.PIPE,
@@ -488,6 +630,8 @@ def test_bench_bandwidth_small(tmp_path, patched_llama, kernel_library):
             "none,read:1*1",
             "--reps",
             "3",
+            "--rounds",
+            "2",
             "--workdir",
             str(tmp_path / "w"),
             "--json",
@@ -503,6 +647,7 @@ def test_bench_bandwidth_small(tmp_path, patched_llama, kernel_library):
     )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "PT/TQ2_0 measured" in r.stdout and "predicted crossover" in r.stdout
+    assert RATIO_WITH_SPREAD.search(r.stdout), r.stdout  # (the roofline's predicted ratios stand alone)
     res = json.loads(out.read_text())
     assert [lv["level"] for lv in res["levels"]] == ["none", "read:1*1"]
     none, read = res["levels"]
@@ -510,7 +655,9 @@ def test_bench_bandwidth_small(tmp_path, patched_llama, kernel_library):
     for lv in res["levels"]:
         assert lv["beta_gb_s"] > 0
         assert set(lv["gemv"]) == {"tq2_0", "tq1_0", "bitcos_pt", "bitcos_g128"}
-        assert all(v["median_us"] > 0 for v in lv["gemv"].values())
+        assert all(v["median_us"] > 0 and len(v["rounds_us"]) == 2 for v in lv["gemv"].values())
+        assert set(lv["ratios"]) == {"pt_vs_tq2_0", "g128_vs_tq2_0", "pt_vs_tq1_0"}  # no --models: no tg
+        assert all(x["rounds"] == 2 for x in lv["ratios"].values())
     assert plot.stat().st_size > 0
 
 
@@ -535,7 +682,7 @@ def test_bench_batched_tiny(tmp_path, patched_llama):
             "--n-gen",
             "6",
             "--rounds",
-            "1",
+            "2",
             "--gemm-rows",
             "256",
             "--gemm-k",
@@ -560,5 +707,10 @@ def test_bench_batched_tiny(tmp_path, patched_llama):
     assert {(s["type"], s["parallel"]) for s in res["server"]} == {
         (t, p) for t in ("tq1_0", "tq2_0", "bitcos") for p in (1, 3)
     }
-    assert all(s["agg_ts"] > 0 and s["tokens"] == [6 * s["parallel"]] for s in res["server"])
+    assert all(s["agg_ts"] > 0 and s["tokens"] == [6 * s["parallel"]] * 2 for s in res["server"])
+    assert all(len(g["rounds_us"]) == 2 for g in res["gemm"]) and all(len(s["rounds_ts"]) == 2 for s in res["server"])
+    views = {(x["view"], x["ref"]) for x in res["ratios"]}
+    assert views == {(v, t) for v in ("gemm", "server") for t in ("tq2_0", "tq1_0")}
+    assert all(len(x["per_round"]) == 2 for x in res["ratios"])
     assert "BITCOS/TQ2_0" in r.stdout
+    assert_ratios_with_spread(r.stdout)

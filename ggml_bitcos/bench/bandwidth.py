@@ -9,7 +9,8 @@ write or copy a buffer much larger than the last-level cache while one compute t
 
   1. measures the read bandwidth it has left (llama-bitcos-bench bandwidth: beta per core),
   2. times the same ternary GEMV as BITCOS (PT and G128) and TQ2_0 / TQ1_0 through ggml's MUL_MAT
-     (llama-bitcos-bench gemv, repetitions interleaving the types: all ratios from one run per level),
+     (llama-bitcos-bench gemv, repetitions interleaving the types, in rounds: ratios per round, printed
+     with their spread),
   3. optionally runs llama-bench decode (tg) on a TQ2_0 model and its BITCOS conversion (--models),
 
 for each traffic level. The roofline max(bytes / beta, weights / 32 * gamma / f) of each type, with gamma
@@ -42,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from ggml_bitcos.bench import timing
 from ggml_bitcos.bench.common import bench_workdir, machine_line, pyplot, run_tool, save_figure, tsc_ghz, write_json
-from ggml_bitcos.bench.gemv import REF_ZERO_DENSITY, write_gemv_gguf
+from ggml_bitcos.bench.gemv import REF_ZERO_DENSITY, merge_tool_rounds, write_gemv_gguf
 
 TRAFFIC_MODES = {"read": 0, "write": 1, "copy": 2}  # csrc/bitcos-traffic.c BITCOS_TRAFFIC_*
 
@@ -237,25 +239,43 @@ def measure_level(
     models: list[Path] | None,
     n_gen: int,
     tg_reps: int,
+    rounds: int = 3,
 ) -> dict[str, Any]:
-    """beta left to the compute CPU, GEMV times per type and (with models) llama-bench tg, under `level`."""
+    """beta left to the compute CPU, GEMV times per type and (with models) llama-bench tg, under `level`; the
+    GEMV and tg in `rounds` rounds, each timing every type (medians over rounds, "rounds_us" / "tg_rounds_ts":
+    the per-round values)."""
+    from ggml_bitcos import llama_run
+
     gen_cpus = generator_cpus()  # before pinning this process to the compute CPU
+    gemv_runs: list[list[dict[str, Any]]] = []
+    tg_runs: list[list[dict[str, Any]]] = []
     with pinned(compute_cpu()):
         ctx = traffic(level, gen_cpus) if level.mode != "none" else _no_traffic()
         with ctx as gen_stats:
             beta = run_tool(["bandwidth", "512", "1", "5"])[0]["gb_per_s"]
-            gemv = run_tool(["gemv", ",".join(str(p) for _, p in gemv_files), "1", str(reps), "1", "interleaved"])
-            tg: list[dict[str, Any]] = []
-            if models:
-                from ggml_bitcos import llama_run
-
-                tg = llama_run.run_bench(models, n_prompt=0, n_gen=n_gen, threads=[1], repetitions=tg_reps)
+            for _ in range(rounds):
+                gemv_runs.append(
+                    run_tool(["gemv", ",".join(str(p) for _, p in gemv_files), "1", str(reps), "1", "interleaved"])
+                )
+                if models:
+                    tg_runs.append(
+                        llama_run.run_bench(models, n_prompt=0, n_gen=n_gen, threads=[1], repetitions=tg_reps)
+                    )
             beta_after = run_tool(["bandwidth", "512", "1", "5"])[0]["gb_per_s"]
     times = {}
-    for rec in gemv:
+    for rec in merge_tool_rounds(gemv_runs):
         t = rec["tensor"].split(".", 1)[1]
-        times[t] = {"median_us": rec["median_us"], "bytes": rec["bytes"], "weights": rec["rows"] * rec["k"]}
-    tg_ts = {Path(r["model_filename"]).name: r["avg_ts"] for r in tg if r.get("n_gen", 0) > 0}
+        times[t] = {
+            "median_us": rec["median_us"],
+            "rounds_us": rec["rounds_us"],
+            "bytes": rec["bytes"],
+            "weights": rec["rows"] * rec["k"],
+        }
+    tg_rounds: dict[str, list[float]] = {}
+    for run in tg_runs:
+        for r in run:
+            if r.get("n_gen", 0) > 0:
+                tg_rounds.setdefault(Path(r["model_filename"]).name, []).append(r["avg_ts"])
     return {
         "level": level.label,
         "beta_gb_s": 0.5 * (beta + beta_after),
@@ -264,7 +284,8 @@ def measure_level(
         "generators": gen_stats,
         "generated_gb_s": sum(g["gb_per_s"] for g in gen_stats),
         "gemv": times,
-        "tg_ts": tg_ts,
+        "tg_ts": {name: timing.median(v) for name, v in tg_rounds.items()},
+        "tg_rounds_ts": tg_rounds,
     }
 
 
@@ -321,9 +342,10 @@ def bench_bandwidth(
     workdir: Path,
     models: list[Path] | None = None,
     n_gen: int = 32,
-    tg_reps: int = 3,
+    tg_reps: int = 1,
     kernel_impl: str | None = None,
     log: Callable[[str], Any] = print,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     """Every level's measurements, the gammas and the roofline prediction (see the module docstring)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -338,7 +360,7 @@ def bench_bandwidth(
     ghz = tsc_ghz()
     out = []
     for lv in levels:
-        rec = measure_level(lv, [(None, ref), (z, bc)], reps, models, n_gen, tg_reps)
+        rec = measure_level(lv, [(None, ref), (z, bc)], reps, models, n_gen, tg_reps, rounds)
         rec["predicted"] = {t: predicted_ratio(rec, t, "tq2_0", gam, rec["beta_gb_s"], ghz) for t in BITCOS_TYPES}
         out.append(rec)
         log(
@@ -350,37 +372,62 @@ def bench_bandwidth(
 
 
 # ------------------------------------------------------------------------------------------- output
+def gemv_rounds(rec: dict[str, Any], t: str) -> list[float]:
+    """Per-round GEMV µs of type t at one level (its one value in a record made before rounds)."""
+    g = rec["gemv"][t]
+    return g.get("rounds_us", [g["median_us"]])
+
+
+def tg_ratio(rec: dict[str, Any]) -> timing.RatioSpread | None:
+    """Per-round llama-bench tg ratio of the BITCOS model (its file name contains "bitcos") to the other one
+    at one level; None without exactly those two models."""
+    tg = rec.get("tg_rounds_ts") or {name: [v] for name, v in rec["tg_ts"].items()}
+    bc = next((n for n in tg if "bitcos" in n), None)
+    other = next((n for n in tg if n != bc), None)
+    if len(tg) != 2 or bc is None or other is None:
+        return None
+    return timing.speed_ratio(tg[bc], tg[other])
+
+
+def level_ratios(rec: dict[str, Any]) -> dict[str, timing.RatioSpread]:
+    """The measured ratios of one level with their spread: GEMV PT and G128 against TQ2_0, PT against TQ1_0,
+    and tg BITCOS against the other model (when measured)."""
+    out = {
+        "pt_vs_tq2_0": timing.time_ratio(gemv_rounds(rec, "tq2_0"), gemv_rounds(rec, "bitcos_pt")),
+        "g128_vs_tq2_0": timing.time_ratio(gemv_rounds(rec, "tq2_0"), gemv_rounds(rec, "bitcos_g128")),
+        "pt_vs_tq1_0": timing.time_ratio(gemv_rounds(rec, "tq1_0"), gemv_rounds(rec, "bitcos_pt")),
+    }
+    tg = tg_ratio(rec)
+    if tg is not None:
+        out["tg_bitcos_vs_other"] = tg
+    return out
+
+
 def bandwidth_table(res: dict[str, Any]) -> str:
-    """Markdown: per level, beta left, generated traffic, GEMV speed ratios measured vs predicted, tg ratio."""
+    """Markdown: per level, beta left, generated traffic, GEMV speed ratios measured (median of the per-round
+    ratios with their range, or "within noise") vs predicted, tg ratio."""
     lines = [
         "| level | beta left GB/s | generators GB/s | TQ2_0 µs | PT µs | PT/TQ2_0 measured | predicted "
         "| G128/TQ2_0 | PT/TQ1_0 | tg BITCOS/TQ2_0 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["levels"]:
-        g = r["gemv"]
-        sp = {t: g["tq2_0"]["median_us"] / g[t]["median_us"] for t in BITCOS_TYPES}
-        vs1 = g["tq1_0"]["median_us"] / g["bitcos_pt"]["median_us"]
-        tg = r["tg_ts"]
-        tgr = "-"
-        if len(tg) == 2:
-            names = sorted(tg)
-            bc = next((n for n in names if "bitcos" in n), None)
-            other = next((n for n in names if n != bc), None)
-            if bc and other:
-                tgr = f"{tg[bc] / tg[other]:.3f}x"
+        ratios = level_ratios(r)
+        tgr = ratios["tg_bitcos_vs_other"].cell() if "tg_bitcos_vs_other" in ratios else "-"
         lines.append(
             f"| {r['level']} | {r['beta_gb_s']:.1f} | {r['generated_gb_s']:.1f} | "
-            f"{g['tq2_0']['median_us']:.0f} | {g['bitcos_pt']['median_us']:.0f} | {sp['bitcos_pt']:.3f}x | "
-            f"{r['predicted'].get('bitcos_pt', float('nan')):.3f}x | {sp['bitcos_g128']:.3f}x | "
-            f"{vs1:.3f}x | {tgr} |"
+            f"{timing.value_cell(gemv_rounds(r, 'tq2_0'), 0)} | {timing.value_cell(gemv_rounds(r, 'bitcos_pt'), 0)} | "
+            f"{ratios['pt_vs_tq2_0'].cell()} | {r['predicted'].get('bitcos_pt', float('nan')):.3f}x | "
+            f"{ratios['g128_vs_tq2_0'].cell()} | {ratios['pt_vs_tq1_0'].cell()} | {tgr} |"
         )
     cross = ", ".join(
         f"{t}: {'none in 0.25-200 GB/s' if b is None else f'{b:.1f} GB/s'}" for t, b in res["crossover_gb_s"].items()
     )
     gam = ", ".join(f"{t} {g:.2f}" for t, g in res["gamma"].items())
+    n_rounds = max(len(gemv_rounds(r, "tq2_0")) for r in res["levels"])
     lines += [
         "",
+        f"µs: median (min-max) over {n_rounds} round(s); measured ratios: median of the per-round ratios (min-max)",
         f"gamma (TSC ticks / 32 weights, L1): {gam}; TSC {res['tsc_ghz']:.2f} GHz",
         f"predicted crossover (BITCOS faster than TQ2_0 below): {cross}",
     ]
@@ -400,7 +447,7 @@ def bandwidth_plot(res: dict[str, Any], out: Path, title: str) -> None:
             continue
         pred = [predicted_ratio(base, t, "tq2_0", res["gamma"], b, res["tsc_ghz"]) for b in grid]
         ax.plot(grid, pred, "-", color=color, alpha=0.6, label=f"{t.upper()} roofline")
-        meas = [r["gemv"]["tq2_0"]["median_us"] / r["gemv"][t]["median_us"] for r in res["levels"]]
+        meas = [timing.time_ratio(gemv_rounds(r, "tq2_0"), gemv_rounds(r, t)).median for r in res["levels"]]
         ax.plot(betas, meas, "o", color=color, label=f"{t.upper()} GEMV measured")
         cb = res["crossover_gb_s"].get(t)
         if cb is not None:
@@ -413,13 +460,7 @@ def bandwidth_plot(res: dict[str, Any], out: Path, title: str) -> None:
                 fontsize=8,
                 color=color,
             )
-    tg_pts = []
-    for r in res["levels"]:
-        tg = r["tg_ts"]
-        bc = next((n for n in tg if "bitcos" in n), None)
-        other = next((n for n in tg if n != bc), None)
-        if bc and other:
-            tg_pts.append((r["beta_gb_s"], tg[bc] / tg[other]))
+    tg_pts = [(r["beta_gb_s"], tg.median) for r in res["levels"] if (tg := tg_ratio(r)) is not None]
     if tg_pts:
         ax.plot([p[0] for p in tg_pts], [p[1] for p in tg_pts], "s", color="C2", label="tg (llama-bench, 1 thread)")
     byte_ratio = base["gemv"]["tq2_0"]["bytes"] / base["gemv"]["bitcos_pt"]["bytes"]
@@ -449,7 +490,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     b.add_argument("--rows", type=int, default=16384)
     b.add_argument("--k", type=int, default=16384)
     b.add_argument("--z", type=float, default=0.42, help="zero density of the BITCOS weights (default 0.42)")
-    b.add_argument("--reps", type=int, default=7)
+    b.add_argument("--reps", type=int, default=7, help="GEMV repetitions per round (default 7)")
+    timing.add_rounds_argument(b, 3, "the GEMV of every type (and llama-bench tg over --models) per level")
     b.add_argument(
         "--models",
         default=None,
@@ -457,7 +499,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "model and its BITCOS conversion; the BITCOS file's name must contain 'bitcos')",
     )
     b.add_argument("--n-gen", type=int, default=32)
-    b.add_argument("--tg-reps", type=int, default=3)
+    b.add_argument("--tg-reps", type=int, default=1, help="llama-bench repetitions per round (default 1)")
     b.add_argument(
         "--kernel-impl",
         default=None,
@@ -486,13 +528,25 @@ def run(args: argparse.Namespace) -> int:
     models = [Path(m) for m in args.models.split(",")] if args.models else None
     with bench_workdir(args.workdir) as wd:
         res = bench_bandwidth(
-            levels, args.rows, args.k, args.z, args.reps, wd, models, args.n_gen, args.tg_reps, args.kernel_impl
+            levels,
+            args.rows,
+            args.k,
+            args.z,
+            args.reps,
+            wd,
+            models,
+            args.n_gen,
+            args.tg_reps,
+            args.kernel_impl,
+            rounds=args.rounds,
         )
     title = (
         f"ggml-bitcos bench bandwidth, {args.rows}x{args.k}, z={args.z}, compute on CPU {compute_cpu()} "
         f"— {machine_line([1])}"
     )
     res["machine"] = title
+    for lv in res["levels"]:
+        lv["ratios"] = {name: spread.as_json() for name, spread in level_ratios(lv).items()}
     print(f"# {title}")
     print(bandwidth_table(res))
     if args.json:

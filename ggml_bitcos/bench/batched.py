@@ -9,6 +9,8 @@ Two views, both BITCOS vs TQ2_0 / TQ1_0 of the same model, ratios from one run:
    aggregate generated tokens per second, the number a serving user sees. Every model runs once per round
    and the rounds alternate models, so a slow phase of a shared machine hits all of them.
 
+Both views run in rounds; ratios are per-round ratios with their range (ggml_bitcos.bench.timing).
+
     ggml-bitcos bench batched [--preset bitnet-2b] [--zero-density 0.42] [--parallel 1,4,8] [--threads 2]
                               [--n-gen 64] [--rounds 2] [--workdir DIR] [--json out.json]
 """
@@ -23,9 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ggml_bitcos.bench import timing
 from ggml_bitcos.bench.common import bench_workdir, default_threads, machine_line, parse_ints, run_tool, write_json
 from ggml_bitcos.bench.e2e import e2e_models
-from ggml_bitcos.bench.gemv import REF_ZERO_DENSITY, write_gemv_gguf
+from ggml_bitcos.bench.gemv import REF_ZERO_DENSITY, merge_tool_rounds, write_gemv_gguf
 
 MODEL_TYPES = ("tq1_0", "tq2_0", "bitcos")
 CTX_PER_SLOT = 256
@@ -88,7 +91,8 @@ def bench_batched(
     gemm_reps: int,
     log: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
-    """Kernel columns sweep and llama-server throughput per model and P (medians over rounds)."""
+    """Kernel columns sweep and llama-server throughput per model and P, in `rounds` rounds that each run every
+    type (medians over rounds; "rounds_us" / "rounds_ts": the per-round values)."""
     models = e2e_models(workdir, preset, z, log)
     rows, k = gemm_shape
     ref = workdir / f"batched-ref-{rows}x{k}.gguf"
@@ -97,10 +101,22 @@ def bench_batched(
         write_gemv_gguf(ref, rows, k, REF_ZERO_DENSITY, ["tq2_0", "tq1_0"])
     if not bc.exists():
         write_gemv_gguf(bc, rows, k, z, ["bitcos_pt"], seed=1)
-    gemm = []
-    for nc in parallel:
-        for rec in run_tool(["gemv", f"{ref},{bc}", str(threads), str(gemm_reps), str(nc), "interleaved"]):
-            gemm.append({"type": rec["tensor"].split(".", 1)[1], "ncols": nc, "median_us": rec["median_us"]})
+    gemm_runs: dict[int, list[list[dict[str, Any]]]] = {nc: [] for nc in parallel}
+    for _ in range(rounds):  # each round every column count, each tool run interleaving the types
+        for nc in parallel:
+            gemm_runs[nc].append(
+                run_tool(["gemv", f"{ref},{bc}", str(threads), str(gemm_reps), str(nc), "interleaved"])
+            )
+    gemm = [
+        {
+            "type": rec["tensor"].split(".", 1)[1],
+            "ncols": nc,
+            "median_us": rec["median_us"],
+            "rounds_us": rec["rounds_us"],
+        }
+        for nc in parallel
+        for rec in merge_tool_rounds(gemm_runs[nc])
+    ]
     runs: dict[str, list[list[dict[str, Any]]]] = {t: [] for t in MODEL_TYPES}
     for i in range(rounds):
         for t in MODEL_TYPES:
@@ -131,29 +147,53 @@ def bench_batched(
 
 
 def batched_table(res: dict[str, Any]) -> str:
-    """Markdown: ggml MUL_MAT per column count and llama-server aggregate t/s per P, with BITCOS's ratios."""
+    """Markdown: ggml MUL_MAT per column count and llama-server aggregate t/s per P (medians and ranges over
+    rounds), with BITCOS's ratios (median of the per-round ratios with their range, or "within noise")."""
     rows, k = res["gemm_shape"]
-    g = {(r["type"], r["ncols"]): r["median_us"] for r in res["gemm"]}
+    g = {(r["type"], r["ncols"]): r["rounds_us"] for r in res["gemm"]}
     out = [
-        f"ggml MUL_MAT {rows} x {k}, {res['threads']} thread(s), µs per call (ratio > 1: BITCOS faster)",
+        f"ggml MUL_MAT {rows} x {k}, {res['threads']} thread(s), µs per call, median (min-max) over rounds "
+        "(ratio > 1: BITCOS faster)",
         "| columns | TQ2_0 µs | TQ1_0 µs | BITCOS_PT µs | BITCOS/TQ2_0 | BITCOS/TQ1_0 |",
         "|---|---|---|---|---|---|",
     ]
     for nc in sorted({r["ncols"] for r in res["gemm"]}):
         a, b, c = g[("tq2_0", nc)], g[("tq1_0", nc)], g[("bitcos_pt", nc)]
-        out.append(f"| {nc} | {a:.0f} | {b:.0f} | {c:.0f} | {a / c:.3f}x | {b / c:.3f}x |")
-    s = {(r["type"], r["parallel"]): r for r in res["server"]}
+        out.append(
+            f"| {nc} | {timing.value_cell(a, 0)} | {timing.value_cell(b, 0)} | {timing.value_cell(c, 0)} | "
+            f"{timing.time_ratio(a, c).cell()} | {timing.time_ratio(b, c).cell()} |"
+        )
+    s = {(r["type"], r["parallel"]): r["rounds_ts"] for r in res["server"]}
     out += [
         "",
         f"llama-server, {res['threads']} thread(s), P concurrent greedy completions of {res['n_gen']} "
-        "tokens: aggregate generated tokens/s (median over rounds)",
+        "tokens: aggregate generated tokens/s, median (min-max) over rounds",
         "| P | TQ1_0 t/s | TQ2_0 t/s | BITCOS t/s | BITCOS/TQ2_0 | BITCOS/TQ1_0 |",
         "|---|---|---|---|---|---|",
     ]
     for p in sorted({r["parallel"] for r in res["server"]}):
-        a, b, c = (s[(t, p)]["agg_ts"] for t in ("tq1_0", "tq2_0", "bitcos"))
-        out.append(f"| {p} | {a:.2f} | {b:.2f} | {c:.2f} | {c / b:.3f}x | {c / a:.3f}x |")
+        a, b, c = (s[(t, p)] for t in ("tq1_0", "tq2_0", "bitcos"))
+        out.append(
+            f"| {p} | {timing.value_cell(a)} | {timing.value_cell(b)} | {timing.value_cell(c)} | "
+            f"{timing.speed_ratio(c, b).cell()} | {timing.speed_ratio(c, a).cell()} |"
+        )
     return "\n".join(out)
+
+
+def batched_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """BITCOS's ratios of the tables with their spread, for the --json file."""
+    g = {(r["type"], r["ncols"]): r["rounds_us"] for r in res["gemm"]}
+    s = {(r["type"], r["parallel"]): r["rounds_ts"] for r in res["server"]}
+    out = []
+    for nc in sorted({r["ncols"] for r in res["gemm"]}):
+        for ref in ("tq2_0", "tq1_0"):
+            spread = timing.time_ratio(g[(ref, nc)], g[("bitcos_pt", nc)])
+            out.append({"view": "gemm", "ncols": nc, "ref": ref, **spread.as_json()})
+    for p in sorted({r["parallel"] for r in res["server"]}):
+        for ref in ("tq2_0", "tq1_0"):
+            spread = timing.speed_ratio(s[("bitcos", p)], s[(ref, p)])
+            out.append({"view": "server", "parallel": p, "ref": ref, **spread.as_json()})
+    return out
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -169,7 +209,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     b.add_argument("--parallel", type=parse_ints, default=[1, 4, 8])
     b.add_argument("--threads", type=int, default=max(default_threads()))
     b.add_argument("--n-gen", type=int, default=64)
-    b.add_argument("--rounds", type=int, default=2)
+    timing.add_rounds_argument(b, 2, "the MUL_MAT sweep and llama-server of every model")
     b.add_argument("--gemm-rows", type=int, default=6912, help="MUL_MAT rows (default: bitnet-2b's FFN)")
     b.add_argument("--gemm-k", type=int, default=2560)
     b.add_argument("--gemm-reps", type=int, default=15)
@@ -195,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         )
     title = f"ggml-bitcos bench batched, {args.preset} z={args.zero_density} — {machine_line([args.threads])}"
     res["machine"] = title
+    res["ratios"] = batched_ratios(res)
     print(f"# {title}")
     print(batched_table(res))
     if args.json:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ggml_bitcos import llama_run
+from ggml_bitcos.bench import timing
 from ggml_bitcos.bench.common import (
     default_threads,
     machine_line,
@@ -88,6 +89,28 @@ def e2e_models(workdir: Path, preset: str, z: float, log: Log = print) -> dict[s
 
 
 # ---------------------------------------------------------------------------------------- llama-bench
+def llama_bench_rounds(
+    models: list[Path],
+    rounds: int,
+    reps: int,
+    n_prompt: int = 512,
+    n_gen: int = 128,
+    threads: list[int] | None = None,
+    extra: list[str] | None = None,
+    log: Log = print,
+) -> list[dict[str, Any]]:
+    """llama-bench over `models`, `rounds` times: each round runs every model (and thread count) once, with
+    `reps` repetitions, so a slow phase of a shared machine hits all of them; merged by merge_rounds."""
+    runs = []
+    for i in range(rounds):
+        if rounds > 1:
+            log(f"# llama-bench round {i + 1}/{rounds}")
+        runs.append(
+            llama_run.run_bench(models, n_prompt=n_prompt, n_gen=n_gen, threads=threads, repetitions=reps, extra=extra)
+        )
+    return merge_rounds(runs)
+
+
 def bench_e2e(
     workdir: Path,
     preset: str,
@@ -96,48 +119,39 @@ def bench_e2e(
     reps: int,
     n_prompt: int,
     n_gen: int,
-    rounds: int = 1,
+    rounds: int = 3,
     log: Log = print,
 ) -> list[dict[str, Any]]:
-    """llama-bench over the three models, `rounds` times: each round runs every model and thread count once
-    (with `reps` repetitions), so a slow phase of a shared machine hits all of them; the result per test is
-    the median over rounds (`avg_ts`), with the rounds' spread as `stddev_ts` and their values in
-    `rounds_ts`."""
+    """llama-bench over the three models in `rounds` interleaved rounds (llama_bench_rounds)."""
     models = e2e_models(workdir, preset, z, log)
-    runs = []
-    for i in range(rounds):
-        if rounds > 1:
-            log(f"# llama-bench round {i + 1}/{rounds}")
-        runs.append(
-            llama_run.run_bench(
-                [models["tq1_0"], models["tq2_0"], models["bitcos"]],
-                n_prompt=n_prompt,
-                n_gen=n_gen,
-                threads=threads,
-                repetitions=reps,
-            )
-        )
-    return merge_rounds(runs)
+    return llama_bench_rounds(
+        [models["tq1_0"], models["tq2_0"], models["bitcos"]],
+        rounds,
+        reps,
+        n_prompt=n_prompt,
+        n_gen=n_gen,
+        threads=threads,
+        log=log,
+    )
 
 
 def merge_rounds(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One llama-bench record per (model, test, threads): the first round's record with avg_ts = the median
-    over rounds and stddev_ts = their standard deviation (llama-bench's own when there is one round)."""
-    if len(runs) == 1:
-        return runs[0]
+    over rounds, rounds_ts = the per-round values (round order: the ratios pair them) and stddev_ts = their
+    standard deviation (llama-bench's own when there is one round)."""
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
         return (r["model_filename"], r["n_prompt"], r["n_gen"], r["n_threads"])
 
-    vals: dict[Any, list[float]] = {}
-    for run_records in runs:
-        for r in run_records:
-            vals.setdefault(key(r), []).append(r["avg_ts"])
-    out = []
-    for r in runs[0]:
-        v = vals[key(r)]
-        out.append({**r, "avg_ts": float(np.median(v)), "stddev_ts": float(np.std(v)), "rounds_ts": v})
-    return out
+    merged = timing.merge_rounds(runs, key, "avg_ts", "rounds_ts")
+    if len(runs) == 1:
+        return merged
+    return [{**r, "stddev_ts": float(np.std(r["rounds_ts"]))} for r in merged]
+
+
+def rounds_ts(record: dict[str, Any]) -> list[float]:
+    """The per-round tokens/s of a llama-bench record (its one value when it was not run in rounds)."""
+    return record.get("rounds_ts", [record["avg_ts"]])
 
 
 def record_kind(record: dict[str, Any]) -> str:
@@ -150,18 +164,34 @@ def tg_ms_per_token(rows: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
     return {(e2e_label(r["model_filename"]), r["n_threads"]): 1e3 / r["avg_ts"] for r in rows if r["n_prompt"] == 0}
 
 
+def e2e_ratios(rows: list[dict[str, Any]], ref: str) -> dict[int, timing.RatioSpread]:
+    """Per-round tokens/s ratio of each record (by its index in `rows`) to the `ref` model's record of the
+    same test and thread count; the reference itself and records without a reference are left out."""
+    base = {(e2e_label(r["model_filename"]), record_kind(r), r["n_threads"]): r for r in rows}
+    out = {}
+    for i, r in enumerate(rows):
+        b = base.get((ref, record_kind(r), r["n_threads"]))
+        if b is not None and b is not r and len(rounds_ts(b)) == len(rounds_ts(r)):
+            out[i] = timing.speed_ratio(rounds_ts(r), rounds_ts(b))
+    return out
+
+
 def e2e_table(rows: list[dict[str, Any]]) -> str:
-    """Markdown table of tokens/s per model, test and thread count, with the ratios to TQ2_0 and TQ1_0."""
-    base = {(e2e_label(r["model_filename"]), record_kind(r), r["n_threads"]): r["avg_ts"] for r in rows}
-    out = ["| model | test | threads | t/s | vs TQ2_0 | vs TQ1_0 | size MiB |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        key = (record_kind(r), r["n_threads"])
+    """Markdown table of tokens/s per model, test and thread count (median and range over rounds), with the
+    ratios to TQ2_0 and TQ1_0 (median of the per-round ratios, their range, or "within noise")."""
+    vs = {ref: e2e_ratios(rows, ref) for ref in ("TQ2_0", "TQ1_0")}
+    n_rounds = max(len(rounds_ts(r)) for r in rows) if rows else 0
+    out = [
+        f"tokens/s: median (min-max) over {n_rounds} round(s); ratios: median of the per-round ratios (min-max)",
+        "| model | test | threads | t/s | vs TQ2_0 | vs TQ1_0 | size MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(rows):
         test = f"pp{r['n_prompt']}" if record_kind(r) == "pp" else f"tg{r['n_gen']}"
+        cells = [vs[ref][i].cell() if i in vs[ref] else "-" for ref in ("TQ2_0", "TQ1_0")]
+        ts = timing.value_cell(rounds_ts(r)) if "rounds_ts" in r else f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"
         out.append(
-            f"| {e2e_label(r['model_filename'])} | {test} | {r['n_threads']} | "
-            f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | "
-            f"{r['avg_ts'] / base.get(('TQ2_0', *key), float('nan')):.3f}x | "
-            f"{r['avg_ts'] / base.get(('TQ1_0', *key), float('nan')):.3f}x | "
+            f"| {e2e_label(r['model_filename'])} | {test} | {r['n_threads']} | {ts} | {cells[0]} | {cells[1]} | "
             f"{r['model_size'] / 2**20:.1f} |"
         )
     return "\n".join(out)
@@ -191,7 +221,7 @@ def decode_breakdown(models: dict[str, Path], threads: list[int], reps: int, rou
     """Per model and thread count: the time of one token's ternary weight matmuls and of its other matmuls
     (output projection), each graph walking all its weights once per run (`llama-bitcos-bench decode`),
     plus the read bandwidth with that many threads. With several rounds the models alternate and each
-    time is the median of the rounds' medians."""
+    time is the median of the rounds' medians ("rounds_<class>_us": the per-round medians)."""
     out = []
     for t in threads:
         beta = float(np.median([read_bandwidth_gb_s(t) for _ in range(rounds)]))
@@ -204,6 +234,7 @@ def decode_breakdown(models: dict[str, Path], threads: list[int], reps: int, rou
                     recs[label][r["decode_class"] + "_bytes"] = r["bytes"]
         for (label, cls), v in times.items():
             recs[label][cls + "_us"] = float(np.median(v))
+            recs[label][f"rounds_{cls}_us"] = v
         out.extend(recs.values())
     return out
 
@@ -220,6 +251,24 @@ def with_tg_split(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]]) -
             continue
         out.append({**b, "tg_ms": total, "rest_ms": total - b["ternary_us"] / 1e3 - b.get("other_us", 0.0) / 1e3})
     return out
+
+
+def tg_ceiling(
+    rows: list[dict[str, Any]], tq2: dict[str, Any], bc: dict[str, Any], floor_ms: float
+) -> timing.RatioSpread:
+    """The Amdahl ceiling of BITCOS's tg ratio to TQ2_0 per round (breakdown records with their tg split): TQ2_0's
+    ms per token over BITCOS's with its ternary matmuls taking `floor_ms`. Round i pairs llama-bench's round i
+    with the decode breakdown's round i; the medians alone when the round counts differ."""
+    tg = {
+        e2e_label(r["model_filename"]): [1e3 / v for v in rounds_ts(r)]
+        for r in rows
+        if r["n_prompt"] == 0 and r["n_threads"] == bc["threads"]
+    }
+    tq2_ms, bc_ms = tg.get("TQ2_0", []), tg.get("BITCOS", [])
+    tern_us = bc.get("rounds_ternary_us", [bc["ternary_us"]])
+    if not (len(tq2_ms) == len(bc_ms) == len(tern_us)):
+        tq2_ms, bc_ms, tern_us = [tq2["tg_ms"]], [bc["tg_ms"]], [bc["ternary_us"]]
+    return timing.RatioSpread(tuple(a / (b - u / 1e3 + floor_ms) for a, b, u in zip(tq2_ms, bc_ms, tern_us)))
 
 
 def breakdown_table(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]]) -> str:
@@ -245,20 +294,32 @@ def breakdown_table(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]])
         if "TQ2_0" in q and "BITCOS" in q:
             bc = q["BITCOS"]
             floor_ms = bc["ternary_bytes"] / (bc["beta_gb_s"] * 1e6)
-            ceiling = q["TQ2_0"]["tg_ms"] / (bc["tg_ms"] - bc["ternary_us"] / 1e3 + floor_ms)
-            kernel_ratio = q["TQ2_0"]["ternary_us"] / bc["ternary_us"]
+            ceiling = tg_ceiling(rows, q["TQ2_0"], bc, floor_ms)
+            kernel_ratio = timing.time_ratio(
+                q["TQ2_0"].get("rounds_ternary_us", [q["TQ2_0"]["ternary_us"]]),
+                bc.get("rounds_ternary_us", [bc["ternary_us"]]),
+            )
             notes.append(
-                f"{t} thread(s): BITCOS ternary matmuls {kernel_ratio:.3f}x TQ2_0's; tg ceiling "
-                f"{ceiling:.3f}x TQ2_0 if they ran at {bc['beta_gb_s']:.1f} GB/s ({floor_ms:.1f} ms)"
+                f"{t} thread(s): BITCOS ternary matmuls vs TQ2_0's {kernel_ratio.cell()}; tg ceiling vs TQ2_0 "
+                f"{ceiling.cell()} if they ran at {bc['beta_gb_s']:.1f} GB/s ({floor_ms:.1f} ms)"
             )
     return "\n".join(out + [""] + notes)
 
 
 def e2e_json(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]]) -> dict[str, Any]:
     """The --json file: llama-bench records with their table label ("_label") and the decode breakdown with
-    its tg split (the keys these files have always had)."""
+    its tg split (the keys these files have always had), each llama-bench record with the spread of its
+    ratios to TQ2_0 and TQ1_0 ("vs_TQ2_0", "vs_TQ1_0": timing.RatioSpread.as_json)."""
+    vs = {ref: e2e_ratios(rows, ref) for ref in ("TQ2_0", "TQ1_0")}
     return {
-        "llama_bench": [{**r, "_label": e2e_label(r["model_filename"])} for r in rows],
+        "llama_bench": [
+            {
+                **r,
+                "_label": e2e_label(r["model_filename"]),
+                **{f"vs_{ref}": vs[ref][i].as_json() for ref in vs if i in vs[ref]},
+            }
+            for i, r in enumerate(rows)
+        ],
         "decode_breakdown": with_tg_split(rows, breakdown),
     }
 
@@ -271,9 +332,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     e.add_argument("--zero-density", type=float, default=0.42)
     e.add_argument("--threads", type=parse_ints, default=default_threads())
     e.add_argument("--reps", type=int, default=1, help="llama-bench repetitions per round (default 1)")
-    e.add_argument(
-        "--rounds", type=int, default=3, help="rounds over all models; results are medians over rounds (default 3)"
-    )
+    timing.add_rounds_argument(e, 3, "llama-bench over all models")
     e.add_argument("-p", "--n-prompt", type=int, default=512)
     e.add_argument("-n", "--n-gen", type=int, default=128)
     e.add_argument("--workdir", type=Path, default=Path("bench-models"))

@@ -1,8 +1,9 @@
 """`ggml-bitcos bench gemv`: GEMV time over zero density, BITCOS vs TQ2_0 / TQ1_0 (paper Fig. 11).
 
 Every type holds the same ternary matrix and runs through ggml's real CPU MUL_MAT (llama-bitcos-bench gemv);
-the ratios come from one tool run whose repetitions interleave all types (``--order grouped``: back to back,
-cache-resident). Q4_0 is a familiar reference.
+each round is one tool run whose repetitions interleave all types (``--order grouped``: back to back,
+cache-resident), and the ratios are per-round ratios with their spread (bench.timing). Q4_0 is a familiar
+reference.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ggml_bitcos import codec
+from ggml_bitcos.bench import timing
 from ggml_bitcos.bench.common import (
     bench_workdir,
     default_threads,
@@ -115,12 +117,16 @@ def bench_gemv(
     refs: list[str],
     log: Callable[[str], Any] = print,
     order: str = "interleaved",
+    rounds: int = 3,
 ) -> list[dict[str, Any]]:
     """Time every type on the same shape; references once (their speed does not depend on z). `order`:
     "interleaved" (each repetition walks every weight: noise hits all types alike; the working set is all
     weights together) or "grouped" (each weight's repetitions back to back: a small weight stays in L1/L2).
+    `rounds` tool runs per thread count, each timing every type and z (A B C, A B C, ...).
 
-    One record per (file, tensor, threads) from the tool, with "z" (None for the references) and "type"."""
+    One record per (file, tensor, threads) from the tool, with "z" (None for the references), "type",
+    median_us = the median over rounds of the tool's per-round medians and "rounds_us" = those per-round
+    medians (round order: the ratios pair them)."""
     workdir.mkdir(parents=True, exist_ok=True)
     files: list[tuple[float | None, Path]] = []
     t0 = time.perf_counter()
@@ -134,35 +140,75 @@ def bench_gemv(
     log(f"# wrote {len(files)} GGUFs in {time.perf_counter() - t0:.1f} s")
     results = []
     for nt in threads:
-        # one tool call for every file: its repetitions interleave all types and zero densities
-        for rec in run_tool(["gemv", ",".join(str(p) for _, p in files), str(nt), str(reps), "1", order]):
+        # one tool call per round for every file: its repetitions interleave all types and zero densities
+        runs = [
+            run_tool(["gemv", ",".join(str(p) for _, p in files), str(nt), str(reps), "1", order])
+            for _ in range(rounds)
+        ]
+        for rec in merge_tool_rounds(runs):
             rec["z"] = files[rec["file"]][0]
             rec["type"] = rec["tensor"].split(".", 1)[1]
             results.append(rec)
     return results
 
 
+def merge_tool_rounds(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One record per (file, tensor) from rounds of llama-bitcos-bench gemv / gemv-device runs over the same
+    files: median_us = the median of the rounds' medians, "rounds_us" = those medians in round order, min_us =
+    the fastest repetition of all rounds."""
+    merged = timing.merge_rounds(runs, lambda r: (r["file"], r["tensor"]), "median_us", "rounds_us")
+    fastest: dict[tuple[int, str], float] = {}
+    for run in runs:
+        for r in run:
+            key = (r["file"], r["tensor"])
+            fastest[key] = min(fastest.get(key, r["min_us"]), r["min_us"])
+    return [{**r, "min_us": fastest[(r["file"], r["tensor"])]} for r in merged]
+
+
+def rounds_us(record: dict[str, Any]) -> list[float]:
+    """The per-round median µs of a gemv record (its one value when it was not run in rounds)."""
+    return record.get("rounds_us", [record["median_us"]])
+
+
+def gemv_ratios(results: list[dict[str, Any]], group: str = "threads") -> list[dict[str, Any]]:
+    """Every record's speed ratio to each reference record (z None) with the same `group` field (thread count;
+    the shape in bench gpu), > 1: faster than the reference, with its spread over rounds, for the --json
+    files: {"type", "z", group, "ref", **RatioSpread.as_json()}."""
+    out = []
+    for r in results:
+        for ref in results:
+            if ref["z"] is None and ref is not r and ref[group] == r[group]:
+                spread = timing.time_ratio(rounds_us(ref), rounds_us(r))
+                out.append({"type": r["type"], "z": r["z"], group: r[group], "ref": ref["type"], **spread.as_json()})
+    return out
+
+
 def gemv_table(results: list[dict[str, Any]]) -> str:
-    """Markdown tables, one per thread count: time, bandwidth, bits per weight and the ratios to each
-    reference type (> 1: faster than the reference)."""
+    """Markdown tables, one per thread count: time (median and range over rounds), bandwidth, bits per weight
+    and the ratios to each reference type (> 1: faster than the reference; median of the per-round ratios
+    with their range, or "within noise")."""
     lines = []
     for nt in sorted({r["threads"] for r in results}):
         rs = [r for r in results if r["threads"] == nt]
         refs = {r["type"]: r for r in rs if r["z"] is None}
-        lines.append(f"\n## threads = {nt}   shape {rs[0]['rows']} x {rs[0]['k']} (rows x K)")
-        lines.append("| type | z | median µs | GB/s | bits/weight | vs TQ2_0 | vs TQ1_0 | vs Q4_0 |")
+        n_rounds = max(len(rounds_us(r)) for r in rs)
+        lines.append(f"\n## threads = {nt}   shape {rs[0]['rows']} x {rs[0]['k']} (rows x K), {n_rounds} round(s)")
+        lines.append("| type | z | median µs (min-max) | GB/s | bits/weight | vs TQ2_0 | vs TQ1_0 | vs Q4_0 |")
         lines.append("|---|---|---|---|---|---|---|---|")
         ordered = [r for r in rs if r["z"] is None] + sorted(
             (r for r in rs if r["z"] is not None), key=lambda r: (r["type"], r["z"])
         )
         for r in ordered:
             n_w = r["rows"] * r["k"]
-            ratio = {t: (refs[t]["median_us"] / r["median_us"]) if t in refs else float("nan") for t in REF_TYPES}
+            ratio = {
+                t: timing.time_ratio(rounds_us(refs[t]), rounds_us(r)).cell() if t in refs and refs[t] is not r else "-"
+                for t in REF_TYPES
+            }
             zs = "-" if r["z"] is None else f"{r['z']:.2f}"
             lines.append(
-                f"| {r['type']} | {zs} | {r['median_us']:.1f} | {r['bytes'] / r['median_us'] / 1e3:.2f} "
-                f"| {8 * r['bytes'] / n_w:.3f} | {ratio['tq2_0']:.3f}x | {ratio['tq1_0']:.3f}x "
-                f"| {ratio['q4_0']:.3f}x |"
+                f"| {r['type']} | {zs} | {timing.value_cell(rounds_us(r), 1)} | "
+                f"{r['bytes'] / r['median_us'] / 1e3:.2f} | {8 * r['bytes'] / n_w:.3f} | {ratio['tq2_0']} | "
+                f"{ratio['tq1_0']} | {ratio['q4_0']} |"
             )
     return "\n".join(lines)
 
@@ -197,7 +243,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--k", type=int, default=16384, help="row length K (default 16384)")
     g.add_argument("--z", type=parse_floats, default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.95])
     g.add_argument("--threads", type=parse_ints, default=default_threads())
-    g.add_argument("--reps", type=int, default=9)
+    g.add_argument("--reps", type=int, default=9, help="repetitions per round (default 9)")
+    timing.add_rounds_argument(g, 3, "every type and z")
     g.add_argument(
         "--order",
         choices=("interleaved", "grouped"),
@@ -232,12 +279,13 @@ def run(args: argparse.Namespace) -> int:
             args.bitcos_types.split(","),
             list(REF_TYPES),
             order=args.order,
+            rounds=args.rounds,
         )
     title = f"ggml-bitcos bench gemv ({args.order}) — {machine_line(args.threads)}"
     print(f"# {title}")
     print(gemv_table(res))
     if args.json:
-        write_json(args.json, {"machine": title, "results": res})
+        write_json(args.json, {"machine": title, "results": res, "ratios": gemv_ratios(res)})
     if args.plot:
         gemv_plot(res, args.plot, title)
         print(f"# plot: {args.plot}")

@@ -2,7 +2,8 @@
 
 L1-resident microbenchmark (default 16 rows x 2048 weights: ~4-9 KB of weights and signs) on the standalone
 harness library (ggml_bitcos.harness). Each configuration is timed in C with rdtsc around single kernel
-calls (Python never sits inside the timed region); the table shows the median over the repeats.
+calls (Python never sits inside the timed region), in rounds that each time every implementation; the table
+shows the median over the rounds' medians (or the minimum), the speed-ups with their spread over rounds.
 rdtsc counts reference cycles at the constant TSC frequency, which equals core cycles only when the core
 runs at its nominal clock (see docs/KERNELS.md).
 
@@ -25,6 +26,7 @@ from typing import Final
 import numpy as np
 
 from ggml_bitcos import harness
+from ggml_bitcos.bench import timing
 from ggml_bitcos.bench.common import parse_floats, parse_ints, platform_cpu
 from ggml_bitcos.format import Variant
 from ggml_bitcos.q8k import random_q8k
@@ -54,8 +56,10 @@ class KernelTiming:
     k: int
     nc: int
     zero_density: float
-    cycles_per_32: float  # median TSC ticks per 32 weight x column products
-    cycles_per_32_min: float  # best repeat
+    cycles_per_32: float  # median over rounds of each round's median TSC ticks per 32 weight x column products
+    cycles_per_32_min: float  # best repeat of all rounds
+    rounds_median: tuple[float, ...]  # each round's median (round order: the speed-ups pair them)
+    rounds_min: tuple[float, ...]  # each round's best repeat
 
 
 def generic_reps(reps: int) -> int:
@@ -73,8 +77,10 @@ def measure(
     reps: int,
     seed: int = 0,
     fma: bool = True,
+    rounds: int = 3,
 ) -> list[KernelTiming]:
-    """Times every (z, nc, impl) on the same random matrix and activations per (z, nc).
+    """Times every (z, nc, impl) on the same random matrix and activations per (z, nc): `rounds` rounds, each
+    timing every implementation with `reps` calls in turn (generic, avx2, avx512, generic, ...).
 
     Block scales (G128, B128, B256) are random, so nearly every Q8_K block of G128 / B128 has two different
     half scales (the contract's two-FMA case); a tensor converted from TQ2_0 has equal halves and runs slightly
@@ -101,12 +107,16 @@ def measure(
                     harness.mm(impl, w, y, fma).view(np.uint32), reference.view(np.uint32)
                 ):
                     raise RuntimeError(f"{impl} differs from generic (z={z}, nc={nc}): not timing a wrong kernel")
-                n = generic_reps(reps) if impl == "generic" else reps
-                ticks = harness.time_mm(impl, w, y, n, fma).astype(np.float64)
+            per_round: dict[str, list[np.ndarray]] = {impl: [] for impl in impls}
+            for _ in range(rounds):
+                for impl in impls:
+                    n = generic_reps(reps) if impl == "generic" else reps
+                    per_round[impl].append(harness.time_mm(impl, w, y, n, fma).astype(np.float64) / units)
+            for impl in impls:
+                medians = tuple(float(np.median(t)) for t in per_round[impl])
+                mins = tuple(float(t.min()) for t in per_round[impl])
                 out.append(
-                    KernelTiming(
-                        impl, vname, rows, k, nc, z, float(np.median(ticks) / units), float(ticks.min() / units)
-                    )
+                    KernelTiming(impl, vname, rows, k, nc, z, float(np.median(medians)), min(mins), medians, mins)
                 )
     return out
 
@@ -117,38 +127,40 @@ def best_impl(fma: bool = True) -> str:
 
 
 def gamma_l1(
-    rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400, impl: str | None = None
+    rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400, impl: str | None = None, rounds: int = 2
 ) -> dict[str, float]:
     """Kernel cost gamma for the roofline (ggml_bitcos.bench.roofline): TSC ticks per 32 weights, L1-resident
     (rows x k, default 16 x 2048), one column (GEMV), single thread, zero density z, best implementation,
-    minimum over `reps` calls. Keys "bitcos_pt" and "bitcos_g128". Raises KernelLibraryNotFound when the
+    minimum over `rounds` x `reps` calls. Keys "bitcos_pt" and "bitcos_g128". Raises KernelLibraryNotFound when the
     harness library is not built. `impl`: the implementation to time instead of the best one (e.g. "avx2" to
     match a llama.cpp built for x86-64-v3)."""
     impl = impl or best_impl()
     out: dict[str, float] = {}
     for name, variant in (("bitcos_pt", Variant.PT), ("bitcos_g128", Variant.G128)):
-        (t,) = measure([impl], variant, rows, k, [1], [z], reps)
+        (t,) = measure([impl], variant, rows, k, [1], [z], reps, rounds=rounds)
         out[name] = t.cycles_per_32_min
     return out
 
 
 def format_table(timings: list[KernelTiming], impls: list[str], stat: str = "median") -> str:
     """Text table of ticks per 32 weights per (z, nc), one column per implementation, with the speed-ups
-    over the generic kernel when it was timed."""
+    over the generic kernel when it was timed (median of the per-round speed-ups with their range, or
+    "within noise")."""
     head = f"{'z':>5} {'nc':>4} " + " ".join(f"{i:>9}" for i in impls)
-    if "generic" in impls and len(impls) > 1:
-        head += "   speedup vs generic"
+    speedups = "generic" in impls and len(impls) > 1
+    if speedups:
+        head += "   speedup vs generic (min-max over rounds)"
     lines = [head, "-" * len(head)]
     keys = sorted({(t.zero_density, t.nc) for t in timings})
     for z, nc in keys:
-        row = {
-            t.impl: (t.cycles_per_32 if stat == "median" else t.cycles_per_32_min)
-            for t in timings
-            if t.zero_density == z and t.nc == nc
-        }
-        line = f"{z:5.2f} {nc:4d} " + " ".join(f"{row[i]:9.3f}" for i in impls)
-        if "generic" in impls and len(impls) > 1:
-            line += "   " + " ".join(f"{i}:{row['generic'] / row[i]:5.1f}x" for i in impls if i != "generic")
+        row = {t.impl: t for t in timings if t.zero_density == z and t.nc == nc}
+        value = {i: (t.cycles_per_32 if stat == "median" else t.cycles_per_32_min) for i, t in row.items()}
+        per_round = {i: (t.rounds_median if stat == "median" else t.rounds_min) for i, t in row.items()}
+        line = f"{z:5.2f} {nc:4d} " + " ".join(f"{value[i]:9.3f}" for i in impls)
+        if speedups:
+            line += "   " + "  ".join(
+                f"{i}: {timing.time_ratio(per_round['generic'], per_round[i]).cell()}" for i in impls if i != "generic"
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -176,7 +188,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma list of kernel names (the harness library's kernel table: generic, avx2, avx512 "
         "on x86-64) or 'all' (default)",
     )
-    p.add_argument("--reps", type=int, default=400, help="timed calls per configuration (default 400)")
+    p.add_argument("--reps", type=int, default=400, help="timed calls per configuration and round (default 400)")
+    timing.add_rounds_argument(p, 3, "every implementation")
     p.add_argument(
         "--stat",
         choices=("median", "min"),
@@ -216,7 +229,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     impls = [i for i in wanted if harness.available(i, fma)]
     skipped = [i for i in wanted if i not in impls]
-    timings = {v: measure(impls, v, args.rows, args.k, args.nc, args.z, args.reps, fma=fma) for v in args.variant}
+    timings = {
+        v: measure(impls, v, args.rows, args.k, args.nc, args.z, args.reps, fma=fma, rounds=args.rounds)
+        for v in args.variant
+    }
     if args.json:
         print(json.dumps([asdict(t) for ts in timings.values() for t in ts], indent=1))
         return 0
@@ -226,8 +242,8 @@ def run(args: argparse.Namespace) -> int:
     for v, ts in timings.items():
         print(
             f"\nBITCOS kernels, {v.name} (format version {v.version}), {args.rows} rows x {args.k} weights, "
-            f"TSC ticks per 32 weights per column ({args.stat} of {args.reps} calls; generic "
-            f"{generic_reps(args.reps)}), BITCOS_FMA={int(fma)}"
+            f"TSC ticks per 32 weights per column ({args.stat} over {args.rounds} rounds of {args.reps} calls; "
+            f"generic {generic_reps(args.reps)}), BITCOS_FMA={int(fma)}"
         )
         print(format_table(ts, impls, args.stat))
     return 0

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ggml_bitcos.bench import timing
 from ggml_bitcos.bench.common import (
     bench_workdir,
     default_threads,
@@ -22,13 +23,21 @@ from ggml_bitcos.bench.common import (
     tsc_ghz,
     write_json,
 )
-from ggml_bitcos.bench.gemv import REF_TYPES, bench_gemv
+from ggml_bitcos.bench.gemv import REF_TYPES, bench_gemv, rounds_us
 
 
 def bench_roofline(
-    threads: list[int], zs: list[float], rows: int, k: int, reps: int, workdir: Path, log: Callable[[str], Any] = print
+    threads: list[int],
+    zs: list[float],
+    rows: int,
+    k: int,
+    reps: int,
+    workdir: Path,
+    log: Callable[[str], Any] = print,
+    rounds: int = 3,
 ) -> dict[str, Any]:
-    """beta (GB/s per thread count), gamma (cycles/32 weights), predicted vs measured GEMV time."""
+    """beta (GB/s per thread count), gamma (cycles/32 weights), predicted vs measured GEMV time (the GEMV in
+    `rounds` interleaved rounds, bench_gemv)."""
     beta = {nt: read_bandwidth_gb_s(nt) for nt in threads}
     gam: dict[str, float] = {}
     for t in REF_TYPES:
@@ -40,7 +49,7 @@ def bench_roofline(
     except Exception as e:  # kernel harness not built: roofline without BITCOS gamma
         log(f"# BITCOS gamma unavailable ({e}); build the harness with `pip install .`")
     ghz = tsc_ghz()
-    res = bench_gemv(rows, k, zs, threads, reps, workdir, ["bitcos_pt"], list(REF_TYPES), log)
+    res = bench_gemv(rows, k, zs, threads, reps, workdir, ["bitcos_pt"], list(REF_TYPES), log, rounds=rounds)
     rows_out = []
     for r in res:
         n_w = r["rows"] * r["k"]
@@ -63,7 +72,7 @@ def roofline_table(rf: dict[str, Any]) -> str:
     out += [f"| {t} | {g:.3f} |" for t, g in rf["gamma_cycles_per_32"].items()]
     out += [
         "",
-        "| type | z | threads | memory-bound µs | instr-bound µs | predicted | bound | measured µs "
+        "| type | z | threads | memory-bound µs | instr-bound µs | predicted | bound | measured µs (min-max) "
         "| measured/predicted |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -71,8 +80,8 @@ def roofline_table(rf: dict[str, Any]) -> str:
         zs = "-" if r["z"] is None else f"{r['z']:.2f}"
         out.append(
             f"| {r['type']} | {zs} | {r['threads']} | {r['t_mem_us']:.0f} | {r['t_ins_us']:.0f} | "
-            f"{r['predicted_us']:.0f} | {r['bound']} | {r['median_us']:.0f} | "
-            f"{r['median_us'] / r['predicted_us']:.2f} |"
+            f"{r['predicted_us']:.0f} | {r['bound']} | {timing.value_cell(rounds_us(r), 0)} | "
+            f"{timing.value_cell([t / r['predicted_us'] for t in rounds_us(r)])} |"
         )
     return "\n".join(out)
 
@@ -84,7 +93,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("--k", type=int, default=16384)
     r.add_argument("--z", type=parse_floats, default=[0.0, 0.3, 0.4, 0.5, 0.95])
     r.add_argument("--threads", type=parse_ints, default=default_threads())
-    r.add_argument("--reps", type=int, default=7)
+    r.add_argument("--reps", type=int, default=7, help="GEMV repetitions per round (default 7)")
+    timing.add_rounds_argument(r, 3, "the GEMV of every type and z")
     r.add_argument("--workdir", type=Path, default=None)
     r.add_argument("--json", type=Path)
     r.set_defaults(func=run)
@@ -94,7 +104,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """`bench roofline`: measure, print the tables, write JSON when asked."""
     with bench_workdir(args.workdir) as wd:
-        rf = bench_roofline(args.threads, args.z, args.rows, args.k, args.reps, wd)
+        rf = bench_roofline(args.threads, args.z, args.rows, args.k, args.reps, wd, rounds=args.rounds)
     print(f"# ggml-bitcos bench roofline — {machine_line(args.threads)}; TSC {rf['tsc_ghz']:.2f} GHz")
     print(roofline_table(rf))
     if args.json:

@@ -110,7 +110,7 @@ typedef void (*bitcos_mm_fn)(const bitcos_rows * w, int64_t nr, const bitcos_q8_
 // Every caller (the ggml-cpu glue, the harness library and through it the Python tests and benchmarks, the
 // kernel fuzzer) finds the kernels here, by index or name, and runs them through bitcos_kernel_mm.
 typedef struct {
-    const char * name;                    // "generic", "portable", "avx2", "avx512", "neon", "neon-dotprod"
+    const char * name;                    // the manifest's name: "generic", "portable", "avx2", ...
     int (*available)(void);               // 1 when this CPU can run it
     int (*covers)(const bitcos_rows * w); // 1 when its own paths handle w; NULL: every descriptor
     bitcos_mm_fn mm;                      // the kernel; w must be one `covers` accepts
@@ -137,48 +137,14 @@ void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr
 
 // ---- The kernels ----
 //
-// Which SIMD kernels this translation unit's target flags build. Each kernel file defines its entry points
-// only under its macro, and the table lists them under the same one, so a build that compiles every file with
-// one set of flags (ggml-cpu, one CPU variant) gets exactly the kernels those flags allow. The x86 kernels need
-// x86-64 (64-bit pdep and mask moves) and GCC or clang (attributes, inline asm). The harness library and the
-// kernel fuzzer compile each kernel file with its own flags instead and define BITCOS_KERNELS_PER_FILE_FLAGS
-// for the table, which then lists all of them and asks the CPU at run time (bitcos-kernels-table.c).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__AVX2__)
-#    define BITCOS_BUILD_AVX2 1
-#    if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#        define BITCOS_BUILD_AVX512 1
-#    endif
-#endif
-// aarch64 (little-endian: the kernels load byte tables as 64-bit words): one file, bitcos-kernels-neon.c, builds the
-// dotprod kernel when the flags have it, else the Armv8.0 one.
-#if defined(__aarch64__) && defined(__ARM_NEON) && (defined(__GNUC__) || defined(__clang__)) && \
-    defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#    if defined(__ARM_FEATURE_DOTPROD)
-#        define BITCOS_BUILD_NEON_DOTPROD 1
-#    else
-#        define BITCOS_BUILD_NEON 1
-#    endif
-#endif
-
-// The reference: portable C, every descriptor (bitcos-kernels-generic.c).
-void bitcos_mm_generic(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                       float * const * dst);
-// Portable C, every descriptor, several times the reference's speed (table decode, one decode for every
-// column): the kernel of every CPU without a SIMD kernel of its own (bitcos-kernels-portable.c).
-void bitcos_mm_portable(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                        float * const * dst);
-// AVX2 (+ FMA, BMI2, F16C when present): bitcos-kernels-avx2.c.
-void bitcos_mm_avx2(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
-int  bitcos_covers_avx2(const bitcos_rows * w);
-// AVX-512 F/BW/VL (+ VNNI, VPOPCNTDQ, BMI2, F16C when present): bitcos-kernels-avx512.c.
-void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                      float * const * dst);
-int  bitcos_covers_avx512(const bitcos_rows * w);
-// aarch64 Advanced SIMD (Armv8.0), every descriptor: bitcos-kernels-neon.c.
-void bitcos_mm_neon(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
-// The same with sdot (Armv8.2 dotprod), every descriptor: bitcos-kernels-neon.c.
-void bitcos_mm_neon_dotprod(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                            float * const * dst);
+// Which kernels this translation unit's target flags build (BITCOS_BUILD_*) and their entry points come from the
+// kernel manifest, bitcos-kernels.json, through the header written from it. Each kernel file defines its entry
+// points only under its macro, and the table lists them under the same one, so a build that compiles every file
+// with one set of flags (ggml-cpu, one CPU variant) gets exactly the kernels those flags allow. The harness
+// library and the kernel fuzzer compile each kernel file with its own flags instead and define
+// BITCOS_KERNELS_PER_FILE_FLAGS for the table, which then lists all of the architecture's kernels and asks the CPU
+// at run time (bitcos-kernels-table.c).
+#include "bitcos-kernels-list.h"
 
 // The contract's FMA(a, b, c) in the form BITCOS_FMA selects (the plain C kernels; SIMD kernels use intrinsics).
 static inline float bitcos_contract_fma(float a, float b, float c) {

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ if str(ROOT) not in sys.path:
 from gguf import GGUFValueType  # noqa: E402
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
+from dev import kernel_manifest  # noqa: E402
 from ggml_bitcos import codec  # noqa: E402
 from ggml_bitcos.format import COMPANION_SUFFIX, KEY_FORMAT_VERSION, Variant  # noqa: E402
 from gguf_tools import GGUFStreamWriter, bitcos_type  # noqa: E402
@@ -383,32 +383,9 @@ def _cc() -> str | None:
     return shutil.which("gcc") or shutil.which("cc")
 
 
-def harness_object_flags(*suffixes: str) -> list[list[str]]:
-    """The target flags of the harness library's kernel objects `${name}<suffix>` (e.g. "_avx2"), read from the
-    root CMakeLists.txt (so the fuzzer builds each kernel exactly as the harness does)."""
-    text = (ROOT / "CMakeLists.txt").read_text()
-    out = []
-    for suffix in suffixes:
-        m = re.search(
-            r"target_compile_options\(\$\{name\}" + suffix + r" PRIVATE \$\{BITCOS_KERNEL_FLAGS\}(.*?)\)", text, re.S
-        )
-        d = re.search(
-            r"target_compile_definitions\(\$\{name\}" + suffix + r" PRIVATE BITCOS_FMA=\$\{fma\}(.*?)\)", text, re.S
-        )
-        if not m or not d:
-            raise RuntimeError(f"CMakeLists.txt: no flags for the {suffix} object")
-        out.append(m.group(1).split() + ["-D" + x for x in d.group(1).split()])
-    return out
-
-
-def harness_x86_flags() -> tuple[list[str], list[str]]:
-    """The flags of the harness's AVX2 and AVX-512 kernel objects."""
-    avx2, avx512 = harness_object_flags("_avx2", "_avx512")
-    return avx2, avx512
-
-
-# The harness's aarch64 kernel objects: bitcos-kernels-neon.c compiled once per object suffix (CMakeLists.txt).
-AARCH64_KERNEL_OBJECTS = ("_neon", "_neon_dotprod")
+# The kernel manifest (csrc/bitcos-kernels.json): which kernel files an architecture has and the target flags
+# each is compiled with, as the harness library's CMakeLists.txt reads them.
+KERNELS = kernel_manifest.load()
 
 
 def sanitizers_work(cc: str, folder: Path) -> bool:
@@ -418,17 +395,18 @@ def sanitizers_work(cc: str, folder: Path) -> bool:
     return r.returncode == 0 and subprocess.run([str(folder / "san")], capture_output=True).returncode == 0
 
 
-# Cross builds of the kernel fuzzer: target -> (C compiler, how to run its programs here)
-CROSS_TARGETS = {"aarch64": ("aarch64-linux-gnu-gcc", ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", "-cpu", "max"])}
+# Cross builds of the kernel fuzzer: architecture -> (C compiler, how to run its programs here on a CPU with
+# every extension of its kernels), from the manifest's `cross`
+CROSS_TARGETS = {a.name: (a.cross.cc, a.cross.run_command()) for a in KERNELS.arches.values() if a.cross is not None}
 
 
 def build_kernel_program(
     folder: Path, program: Path, fma: int = 1, sanitize: bool = True, target: str | None = None, opt: str = "-O1"
 ) -> Path:
-    """Compiles the C program `program` (tests/c/) with the kernel table, the generic and the portable kernel
-    (baseline flags) and the SIMD kernel objects of the architecture as the harness builds them (x86-64: AVX2
-    and AVX-512; aarch64: the two NEON objects); ASan+UBSan when `sanitize` and the compiler has them. `target`
-    (a key of CROSS_TARGETS): cross-compile for that CPU instead (no sanitizers; run the program with the
+    """Compiles the C program `program` (tests/c/) with the kernel table and the manifest's kernels as the
+    harness library builds them: those of arch "any" with the baseline flags, each of the architecture's with
+    its own target flags; ASan+UBSan when `sanitize` and the compiler has them. `target` (a key of
+    CROSS_TARGETS): cross-compile for that architecture instead (no sanitizers; run the program with the
     target's runner)."""
     cc = CROSS_TARGETS[target][0] if target else _cc()
     if cc is None or shutil.which(cc) is None:
@@ -446,17 +424,12 @@ def build_kernel_program(
             raise RuntimeError(f"compiling {src.name} ({name}) failed:\n{r.stderr[-3000:]}")
         objs.append(str(o))
 
-    obj(CSRC / "bitcos-kernels-generic.c", "generic", [])
-    obj(CSRC / "bitcos-kernels-portable.c", "portable", [])
-    machine = target or os.uname().machine
-    if machine in ("x86_64", "AMD64", "amd64"):
-        avx2, avx512 = harness_x86_flags()
-        obj(CSRC / "bitcos-kernels-avx2.c", "avx2", avx2)
-        obj(CSRC / "bitcos-kernels-avx512.c", "avx512", avx512)
-        base.append("-DBITCOS_KERNELS_PER_FILE_FLAGS=1")
-    elif machine in ("aarch64", "arm64"):
-        for suffix, flags in zip(AARCH64_KERNEL_OBJECTS, harness_object_flags(*AARCH64_KERNEL_OBJECTS)):
-            obj(CSRC / "bitcos-kernels-neon.c", suffix.lstrip("_"), flags)
+    for k in KERNELS.baseline_kernels:
+        obj(CSRC / k.source, k.ident, [])
+    arch = KERNELS.arch_of_machine(target or os.uname().machine)
+    for k in KERNELS.kernels_of(arch) if arch else ():
+        obj(CSRC / k.source, k.ident, list(k.flags))
+    if arch and KERNELS.kernels_of(arch):
         base.append("-DBITCOS_KERNELS_PER_FILE_FLAGS=1")
     obj(CSRC / "bitcos-kernels-table.c", "table", [])
     exe = folder / f"{program.stem}-fma{fma}"

@@ -71,30 +71,37 @@ def test_kernel_fuzz(kernel_fuzzer, fma: int, guard: str, cases: int) -> None:
             assert "avx512" in kernels, kernels
 
 
+@pytest.mark.parametrize("arch", sorted(fuzzing.CROSS_TARGETS))
 @pytest.mark.parametrize("fma", (0, 1), ids=("nofma", "fma"))
-def test_kernel_fuzz_aarch64(tmp_path: Path, fma: int) -> None:
-    """The kernels of an aarch64 build (its table: generic, portable, neon, neon-dotprod) cross-compiled with
-    Debian's gcc-aarch64-linux-gnu and run under qemu-user (-cpu max, which has dotprod, so every ARM path runs;
-    -cpu cortex-a53, which has not, so the table drops neon-dotprod): every kernel equal to the generic one bit for bit,
+def test_kernel_fuzz_cross(tmp_path: Path, fma: int, arch: str) -> None:
+    """The kernels of another architecture's build (its table: generic, portable and the manifest's kernels of
+    that architecture) cross-compiled (aarch64: Debian's gcc-aarch64-linux-gnu) and run under qemu-user on the
+    manifest's qemu_cpu, which has every extension, so every path runs, and on its qemu_cpu_baseline, which has
+    none, so the table drops every kernel that asks the CPU: every kernel equal to the generic one bit for bit,
     buffers against guard pages, both FMA forms. Skipped without the toolchain (fails instead under
-    BITCOS_REQUIRE_AARCH64=1, as CI sets it: scripts/install.sh installs both)."""
-    cc, runner = fuzzing.CROSS_TARGETS["aarch64"]
+    BITCOS_REQUIRE_<ARCH>=1, as CI sets BITCOS_REQUIRE_AARCH64: scripts/install.sh installs it)."""
+    cross = fuzzing.KERNELS.arches[arch].cross
+    cc, runner = fuzzing.CROSS_TARGETS[arch]
     if shutil.which(cc) is None or shutil.which(runner[0]) is None:
-        if os.environ.get("BITCOS_REQUIRE_AARCH64") == "1":
-            pytest.fail(f"{cc} or {runner[0]} is missing but BITCOS_REQUIRE_AARCH64=1")
-        pytest.skip(f"no aarch64 cross toolchain ({cc}, {runner[0]}: apt-get install gcc-aarch64-linux-gnu qemu-user)")
-    exe = fuzzing.build_kernel_fuzzer(tmp_path, fma, sanitize=False, target="aarch64")
+        if os.environ.get(f"BITCOS_REQUIRE_{arch.upper()}") == "1":
+            pytest.fail(f"{cc} or {runner[0]} is missing but BITCOS_REQUIRE_{arch.upper()}=1")
+        pytest.skip(f"no {arch} cross toolchain ({cc}, {runner[0]}: apt-get install {' '.join(cross.apt_packages)})")
+    exe = fuzzing.build_kernel_fuzzer(tmp_path, fma, sanitize=False, target=arch)
     r = subprocess.run(
         [*runner, str(exe), "--seed", str(21 + fma), "--cases", "1500"], capture_output=True, text=True, timeout=600
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "ok: 1500 cases" in r.stdout, r.stdout
-    assert r.stdout.splitlines()[0].startswith("kernels: generic portable neon neon-dotprod ("), r.stdout
-    # an Armv8.0 core: the dotprod kernel must not be offered (its availability test asks the CPU)
-    a53 = [*runner[:-1], "cortex-a53"]
-    r = subprocess.run([*a53, str(exe), "--seed", "5", "--cases", "200"], capture_output=True, text=True, timeout=600)
+    names = [k.name for k in (*fuzzing.KERNELS.baseline_kernels, *fuzzing.KERNELS.kernels_of(arch))]
+    assert r.stdout.splitlines()[0].startswith(f"kernels: {' '.join(names)} ("), r.stdout
+    # a core without the extensions: a kernel whose availability asks the CPU must not be offered
+    always = [k.name for k in (*fuzzing.KERNELS.baseline_kernels, *fuzzing.KERNELS.kernels_of(arch)) if not k.cpu_check]
+    baseline = cross.run_command(cross.qemu_cpu_baseline)
+    r = subprocess.run(
+        [*baseline, str(exe), "--seed", "5", "--cases", "200"], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert r.stdout.splitlines()[0].startswith("kernels: generic portable neon ("), r.stdout
+    assert r.stdout.splitlines()[0].startswith(f"kernels: {' '.join(always)} ("), r.stdout
 
 
 def test_kernel_fuzz_guard_is_live(kernel_fuzzer) -> None:

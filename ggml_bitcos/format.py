@@ -1,7 +1,8 @@
 """The BITCOS format's constants (versions 1 and 2) (docs/FORMAT.md), the one Python home of every number the spec fixes.
 
-Every other module (codec, converter, stats, kernel harness, gguf_tools' type registration, the tests)
-imports these names instead of repeating the numbers. The C mirror is ``csrc/bitcos-format.h``;
+Every other module (codec, converter, stats, kernel harness, the tests) imports these names instead of
+repeating the numbers; the ggml type ids and block sizes come from the GGUF layer below
+(``gguf_tools.type_table``), which registers the types with gguf-py. The C mirror is ``csrc/bitcos-format.h``;
 ``tests/test_format.py`` parses that header and checks that both agree.
 
 Facts that belong to upstream ggml (the TQ1_0/TQ2_0 block sizes, ``GGML_MAX_NAME``) are taken from gguf-py
@@ -15,12 +16,13 @@ from typing import Final
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from gguf_tools.type_table import BITCOS_TYPES, TYPE_ID_BITMAP, TYPE_ID_G128, TYPE_ID_PT
+
 QK: Final = 128  # weights per v1 block and per kernel unit (QK_BITCOS): a 128-bit bitmap
 BITMAP_BYTES: Final = QK // 8  # bytes of the bitmap of 128 weights, the same in every variant
 QK_BITMAP: Final = 32  # weights per v2 ggml block (QK_BITCOS_BITMAP): the v2 row-length granularity
-TYPE_ID_G128: Final = 160
-TYPE_ID_PT: Final = 161
-TYPE_ID_BITMAP: Final = 162  # every version-2 variant (ggml GGML_TYPE_BITCOS, type name "bitcos")
+# the ggml type ids (TYPE_ID_G128 160, TYPE_ID_PT 161, TYPE_ID_BITMAP 162: every version-2 variant) and their
+# ggml block sizes are the GGUF layer's facts: gguf_tools.type_table
 
 
 class Variant(enum.IntEnum):
@@ -65,7 +67,8 @@ class Variant(enum.IntEnum):
     @property
     def ggml_block(self) -> tuple[int, int]:
         """(weights, bytes) of one ggml block of the weight tensor: (128, 18) / (128, 16) in v1, (32, 4) in v2."""
-        return (QK_BITMAP, QK_BITMAP // 8) if self.version == 2 else (QK, self.block_bytes)
+        _type_id, block, block_bytes = BITCOS_TYPES[self.type_name]
+        return block, block_bytes
 
     def scales_bytes(self, n_cols: int, n_rows: int, n_mats: int) -> int:
         """Bytes of the companion's scales section (FORMAT.md §4.2); 0 for G128 (its scales are in the blocks)."""

@@ -9,7 +9,7 @@ inside the file, and nothing after the last one but its padding. gguf-py itself 
 fit in the file, so a tensor whose bytes run into the next one's would otherwise be read as garbage.
 
 Where a type id means different layouts to different producers, the reader decides the *form* of each
-tensor (``SourceTensor.form``, ``ggml_bitcos.foreign``): Q2_0 (id 42) is upstream's group-64 type unless
+tensor (``SourceTensor.form``, ``gguf_tools.type_table``): Q2_0 (id 42) is upstream's group-64 type unless
 only Prism's legacy group-128 sizes fit the file's data extents; I2_S is read in the layout the caller
 names (``i2s_layout``), x86 by default, since the file records none.
 """
@@ -29,8 +29,7 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.constants import GGMLQuantizationType
 from gguf.gguf_reader import ReaderField, ReaderTensor
 
-from ggml_bitcos import foreign
-
+from . import type_table
 from . import types as _types  # (importing it registers the BITCOS types)
 
 
@@ -90,12 +89,12 @@ class CheckedGGUFReader(GGUFReader):
         return keys
 
     def __init__(self, path: os.PathLike[str] | str, mode: Any = "r", *, i2s_layout: str | None = None):
-        self.i2s_layout = i2s_layout  # None: the default layout, assumed (foreign.i2_s_layout_note)
+        self.i2s_layout = i2s_layout  # None: the default layout, assumed (the converter and stats say so)
         self.form_notes: list[str] = []  # file-level lines on the forms read (stats, info, convert)
         super().__init__(path, mode)
 
     def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:  # type: ignore[override]
-        _types.register_foreign_types()  # I2_S, Q2_0, PQ2_0, PTQ1_0: convert reads them (ggml_bitcos/foreign.py)
+        _types.register_foreign_types()  # I2_S, Q2_0, PQ2_0, PTQ1_0 (type_table): convert reads them
         infos: list[_Info] = []
         names: set[str] = set()
         for field in fields:
@@ -108,14 +107,14 @@ class CheckedGGUFReader(GGUFReader):
             if not _types.is_known_type(type_id):
                 raise _TensorProblem(name, f"unknown ggml type id {type_id}")
             infos.append(_Info(name, type_id, tuple(int(d) for d in dims), int(offset_tensor[0]), field))
-        layout = self.i2s_layout or foreign.I2S_DEFAULT_LAYOUT
-        forms = {i.name: layout for i in infos if i.type_id == foreign.I2_S}
+        layout = self.i2s_layout or type_table.I2S_DEFAULT_LAYOUT
+        forms = {i.name: layout for i in infos if i.type_id == type_table.I2_S}
         problem = _extent_problem(infos, forms, int(start_offs), int(self.data.shape[0]), int(self.alignment))
         if problem is not None:
-            legacy = {i.name: foreign.Q2_0_LEGACY_FORM for i in infos if i.type_id == foreign.Q2_0}
+            legacy = {i.name: type_table.Q2_0_LEGACY_FORM for i in infos if i.type_id == type_table.Q2_0}
             if (
                 legacy
-                and all(i.ne[0] % foreign.Q2_0_LEGACY.block == 0 for i in infos if i.name in legacy)
+                and all(i.ne[0] % type_table.Q2_0_LEGACY.block == 0 for i in infos if i.name in legacy)
                 and _extent_problem(
                     infos, forms | legacy, int(start_offs), int(self.data.shape[0]), int(self.alignment)
                 )
@@ -161,7 +160,7 @@ class CheckedGGUFReader(GGUFReader):
 
 class SourceTensor(ReaderTensor):
     """gguf-py's ``ReaderTensor`` and the form it was read in (``form``: "" where the type has one form;
-    ``ggml_bitcos.foreign`` for the others)."""
+    ``type_table`` for the others)."""
 
     form: str
 
@@ -233,7 +232,7 @@ def _extent_problem(
 
 
 def _type_label(type_id: int, form: str) -> str:
-    return foreign.form_label(type_id, form) if foreign.foreign_type(type_id) else _types.type_name(type_id)
+    return type_table.form_label(type_id, form) if type_table.foreign_type(type_id) else _types.type_name(type_id)
 
 
 class _TensorProblem(Exception):
@@ -246,7 +245,7 @@ class _TensorProblem(Exception):
 def open_gguf(path: os.PathLike[str] | str, *, i2s_layout: str | None = None) -> CheckedGGUFReader:
     """Open a GGUF file read-only (memory-mapped); raise ``GGUFError`` with a clear message if it is not one
     or a tensor's data is not where its type and shape put it. ``i2s_layout``: the layout its I2_S tensors are
-    read in (``ggml_bitcos.foreign.I2S_LAYOUTS``; None: the default, assumed)."""
+    read in (``type_table.I2S_LAYOUTS``; None: the default, assumed)."""
     p = Path(path)
     if not p.exists():
         raise GGUFError(p, "no such file")

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ggml_bitcos.foreign import FOREIGN_TYPES, foreign_type
-from ggml_bitcos.format import Variant
-
 # name -> (type id, block size in weights, bytes per block); docs/FORMAT.md §2: BITCOS_G128 (160), BITCOS_PT (161),
-# BITCOS (162, every version-2 variant).
-BITCOS_TYPES: Final[dict[str, tuple[int, int, int]]] = {v.type_name: (v.type_id, *v.ggml_block) for v in Variant}
+# BITCOS (162, every version-2 variant)
+from .type_table import BITCOS_TYPES, FOREIGN_TYPES, TYPE_ID_BITMAP, TYPE_ID_G128, TYPE_ID_PT, foreign_type
 
 
 def _add_enum_member(enum_cls: type[GGMLQuantizationType], name: str, value: int) -> GGMLQuantizationType:
@@ -79,7 +76,7 @@ register_bitcos_types()
 
 
 def register_foreign_types() -> list[str]:
-    """Teach gguf-py the foreign ternary types (``ggml_bitcos.foreign.FOREIGN_TYPES``: I2_S, Q2_0, PQ2_0,
+    """Teach gguf-py the foreign ternary types (``type_table.FOREIGN_TYPES``: I2_S, Q2_0, PQ2_0,
     PTQ1_0), for this project's reader only (``CheckedGGUFReader`` calls it; the gguf-py start-up hook does
     not, so stock tools such as gguf-new-metadata never copy an I2_S tensor without its tail). Each is sized
     by its table entry's blocks (I2_S as its ``n/4`` code bytes: the reader adds the tail). An id or name
@@ -90,7 +87,7 @@ def register_foreign_types() -> list[str]:
 
 
 def type_block(type_id: int, form: str = "") -> tuple[int, int]:
-    """(weights, bytes) of one block of a registered ggml type in ``form`` (ggml_bitcos.foreign), tail excluded."""
+    """(weights, bytes) of one block of a registered ggml type in ``form`` (``type_table``), tail excluded."""
     ft = foreign_type(type_id, form)
     if ft is not None:
         return ft.block, ft.block_bytes
@@ -109,14 +106,18 @@ def tensor_nbytes(type_id: int, ne: Sequence[int], form: str = "") -> int:
     return ft.nbytes(n) if ft is not None else n // block * block_bytes
 
 
-BITCOS_G128: Final = GGMLQuantizationType(Variant.G128.type_id)
-BITCOS_PT: Final = GGMLQuantizationType(Variant.PT.type_id)
-BITCOS: Final = GGMLQuantizationType(Variant.MATRIX.type_id)
+BITCOS_G128: Final = GGMLQuantizationType(TYPE_ID_G128)
+BITCOS_PT: Final = GGMLQuantizationType(TYPE_ID_PT)
+BITCOS: Final = GGMLQuantizationType(TYPE_ID_BITMAP)
 
 
-def bitcos_type(variant: Variant) -> GGMLQuantizationType:
-    """The registered ggml type that stores ``variant``."""
-    return GGMLQuantizationType(Variant(variant).type_id)
+class _StoredAsType(Protocol):
+    type_id: int
+
+
+def bitcos_type(variant: _StoredAsType) -> GGMLQuantizationType:
+    """The registered ggml type that stores ``variant`` (a ``ggml_bitcos.format.Variant``: its ``type_id``)."""
+    return GGMLQuantizationType(variant.type_id)
 
 
 def is_known_type(type_id: int) -> bool:

@@ -25,7 +25,9 @@
                  several columns on CPUs this machine is not (Apple, Neoverse, Cortex-A, Zen), with the
                  model's error against this machine's measured ticks (--measure).
 
-Every ratio printed is measured in the same invocation; nothing here asserts a timing.
+Every ratio printed is measured in the same invocation, in rounds that each run every type (A B C, A B C, ...),
+and printed as the median of the per-round ratios with their range, or as "within noise" when the rounds do
+not agree on a difference (ggml_bitcos.bench.timing); nothing here asserts a timing.
 """
 
 # One module per benchmark (gemv, roofline, e2e, gpu, gpu_isa, mca, kernels; codec: the numpy codec's throughput, run with

@@ -1,8 +1,9 @@
 """`ggml-bitcos bench e2e`: llama-bench tg / pp for one model in TQ1_0, TQ2_0 and BITCOS (paper Fig. 12).
 
-The models run in rounds (medians over rounds), and the decode breakdown says where a generated token's
-time goes: its ternary matmuls, its other matmuls (llama-bitcos-bench decode) and the rest, with the
-Amdahl ceiling of the tg ratio.
+The models run in rounds, each running every model (medians over rounds, ratios as the median of the
+per-round ratios with their range, or "within noise": ggml_bitcos.bench.timing), and the decode breakdown
+says where a generated token's time goes: its ternary matmuls, its other matmuls (llama-bitcos-bench decode)
+and the rest, with the Amdahl ceiling of the tg ratio.
 
 Tables and plots derive what they show (model labels, tg time per token, the rest of it) from the raw
 records through the helpers below; they never write into them.

@@ -131,9 +131,9 @@ def gamma_l1(
 ) -> dict[str, float]:
     """Kernel cost gamma for the roofline (ggml_bitcos.bench.roofline): TSC ticks per 32 weights, L1-resident
     (rows x k, default 16 x 2048), one column (GEMV), single thread, zero density z, best implementation,
-    minimum over `rounds` x `reps` calls. Keys "bitcos_pt" and "bitcos_g128". Raises KernelLibraryNotFound when the
-    harness library is not built. `impl`: the implementation to time instead of the best one (e.g. "avx2" to
-    match a llama.cpp built for x86-64-v3)."""
+    minimum over `rounds` x `reps` calls. Keys "bitcos_pt" and "bitcos_g128". Raises KernelLibraryNotFound when
+    the harness library is not built. `impl`: the implementation to time instead of the best one (e.g. "avx2"
+    to match a llama.cpp built for x86-64-v3)."""
     impl = impl or best_impl()
     out: dict[str, float] = {}
     for name, variant in (("bitcos_pt", Variant.PT), ("bitcos_g128", Variant.G128)):

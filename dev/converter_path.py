@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
-from ggml_bitcos import cli, tq  # noqa: E402
+from ggml_bitcos import convert_cli, stats, tq  # noqa: E402
 from ggml_bitcos.ternary import random_codes  # noqa: E402
 from gguf_tools import GGUFStreamWriter  # noqa: E402
 
@@ -54,7 +54,11 @@ def trace(argv: list[str], tensor: str) -> list[str]:
     """The product files whose functions are handed ``tensor`` while ``ggml-bitcos ARGV`` runs, in order,
     consecutive duplicates collapsed: every call with an argument named ``tensor`` (a gguf-py tensor, the
     converter's per-tensor result, analysis or output entry: anything whose ``name`` is that name)."""
-    args = cli.build_parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="ggml-bitcos")
+    sub = parser.add_subparsers(required=True)
+    convert_cli.register(sub)
+    stats.register(sub)
+    args = parser.parse_args(argv)
     visits: list[str] = []
     holders: set[int] = set()  # ids of the frames handed the tensor (the id of a finished frame is not reused
     # while one of its callees runs, and a callee is all that is looked up)

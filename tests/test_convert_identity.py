@@ -11,6 +11,7 @@ converter. ``stats --json --tensors`` is pinned the same way (its numbers, the p
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import io
@@ -24,7 +25,7 @@ import pytest
 
 from foreign_gguf import TYPE_ID, _kv_string, quantize_i2_s, quantize_q2_0_g128, ternary_floats, write_raw
 from ggml_bitcos import foreign
-from ggml_bitcos.cli import main as cli_main
+from ggml_bitcos import convert_cli, stats
 from ggml_bitcos.ternary import random_codes
 
 # input name -> model_factory arguments (every one the tiny preset with a fixed seed)
@@ -198,10 +199,16 @@ def sha256(path: Path) -> str:
 
 
 def _run_cli(*args: str) -> tuple[int, str]:
+    """``ggml-bitcos ARGS`` for the convert and stats subcommands: their own command lines, in process."""
+    parser = argparse.ArgumentParser(prog="ggml-bitcos")
+    sub = parser.add_subparsers(required=True)
+    convert_cli.register(sub)
+    stats.register(sub)
+    parsed = parser.parse_args(list(args))
     err = io.StringIO()
     out = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        rc = cli_main(list(args))
+        rc = int(parsed.func(parsed) or 0)
     return rc, out.getvalue() + err.getvalue()
 
 

@@ -46,7 +46,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ggml_bitcos.bench.common import natural_loop, predecessors, reachable
+if not __package__:  # run as `python3 dev/cuda_sass_count.py`: the checkout's root holds the dev package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dev.loops import natural_loop, predecessors, reachable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_DIR = Path.home() / ".cache" / "ggml-bitcos" / "cuda-tools"

@@ -82,13 +82,13 @@ def patched_llama() -> None:
 
 @pytest.fixture(scope="session")
 def radv_null_isa():
-    """`bench gpu-isa` measured once on RADV's null gfx1100 device: TQ2_0 and the v2 BITCOS pipelines at 1 and
+    """`dev.gpu_isa` measured once on RADV's null gfx1100 device: TQ2_0 and the v2 BITCOS pipelines at 1 and
     4 columns, as (DeviceParams, [Result]). Skips without the null device, glslc, a C/C++ compiler or the
     pinned sdist in the cache (fails instead under BITCOS_REQUIRE_RADV_NULL=1, as in CI)."""
     import os
 
     from ggml_bitcos import upstream
-    from ggml_bitcos.bench import gpu_isa
+    from dev import gpu_isa
 
     missing = [t for t in ("glslc", "cc", "c++") if shutil.which(t) is None]
     if not upstream.sdist_cached():
@@ -205,11 +205,11 @@ def aarch64_llama() -> Path:
 
 @pytest.fixture(scope="session")
 def llvm_mca() -> str:
-    """llvm-mca and clang 19 for the static model (`ggml-bitcos bench mca`): the llvm-mca path; skips without
+    """llvm-mca and clang 19 for the static model (`python3 -m dev.mca`): the llvm-mca path; skips without
     them (fails instead under BITCOS_REQUIRE_MCA=1, as CI sets it: scripts/install.sh installs both)."""
     import os
 
-    from ggml_bitcos.bench import mca
+    from dev import mca
 
     path = mca.llvm_mca_path()
     if path is None or mca.find_tool(("clang-19", "clang")) is None:

@@ -1,4 +1,4 @@
-"""`ggml-bitcos bench mca`, the static model: its parts on made-up C, assembly and llvm-mca outputs (markers
+"""`python3 -m dev.mca` (dev/mca.py, a maintainer's instrument), the static model of the CPU kernels: its parts on made-up C, assembly and llvm-mca outputs (markers
 inserted in the right loop, loops found by the control-flow graph, markers of unrolled and inlined copies,
 the per-block arithmetic), then a real run on every kernel file with llvm-mca 19 and clang 19 (skipped without
 them unless BITCOS_REQUIRE_MCA=1). The predictions are never compared with a speed: only their structure is
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ggml_bitcos.bench import mca
+from dev import mca
 
 X86_ASM = """\
 \t.text
@@ -212,6 +212,7 @@ def test_predict_adds_loops_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
         mca.Mark("inner-again", "f", "", lambda n, d: 4.0 * n),
     )
     model = mca.KernelModel("k", "x86_64", "k.c", False, lambda nc: marks)
+    assert model.flags == ()  # not a kernel of the manifest
     asm = X86_ASM.replace("# BITCOS-MCA-TICK inner", "# BITCOS-MCA-TICK inner\n\t# BITCOS-MCA-TICK inner-again")
     p = mca.predict(model, "znver4", 2, asm, "llvm-mca", {})
     # outer: 4 instructions at 2 cycles, once; inner: 3 at 2 cycles, 8 times per block
@@ -224,9 +225,34 @@ def test_predict_adds_loops_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
         mca.predict(mca.KernelModel("k", "x86_64", "k.c", False, lambda nc: bad), "znver4", 2, asm, "llvm-mca", {})
 
 
-def test_every_kernel_file_has_a_model() -> None:
-    """A new kernel file of csrc/ needs its model in ggml_bitcos/bench/mca.py (its hot loops' marks)."""
-    assert mca.unmodelled_kernel_files() == []
+def test_every_kernel_has_a_model() -> None:
+    """Every kernel of the manifest (csrc/bitcos-kernels.json) on every architecture it is built for needs its
+    model in dev/mca.py (its hot loops' marks), the reference excepted; the models' flags are the manifest's."""
+    assert mca.unmodelled_kernels() == []
+    for m in mca.MODELS:
+        if not m.upstream:
+            assert m.source == mca.KERNELS.kernel(m.name).source and m.flags == mca.KERNELS.kernel(m.name).flags
+
+
+def test_compile_flags_from_the_manifest() -> None:
+    """How each architecture's models are compiled comes from the manifest: aarch64 with clang for the triple,
+    a native build per CPU or the kernel's flags tuned for it; x86-64 as the harness library builds it."""
+    by = {(m.arch, m.name): m for m in mca.MODELS}
+    assert mca.compile_flags(by[("aarch64", "portable")], "neoverse-v2") == [
+        "--target=aarch64-linux-gnu",
+        "-O3",
+        "-DNDEBUG",
+        "-ffp-contract=off",
+        "-mcpu=neoverse-v2",
+    ]
+    assert mca.compile_flags(by[("aarch64", "neon-dotprod")], "apple-a14")[-2:] == [
+        "-march=armv8.2-a+dotprod",
+        "-mtune=apple-a14",
+    ]
+    assert mca.compile_flags(by[("aarch64", "tq2_0")], "cortex-a76")[-1] == "-mcpu=cortex-a76"
+    avx2 = mca.compile_flags(by[("x86_64", "avx2")], "znver4")
+    assert avx2 == ["-O3", "-DNDEBUG", "-ffp-contract=off", "-DBITCOS_FMA=1", *mca.KERNELS.kernel("avx2").flags]
+    assert mca.compile_flags(by[("x86_64", "tq2_0")], "znver4") == ["-O3", "-DNDEBUG", "-march=x86-64-v4"]
 
 
 def test_bench_mca_real(llvm_mca: str) -> None:
@@ -237,9 +263,7 @@ def test_bench_mca_real(llvm_mca: str) -> None:
         [
             sys.executable,
             "-m",
-            "ggml_bitcos",
-            "bench",
-            "mca",
+            "dev.mca",
             "--cpus",
             "neoverse-v2,znver4",
             "--nc",
@@ -249,6 +273,7 @@ def test_bench_mca_real(llvm_mca: str) -> None:
         capture_output=True,
         text=True,
         timeout=900,
+        cwd=mca.kernel_manifest.ROOT,  # `python3 -m dev.mca` runs from a checkout
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     out = json.loads(r.stdout)

@@ -1,4 +1,4 @@
-"""`ggml-bitcos bench gpu-isa` (ggml_bitcos/bench/gpu_isa.py): the ISA loop finder and classifier on made-up
+"""`python3 -m dev.gpu_isa` (dev/gpu_isa.py, a maintainer's instrument): the ISA loop finder and classifier on made-up
 AMD listings, and the real Vulkan mat-vec shaders compiled on Mesa RADV's null gfx1100 device."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bitcos.bench import gpu_isa
+from dev import gpu_isa
 
 # One hot loop (BB1..BB9) holding an inner loop of 4 trips (BB2), a divergent if (skipped by execz only when
 # no lane is active: counts), a uniform if/else (BB6: 4 instructions against BB7: 1, the longer counts); a
@@ -306,11 +306,9 @@ def test_tq2_spirv_is_the_builds(radv_null_isa):
 
 
 def test_cli_json(radv_null_isa, capsys):
-    """`bench gpu-isa --json` prints one {"family", "cols", "bitcos", "tq2_0"} object per column count, with
+    """`dev.gpu_isa --json` prints one {"family", "cols", "bitcos", "tq2_0"} object per column count, with
     the device's int8 dot support and the BITCOS pipeline the backend runs by default there."""
-    from ggml_bitcos.cli import main
-
-    assert main(["bench", "gpu-isa", "--families", "gfx1100", "--cols", "1", "--types", "tq2_0,bitcos", "--json"]) == 0
+    assert gpu_isa.main(["--families", "gfx1100", "--cols", "1", "--types", "tq2_0,bitcos", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["family"], r["cols"]) for r in rows] == [("gfx1100", 1)]
     assert rows[0]["tq2_0"]["per_weight"] > 0
@@ -354,11 +352,9 @@ def test_prompt_path_on_the_null_device(radv_null_isa, tmp_path: Path):
 
 
 def test_cli_prompt_json(radv_null_isa, capsys):
-    """`bench gpu-isa --prompt --json` prints one {"family", "kind": "prompt", "bitcos", "tq2_0"} object per
+    """`dev.gpu_isa --prompt --json` prints one {"family", "kind": "prompt", "bitcos", "tq2_0"} object per
     family, counts per multiply-add under per_weight_and_column."""
-    from ggml_bitcos.cli import main
-
-    assert main(["bench", "gpu-isa", "--prompt", "--families", "gfx1100", "--types", "bitcos,tq2_0", "--json"]) == 0
+    assert gpu_isa.main(["--prompt", "--families", "gfx1100", "--types", "bitcos,tq2_0", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["family"], row["kind"]) == ("gfx1100", "prompt")
     assert list(row["bitcos"]) == ["mul_mm_bitcos.comp:mul_mm_bitcos"]

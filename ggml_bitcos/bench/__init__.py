@@ -16,22 +16,18 @@
                  sequences (aggregate tokens/s), BITCOS vs TQ2_0 / TQ1_0.
 * ``gpu``      — on a GPU backend device (ggml-vulkan): mat-vec BITCOS vs TQ2_0 with the device's copy
                  bandwidth, llama-bench -ngl 99, device memory of the weights.
-* ``gpu-isa``  — no GPU needed: instructions per weight of the Vulkan mat-vec shaders (BITCOS, TQ2_0) in real
-                 AMD ISA from Mesa RADV's null device, and (``--budget``) the per-GPU instruction budget with the
-                 predicted BITCOS / TQ2_0 speed (a static prediction).
 * ``kernels``  — the BITCOS kernel microbenchmark (ggml_bitcos.bench.kernels).
-* ``mca``      — a static model, not a measurement: llvm-mca on the compiled hot loops of every CPU kernel
-                 file (aarch64 and x86-64) and of upstream's TQ2_0 vec_dot, cycles per 32 weights at 1 and
-                 several columns on CPUs this machine is not (Apple, Neoverse, Cortex-A, Zen), with the
-                 model's error against this machine's measured ticks (--measure).
+
+The maintainers' static instruments (llvm-mca on the CPU kernels, the Vulkan shaders in AMD ISA, CUDA SASS) are
+not benchmarks of the user's machine: they live in dev/ (``python3 -m dev.mca``, ``python3 -m dev.gpu_isa``).
 
 Every ratio printed is measured in the same invocation, in rounds that each run every type (A B C, A B C, ...),
 and printed as the median of the per-round ratios with their range, or as "within noise" when the rounds do
 not agree on a difference (ggml_bitcos.bench.timing); nothing here asserts a timing.
 """
 
-# One module per benchmark (gemv, roofline, e2e, gpu, gpu_isa, mca, kernels; codec: the numpy codec's throughput, run with
-# `python -m ggml_bitcos.bench.codec`) and common.py for what they share. The modules are imported in
+# One module per benchmark (gemv, roofline, bandwidth, e2e, batched, gpu, kernels; codec: the numpy codec's
+# throughput, run with `python -m ggml_bitcos.bench.codec`) and common.py for what they share. The modules are imported in
 # register() only, so `python -m ggml_bitcos.bench.kernels` runs its module once.
 
 from __future__ import annotations
@@ -40,16 +36,16 @@ import argparse
 import importlib
 
 # `bench` subcommands in the order `--help` lists them, each a module with add_parser(subparsers)
-BENCH_MODULES = ("gemv", "roofline", "bandwidth", "e2e", "batched", "gpu", "gpu_isa", "mca")
+BENCH_MODULES = ("gemv", "roofline", "bandwidth", "e2e", "batched", "gpu")
 # needs the kernel harness binding; left out of the CLI when that cannot be imported
 OPTIONAL_BENCH_MODULES = ("kernels",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Adds `bench` with its gemv, roofline, bandwidth, e2e, batched, gpu, gpu-isa, mca and kernels subcommands (CLI registration, see cli.py)."""
+    """Adds `bench` with its gemv, roofline, bandwidth, e2e, batched, gpu and kernels subcommands (CLI registration, see cli.py)."""
     p = subparsers.add_parser(
         "bench",
-        help="benchmarks: gemv, roofline, bandwidth, e2e, batched, gpu, gpu-isa, mca, kernels",
+        help="benchmarks: gemv, roofline, bandwidth, e2e, batched, gpu, kernels",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

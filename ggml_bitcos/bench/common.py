@@ -1,6 +1,5 @@
 """Helpers every benchmark of ``ggml-bitcos bench`` shares: what machine ran it, option parsing, the
-llama-bitcos-bench tool, working folders, JSON and figure files, and the loop analysis of the static
-instruction counters (x86 / aarch64 assembly for llvm-mca, AMD ISA, NVIDIA SASS).
+llama-bitcos-bench tool, working folders, JSON and figure files.
 
 One place for each, so that the gemv, roofline, e2e and kernels benchmarks describe the machine, parse
 comma lists and run the tool the same way.
@@ -14,7 +13,7 @@ import os
 import platform
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,42 +125,3 @@ def save_figure(fig: Any, out: Path, title: str) -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
-
-
-# ------------------------------------------------------------------------------------------ control flow
-# The static counters (mca.py, gpu_isa.py, dev/cuda_sass_count.py) parse a listing into basic blocks with
-# successor lists (indices in layout order) and find its loops with these.
-def predecessors(succ: Sequence[Sequence[int]], nodes: set[int] | None = None) -> list[list[int]]:
-    """For each block the blocks (of `nodes`, default all) that branch or fall through to it."""
-    pred: list[list[int]] = [[] for _ in succ]
-    for u, vs in enumerate(succ):
-        if nodes is None or u in nodes:
-            for v in vs:
-                pred[v].append(u)
-    return pred
-
-
-def reachable(succ: Sequence[Sequence[int]], entry: int = 0) -> set[int]:
-    """The blocks reachable from `entry`."""
-    seen, stack = {entry}, [entry]
-    while stack:
-        for v in succ[stack.pop()]:
-            if v not in seen:
-                seen.add(v)
-                stack.append(v)
-    return seen
-
-
-def natural_loop(pred: Sequence[Sequence[int]], header: int, latch: int) -> set[int]:
-    """The natural loop of the back edge latch -> header: the header and every block that reaches the latch
-    without passing through the header."""
-    body, stack = {header, latch}, [latch]
-    while stack:
-        n = stack.pop()
-        if n == header:
-            continue
-        for p in pred[n]:
-            if p not in body:
-                body.add(p)
-                stack.append(p)
-    return body

@@ -1,17 +1,18 @@
-"""`ggml-bitcos bench mca`: a static model of the CPU kernels' hot loops in llvm-mca - a prediction, not a measurement.
+"""`python3 -m dev.mca` (a maintainer's instrument, run from a checkout): a static model of the CPU kernels' hot loops in llvm-mca - a prediction, not a measurement.
 
 Cycles per 32 weights of every BITCOS kernel file of an architecture and of upstream's TQ2_0 vec_dot
 (ggml_vec_dot_tq2_0_q8_K, compiled from the pinned upstream source fetched at run time, never copied into this
 repository) from the same compiler, at 1 and several activation columns, on the CPUs llvm-mca models:
 
-    ggml-bitcos bench mca [--arch aarch64,x86_64] [--cpus apple-a14,neoverse-v2] [--nc 1,4] [--json]
-    ggml-bitcos bench mca --arch x86_64 --measure      # + this machine's measured ticks, predicted/measured
+    python3 -m dev.mca [--arch aarch64,x86_64] [--cpus apple-a14,neoverse-v2] [--nc 1,4] [--json]
+    python3 -m dev.mca --arch x86_64 --measure      # + this machine's measured ticks, predicted/measured
 
 How (docs/PERFORMANCE.md, "Static model"): each kernel file is copied to a temporary folder and a marker
 (an empty `asm volatile` whose text is a comment "BITCOS-MCA-TICK name") is inserted as the first statement of
-the loops a model names; the copy is compiled to assembly (aarch64: clang --target=aarch64-linux-gnu
--mcpu=CPU, the native build of that core; x86-64: the harness library's flags from CMakeLists.txt, GCC by
-default like the measured library). In the assembly, the innermost loop that holds a marker (labels and
+the loops a model names; the copy is compiled to assembly as the kernel manifest (csrc/bitcos-kernels.json,
+`mca` of each architecture) says: aarch64: clang --target=aarch64-linux-gnu -mcpu=CPU, the native build of that
+core, or a kernel's own flags with -mtune=CPU; x86-64: the kernel's flags as the harness library builds it, GCC
+by default like the measured library. In the assembly, the innermost loop that holds a marker (labels and
 backward branches) is its instance; its instructions, without the nested loops that are instances of other
 markers, go to llvm-mca, which reports the steady-state cycles of one pass. A model adds its loops' cycles,
 each times how often it runs per row and 256 weights at nc columns (markers an unrolled loop holds several of
@@ -25,7 +26,6 @@ decode is branch-free per weight, so the zero density changes no instruction cou
 `--measure` (x86-64) puts it next to `bench kernels`' measured TSC ticks on this machine, the model's error.
 
 LLVM 19 has no `apple-m1` scheduling model: `apple-a14` is the M1's performance core (Firestorm).
-    python -m ggml_bitcos.bench.mca ...
 """
 
 from __future__ import annotations
@@ -44,16 +44,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
-from ggml_bitcos.bench.common import natural_loop, parse_ints, predecessors, reachable
+from dev import kernel_manifest
+from dev.loops import natural_loop, predecessors, reachable
+from ggml_bitcos.bench.common import parse_ints
 
-REPO: Final = Path(__file__).resolve().parents[2]
-CSRC: Final = REPO / "csrc"
+CSRC: Final = kernel_manifest.CSRC
+# The architectures and kernels (csrc/bitcos-kernels.json): triples, default CPUs and how to compile for them
+KERNELS: Final = kernel_manifest.load()
 
-# The CPUs of the default tables (llvm-mca 19's -mcpu names) and what a reader knows them as.
-CPUS: Final = {
-    "aarch64": ("apple-a14", "apple-m4", "neoverse-v2", "cortex-a76"),
-    "x86_64": ("sapphirerapids", "icelake-server", "znver4", "znver5"),
-}
+# The CPUs of the default tables (llvm-mca 19's -mcpu names: the manifest's) and what a reader knows them as.
+CPUS: Final = {a.name: a.mca.cpus for a in KERNELS.arches.values()}
 CPU_NOTES: Final = {
     "apple-a14": "Apple M1 / A14 performance core (Firestorm); LLVM 19 has no apple-m1 model",
     "apple-m4": "Apple M4 performance core; LLVM 19 schedules it with apple-a14's model (same numbers)",
@@ -64,16 +64,16 @@ CPU_NOTES: Final = {
     "znver4": "AMD Zen 4",
     "znver5": "AMD Zen 5; LLVM 19 schedules it with znver4's model (same numbers)",
 }
-TRIPLES: Final = {"aarch64": "aarch64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
+TRIPLES: Final = {a.name: a.mca.triple for a in KERNELS.arches.values()}
 # The assembler comment that starts a marker's text, per architecture.
-COMMENT: Final = {"aarch64": "//", "x86_64": "#"}
+COMMENT: Final = {a.name: a.mca.asm_comment for a in KERNELS.arches.values()}
 TICK: Final = "BITCOS-MCA-TICK"
 BLOCK: Final = 256  # weights per Q8_K block: a model's unit of work (one row x 256 weights)
 MCA_ITERATIONS: Final = 200
 
 # The upstream files TQ2_0's vec_dot is compiled from (and the headers they include), per architecture.
 UPSTREAM_GGML: Final = "vendor/llama.cpp/ggml/"
-UPSTREAM_QUANTS: Final = {"aarch64": "src/ggml-cpu/arch/arm/quants.c", "x86_64": "src/ggml-cpu/arch/x86/quants.c"}
+UPSTREAM_QUANTS: Final = {a.name: a.mca.upstream_quants for a in KERNELS.arches.values()}
 
 
 class McaError(RuntimeError):
@@ -104,31 +104,39 @@ class Mark:
 class KernelModel:
     """One kernel path of one source file: its marks for nc columns and how it is compiled.
 
-    `source`: a file of csrc/ or, for upstream, the path under vendor/llama.cpp/ggml/. `cmake_object`: the
-    harness library's OBJECT library (root CMakeLists.txt, `${name}_<object>`) whose target flags the file is
-    compiled with (None: the baseline flags). `marks(nc)`: the loops that make up the path at nc columns.
-    `substitutions(nc)`: (regex, replacement) edits of the copy's headers and source (a tile size made equal to
-    nc, so an unrolled column loop holds exactly the columns that run)."""
+    `name`: a kernel of the manifest (csrc/bitcos-kernels.json), whose target flags the file is compiled with,
+    or "tq2_0" for upstream's vec_dot. `source`: a file of csrc/ or, for upstream, the path under
+    vendor/llama.cpp/ggml/. `marks(nc)`: the loops that make up the path at nc columns. `substitutions(nc)`:
+    (regex, replacement) edits of the copy's headers and source (a tile size made equal to nc, so an unrolled
+    column loop holds exactly the columns that run)."""
 
     name: str
     arch: str
     source: str
     upstream: bool
     marks: Callable[[int], tuple[Mark, ...]]
-    cmake_object: str | None = None
     substitutions: Callable[[int], tuple[tuple[str, str], ...]] = lambda nc: ()
 
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The kernel's target flags from the manifest (none for upstream or a kernel of every architecture)."""
+        known = {k.name: k for k in KERNELS.kernels}
+        return () if self.upstream or self.name not in known else known[self.name].flags
 
-def cmake_object_flags(cmakelists: Path, obj: str) -> list[str]:
-    """The target flags of the harness library's OBJECT library `${name}_<obj>` (root CMakeLists.txt: one per
-    SIMD kernel build), beyond BITCOS_KERNEL_FLAGS."""
-    text = cmakelists.read_text()
-    m = re.search(
-        r"target_compile_options\(\$\{name\}_" + obj + r" PRIVATE \$\{BITCOS_KERNEL_FLAGS\}(.*?)\)", text, re.S
-    )
-    if not m:
-        raise McaError(f"{cmakelists}: no target flags for the {obj} kernel object")
-    return m.group(1).split()
+
+def bitcos_model(
+    name: str,
+    arch: str,
+    marks: Callable[[int], tuple[Mark, ...]],
+    substitutions: Callable[[int], tuple[tuple[str, str], ...]],
+) -> KernelModel:
+    """The model of the manifest's kernel `name` on `arch` (its source file from the manifest)."""
+    return KernelModel(name, arch, KERNELS.kernel(name).source, False, marks, substitutions)
+
+
+def upstream_model(arch: str, marks: Callable[[int], tuple[Mark, ...]]) -> KernelModel:
+    """Upstream's TQ2_0 vec_dot on `arch` (the manifest's upstream_quants file)."""
+    return KernelModel("tq2_0", arch, UPSTREAM_QUANTS[arch], True, marks)
 
 
 def _portable_marks(nc: int) -> tuple[Mark, ...]:
@@ -258,24 +266,30 @@ def _tq2_marks(nc: int) -> tuple[Mark, ...]:
 
 
 MODELS: Final = (
-    KernelModel("neon", "aarch64", "bitcos-kernels-neon.c", False, _neon_marks, "neon", _shape),
-    KernelModel("neon-dotprod", "aarch64", "bitcos-kernels-neon.c", False, _neon_marks, "neon_dotprod", _shape),
-    KernelModel("portable", "aarch64", "bitcos-kernels-portable.c", False, _portable_marks, None, _shape),
-    KernelModel("tq2_0", "aarch64", UPSTREAM_QUANTS["aarch64"], True, _tq2_marks),
-    KernelModel("avx512", "x86_64", "bitcos-kernels-avx512.c", False, _avx512_marks, "avx512", _x86_shape),
-    KernelModel("avx2", "x86_64", "bitcos-kernels-avx2.c", False, _avx2_marks, "avx2", _x86_shape),
-    KernelModel("portable", "x86_64", "bitcos-kernels-portable.c", False, _portable_marks, None, _shape),
-    KernelModel("tq2_0", "x86_64", UPSTREAM_QUANTS["x86_64"], True, _tq2_marks),
+    bitcos_model("neon", "aarch64", _neon_marks, _shape),
+    bitcos_model("neon-dotprod", "aarch64", _neon_marks, _shape),
+    bitcos_model("portable", "aarch64", _portable_marks, _shape),
+    upstream_model("aarch64", _tq2_marks),
+    bitcos_model("avx512", "x86_64", _avx512_marks, _x86_shape),
+    bitcos_model("avx2", "x86_64", _avx2_marks, _x86_shape),
+    bitcos_model("portable", "x86_64", _portable_marks, _shape),
+    upstream_model("x86_64", _tq2_marks),
 )
-# Kernel files of csrc/ that are no hot loop of their own (the reference, the kernel table) or not for a CPU
-# modelled here; any other bitcos-kernels-*.c without a model is reported as not modelled.
-NOT_MODELLED: Final = ("bitcos-kernels-generic.c", "bitcos-kernels-table.c")
+# Kernels of the manifest that are no hot loop of their own: the reference.
+NOT_MODELLED: Final = ("generic",)
 
 
-def unmodelled_kernel_files(csrc: Path = CSRC) -> list[str]:
-    """Kernel files of `csrc` that no model covers (a new kernel file needs its model here)."""
-    modelled = {m.source for m in MODELS if not m.upstream} | set(NOT_MODELLED)
-    return sorted(p.name for p in csrc.glob("bitcos-kernels-*.c") if p.name not in modelled)
+def unmodelled_kernels() -> list[str]:
+    """ "arch/name" of every kernel the manifest builds for an architecture of its own or for all of them that no
+    model covers on that architecture (a new kernel needs its model here)."""
+    have = {(m.arch, m.name) for m in MODELS if not m.upstream}
+    want = [
+        (a, k.name)
+        for a in KERNELS.arches
+        for k in (*KERNELS.baseline_kernels, *KERNELS.kernels_of(a))
+        if k.name not in NOT_MODELLED
+    ]
+    return [f"{a}/{n}" for a, n in want if (a, n) not in have]
 
 
 # ------------------------------------------------------------------------------------- source markers
@@ -627,26 +641,30 @@ def run_mca(mca: str, arch: str, cpu: str, body: list[str]) -> McaSummary:
 
 # ------------------------------------------------------------------------------------------ compiling
 def compiler_for(arch: str, x86_cc: str) -> str:
-    """The compiler of an architecture: clang 19 for aarch64 (the same compiler builds both kernels'
-    copies), `x86_cc` for x86-64 (GCC: what built the measured harness library and llama.cpp)."""
-    cc = find_tool(("clang-19", "clang")) if arch == "aarch64" else find_tool((x86_cc,))
+    """The compiler of an architecture (the manifest's mca.compiler): clang 19 for a "clang" one (aarch64: the
+    same compiler builds every kernel's copy), `x86_cc` for a "host" one (x86-64: GCC, what built the measured
+    harness library and llama.cpp)."""
+    clang = KERNELS.arches[arch].mca.compiler == "clang"
+    cc = find_tool(("clang-19", "clang")) if clang else find_tool((x86_cc,))
     if cc is None:
-        raise McaError(f"no compiler for {arch} ({'clang-19' if arch == 'aarch64' else x86_cc})")
+        raise McaError(f"no compiler for {arch} ({'clang-19' if clang else x86_cc})")
     return cc
 
 
-def compile_flags(model: KernelModel, cpu: str, cmakelists: Path) -> list[str]:
-    """-O3 -DNDEBUG plus, on aarch64: a native build of `cpu` (-mcpu), or for a kernel built per ISA level
-    (cmake_object) that object's flags (e.g. -march=armv8.2-a+dotprod) tuned for `cpu` (-mtune). On x86-64:
-    the harness library's flags (BITCOS_FMA=1, as the measured library), or x86-64-v4 for TQ2_0 (its AVX2
-    vec_dot in an AVX-512 build, what GGML_NATIVE makes on these cores). Kernel files: -ffp-contract=off."""
+def compile_flags(model: KernelModel, cpu: str) -> list[str]:
+    """-O3 -DNDEBUG, -ffp-contract=off for kernel files, --target for a clang-compiled architecture, then the
+    manifest's: for upstream its upstream_flags (x86-64: x86-64-v4, TQ2_0's AVX2 vec_dot in an AVX-512 build,
+    what GGML_NATIVE makes on these cores), for a kernel the architecture's defines (x86-64: BITCOS_FMA=1, as
+    the measured library) and its target flags; where the architecture is tuned for each CPU (aarch64), a
+    native build of `cpu` (-mcpu) when there are no target flags, else -mtune=`cpu` beside them."""
+    mca = KERNELS.arches[model.arch].mca
     out = ["-O3", "-DNDEBUG"] + ([] if model.upstream else ["-ffp-contract=off"])
-    obj = cmake_object_flags(cmakelists, model.cmake_object) if model.cmake_object else []
-    if model.arch == "aarch64":
-        return ["--target=aarch64-linux-gnu", *out, *(obj + [f"-mtune={cpu}"] if obj else [f"-mcpu={cpu}"])]
-    if model.upstream:
-        return [*out, "-march=x86-64-v4"]
-    return [*out, "-DBITCOS_FMA=1", *obj]
+    if mca.compiler == "clang":
+        out = [f"--target={mca.triple}", *out]
+    flags = list(mca.upstream_flags) if model.upstream else [*mca.defines, *model.flags]
+    if mca.tune_for_cpu:
+        flags.append(f"-mtune={cpu}" if flags else f"-mcpu={cpu}")
+    return [*out, *flags]
 
 
 def stage_upstream(dest: Path) -> Path:
@@ -797,7 +815,7 @@ def run_models(
                 for nc in ncs:
                     staged, includes = staged_source(model, nc, csrc, ggml, work)
                     for cpu in cpus[arch]:
-                        flags = compile_flags(model, cpu, csrc.parent / "CMakeLists.txt")
+                        flags = compile_flags(model, cpu)
                         key = (nc, tuple(flags))
                         if key not in asm_cache:
                             asm_cache[key] = compile_asm(cc, staged, flags, includes)
@@ -867,7 +885,8 @@ def measure_x86(
     from ggml_bitcos.format import Variant
 
     out: dict[tuple[str, int], float] = {}
-    impls = [i for i in ("avx512", "avx2", "portable") if harness.available(i, True)]
+    modelled = [m.name for m in MODELS if m.arch == "x86_64" and not m.upstream]
+    impls = [i for i in modelled if harness.available(i, True)]
     for t in measure(impls, Variant.MATRIX, rows, k, ncs, [z], reps):
         out[(t.impl, t.nc)] = t.cycles_per_32_min
     try:
@@ -932,8 +951,8 @@ def format_loops(preds: list[Prediction], arch: str) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--arch",
-        default="aarch64,x86_64",
-        help="comma list of architectures: aarch64, x86_64 (default both)",
+        default=",".join(KERNELS.arches),
+        help=f"comma list of architectures: {', '.join(KERNELS.arches)} (default all)",
     )
     p.add_argument(
         "--cpus",
@@ -1011,7 +1030,7 @@ def run(args: argparse.Namespace) -> int:
             measured = measure_x86(args.nc, cc=args.x86_cc)
         except harness.KernelLibraryNotFound as e:
             print(f"# --measure: {e}", file=sys.stderr)
-    missing = unmodelled_kernel_files(args.csrc)
+    missing = unmodelled_kernels()
     if args.json:
         recs = []
         for p in preds:
@@ -1054,26 +1073,13 @@ def run(args: argparse.Namespace) -> int:
     for n in sorted(notes):
         print(f"note: {n}")
     if missing:
-        print(f"not modelled (no model in ggml_bitcos/bench/mca.py): {', '.join(missing)}")
+        print(f"not modelled (no model in dev/mca.py): {', '.join(missing)}")
     return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Adds `bench mca` to the `bench` subparsers; its handler is stored as `func`."""
-    p = sub.add_parser(
-        "mca",
-        help="static model (llvm-mca) of the CPU kernels' hot loops: aarch64 and x86 vs TQ2_0",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(p)
-    p.set_defaults(func=run)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ggml_bitcos.bench.mca",
+        prog="python3 -m dev.mca",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

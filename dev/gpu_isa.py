@@ -1,4 +1,4 @@
-"""`ggml-bitcos bench gpu-isa`: instructions per weight of the Vulkan mat-vec shaders (and, with --prompt, per
+"""`python3 -m dev.gpu_isa` (a maintainer's instrument, run from a checkout): instructions per weight of the Vulkan mat-vec shaders (and, with --prompt, per
 multiply-add of the prompt path's matrix multiply) in real AMD GPU ISA, without a GPU (Mesa RADV's null
 device), BITCOS against TQ2_0.
 
@@ -46,12 +46,12 @@ matrix multiply's tag adds `columns = ...` (the columns one iteration covers; a 
 the source's integer #defines or upstream's specialization constants (WARPTILE_NAMES): per weight and column
 is then per multiply-add and lane.
 
-    ggml-bitcos bench gpu-isa                          # gfx1100, gfx1030, gfx90a; 1, 2, 4, 8 columns
-    ggml-bitcos bench gpu-isa --families gfx1100 --json # {"family", "cols", "bitcos", "tq2_0"} per row
-    ggml-bitcos bench gpu-isa --spv-dir BUILD/vendor/llama.cpp/ggml/src/ggml-vulkan/vulkan-shaders.spv
-    ggml-bitcos bench gpu-isa --keep-isa /tmp/isa       # every pipeline's ISA text and statistics
-    ggml-bitcos bench gpu-isa --budget                 # + per-GPU budget and predicted BITCOS / TQ2_0 speed
-    ggml-bitcos bench gpu-isa --prompt [--json]        # the prompt path, per multiply-add
+    python3 -m dev.gpu_isa                          # gfx1100, gfx1030, gfx90a; 1, 2, 4, 8 columns
+    python3 -m dev.gpu_isa --families gfx1100 --json # {"family", "cols", "bitcos", "tq2_0"} per row
+    python3 -m dev.gpu_isa --spv-dir BUILD/vendor/llama.cpp/ggml/src/ggml-vulkan/vulkan-shaders.spv
+    python3 -m dev.gpu_isa --keep-isa /tmp/isa       # every pipeline's ISA text and statistics
+    python3 -m dev.gpu_isa --budget                 # + per-GPU budget and predicted BITCOS / TQ2_0 speed
+    python3 -m dev.gpu_isa --prompt [--json]        # the prompt path, per multiply-add
 """
 
 from __future__ import annotations
@@ -74,11 +74,11 @@ from pathlib import Path
 from typing import Any
 
 from ggml_bitcos import upstream
-from ggml_bitcos.bench.common import natural_loop, predecessors
+from dev.loops import natural_loop, predecessors
 
 HERE = Path(__file__).resolve().parent
-REPO_VULKAN = HERE.parent.parent / "csrc" / "vulkan"
-REPO_FORMAT_H = HERE.parent.parent / "csrc" / "bitcos-format.h"
+REPO_VULKAN = HERE.parent / "csrc" / "vulkan"
+REPO_FORMAT_H = HERE.parent / "csrc" / "bitcos-format.h"
 UPSTREAM_SHADERS = f"{upstream.SDIST_TOPDIR}/vendor/llama.cpp/ggml/src/ggml-vulkan/vulkan-shaders"
 
 # the families asked for by name -> RADV_FORCE_FAMILY's name for them in Mesa 22.3 (its family table)
@@ -1112,14 +1112,7 @@ def run_prompt(
     return [(f, *measure_prompt(f, pipelines, tree, keep)) for f in families]
 
 
-def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Adds `bench gpu-isa` to the `bench` subparsers."""
-    p = sub.add_parser(
-        "gpu-isa",
-        help="instructions per weight of the Vulkan mat-vec shaders in AMD ISA (RADV null device, no GPU)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--families", default="gfx1100,gfx1030,gfx90a", help="comma list of " + ", ".join(FAMILIES))
     p.add_argument(
         "--cols", default=",".join(map(str, DEFAULT_COLS)), help="activation columns (mat-vec pipelines NUM_COLS)"
@@ -1145,8 +1138,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="the prompt path instead of the mat-vec: mul_mm_bitcos.comp against upstream's matmul for TQ2_0, "
         "per multiply-add (--cols and --budget do not apply)",
     )
-    p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1168,7 +1159,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             Path(args.json).write_text(text + "\n")
     if args.json != "-":
-        print("# ggml-bitcos bench gpu-isa: hot-loop instructions per weight per lane (RADV null device, static)")
+        print("# dev.gpu_isa: hot-loop instructions per weight per lane (RADV null device, static)")
         for f, params, res in measured:
             print()
             print(table(f, params, res, cols))
@@ -1194,7 +1185,7 @@ def _write_json(dest: str, obj: Any) -> None:
 
 
 def run_prompt_cli(args: argparse.Namespace, families: list[str], types: list[str] | None) -> int:
-    """`bench gpu-isa --prompt`: the prompt path's tables (or JSON: one prompt_json object per family)."""
+    """`--prompt`: the prompt path's tables (or JSON: one prompt_json object per family)."""
     if args.budget:
         print("gpu-isa: --budget applies to the mat-vec only; ignored with --prompt", file=sys.stderr)
     try:
@@ -1206,7 +1197,7 @@ def run_prompt_cli(args: argparse.Namespace, families: list[str], types: list[st
         _write_json(args.json, [prompt_json(f, params, res) for f, params, res in measured])
     if args.json != "-":
         print(
-            "# ggml-bitcos bench gpu-isa --prompt: hot-loop instructions per multiply-add per lane (RADV null "
+            "# dev.gpu_isa --prompt: hot-loop instructions per multiply-add per lane (RADV null "
             "device, static). TQ2_0: upstream's matmul (mul_mm.comp, no cooperative matrix), _aligned_0 the 32 x 32 "
             "tile as BITCOS's, _aligned_1 the 64 x 64 one ggml-vulkan picks for prompts; _f16acc its default"
         )
@@ -1214,3 +1205,15 @@ def run_prompt_cli(args: argparse.Namespace, families: list[str], types: list[st
             print()
             print(prompt_table(f, params, res))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m dev.gpu_isa", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -388,6 +388,14 @@ def _cc() -> str | None:
 KERNELS = kernel_manifest.load()
 
 
+def variant_build_sources(arch: str) -> list[str]:
+    """The files of csrc/ a ggml-cpu variant of `arch` compiles, all with the variant's flags (the ggml-cpu patch
+    globs bitcos-kernels-*.c): every kernel file of the manifest that is for any architecture or for `arch`,
+    and the kernel table."""
+    files = [k.source for k in KERNELS.kernels if k.baseline or k.arch == arch]
+    return [*dict.fromkeys(files), "bitcos-kernels-table.c"]
+
+
 def sanitizers_work(cc: str, folder: Path) -> bool:
     src = folder / "san.c"
     src.write_text("int main(void) { return 0; }\n")

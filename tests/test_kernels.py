@@ -32,6 +32,7 @@ from ggml_bitcos.q8k import Q8K_DTYPE, quantize_q8k, random_q8k
 from ggml_bitcos.ternary import random_codes
 
 # TQ2_0's real vec_dot (the installed ggml) and its comparison helpers; the fixture tq2_vec_dot is in conftest.py
+import fuzzing  # noqa: E402  (the kernel manifest, as the fuzzer builds the kernels)
 import tq2_reference as tq2c  # noqa: E402  (tests/ is on sys.path, as for crafted.py)
 
 VARIANTS = tuple(Variant)
@@ -453,8 +454,8 @@ def test_ggml_x86_variant_names_its_kernel_once(tmp_path: Path, march: str, kern
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler")
-    csrc, ctests = Path(__file__).resolve().parents[1] / "csrc", Path(__file__).resolve().parent / "c"
-    srcs = [csrc / f"bitcos-kernels-{x}.c" for x in ("generic", "portable", "avx2", "avx512", "table")]
+    csrc, ctests = fuzzing.CSRC, fuzzing.CTESTS
+    srcs = [csrc / s for s in fuzzing.variant_build_sources("x86_64")]
     exe = tmp_path / "cases"
     flags = ["-std=c11", "-O1", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", f"-march={march}"]
     r = subprocess.run(

@@ -4,7 +4,7 @@ and against the numpy evaluation of the arithmetic contract (``contract.referenc
 Python cannot load an aarch64 library here, so the cases go through a file: Python encodes random codes with the
 reference codec (``harness.encode_rows``, the descriptors the harness library gets on x86), writes them for
 tests/c/bitcos-kernel-cases.c, cross-compiled with Debian's gcc-aarch64-linux-gnu with the kernel table and every
-kernel object of an aarch64 harness (tests/fuzzing.py, build_kernel_program), runs it under
+kernel object of an aarch64 harness (tests/fuzzing.py, build_kernel_program, from csrc/bitcos-kernels.json), runs it under
 ``qemu-aarch64 -cpu max`` (which has dotprod, so every ARM path runs) and compares each kernel's float bits with
 the generic kernel's and with numpy's. Cases: every variant of both format versions, K = 32, 96, 160, 256, 640,
 768, 2080 where the variant allows it (partial last units, a Q8_K block with one half), zero densities 0 / 0.4 / 1,
@@ -29,7 +29,8 @@ from ggml_bitcos.format import QK, Variant
 from ggml_bitcos.q8k import random_q8k
 from ggml_bitcos.ternary import random_codes
 
-ARM_KERNELS = ("neon", "neon-dotprod")
+# the manifest's aarch64 kernels (csrc/bitcos-kernels.json), in table order: the last is the best under qemu_cpu
+ARM_KERNELS = tuple(k.name for k in fuzzing.KERNELS.kernels_of("aarch64"))
 KS = (32, 96, 160, 256, 640, 768, 2080)
 ZS = (0.0, 0.4, 1.0)
 NRS = (1, 3, 17)
@@ -40,7 +41,8 @@ def _toolchain() -> tuple[str, list[str]]:
     if shutil.which(cc) is None or shutil.which(runner[0]) is None:
         if os.environ.get("BITCOS_REQUIRE_AARCH64") == "1":
             pytest.fail(f"{cc} or {runner[0]} is missing but BITCOS_REQUIRE_AARCH64=1")
-        pytest.skip(f"no aarch64 cross toolchain ({cc}, {runner[0]}: apt-get install gcc-aarch64-linux-gnu qemu-user)")
+        apt = " ".join(fuzzing.KERNELS.arches["aarch64"].cross.apt_packages)
+        pytest.skip(f"no aarch64 cross toolchain ({cc}, {runner[0]}: apt-get install {apt})")
     return cc, runner
 
 
@@ -143,7 +145,7 @@ def test_arm_kernels_equal_generic_and_numpy(tmp_path: Path, arm_cases: list[Arm
     assert all(n in names for n in ARM_KERNELS), names
     # the best entry is named once per process, however often it is asked for (the ggml glue's load-time line)
     assert [x for x in r.stderr.splitlines() if x.startswith("BITCOS CPU kernel:")] == [
-        "BITCOS CPU kernel: neon-dotprod"
+        f"BITCOS CPU kernel: {ARM_KERNELS[-1]}"
     ], r.stderr
     data, off = out.read_bytes(), 0
     checked = {n: 0 for n in names}
@@ -184,7 +186,7 @@ def test_ggml_arm_variant_builds_one_neon_kernel(tmp_path: Path, march: str, ker
     kernel the load-time line names."""
     cc, runner = _toolchain()
     flags = ["-std=c11", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", f"-march={march}"]
-    srcs = [fuzzing.CSRC / f"bitcos-kernels-{x}.c" for x in ("generic", "portable", "neon", "table")]
+    srcs = [fuzzing.CSRC / s for s in fuzzing.variant_build_sources("aarch64")]
     exe = tmp_path / "cases"
     cmd = [cc, *flags, "-I", str(fuzzing.CSRC), *map(str, srcs), str(fuzzing.CTESTS / "bitcos-kernel-cases.c")]
     r = subprocess.run([*cmd, "-lm", "-o", str(exe)], capture_output=True, text=True)

@@ -268,6 +268,7 @@ def build_lock(cache: Path) -> Iterator[None]:
     except ImportError:  # not POSIX: no lock
         yield
         return
+    cache.mkdir(parents=True, exist_ok=True)  # a --work-dir not made yet
     path = cache / "build.lock"
     with open(path, "w") as f:
         try:

@@ -1,6 +1,6 @@
 // vk_pipeline_stats: compiles compute pipelines on a Vulkan device and prints what the driver reports about
 // them (VK_KHR_pipeline_executable_properties): statistics (instructions, VGPRs, SGPRs, LDS, waves per SIMD)
-// and internal representations (the ISA text). Built at run time by ggml_bitcos/bench/gpu_isa.py into the
+// and internal representations (the ISA text). Built at run time by dev/gpu_isa.py into the
 // cache; meant for Mesa RADV's null device (RADV_FORCE_FAMILY=gfx1100 etc.), where pipelines compile to real
 // AMD ISA while nothing can execute.
 //

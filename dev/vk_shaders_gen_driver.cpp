@@ -1,7 +1,7 @@
 // vk_shaders_gen_driver: ggml-vulkan's own shader generator (vulkan-shaders-gen.cpp of the pinned upstream
 // source, included here at build time, never copied) with the BITCOS variants of bitcos-vulkan-shaders-gen.inc
 // added, compiling the variants of ONE shader source file as a Vulkan build would: the generator's defines,
-// glslc flags and names. Built at run time by ggml_bitcos/bench/gpu_isa.py into the cache:
+// glslc flags and names. Built at run time by dev/gpu_isa.py into the cache:
 //
 //   g++ -std=c++17 -DUPSTREAM_GEN='"<upstream>/vulkan-shaders-gen.cpp"' -DBITCOS_GEN_INC='"<tree>/...inc"' ...
 //   vk_shaders_gen_driver GLSLC SOURCE OUTDIR     prints "NAME<TAB>SPV_PATH" per variant compiled

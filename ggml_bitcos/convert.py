@@ -1,15 +1,18 @@
 """``ggml-bitcos convert``: rewrite every exactly-ternary weight of a GGUF file as BITCOS (FORMAT.md).
 
-Three passes over the source, each streaming tensor by tensor through a read-only memory map:
+The passes over the source (``ggml_bitcos.pipeline``: one function each, shared with ``stats``), each
+streaming tensor by tensor through a read-only memory map:
 
-1. analyze: decode each candidate tensor to fp32 in row chunks, decide (FORMAT.md §7) whether and in
-   which variant it converts and compute its encoded size (the output's tensor infos need every
-   companion's byte size up front); the encoding itself is made and kept for pass 2 only while all kept
-   encodings fit a small fixed budget (``DEFAULT_CACHE_BYTES``), otherwise pass 2 recomputes it;
-2. write: header, metadata (+ ``bitcos.*`` keys), tensor infos, then tensor data one by one — copied
-   tensors straight from the source map, converted ones as weight blocks followed by the companion —
-   into a temporary file in the target folder, renamed onto the target only when complete;
-3. verify (unless ``--no-verify``): reopen the output, decode every converted tensor with the full
+1. read + check (``pipeline.open_source``): the file's types and data extents, its BITCOS pairs, the refusals;
+2. analyse (``pipeline.analyse``): decode each candidate tensor to fp32 in row chunks, decide (FORMAT.md §7)
+   whether and in which variant it converts and compute its encoded size (the output's tensor infos need
+   every companion's byte size up front); the encoding itself is made and kept for pass 3 only while all
+   kept encodings fit a small fixed budget (``DEFAULT_CACHE_BYTES``), otherwise pass 3 recomputes it;
+3. encode + write (``pipeline.encode``, ``rewrite.write_verified``): header, metadata (+ ``bitcos.*`` keys),
+   tensor infos, then tensor data one by one — copied tensors straight from the source map, converted ones
+   as weight blocks followed by the companion — into a temporary file in the target folder, renamed onto
+   the target only when complete;
+4. verify (unless ``--no-verify``): reopen the output, decode every converted tensor with the full
    invariant checks and compare its fp32 bit patterns with the source's (−0.0 mapped to +0.0, §5);
    copied tensors are compared byte for byte. A failed verification deletes the output.
 
@@ -31,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +46,6 @@ from gguf_tools import (
     CheckedGGUFReader,
     bitcos_type,
     field_value,
-    open_gguf,
     tensor_bytes,
     tensor_ggml_shape,
     type_name,
@@ -57,24 +59,11 @@ from .format import (
     KEY_CONVERTED_FROM,
     KEY_FORMAT_VERSION,
     TYPE_ID_BITMAP,
-    VERSION,
     Variant,
 )
+from .pipeline import DEFAULT_CACHE_BYTES, ConvertOptions, Planned, Source, analyse, encode, open_source
 from .rewrite import ConvertError, OutputTensor, check_paths, size_line, verify_rewrite, write_verified
-from .source import (
-    TQ_SOURCES,
-    TensorResult,
-    analyze_tensor,
-    check_bitcos_file,
-    encode_analysis,
-    encoded_nbytes,
-    is_candidate,
-    iter_row_chunks,
-    scale_variants,
-    source_float_rows,
-)
-
-DEFAULT_CACHE_BYTES = 64 << 20  # encoded tensors kept between pass 1 and 2 up to this total (bytes)
+from .source import TQ_SOURCES, TensorResult, iter_row_chunks, scale_variants, source_float_rows
 
 
 def default_output(src: Path) -> Path:
@@ -155,14 +144,7 @@ def file_type_of(converted: list[TensorResult]) -> int:
     return max(order, key=lambda tid: (count.get(tid, 0), -order.index(tid)))
 
 
-def _grows(r: TensorResult) -> bool:
-    """The BITCOS form (weight + companion) would take more bytes than the source tensor."""
-    return r.out_bytes > r.src_bytes
-
-
-def _strict_problem(
-    reader: CheckedGGUFReader, plan: dict[str, tuple[TensorResult, codec.Encoded | None]], existing: set[str]
-) -> str | None:
+def _strict_problem(reader: CheckedGGUFReader, plan: dict[str, Planned], existing: set[str]) -> str | None:
     """--strict: the first tensor holding ternary weights that does not end up as BITCOS, and why.
 
     Ternary weights: any TQ1_0/TQ2_0 tensor, and any float tensor whose rows hold one magnitude each.
@@ -173,7 +155,7 @@ def _strict_problem(
             continue
         entry = plan.get(t.name)
         if entry is not None:
-            r = entry[0]
+            r = entry.result
             if not r.converted and r.ternary_looking:
                 hint = " (--force-grow converts it anyway)" if r.grow_kept else ""
                 return f"tensor '{t.name}' ({r.src_type}): ternary but not converted: {r.reason}{hint}"
@@ -202,111 +184,106 @@ def _nothing_to_convert(src: Path, result: ConvertResult, n_bitcos: int) -> str:
     return f"{src}: nothing to convert: {what}{grow}; --allow-copy writes an unchanged copy anyway"
 
 
-def convert(
-    src: Path,
-    out: Path | None = None,
-    *,
-    scale: str = "auto",
-    strict: bool = False,
-    verify: bool = True,
-    force: bool = False,
-    progress: bool = True,
-    cache_bytes: int = DEFAULT_CACHE_BYTES,
-    allow_copy: bool = False,
-    force_grow: bool = False,
-    format_version: int = VERSION,
-    i2s_layout: str | None = None,
-) -> ConvertResult:
-    """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``); see the module docstring for the passes.
-
-    ``scale``: auto | tensor | row | 256 | 128 (g128), the variants allowed (``SCALE_VARIANTS``) in
-    ``format_version`` (2, or 1 for readers that predate it). Nothing converted is an error (no output) unless
-    ``allow_copy``; a tensor whose BITCOS form would be larger than its source stays as it is unless
-    ``force_grow``; ``strict``: every ternary tensor must end up BITCOS. ``i2s_layout``: the layout of the
-    source's I2_S tensors (``foreign.I2S_LAYOUTS``; None: the default, and the result says it was assumed).
-    """
-    scale_variants(scale, format_version)  # refuse a bad choice before any work
+def convert(src: Path, out: Path | None = None, options: ConvertOptions | None = None, **changes) -> ConvertResult:
+    """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``) as ``options`` says (``pipeline.ConvertOptions``;
+    keyword ``changes`` replace its fields, e.g. ``convert(src, out, progress=False)``); the passes are
+    ``pipeline``'s, see the module docstring."""
+    opts = replace(options or ConvertOptions(), **changes)
+    scale_variants(opts.scale, opts.format_version)  # refuse a bad choice before any work
     src = Path(src)
     out = Path(out) if out is not None else default_output(src)
-    check_paths(src, out, force)
-    reader = open_gguf(src, i2s_layout=i2s_layout)
-    check_bitcos_file(reader, src)
-    problem = foreign.source_problem(reader)
-    if problem:
-        raise ConvertError(f"{src}: {problem}")
-    result = ConvertResult(src, out, notes=list(reader.form_notes))
-    layout_note = foreign.i2_s_layout_note(reader)
-    if layout_note:
-        result.notes.append(layout_note)
-        result.layout_assumed = i2s_layout is None
+    check_paths(src, out, opts.force)
+    source = open_source(src, opts.i2s_layout)
+    reader = source.reader
+    result = ConvertResult(src, out, notes=source.notes, layout_assumed=source.layout_assumed)
     t0 = time.perf_counter()
     # the key/values to copy, read now; then the parsed vocabulary arrays are dropped (peak memory)
     metadata = _metadata_to_copy(reader)
     reader.drop_array_fields()
+    plan = _analyse_all(source, opts)
+    result.seconds["analyze"] = time.perf_counter() - t0
+    problem = foreign.unloadable_left(reader.tensors, {name: (p.result,) for name, p in plan.items()})
+    if problem:
+        raise ConvertError(f"{src}: {problem}")
+    result.tensors = [
+        plan[t.name].result
+        if t.name in plan
+        else TensorResult(t.name, type_name(t.tensor_type), tensor_ggml_shape(t), src_bytes=int(t.n_bytes))
+        for t in reader.tensors
+    ]
+    if opts.strict:
+        problem = _strict_problem(reader, plan, source.names)
+        if problem:
+            raise ConvertError(f"{src}: {problem} (--strict)")
+    n_bitcos = sum(1 for t in reader.tensors if t.tensor_type in BITCOS_TYPE_IDS)
+    if not result.converted and not opts.allow_copy:
+        raise ConvertError(_nothing_to_convert(src, result, n_bitcos))
 
-    # names of tensors already in BITCOS form (re-running convert on a converted file copies them)
-    existing = {t.name for t in reader.tensors}
+    # pass 3: encode while writing, pass 4: verify the temporary file before it replaces anything
+    outputs: list[OutputTensor] = []
+    for t in reader.tensors:
+        planned = plan.get(t.name)
+        if planned is not None and planned.result.converted:
+            outputs += _converted_outputs(source, t, planned, opts)
+        else:
+            outputs.append(
+                OutputTensor(t.name, t.tensor_type, tensor_ggml_shape(t), source=t, progress_bytes=int(t.n_bytes))
+            )
 
-    # pass 1: analyze (+ encode, cached within budget)
-    candidates = [t for t in reader.tensors if is_candidate(t.name, t) and t.name + COMPANION_SUFFIX not in existing]
+    def check(tmp_path: Path) -> None:
+        verify_output(reader, tmp_path, result, progress=opts.progress, label=str(out))
+
+    result.removed_stale = write_verified(
+        reader,
+        src,
+        out,
+        force=opts.force,
+        metadata=_output_metadata(reader, metadata, result, n_bitcos),
+        tensors=outputs,
+        verify=check if opts.verify else None,
+        progress=opts.progress,
+        seconds=result.seconds,
+    )
+    result.verified = opts.verify
+    result.seconds["total"] = time.perf_counter() - t0
+    return result
+
+
+def _analyse_all(source: Source, opts: ConvertOptions) -> dict[str, Planned]:
+    """Pass 2 over every candidate, in file order, with the encoding cache's budget; --strict stops at the first
+    ternary tensor that stays."""
+    candidates = [t for t in source.reader.tensors if source.is_candidate(t)]
     bar = tqdm(
         total=sum(int(t.n_bytes) for t in candidates),
         desc="analyze",
         unit="B",
         unit_scale=True,
-        disable=None if progress else True,
+        disable=None if opts.progress else True,
     )
-    plan: dict[str, tuple[TensorResult, codec.Encoded | None]] = {}
+    plan: dict[str, Planned] = {}
     cached = 0
-    for t in candidates:
-        a = analyze_tensor(t, scale, format_version)
-        r = a.result
-        enc = None
-        if r.converted:
-            r.out_bytes, r.companion_bytes = encoded_nbytes(a)
-            if _grows(r) and not force_grow and not foreign.must_convert(t):
-                r.converted, r.grow_kept = False, True
-                n = max(r.n_weights, 1)
-                r.reason = (
-                    f"BITCOS {r.variant.name} would grow it: {8 * r.src_bytes / n:.4f} -> "
-                    f"{8 * r.out_bytes / n:.4f} bits per weight at z = {r.zero_density:.3f}"
+    with bar:
+        for t in candidates:
+            planned = analyse(source, t, opts, opts.cache_bytes - cached)
+            if planned.encoded is not None:
+                cached += planned.encoded.nbytes
+            plan[t.name] = planned
+            bar.set_postfix_str(t.name, refresh=False)
+            bar.update(int(t.n_bytes))
+            r = planned.result
+            if opts.strict and not r.converted and r.ternary_looking:
+                hint = " (--force-grow converts it anyway)" if r.grow_kept else ""
+                raise ConvertError(
+                    f"{source.path}: tensor '{t.name}': ternary but not converted: {r.reason}{hint} (--strict)"
                 )
-            elif cached + r.out_bytes <= cache_bytes:  # else recomputed in pass 2 (sizes are kept)
-                enc = encode_analysis(a)
-                if enc.nbytes != r.out_bytes or enc.companion.nbytes != r.companion_bytes:
-                    raise ConvertError(f"{src}: tensor '{t.name}': encoded size differs from the computed one")
-                cached += enc.nbytes
-        del a
-        reader.release_pages()
-        foreign.explain(t, r)
-        plan[t.name] = (r, enc)
-        bar.set_postfix_str(t.name, refresh=False)
-        bar.update(int(t.n_bytes))
-        if strict and not r.converted and r.ternary_looking:
-            bar.close()
-            hint = " (--force-grow converts it anyway)" if r.grow_kept else ""
-            raise ConvertError(f"{src}: tensor '{t.name}': ternary but not converted: {r.reason}{hint} (--strict)")
-    bar.close()
-    result.seconds["analyze"] = time.perf_counter() - t0
-    problem = foreign.unloadable_left(reader.tensors, plan)
-    if problem:
-        raise ConvertError(f"{src}: {problem}")
-    result.tensors = [
-        plan[t.name][0]
-        if t.name in plan
-        else TensorResult(t.name, type_name(t.tensor_type), tensor_ggml_shape(t), src_bytes=int(t.n_bytes))
-        for t in reader.tensors
-    ]
-    if strict:
-        problem = _strict_problem(reader, plan, existing)
-        if problem:
-            raise ConvertError(f"{src}: {problem} (--strict)")
-    n_bitcos = sum(1 for t in reader.tensors if t.tensor_type in BITCOS_TYPE_IDS)
-    if not result.converted and not allow_copy:
-        raise ConvertError(_nothing_to_convert(src, result, n_bitcos))
-    tag_bitcos = bool(result.converted) or n_bitcos > 0  # no bitcos.* keys on a file without BITCOS tensors
+    return plan
 
-    # pass 2: write, pass 3: verify the temporary file before it replaces anything (rewrite.write_verified)
+
+def _output_metadata(
+    reader: CheckedGGUFReader, metadata: list[tuple[str, tuple | ValueError]], result: ConvertResult, n_bitcos: int
+) -> list[tuple | ValueError]:
+    """The output's key/values: the source's, general.file_type replaced when anything converted, and the
+    ``bitcos.*`` keys on a file holding BITCOS tensors."""
     kvs: list[tuple | ValueError] = []
     for key, kv in metadata:
         if isinstance(kv, ValueError):
@@ -315,60 +292,22 @@ def convert(
             kvs.append((key, *kv))
     if result.converted:
         kvs.append(("general.file_type", file_type_of(result.converted), GGUFValueType.UINT32, None))
-    if tag_bitcos:
+    if result.converted or n_bitcos > 0:  # no bitcos.* keys on a file without BITCOS tensors
         conv_types = {r.src_type for r in result.converted}
         kvs.append((KEY_FORMAT_VERSION, _file_format_version(reader, result), GGUFValueType.UINT32, None))
         kvs.append((KEY_CONVERTED_FROM, _merged_converted_from(reader, conv_types), GGUFValueType.STRING, None))
-    outputs: list[OutputTensor] = []
-    for t in reader.tensors:
-        r = plan[t.name][0] if t.name in plan else None
-        if r is not None and r.converted:
-            outputs += _converted_outputs(src, t, r, plan, scale, format_version)
-        else:
-            outputs.append(
-                OutputTensor(t.name, t.tensor_type, tensor_ggml_shape(t), source=t, progress_bytes=int(t.n_bytes))
-            )
-
-    def check(tmp_path: Path) -> None:
-        verify_output(reader, tmp_path, result, progress=progress, label=str(out))
-
-    result.removed_stale = write_verified(
-        reader,
-        src,
-        out,
-        force=force,
-        metadata=kvs,
-        tensors=outputs,
-        verify=check if verify else None,
-        progress=progress,
-        seconds=result.seconds,
-    )
-    result.verified = verify
-    result.seconds["total"] = time.perf_counter() - t0
-    return result
+    return kvs
 
 
-def _converted_outputs(
-    src: Path,
-    t: ReaderTensor,
-    r: TensorResult,
-    plan: dict[str, tuple[TensorResult, codec.Encoded | None]],
-    scale: str,
-    format_version: int,
-) -> list[OutputTensor]:
-    """The weight and companion of a converted tensor: its encoding from pass 1's cache, or made again when
-    the weight is written (the cache keeps only what fits its budget), and released after the companion."""
+def _converted_outputs(source: Source, t: ReaderTensor, planned: Planned, opts: ConvertOptions) -> list[OutputTensor]:
+    """The weight and companion of a converted tensor: encoded when the weight is written (pipeline.encode:
+    from pass 2's cache or made again), and released after the companion."""
     held: list[codec.Encoded] = []
+    r = planned.result
 
     def weight() -> np.ndarray:
-        enc = plan[t.name][1]
-        if enc is None:
-            enc = encode_analysis(analyze_tensor(t, scale, format_version))
-            if enc.companion.nbytes != r.companion_bytes:
-                raise ConvertError(f"{src}: tensor '{t.name}': re-encoding changed the companion size")
-        plan[t.name] = (r, None)
-        held.append(enc)
-        return enc.blocks
+        held.append(encode(source, t, planned, opts))
+        return held[-1].blocks
 
     def companion() -> np.ndarray:
         return held.pop().companion.view(np.int8)
@@ -505,6 +444,7 @@ def _scale_words(v: Variant) -> str:
 
 __all__ = [
     "ConvertError",
+    "ConvertOptions",
     "ConvertResult",
     "DEFAULT_CACHE_BYTES",
     "convert",

@@ -7,9 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from .convert import DEFAULT_CACHE_BYTES, convert, summarize
+from .convert import convert, summarize
 from .convert_back import KEEP, TARGETS, convert_back, print_summary
 from .format import VERSION, VERSIONS
+from .pipeline import DEFAULT_CACHE_BYTES, ConvertOptions
 from .rewrite import ConvertError
 from .source import SCALE_CHOICES, add_i2s_layout_option
 
@@ -117,20 +118,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConvertError("--fallback applies to --to only")
     if args.cache_mb < 0:
         raise ConvertError("--cache-mb must be >= 0")
-    res = convert(
-        args.input,
-        args.output,
+    options = ConvertOptions(
         scale=args.scale,
+        format_version=VERSION if args.format_version is None else args.format_version,
         strict=args.strict,
+        allow_copy=args.allow_copy,
+        force_grow=args.force_grow,
+        i2s_layout=args.i2s_layout,
         verify=not args.no_verify,
         force=args.force,
         progress=not args.quiet,
-        allow_copy=args.allow_copy,
-        force_grow=args.force_grow,
         cache_bytes=args.cache_mb << 20,
-        format_version=VERSION if args.format_version is None else args.format_version,
-        i2s_layout=args.i2s_layout,
     )
+    res = convert(args.input, args.output, options)
     if not args.quiet:
         for line in summarize(res):
             print(line, file=sys.stderr)

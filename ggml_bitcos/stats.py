@@ -34,12 +34,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gguf_tools import GGUFError, open_gguf, tensor_bytes, tensor_ggml_shape
+from gguf.gguf_reader import ReaderTensor
 
-from . import codec
-from . import ternary
-from . import foreign
-from .source import add_i2s_layout_option, analyze_tensor, check_bitcos_file, is_candidate
+from gguf_tools import GGUFError, tensor_bytes, tensor_ggml_shape
+
+from . import codec, ternary
+from .pipeline import open_source
+from .source import add_i2s_layout_option, analyze_tensor
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_BITMAP, Variant
 from .info import validate_bitcos_tensor
 
@@ -142,22 +143,11 @@ def _v1_exact(exact_v2: set[Variant], k: int) -> set[Variant]:
 
 
 def collect(path: Path, *, progress: bool = True, i2s_layout: str | None = None) -> ModelStats:
-    reader = open_gguf(path, i2s_layout=i2s_layout)
-    check_bitcos_file(reader, path)
-    problem = foreign.source_problem(reader)
-    if problem:
-        raise GGUFError(path, problem)
-    notes = list(reader.form_notes)
-    layout_note = foreign.i2_s_layout_note(reader)
-    if layout_note:
-        notes.append(layout_note)
-    by_name = {t.name: t for t in reader.tensors}
-    stats: list[TensorStat] = []
-    todo = [
-        t
-        for t in reader.tensors
-        if t.tensor_type in BITCOS_TYPE_IDS or (is_candidate(t.name, t) and t.name + COMPANION_SUFFIX not in by_name)
-    ]
+    """Passes 1 and 2 of the converter (``pipeline``: read + check, analyse) over ``path``, and every BITCOS
+    tensor it already holds validated and measured."""
+    source = open_source(path, i2s_layout, error=GGUFError)
+    by_name = {t.name: t for t in source.reader.tensors}
+    todo = [t for t in source.reader.tensors if t.tensor_type in BITCOS_TYPE_IDS or source.is_candidate(t)]
     bar = tqdm(
         total=sum(int(t.n_bytes) for t in todo),
         desc="stats",
@@ -165,62 +155,73 @@ def collect(path: Path, *, progress: bool = True, i2s_layout: str | None = None)
         unit_scale=True,
         disable=None if progress else True,
     )  # None: off when stderr is not a terminal
-    for t in todo:
-        ne = tensor_ggml_shape(t)
-        n_rows, k = math.prod(ne[1:]), ne[0]
-        if t.tensor_type not in BITCOS_TYPE_IDS and 0 in ne:
-            raise GGUFError(path, f"empty weight: a zero dimension (ne = {list(ne)})", t.name)
-        if t.tensor_type in BITCOS_TYPE_IDS:
-            comp = by_name.get(t.name + COMPANION_SUFFIX)
-            hdr = validate_bitcos_tensor(path, t, comp)  # the loader's rules (info.py, codec.validate)
-            weight, cbytes = tensor_bytes(t).reshape(-1).view(np.uint8), tensor_bytes(comp).reshape(-1).view(np.uint8)
-            ts = bitcos_tensor_scales(weight, cbytes, hdr)
-            exact = {v for v in Variant if ts.why_not(v) is None}
-            n = k * n_rows
-            actual = int(t.n_bytes) + int(comp.n_bytes)
-            vb = _variant_bytes(exact, list(ne), hdr.n_sign_bits, hdr.row_group_log2)
-            vb[hdr.variant.name] = actual
-            stats.append(
-                TensorStat(
-                    t.name,
-                    hdr.variant.type_name if hdr.variant.version == 1 else f"BITCOS/{hdr.variant.name}",
-                    list(ne),
-                    n,
-                    n - hdr.n_sign_bits,
-                    1 - hdr.n_sign_bits / n,
-                    codec.n_mats_of(ne),
-                    8 * actual / n,
-                    vb,
-                )
-            )
-        else:
-            a = analyze_tensor(t, "auto", want_codes=False)
-            r = a.result
-            if r.measured:
-                assert a.row_nonzero is not None
-                g = codec.choose_row_group_log2(codec.row_sign_positions(a.row_nonzero))
-                n_sign = r.n_weights - r.n_zeros
-                exact_v2 = set(a.exact_bytes)
-                vb = _variant_bytes(exact_v2 | _v1_exact(exact_v2, k), list(ne), n_sign, g)
-                stats.append(
-                    TensorStat(
-                        t.name,
-                        r.src_form or r.src_type,
-                        list(ne),
-                        r.n_weights,
-                        r.n_zeros,
-                        r.zero_density,
-                        codec.n_mats_of(ne),
-                        variant_bytes=vb,
-                    )
-                )
-        reader.release_pages()
-        bar.set_postfix_str(t.name, refresh=False)
-        bar.update(int(t.n_bytes))
-    bar.close()
+    stats: list[TensorStat] = []
+    with bar:
+        for t in todo:
+            if t.tensor_type in BITCOS_TYPE_IDS:
+                stats.append(_bitcos_stat(path, t, by_name.get(t.name + COMPANION_SUFFIX)))
+            else:
+                stat = _source_stat(path, t)
+                if stat is not None:
+                    stats.append(stat)
+            source.reader.release_pages()
+            bar.set_postfix_str(t.name, refresh=False)
+            bar.update(int(t.n_bytes))
     m = summarize_stats(str(path), stats)
-    m.source_notes = notes
+    m.source_notes = source.notes
     return m
+
+
+def _bitcos_stat(path: Path, t: ReaderTensor, comp: ReaderTensor | None) -> TensorStat:
+    """A BITCOS tensor of the file, validated with the loader's rules (info.py, codec.validate): its bytes as
+    stored, and those of every other variant that holds it exactly."""
+    ne = tensor_ggml_shape(t)
+    hdr = validate_bitcos_tensor(path, t, comp)
+    assert comp is not None  # validate_bitcos_tensor refuses a weight without its companion
+    weight, cbytes = tensor_bytes(t).reshape(-1).view(np.uint8), tensor_bytes(comp).reshape(-1).view(np.uint8)
+    ts = bitcos_tensor_scales(weight, cbytes, hdr)
+    exact = {v for v in Variant if ts.why_not(v) is None}
+    n = ne[0] * math.prod(ne[1:])
+    actual = int(t.n_bytes) + int(comp.n_bytes)
+    vb = _variant_bytes(exact, list(ne), hdr.n_sign_bits, hdr.row_group_log2)
+    vb[hdr.variant.name] = actual
+    return TensorStat(
+        t.name,
+        hdr.variant.type_name if hdr.variant.version == 1 else f"BITCOS/{hdr.variant.name}",
+        list(ne),
+        n,
+        n - hdr.n_sign_bits,
+        1 - hdr.n_sign_bits / n,
+        codec.n_mats_of(ne),
+        8 * actual / n,
+        vb,
+    )
+
+
+def _source_stat(path: Path, t: ReaderTensor) -> TensorStat | None:
+    """A candidate's analysis (convert's, before its grow check): its zeros and its bytes in every variant that
+    holds it exactly; None for a tensor that is not ternary (or cannot be measured)."""
+    ne = tensor_ggml_shape(t)
+    if 0 in ne:
+        raise GGUFError(path, f"empty weight: a zero dimension (ne = {list(ne)})", t.name)
+    a = analyze_tensor(t, "auto", want_codes=False)
+    r = a.result
+    if not r.measured:
+        return None
+    assert a.row_nonzero is not None
+    g = codec.choose_row_group_log2(codec.row_sign_positions(a.row_nonzero))
+    exact_v2 = set(a.exact_bytes)
+    vb = _variant_bytes(exact_v2 | _v1_exact(exact_v2, ne[0]), list(ne), r.n_weights - r.n_zeros, g)
+    return TensorStat(
+        t.name,
+        r.src_form or r.src_type,
+        list(ne),
+        r.n_weights,
+        r.n_zeros,
+        r.zero_density,
+        codec.n_mats_of(ne),
+        variant_bytes=vb,
+    )
 
 
 def _auto_bytes(s: TensorStat) -> int | None:

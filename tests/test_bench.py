@@ -76,6 +76,25 @@ def test_ratio_noise_dominated_is_said_in_words():
     assert timing.speed_ratio([2.0, 2.0], [2.0, 2.0]).within_noise  # no difference at all
 
 
+def test_ratio_verdict_does_not_depend_on_the_reference():
+    """A loss is judged as the inverse win: a 37x loss whose rounds range 24x-91x is a clear loss (its range,
+    relative to a ratio of 0.027, is wider than 0.973, which a rule on the ratio itself would call noise),
+    and swapping candidate and reference never changes the verdict."""
+    from ggml_bitcos.bench import timing
+
+    loss = timing.speed_ratio([1.0, 1.0], [90.9, 23.8])
+    assert loss.hi < 0.05 and (loss.hi - loss.lo) / loss.median > 1 - loss.median and not loss.within_noise
+    cases = [
+        ([30.0, 31.0, 29.5], [25.0, 25.5, 24.0]),
+        ([30.5, 8.0, 40.0], [30.46, 6.0, 55.0]),
+        ([1.05, 1.06, 1.5], [1.0, 1.0, 1.0]),
+        ([1.0, 1.0], [90.9, 23.8]),
+        ([10.0, 10.2, 9.9], [12.5, 12.6, 12.4]),
+    ]
+    for a, b in cases:
+        assert timing.speed_ratio(a, b).within_noise == timing.speed_ratio(b, a).within_noise, (a, b)
+
+
 def test_ratio_rounds_pair_and_one_round_has_no_spread():
     """Ratios pair round i with round i (not medians of each side), need the same number of rounds on both
     sides, and a single round says its spread is unknown; --rounds refuses fewer than two."""

@@ -4,8 +4,10 @@ repeated, interleaved measurements into a ratio with its spread.
 A benchmark measures in rounds: each round times every type once (A B C, A B C, ...), so a slow phase of a
 shared machine lands on all types of that round alike. A ratio is taken per round (the candidate against the
 reference of the same round) and reported as the median of those per-round ratios with their range
-(min-max). When that range includes 1.0, or is wider than the distance of the median from 1.0, the rounds
-disagree about which is faster: the result is printed as "within noise" in words, never as a bare ratio.
+(min-max). When that range includes 1.0, or is wider (relative to the median) than the distance of the
+median from 1.0, the spread is larger than the effect: the result is printed as "within noise" in words,
+never as a bare ratio. A loss is judged as the inverse win, so the verdict does not depend on which type is
+called the reference.
 With one round there is no spread to judge by; the benchmarks ask for at least two (``rounds_type``).
 
 Values without a ratio (tokens/s, µs) are printed as median with their range over the rounds, so a reader
@@ -73,11 +75,17 @@ class RatioSpread:
     @property
     def within_noise(self) -> bool:
         """The rounds do not agree on a difference: their range includes 1.0, or it is wider (relative to the
-        median) than the median's distance from 1.0. False when there is no spread to judge by."""
+        median) than the median's distance from 1.0. A loss is judged as the win it is the other way round
+        (1 / ratio), so that A against B and B against A get the same verdict. False when there is no spread
+        to judge by."""
         if not self.has_spread:
             return False
-        m = self.median
-        return self.lo <= 1.0 <= self.hi or (self.hi - self.lo) / m > abs(m - 1.0)
+        if self.lo <= 1.0 <= self.hi:
+            return True
+        m, lo, hi = self.median, self.lo, self.hi
+        if m < 1.0:
+            m, lo, hi = 1.0 / m, 1.0 / hi, 1.0 / lo
+        return (hi - lo) / m > m - 1.0
 
     def range_text(self) -> str:
         return f"{self.lo:.3f}-{self.hi:.3f}"

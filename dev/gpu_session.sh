@@ -16,26 +16,30 @@
 #          test program (sm_90), the pure-Python wheels the package needs that the GPU image lacks, and the
 #          Vulkan loader packages the device notes name (.gl/*.deb). All of it must stay under the tool's 64 MiB
 #          carry limit (prepare prints the total).
-# run:     the PARTs in this order of priority (default: all), each step under its own time limit and inside the
-#          session's budget ($GPU_SESSION_SECONDS, default 540 s of the 10-minute command limit), a failed or
-#          timed-out step recorded and the next one run:
-#   cuda      (1) test-bitcos-backend CUDA0: BITCOS MUL_MAT / MUL_MAT_ID in ggml-cuda against the CPU backend;
-#             (2) tests/test_cuda_backend.py: greedy tokens and logits of the tiny models, all layers on the GPU vs
-#             the CPU, and the device memory of their weights; (3) `ggml-bitcos bench gpu --device CUDA0 --refs
-#             q4_0,q8_0 --e2e-types bitcos`: mat-vec 32768x16384 and 4096x14336 at z 0.3/0.4/0.5 next to Q4_0 and
-#             Q8_0 and the device copy, llama-bench -ngl 99 on the bitnet-2b shape, device model buffer vs TQ2_0's
-#             file bytes;
-#   kernels   the standalone CUDA kernel test (csrc/cuda/ against numpy: tests/test_cuda.py -k matches);
-#   vulkan    where the machine has a Vulkan GPU device (test-bitcos-backend --list; the first one that is not
-#             lavapipe, except in a dry run), the BITCOS mat-vec forms: the default (the fast shader, with q8_1
-#             activations where the device accelerates int8 dot products), the fast shader's f32 form
-#             (GGML_BITCOS_VULKAN_INT8=0) and the exact shader (GGML_BITCOS_VULKAN_EXACT=1, TQ2_0's arithmetic bit
-#             for bit): test-bitcos-backend on the device under each (BITCOS vs the CPU; the exact one also bit
-#             for bit vs TQ2_0), `bench gpu --device VulkanN --no-e2e` under each (mat-vec BITCOS vs TQ2_0 in one
-#             run per form, the TQ2_0 reference timed in each), then `bench gpu` with llama-bench -ngl 99 under
-#             the default (reuses the CUDA part's weights and models).
-#             $GPU_SESSION_VULKAN_BENCH_ARGS adds options to both benches (a dry run on lavapipe: small shapes);
-#   bandwidth `ggml-bitcos bench bandwidth` on the 16 CPU cores (the many-core regime: little DRAM bandwidth per core).
+# run:     the PARTs in the order given (default: cuda kernels vulkan cuda-bench vulkan-bench bandwidth, so that
+#          every correctness check on every backend runs before any benchmark), each step under its own time limit
+#          and inside the session's budget ($GPU_SESSION_SECONDS, default 540 s of the 10-minute command limit), a
+#          failed or timed-out step recorded and the next one run:
+#   cuda         (1) test-bitcos-backend CUDA0: BITCOS MUL_MAT / MUL_MAT_ID in ggml-cuda against the CPU backend;
+#                (2) tests/test_cuda_backend.py: greedy tokens and logits of the tiny models, all layers on the GPU
+#                vs the CPU, and the device memory of their weights;
+#   kernels      the standalone CUDA kernel test (csrc/cuda/ against numpy: tests/test_cuda.py -k matches);
+#   vulkan       where the machine has a Vulkan GPU device (test-bitcos-backend --list; the first one that is not
+#                lavapipe, except in a dry run), test-bitcos-backend on it (BITCOS vs the CPU) under each BITCOS
+#                mat-vec form: the default (the fast shader, with q8_1 activations where the device accelerates
+#                int8 dot products), the fast shader's f32 form (GGML_BITCOS_VULKAN_INT8=0) and the exact shader
+#                (GGML_BITCOS_VULKAN_EXACT=1, TQ2_0's arithmetic: also bit for bit vs TQ2_0);
+#   cuda-bench   `ggml-bitcos bench gpu --device CUDA0 --refs q4_0,q8_0 --e2e-types bitcos`: mat-vec 32768x16384
+#                and 4096x14336 at z 0.3/0.4/0.5 next to Q4_0 and Q8_0 and the device copy, llama-bench -ngl 99 on
+#                the bitnet-2b shape, device model buffer vs TQ2_0's file bytes;
+#   vulkan-bench `bench gpu --device VulkanN --no-e2e` under each form (mat-vec BITCOS vs TQ2_0, the TQ2_0
+#                reference timed in each run), then `bench gpu` with llama-bench -ngl 99 under the default form
+#                (reuses cuda-bench's weights and models);
+#   bandwidth    `ggml-bitcos bench bandwidth` on the 16 CPU cores (the many-core regime: little DRAM bandwidth
+#                per core).
+#          $GPU_SESSION_BENCH_ARGS replaces the benches' default `--rounds 2` (interleaved rounds, the ratio's
+#          spread over them); $GPU_SESSION_VULKAN_BENCH_ARGS adds options to the Vulkan benches (a dry run on
+#          lavapipe: small shapes).
 # Results: $OUT/summary.md (one line per step: exit status, seconds, the end of its output) and
 # $OUT/gpu-session-logs.tar.gz (every step's whole output and JSON), both rewritten after each step, so what
 # has run comes back even when the command is killed; the markdown tables also go to stdout.
@@ -118,7 +122,9 @@ prepare)
     echo "carried: ${total} MiB (.gpu, .gl) + the tracked tree ($(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes), of the device tool's 64 MiB"
     ;;
 run)
-    parts=${*:-cuda kernels vulkan bandwidth}
+    # correctness on every backend first, then the benches: a session cut short still says whether the kernels
+    # give the right numbers on the GPU
+    parts=${*:-cuda kernels vulkan cuda-bench vulkan-bench bandwidth}
     export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
     mkdir -p "$OUT"
     logs=/tmp/gpu-session-logs
@@ -207,7 +213,7 @@ run)
     cuda_bench() {
         cuda_env
         python3 -m ggml_bitcos bench gpu --device CUDA0 --refs q4_0,q8_0 --e2e-types bitcos --workdir /tmp/bitcos-gpu \
-            --json "$logs/bench-gpu-cuda.json"
+            --json "$logs/bench-gpu-cuda.json" ${GPU_SESSION_BENCH_ARGS:---rounds 2}
     }
     kernels() {
         BITCOS_CUDA_TEST_EXE=$PWD/.gpu/test-bitcos-cuda PYTHONPATH="$PWD:$pydeps" \
@@ -224,22 +230,22 @@ run)
     vulkan_matvec() {
         vulkan_env
         python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
-            --no-e2e --json "$logs/bench-gpu-vulkan-fast.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
+            --no-e2e --json "$logs/bench-gpu-vulkan-fast.json" ${GPU_SESSION_BENCH_ARGS:---rounds 2} ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
     vulkan_matvec_f32() {
         vulkan_env
         GGML_BITCOS_VULKAN_INT8=0 python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
-            --no-e2e --json "$logs/bench-gpu-vulkan-f32.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
+            --no-e2e --json "$logs/bench-gpu-vulkan-f32.json" ${GPU_SESSION_BENCH_ARGS:---rounds 2} ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
     vulkan_matvec_exact() {
         vulkan_env
         GGML_BITCOS_VULKAN_EXACT=1 python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
-            --no-e2e --json "$logs/bench-gpu-vulkan-exact.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
+            --no-e2e --json "$logs/bench-gpu-vulkan-exact.json" ${GPU_SESSION_BENCH_ARGS:---rounds 2} ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
     vulkan_e2e() {
         vulkan_env
         python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
-            --json "$logs/bench-gpu-vulkan-e2e.json" ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
+            --json "$logs/bench-gpu-vulkan-e2e.json" ${GPU_SESSION_BENCH_ARGS:---rounds 2} ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
     bandwidth() {
         export PYTHONPATH="$PWD:$pkgs/vulkan-py:$pydeps"
@@ -278,25 +284,29 @@ print(next((os.path.join(d, "lib") for d in (s.submodule_search_locations if s e
             fi
             step cuda-op 180 cuda_op
             step cuda-e2e 240 cuda_e2e
-            step cuda-bench 330 cuda_bench
             ;;
+        cuda-bench) step cuda-bench 330 cuda_bench ;;
         kernels) step kernels 120 kernels ;;
-        vulkan)
-            mkdir -p $pkgs/vulkan-py && tar -C $pkgs/vulkan-py -xJf .gpu/llama_cpp_vulkan.tar.xz
-            step vulkan-devices 60 vulkan_devices
+        vulkan | vulkan-bench)
+            if [ ! -d $pkgs/vulkan-py/llama_cpp ]; then
+                mkdir -p $pkgs/vulkan-py && tar -C $pkgs/vulkan-py -xJf .gpu/llama_cpp_vulkan.tar.xz
+                step vulkan-devices 60 vulkan_devices
+            fi
             # the first Vulkan device that is a GPU (lavapipe, a CPU, only in a dry run)
             vk_dev=$(awk -F'\t' -v any="${GPU_SESSION_DRY_RUN:-0}" \
                 '$1 ~ /^Vulkan[0-9]+$/ && (any == 1 || $2 !~ /llvmpipe/) { print $1; exit }' \
                 "$logs/vulkan-devices.txt" || true)
             if [ -z "$vk_dev" ]; then
-                echo "- vulkan: NOT RUN (no Vulkan GPU device: see vulkan-devices)" | tee -a "$summary"
-            else
+                echo "- $part: NOT RUN (no Vulkan GPU device: see vulkan-devices)" | tee -a "$summary"
+            elif [ "$part" = vulkan ]; then
                 export vk_dev
                 echo "Vulkan device: $vk_dev ($(awk -F'\t' -v d="$vk_dev" '$1 == d { print $2 }' "$logs/vulkan-devices.txt"))" \
                     | tee -a "$summary"
                 step vulkan-op 180 vulkan_op
                 step vulkan-op-f32 150 vulkan_op_f32
                 step vulkan-op-exact 150 vulkan_op_exact
+            else
+                export vk_dev
                 step vulkan-matvec 240 vulkan_matvec
                 step vulkan-matvec-f32 150 vulkan_matvec_f32
                 step vulkan-matvec-exact 150 vulkan_matvec_exact
@@ -304,14 +314,14 @@ print(next((os.path.join(d, "lib") for d in (s.submodule_search_locations if s e
             fi
             ;;
         bandwidth) step bandwidth 300 bandwidth ;;
-        *) echo "unknown part $part (cuda, kernels, vulkan, bandwidth)" | tee -a "$summary" ;;
+        *) echo "unknown part $part (cuda, kernels, vulkan, cuda-bench, vulkan-bench, bandwidth)" | tee -a "$summary" ;;
         esac
     done
     echo "total $(( $(date +%s) - t0 )) s" | tee -a "$summary"
     pack_logs
     ;;
 *)
-    echo "usage: $0 prepare | run [cuda] [kernels] [vulkan] [bandwidth]" >&2
+    echo "usage: $0 prepare | run [cuda] [kernels] [vulkan] [cuda-bench] [vulkan-bench] [bandwidth]" >&2
     exit 2
     ;;
 esac

@@ -36,9 +36,10 @@ static const bitcos_kernel * bitcos_h_kernel(int impl) {
 
 // Version of the entry points below (ggml_bitcos/harness.py skips a library of another version): 2 = the
 // bitcos_rows descriptor of format version 2 (bits, unit stride, row or block scales); 3 = the kernels by
-// the table's index and name (bitcos_h_kernel_count, bitcos_h_kernel_name), bitcos_h_covers.
+// the table's index and name (bitcos_h_kernel_count, bitcos_h_kernel_name), bitcos_h_covers; 4 = the 2-bit
+// codes form (bitcos_h_codes_*).
 int bitcos_h_abi(void) {
-    return 3;
+    return 4;
 }
 
 // Arguments of one call in flat form: nc columns of ceil(k/256) Q8_K blocks each, back to back in y, and
@@ -171,4 +172,104 @@ int bitcos_h_fma(void) {
 // Size of the Q8_K block as this library sees it (the Python side checks its dtype against it).
 size_t bitcos_h_q8k_size(void) {
     return sizeof(bitcos_q8_K);
+}
+
+// ---- The 2-bit codes form (bitcos-kernels.h) ----
+
+// 1 when kernel `impl` has a codes-form kernel of its own (else the table runs the portable one for it).
+int bitcos_h_has_codes(int impl) {
+    const bitcos_kernel * k = bitcos_kernel_at(impl);
+    return k != NULL && k->codes_mm != NULL;
+}
+
+// 1 when bitcos_codes_decode runs its fast (BMI2) path on this CPU.
+int bitcos_h_codes_decode_fast(void) {
+    return bitcos_codes_decode_fast();
+}
+
+// Decodes rows i0 .. i1 of the descriptor's rows into codes (row stride codes_row_bytes): fast 0 the generic C
+// decode, 1 bitcos_codes_decode (the fastest path here). Returns 0, -2 on bad arguments.
+int bitcos_h_codes_decode(int fast, int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes,
+                          const uint8_t * pool, const uint64_t * sign_pos, const float * row_scale,
+                          const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes,
+                          int block_scale_shift, int64_t i0, int64_t i1, uint8_t * codes, size_t codes_row_bytes) {
+    static _Thread_local bitcos_h_call record;
+    static const bitcos_q8_K           y0;
+    float                              d0;
+    if (bitcos_h_setup(&record, k, bits, unit_bytes, row_bytes, pool, sign_pos, row_scale, block_scale, scale_stride,
+                       scale_row_bytes, block_scale_shift, &y0, 1, &d0, i1) != 0 ||
+        i0 < 0 || i0 > i1 || codes == NULL || codes_row_bytes < bitcos_codes_row_bytes(k)) {
+        return -2;
+    }
+    (fast ? bitcos_codes_decode : bitcos_codes_decode_generic)(&record.rows, i0, i1, codes, codes_row_bytes);
+    return 0;
+}
+
+// bitcos_codes_copy_block_scales of rows i0 .. i1 of a block-scale descriptor. Returns 0, -2 on bad arguments.
+int bitcos_h_codes_copy_block_scales(int64_t k, const uint8_t * bits, size_t unit_bytes, size_t row_bytes,
+                                     const uint8_t * pool, const uint64_t * sign_pos, const uint8_t * block_scale,
+                                     size_t scale_stride, size_t scale_row_bytes, int block_scale_shift, int64_t i0,
+                                     int64_t i1, uint8_t * scales) {
+    static _Thread_local bitcos_h_call record;
+    static const bitcos_q8_K           y0;
+    float                              d0;
+    if (bitcos_h_setup(&record, k, bits, unit_bytes, row_bytes, pool, sign_pos, NULL, block_scale, scale_stride,
+                       scale_row_bytes, block_scale_shift, &y0, 1, &d0, i1) != 0 ||
+        i0 < 0 || i0 > i1 || scales == NULL) {
+        return -2;
+    }
+    bitcos_codes_copy_block_scales(&record.rows, i0, i1, scales);
+    return 0;
+}
+
+typedef struct {
+    bitcos_codes_rows   rows;
+    const bitcos_q8_K * ycols[BITCOS_H_MAX_COLS];
+    float *             dcols[BITCOS_H_MAX_COLS];
+} bitcos_h_codes_call;
+
+// Times `reps` calls (after one warm-up call) of kernel impl's codes kernel through bitcos_kernel_codes_mm, as
+// bitcos_h_time does for the BITCOS kernels. The descriptor's fields are bitcos_codes_rows'. Returns 0, -1 when
+// impl is not available here, -2 on bad arguments.
+int bitcos_h_codes_time(int impl, int64_t k, const uint8_t * codes, size_t codes_row_bytes, const float * row_scale,
+                        const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
+                        int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst, int reps, uint64_t * ticks) {
+    static _Thread_local bitcos_h_codes_call call;
+    const bitcos_kernel *                    kernel = bitcos_h_kernel(impl);
+    const int64_t                            nu     = (k + QK_BITCOS - 1) / QK_BITCOS;
+    if (kernel == NULL) {
+        return -1;
+    }
+    if (nc < 1 || nc > BITCOS_H_MAX_COLS || k <= 0 || k % QK_BITCOS_BITMAP != 0 || nr < 0 ||
+        codes_row_bytes < bitcos_codes_row_bytes(k) || (nr > 0 && codes == NULL)) {
+        return -2;
+    }
+    if (row_scale == NULL && (block_scale == NULL || (block_scale_shift != 0 && block_scale_shift != 1) ||
+                              k % ((int64_t) QK_BITCOS << block_scale_shift) != 0 || scale_stride < sizeof(uint16_t) ||
+                              scale_row_bytes < (size_t) ((nu >> block_scale_shift) - 1) * scale_stride + 2)) {
+        return -2;
+    }
+    const bitcos_codes_rows r = { k,           codes,        codes_row_bytes, row_scale,
+                                  block_scale, scale_stride, scale_row_bytes, block_scale_shift };
+    call.rows                 = r;
+    const int64_t nby         = (k + BITCOS_Q8K_BLOCK - 1) / BITCOS_Q8K_BLOCK;
+    for (int64_t c = 0; c < nc; ++c) {
+        call.ycols[c] = y + c * nby;
+        call.dcols[c] = dst + c * nr;
+    }
+    bitcos_kernel_codes_mm(kernel, &call.rows, nr, call.ycols, nc, call.dcols);
+    for (int i = 0; i < reps; ++i) {
+        const uint64_t t0 = bitcos_h_tsc();
+        bitcos_kernel_codes_mm(kernel, &call.rows, nr, call.ycols, nc, call.dcols);
+        ticks[i] = bitcos_h_tsc() - t0;
+    }
+    return 0;
+}
+
+// One call of kernel impl's codes kernel (bitcos_h_codes_time with no timed repetition).
+int bitcos_h_codes_mm(int impl, int64_t k, const uint8_t * codes, size_t codes_row_bytes, const float * row_scale,
+                      const uint8_t * block_scale, size_t scale_stride, size_t scale_row_bytes, int block_scale_shift,
+                      int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst) {
+    return bitcos_h_codes_time(impl, k, codes, codes_row_bytes, row_scale, block_scale, scale_stride, scale_row_bytes,
+                               block_scale_shift, nr, y, nc, dst, 0, NULL);
 }

@@ -33,23 +33,35 @@
 // generic (bitcos-kernels-generic.c): The reference: portable C, every descriptor.
 void bitcos_mm_generic(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,
                        int64_t nc, float * const * dst);
+void bitcos_codes_mm_generic(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y,
+                             int64_t nc, float * const * dst);
 // portable (bitcos-kernels-portable.c): Portable C, every descriptor, several times the reference's speed (table
 // decode, one decode for every column): the kernel of every CPU without a SIMD kernel of its own.
 void bitcos_mm_portable(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,
                         int64_t nc, float * const * dst);
+void bitcos_codes_mm_portable(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y,
+                              int64_t nc, float * const * dst);
 // neon (bitcos-kernels-neon.c): aarch64 Advanced SIMD (Armv8.0, part of every aarch64 CPU), every descriptor.
 void bitcos_mm_neon(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+void bitcos_codes_mm_neon(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y,
+                          int64_t nc, float * const * dst);
 // neon-dotprod (bitcos-kernels-neon.c): The same with sdot (Armv8.2 dotprod), every descriptor; the same file as neon,
 // compiled with other flags.
 void bitcos_mm_neon_dotprod(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,
                             int64_t nc, float * const * dst);
+void bitcos_codes_mm_neon_dotprod(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y,
+                                  int64_t nc, float * const * dst);
 // avx2 (bitcos-kernels-avx2.c): AVX2 (+ FMA, BMI2, F16C when present); the harness builds x86-64-v3 with AVX-512 off.
 void bitcos_mm_avx2(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
+void bitcos_codes_mm_avx2(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y,
+                          int64_t nc, float * const * dst);
 int bitcos_covers_avx2(const bitcos_rows * w);
 // avx512 (bitcos-kernels-avx512.c): AVX-512 F/BW/VL (+ VNNI, VPOPCNTDQ, BMI2, F16C when present); the harness builds
 // x86-64-v4 with the Ice Lake / Zen 4 extensions.
 void bitcos_mm_avx512(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,
                       int64_t nc, float * const * dst);
+void bitcos_codes_mm_avx512(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y,
+                            int64_t nc, float * const * dst);
 int bitcos_covers_avx512(const bitcos_rows * w);
 
 #if defined(BITCOS_KERNELS_LIST_TABLE)
@@ -111,13 +123,14 @@ static int bitcos_cpu_avx512(void) {
 #    endif
 #    if defined(BITCOS_TABLE_NEON)
 #        define BITCOS_ENTRY_NEON \
-            { "neon", bitcos_always, NULL, bitcos_mm_neon },
+            { "neon", bitcos_always, NULL, bitcos_mm_neon, bitcos_codes_mm_neon },
 #    else
 #        define BITCOS_ENTRY_NEON
 #    endif
 #    if defined(BITCOS_TABLE_NEON_DOTPROD)
 #        define BITCOS_ENTRY_NEON_DOTPROD \
-            { "neon-dotprod", BITCOS_AVAILABLE_NEON_DOTPROD, NULL, bitcos_mm_neon_dotprod },
+            { "neon-dotprod", BITCOS_AVAILABLE_NEON_DOTPROD, NULL, bitcos_mm_neon_dotprod, \
+              bitcos_codes_mm_neon_dotprod },
 #    else
 #        define BITCOS_ENTRY_NEON_DOTPROD
 #    endif
@@ -126,7 +139,7 @@ static int bitcos_cpu_avx512(void) {
 #    endif
 #    if defined(BITCOS_TABLE_AVX2)
 #        define BITCOS_ENTRY_AVX2 \
-            { "avx2", BITCOS_AVAILABLE_AVX2, bitcos_covers_avx2, bitcos_mm_avx2 },
+            { "avx2", BITCOS_AVAILABLE_AVX2, bitcos_covers_avx2, bitcos_mm_avx2, bitcos_codes_mm_avx2 },
 #    else
 #        define BITCOS_ENTRY_AVX2
 #    endif
@@ -135,7 +148,7 @@ static int bitcos_cpu_avx512(void) {
 #    endif
 #    if defined(BITCOS_TABLE_AVX512)
 #        define BITCOS_ENTRY_AVX512 \
-            { "avx512", BITCOS_AVAILABLE_AVX512, bitcos_covers_avx512, bitcos_mm_avx512 },
+            { "avx512", BITCOS_AVAILABLE_AVX512, bitcos_covers_avx512, bitcos_mm_avx512, bitcos_codes_mm_avx512 },
 #    else
 #        define BITCOS_ENTRY_AVX512
 #    endif
@@ -143,8 +156,8 @@ static int bitcos_cpu_avx512(void) {
 #        define BITCOS_AVAILABLE_AVX512 bitcos_always
 #    endif
 #    define BITCOS_KERNEL_ENTRIES \
-        { "generic", bitcos_always, NULL, bitcos_mm_generic }, \
-        { "portable", bitcos_always, NULL, bitcos_mm_portable }, \
+        { "generic", bitcos_always, NULL, bitcos_mm_generic, bitcos_codes_mm_generic }, \
+        { "portable", bitcos_always, NULL, bitcos_mm_portable, bitcos_codes_mm_portable }, \
         BITCOS_ENTRY_NEON \
         BITCOS_ENTRY_NEON_DOTPROD \
         BITCOS_ENTRY_AVX2 \

@@ -127,3 +127,8 @@ void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr
     }
     k->mm(w, nr, y, nc, dst);
 }
+
+void bitcos_kernel_codes_mm(const bitcos_kernel * k, const bitcos_codes_rows * w, int64_t nr,
+                            const bitcos_q8_K * const * y, int64_t nc, float * const * dst) {
+    (k->codes_mm != NULL ? k->codes_mm : bitcos_codes_mm_portable)(w, nr, y, nc, dst);
+}

@@ -105,6 +105,57 @@ typedef struct {
 typedef void (*bitcos_mm_fn)(const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                              float * const * dst);
 
+// ---- The 2-bit codes form (docs/KERNELS.md §8) ----
+//
+// A BITCOS weight decoded once (at load) into 2 bits per weight, for CPUs where the decode, not memory, bounds
+// the BITCOS kernels. Per row, ceil(k/256) blocks of BITCOS_CODES_BLOCK_BYTES bytes: TQ2_0's code bytes without
+// its per-block d. Weight j of a block has the code u = t + 1 in {0, 1, 2} at bits 2 * ((j % 128) / 32) of byte
+// 32 * (j / 128) + j % 32; weights past k (the rest of the last block) have u = 1 (t = 0). The scales stay as
+// the BITCOS tensor has them, in the same fields as bitcos_rows (row scales, or fp16 block scales at
+// block_scale + i*scale_row_bytes + (u >> block_scale_shift)*scale_stride for 128-weight unit u); v1 G128's
+// scales, inside its bitmap blocks, can be copied out with bitcos_codes_copy_block_scales.
+#define BITCOS_CODES_BLOCK_BYTES (BITCOS_Q8K_BLOCK / 4)
+
+// Bytes of one row of codes of k weights.
+static inline size_t bitcos_codes_row_bytes(int64_t k) {
+    return (size_t) ((k + BITCOS_Q8K_BLOCK - 1) / BITCOS_Q8K_BLOCK) * BITCOS_CODES_BLOCK_BYTES;
+}
+
+// A run of consecutive rows of one weight in the codes form.
+typedef struct {
+    int64_t         k;         // weights per row, a positive multiple of 32
+    const uint8_t * codes;     // codes of the first row of the run
+    size_t          row_bytes; // bytes from one row's codes to the next (>= bitcos_codes_row_bytes(k))
+    // Scales, as in bitcos_rows.
+    const float *   row_scale;
+    const uint8_t * block_scale;
+    size_t          scale_stride;
+    size_t          scale_row_bytes;
+    int             block_scale_shift;
+} bitcos_codes_rows;
+
+// dst[c][i] = W[i] . Y[c] from the codes form, with the arithmetic contract above: bit-identical to the BITCOS
+// kernels on the weight the codes were decoded from. The 32-weight activation sums come from the Q8_K bsums.
+typedef void (*bitcos_codes_mm_fn)(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                                   float * const * dst);
+
+// Decodes rows i0 .. i1 (exclusive) of the run w into codes: row i at codes + i * codes_row_bytes
+// (>= bitcos_codes_row_bytes(w->k)). Rows are independent, so callers split a weight into row ranges, one per
+// thread. bitcos_codes_decode takes the fastest path this CPU has (x86: BMI2 pdep when the build's flags or
+// the CPU at run time have it, not on Zen 1/2 where pdep is microcoded); bitcos_codes_decode_generic is the
+// plain C reference of it.
+void bitcos_codes_decode(const bitcos_rows * w, int64_t i0, int64_t i1, uint8_t * codes, size_t codes_row_bytes);
+void bitcos_codes_decode_generic(const bitcos_rows * w, int64_t i0, int64_t i1, uint8_t * codes,
+                                 size_t codes_row_bytes);
+// 1 when bitcos_codes_decode runs the BMI2 path here.
+int  bitcos_codes_decode_fast(void);
+// Copies the fp16 block scales of rows i0 .. i1 of w (row_scale NULL) into scales, ceil(k/128) >> shift of them
+// per row back to back (row i at scales + i * 2 * (ceil(k/128) >> shift)): the layout of a B128 / B256 companion,
+// for v1 G128 whose scales sit in the bitmap blocks the codes form replaces.
+void bitcos_codes_copy_block_scales(const bitcos_rows * w, int64_t i0, int64_t i1, uint8_t * scales);
+// The codes descriptor of w's rows decoded into codes (row stride codes_row_bytes), with w's scales.
+bitcos_codes_rows bitcos_codes_rows_of(const bitcos_rows * w, const uint8_t * codes, size_t codes_row_bytes);
+
 // ---- The kernel table (bitcos-kernels-table.c) ----
 //
 // Every caller (the ggml-cpu glue, the harness library and through it the Python tests and benchmarks, the
@@ -113,7 +164,8 @@ typedef struct {
     const char * name;                    // the manifest's name: "generic", "portable", "avx2", ...
     int (*available)(void);               // 1 when this CPU can run it
     int (*covers)(const bitcos_rows * w); // 1 when its own paths handle w; NULL: every descriptor
-    bitcos_mm_fn mm;                      // the kernel; w must be one `covers` accepts
+    bitcos_mm_fn       mm;                // the kernel; w must be one `covers` accepts
+    bitcos_codes_mm_fn codes_mm;          // its codes-form kernel (every codes descriptor); NULL: none
 } bitcos_kernel;
 
 // Receives the one line a kernel's fallback reports (bitcos_kernel_mm); NULL: stderr.
@@ -134,6 +186,10 @@ const bitcos_kernel * bitcos_kernel_best_told(bitcos_log_fn log);
 // k must be an entry of the table (bitcos_kernel_at, bitcos_kernel_named, bitcos_kernel_best).
 void bitcos_kernel_mm(const bitcos_kernel * k, const bitcos_rows * w, int64_t nr, const bitcos_q8_K * const * y,
                       int64_t nc, float * const * dst, bitcos_log_fn log);
+
+// Runs k->codes_mm, or the portable codes kernel when k has none.
+void bitcos_kernel_codes_mm(const bitcos_kernel * k, const bitcos_codes_rows * w, int64_t nr,
+                            const bitcos_q8_K * const * y, int64_t nc, float * const * dst);
 
 // ---- The kernels ----
 //

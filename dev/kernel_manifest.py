@@ -83,6 +83,7 @@ class Kernel:
     flags: tuple[str, ...] = ()
     cpu_check: tuple[tuple[str, Any], ...] = ()
     covers: bool = False
+    codes_source: str = ""  # the file of its codes-form kernel ("": none)
 
     @property
     def ident(self) -> str:
@@ -92,6 +93,16 @@ class Kernel:
     @property
     def entry(self) -> str:
         return f"bitcos_mm_{self.ident}"
+
+    @property
+    def codes_entry(self) -> str | None:
+        """The entry point of its kernel of the 2-bit codes form, None when it has none."""
+        return f"bitcos_codes_mm_{self.ident}" if self.codes_source else None
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Its files: the kernel's, then the codes kernel's (compiled with the same flags)."""
+        return (self.source, self.codes_source) if self.codes_source else (self.source,)
 
     @property
     def covers_fn(self) -> str | None:
@@ -135,7 +146,7 @@ class Manifest:
         return next(k for k in self.kernels if k.name == name)
 
     def sources(self) -> set[str]:
-        return {k.source for k in self.kernels}
+        return {s for k in self.kernels for s in k.sources}
 
 
 def _arch(name: str, d: dict[str, Any]) -> Arch:
@@ -169,6 +180,7 @@ def _kernel(d: dict[str, Any]) -> Kernel:
         tuple(d.get("flags", ())),
         check,
         bool(d.get("covers", False)),
+        d.get("codes_source", ""),
     )
 
 
@@ -205,13 +217,20 @@ _MM_PARAMS: Final = (
 )
 
 
-def _prototype(k: Kernel) -> list[str]:
-    one = f"void {k.entry}{_MM_PARAMS};"
+_CODES_MM_PARAMS: Final = _MM_PARAMS.replace("bitcos_rows", "bitcos_codes_rows")
+
+
+def _prototype(entry: str, params: str = _MM_PARAMS) -> list[str]:
+    one = f"void {entry}{params};"
     if len(one) <= 120:
         return [one]
-    head = f"void {k.entry}("
-    cut = _MM_PARAMS.index("int64_t nc")
-    return [head + _MM_PARAMS[1:cut].rstrip(), " " * len(head) + _MM_PARAMS[cut:] + ";"]
+    head = f"void {entry}("
+    cut = (
+        params.index("const bitcos_q8_K")
+        if len(head) + params.index("int64_t nc") > 119
+        else params.index("int64_t nc")
+    )
+    return [head + params[1:cut].rstrip(), " " * len(head) + params[cut:] + ";"]
 
 
 def _comment(text: str, indent: str = "") -> list[str]:
@@ -318,7 +337,9 @@ def render_header(m: Manifest) -> str:
     out.append("")
     for k in m.kernels:
         out += _comment(f"{k.name} ({k.source}): {k.about}")
-        out += _prototype(k)
+        out += _prototype(k.entry)
+        if k.codes_entry:
+            out += _prototype(k.codes_entry, _CODES_MM_PARAMS)
         if k.covers_fn:
             out.append(f"int {k.covers_fn}(const bitcos_rows * w);")
     out += [
@@ -353,7 +374,11 @@ def render_header(m: Manifest) -> str:
             f"#        define BITCOS_ENTRY_{k.ident.upper()} \\",
         ]
         avail = f"BITCOS_AVAILABLE_{k.ident.upper()}" if _check_function(k) else "bitcos_always"
-        out += [f'            {{ "{k.name}", {avail}, {k.covers_fn or "NULL"}, {k.entry} }},', "#    else"]
+        entry = f'            {{ "{k.name}", {avail}, {k.covers_fn or "NULL"}, {k.entry}, {k.codes_entry or "NULL"} }},'
+        if len(entry) > 120:
+            cut = entry.rindex(", ") + 1
+            entry = entry[:cut] + " \\\n              " + entry[cut + 1 :]
+        out += [entry, "#    else"]
         out += [f"#        define BITCOS_ENTRY_{k.ident.upper()}", "#    endif"]
         if avail != "bitcos_always":
             out += [
@@ -361,7 +386,10 @@ def render_header(m: Manifest) -> str:
                 f"#        define {avail} bitcos_always",
                 "#    endif",
             ]
-    entries = [f'{{ "{k.name}", bitcos_always, {k.covers_fn or "NULL"}, {k.entry} }},' for k in m.baseline_kernels]
+    entries = [
+        f'{{ "{k.name}", bitcos_always, {k.covers_fn or "NULL"}, {k.entry}, {k.codes_entry or "NULL"} }},'
+        for k in m.baseline_kernels
+    ]
     entries += [f"BITCOS_ENTRY_{k.ident.upper()}" for k in simd]
     out.append("#    define BITCOS_KERNEL_ENTRIES \\")
     out += [f"        {e} \\" for e in entries[:-1]] + [f"        {entries[-1]}"]

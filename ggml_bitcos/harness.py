@@ -35,7 +35,7 @@ from . import codec
 from .format import BITMAP_BYTES, QK, Variant
 from .q8k import Q8K_DTYPE, as_q8k, n_blocks
 
-HARNESS_ABI: Final = 3  # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
+HARNESS_ABI: Final = 4  # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
 _LIB_NAMES: Final = {True: "libbitcos_kernels.so", False: "libbitcos_kernels_nofma.so"}
 _LIB_ENV: Final = {True: "BITCOS_KERNELS_LIB", False: "BITCOS_KERNELS_NOFMA_LIB"}
 
@@ -102,6 +102,21 @@ def load_library(fma: bool = True) -> ctypes.CDLL:
     lib.bitcos_h_q8k_size.restype = sz
     lib.bitcos_h_fma.argtypes = []
     lib.bitcos_h_fma.restype = i32
+    # the codes form: decode (fast, the descriptor, i0, i1, codes, codes_row_bytes), kernels (impl, k, codes,
+    # codes_row_bytes, row_scale, block_scale, scale_stride, scale_row_bytes, block_scale_shift, nr, y, nc, dst)
+    lib.bitcos_h_has_codes.argtypes = [i32]
+    lib.bitcos_h_has_codes.restype = i32
+    lib.bitcos_h_codes_decode_fast.argtypes = []
+    lib.bitcos_h_codes_decode_fast.restype = i32
+    lib.bitcos_h_codes_decode.argtypes = [i32, i64, vp, sz, sz, vp, vp, vp, vp, sz, sz, i32, i64, i64, vp, sz]
+    lib.bitcos_h_codes_decode.restype = i32
+    lib.bitcos_h_codes_copy_block_scales.argtypes = [i64, vp, sz, sz, vp, vp, vp, sz, sz, i32, i64, i64, vp]
+    lib.bitcos_h_codes_copy_block_scales.restype = i32
+    codes_args = [i32, i64, vp, sz, vp, vp, sz, sz, i32, i64, vp, i64, vp]
+    lib.bitcos_h_codes_mm.argtypes = codes_args
+    lib.bitcos_h_codes_mm.restype = i32
+    lib.bitcos_h_codes_time.argtypes = codes_args + [i32, vp]
+    lib.bitcos_h_codes_time.restype = i32
     if lib.bitcos_h_q8k_size() != Q8K_DTYPE.itemsize:
         raise RuntimeError("block_q8_K size mismatch between the library and Q8K_DTYPE")
     if bool(lib.bitcos_h_fma()) != fma:
@@ -331,4 +346,105 @@ def time_mm(impl: str, w: BitcosRows, y: np.ndarray, reps: int, fma: bool = True
     rc = lib.bitcos_h_time(kernel_index(impl, fma), *d.args(), w.nr, _ptr(y), nc, _ptr(dst), reps, _ptr(ticks))
     if rc != 0:
         raise RuntimeError(f"bitcos_h_time({impl}) failed: {rc}")
+    return ticks
+
+
+# ------------------------------------------------------------------------------------------ the 2-bit codes form
+CODES_BLOCK_BYTES: Final = 64  # bytes of codes per 256 weights (BITCOS_CODES_BLOCK_BYTES)
+
+
+def codes_row_bytes(k: int) -> int:
+    """Bytes of one row of codes (csrc/bitcos-kernels.h bitcos_codes_row_bytes)."""
+    return n_blocks(k) * CODES_BLOCK_BYTES
+
+
+@dataclass(frozen=True)
+class CodesRows:
+    """nr rows of one weight in the 2-bit codes form (csrc/bitcos-kernels.h ``bitcos_codes_rows``): the codes,
+    uint8 (nr, >= codes_row_bytes(k)), and the scales of the BITCOS descriptor they were decoded from."""
+
+    k: int
+    codes: np.ndarray
+    scales: Descriptor  # its row_scale / block_scale fields are the codes' scales
+
+    @property
+    def nr(self) -> int:
+        return int(self.codes.shape[0])
+
+    def args(self) -> tuple:
+        """The descriptor's arguments of bitcos_h_codes_mm / bitcos_h_codes_time, in order."""
+        d = self.scales
+        bs = None if d.block_scale is None else _ptr(d.block_scale) + d.block_scale_offset
+        rs = None if d.row_scale is None else _ptr(d.row_scale)
+        return (
+            self.k,
+            _ptr(self.codes),
+            self.codes.shape[1],
+            rs,
+            bs,
+            d.scale_stride,
+            d.scale_row_bytes,
+            d.block_scale_shift,
+        )
+
+
+def has_codes(impl: str, fma: bool = True) -> bool:
+    """True when kernel `impl` has a codes-form kernel of its own (the table runs the portable one otherwise)."""
+    return bool(load_library(fma).bitcos_h_has_codes(kernel_index(impl, fma)))
+
+
+def codes_decode_fast(fma: bool = True) -> bool:
+    """True when the library's bitcos_codes_decode runs its fast (BMI2) path on this CPU."""
+    return bool(load_library(fma).bitcos_h_codes_decode_fast())
+
+
+def decode_codes(w: BitcosRows, fast: bool = True, fma: bool = True) -> CodesRows:
+    """The codes form of w: bitcos_codes_decode (``fast``: the fastest path here) or the generic C decode."""
+    lib = load_library(fma)
+    d = w.descriptor()
+    codes = np.full((w.nr, codes_row_bytes(w.k)), 0xEE, dtype=np.uint8)  # every byte written by the decode
+    rc = lib.bitcos_h_codes_decode(int(fast), *d.args(), 0, w.nr, _ptr(codes), codes.shape[1])
+    if rc != 0:
+        raise RuntimeError(f"bitcos_h_codes_decode failed: {rc}")
+    return CodesRows(w.k, codes, d)
+
+
+def compact_block_scales(w: BitcosRows, fma: bool = True) -> np.ndarray:
+    """bitcos_codes_copy_block_scales: w's fp16 block scales as uint8 (nr, 2 * scales per row), back to back."""
+    lib = load_library(fma)
+    d = w.descriptor()
+    if d.block_scale is None:
+        raise ValueError("compact_block_scales needs block scales")
+    per_row = ((w.k + QK - 1) // QK) >> d.block_scale_shift
+    out = np.zeros((w.nr, 2 * per_row), dtype=np.uint8)
+    rc = lib.bitcos_h_codes_copy_block_scales(
+        *d.args()[:6], _ptr(d.block_scale) + d.block_scale_offset, *d.args()[8:], 0, w.nr, _ptr(out)
+    )
+    if rc != 0:
+        raise RuntimeError(f"bitcos_h_codes_copy_block_scales failed: {rc}")
+    return out
+
+
+def codes_mm(impl: str, w: CodesRows, y: np.ndarray, fma: bool = True) -> np.ndarray:
+    """dst (nc, nr) float32 from kernel `impl`'s codes kernel through the table (bitcos_kernel_codes_mm)."""
+    lib = load_library(fma)
+    y = as_q8k(y, w.k)
+    nc = y.shape[0]
+    dst = np.full((nc, w.nr), np.nan, dtype=np.float32)
+    rc = lib.bitcos_h_codes_mm(kernel_index(impl, fma), *w.args(), w.nr, _ptr(y), nc, _ptr(dst))
+    if rc != 0:
+        raise RuntimeError(f"bitcos_h_codes_mm({impl}) failed: {rc}")
+    return dst
+
+
+def time_codes_mm(impl: str, w: CodesRows, y: np.ndarray, reps: int, fma: bool = True) -> np.ndarray:
+    """TSC ticks of `reps` back-to-back codes-kernel calls (timed in C after one warm-up call)."""
+    lib = load_library(fma)
+    y = as_q8k(y, w.k)
+    nc = y.shape[0]
+    dst = np.empty((nc, w.nr), dtype=np.float32)
+    ticks = np.zeros(reps, dtype=np.uint64)
+    rc = lib.bitcos_h_codes_time(kernel_index(impl, fma), *w.args(), w.nr, _ptr(y), nc, _ptr(dst), reps, _ptr(ticks))
+    if rc != 0:
+        raise RuntimeError(f"bitcos_h_codes_time({impl}) failed: {rc}")
     return ticks

@@ -1,20 +1,22 @@
 """``ggml-bitcos convert``: rewrite every exactly-ternary weight of a GGUF file as BITCOS (FORMAT.md).
 
-The passes over the source (``ggml_bitcos.pipeline``: one function each, shared with ``stats``), each
-streaming tensor by tensor through a read-only memory map:
+The passes over the source are ``ggml_bitcos.passes``' modules, shared with ``stats``; a tensor goes through
+each once, streaming tensor by tensor through a read-only memory map:
 
-1. read + check (``pipeline.open_source``): the file's types and data extents, its BITCOS pairs, the refusals;
-2. analyse (``pipeline.analyse``): decode each candidate tensor to fp32 in row chunks, decide (FORMAT.md §7)
-   whether and in which variant it converts and compute its encoded size (the output's tensor infos need
-   every companion's byte size up front); the encoding itself is made and kept for pass 3 only while all
-   kept encodings fit a small fixed budget (``DEFAULT_CACHE_BYTES``), otherwise pass 3 recomputes it;
-3. encode + write (``pipeline.encode``, ``rewrite.write_verified``): header, metadata (+ ``bitcos.*`` keys),
-   tensor infos, then tensor data one by one — copied tensors straight from the source map, converted ones
-   as weight blocks followed by the companion — into a temporary file in the target folder, renamed onto
-   the target only when complete;
-4. verify (unless ``--no-verify``): reopen the output, decode every converted tensor with the full
-   invariant checks and compare its fp32 bit patterns with the source's (−0.0 mapped to +0.0, §5);
-   copied tensors are compared byte for byte. A failed verification deletes the output.
+1. read + check (``passes.read.open_source``): the file's types and data extents, its BITCOS pairs, the
+   refusals, the candidates;
+2. analyse (``passes.analyse.analyse``): decode each candidate tensor to fp32 in row chunks, decide (FORMAT.md
+   §7) whether and in which variant it converts and compute its encoded size (the output's tensor infos need
+   every companion's byte size up front);
+3. encode (``passes.encode``): right after its analysis while all kept encodings fit a small fixed budget
+   (``DEFAULT_CACHE_BYTES``), otherwise again (a new analysis) when the weight is written;
+4. write + verify (``rewrite.write_verified`` with ``passes.write``'s metadata and check): header, metadata
+   (+ ``bitcos.*`` keys), tensor infos, then tensor data one by one — copied tensors straight from the
+   source map, converted ones as weight blocks followed by the companion — into a temporary file in the
+   target folder; unless ``--no-verify``, the temporary file is reopened, every converted tensor decoded
+   with the full invariant checks and its fp32 bit patterns compared with the source's (−0.0 mapped to
+   +0.0, §5), copied tensors byte for byte; renamed onto the target only when complete and verified (a
+   failed verification deletes it).
 
 Memory: one tensor at a time. Every array of a tensor is released before the next one is read, and the
 memory-mapped files' pages are dropped from the process after each tensor (``release_pages``), so the peak
@@ -31,39 +33,23 @@ Each pass shows a tqdm progress bar on stderr when ``progress`` is on and stderr
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-from gguf import GGUFValueType
-from gguf.gguf_reader import ReaderTensor
 from tqdm import tqdm
 
-from gguf_tools import (
-    CheckedGGUFReader,
-    bitcos_type,
-    field_value,
-    tensor_bytes,
-    tensor_ggml_shape,
-    type_name,
-)
+from gguf_tools import CheckedGGUFReader, tensor_ggml_shape, type_name
 
-from . import codec, foreign
-from .format import (
-    BITCOS_TYPE_IDS,
-    COMPANION_SUFFIX,
-    COMPANION_TYPE,
-    KEY_CONVERTED_FROM,
-    KEY_FORMAT_VERSION,
-    TYPE_ID_BITMAP,
-    Variant,
-)
-from .pipeline import DEFAULT_CACHE_BYTES, ConvertOptions, Planned, Source, analyse, encode, open_source
-from .rewrite import ConvertError, OutputTensor, check_paths, size_line, verify_rewrite, write_verified
-from .source import TQ_SOURCES, TensorResult, iter_row_chunks, scale_variants, source_float_rows
+from . import foreign
+from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, Variant
+from .passes import DEFAULT_CACHE_BYTES, ConvertOptions, scale_variants
+from .passes.analyse import Planned, TensorResult, analyse, unloadable_left
+from .passes.encode import converted_outputs, keep
+from .passes.read import Source, open_source
+from .passes.write import metadata_to_copy, output_metadata, verify_output
+from .rewrite import ConvertError, OutputTensor, check_paths, size_line, write_verified
+from .source import TQ_SOURCES
 
 
 def default_output(src: Path) -> Path:
@@ -93,55 +79,6 @@ class ConvertResult:
     @property
     def skipped(self) -> list[TensorResult]:
         return [t for t in self.tensors if not t.converted and t.reason]
-
-
-def _metadata_to_copy(reader: CheckedGGUFReader) -> list[tuple[str, tuple | ValueError]]:
-    """(key, (value, type, item type)) of every key/value the output copies (not ``GGUF.*``, not ``bitcos.*``);
-    a key that cannot be copied carries its ``ValueError`` (raised when the output is written)."""
-    out: list[tuple[str, tuple | ValueError]] = []
-    for key, fld in reader.fields.items():
-        if key.startswith("GGUF.") or key.startswith("bitcos."):
-            continue
-        try:
-            out.append((key, field_value(fld)))
-        except ValueError as e:
-            out.append((key, e))
-    return out
-
-
-def _merged_converted_from(reader: CheckedGGUFReader, new_types: set[str]) -> str:
-    old = reader.get_field(KEY_CONVERTED_FROM)
-    types = set(new_types)
-    if old is not None and old.types == [GGUFValueType.STRING]:
-        types |= {x for x in old.contents().split(",") if x}
-    return ",".join(sorted(types))
-
-
-def _file_format_version(reader: CheckedGGUFReader, result: ConvertResult) -> int:
-    """bitcos.format_version of the output (FORMAT.md §6): the highest version of its BITCOS tensors, the
-    converted ones and those copied from a source that already held BITCOS."""
-    versions = [r.variant.version for r in result.converted if r.variant is not None]
-    versions += [
-        tensor_format_version(int(t.tensor_type)) for t in reader.tensors if int(t.tensor_type) in BITCOS_TYPE_IDS
-    ]
-    return max(versions)
-
-
-def tensor_format_version(type_id: int) -> int:
-    """The format version of a BITCOS weight of ggml type ``type_id`` (every variant stored as that type has it)."""
-    return next(v.version for v in Variant if v.type_id == type_id)
-
-
-def file_type_of(converted: list[TensorResult]) -> int:
-    """general.file_type of a converted file: LLAMA_FTYPE_MOSTLY_BITCOS (162) / _G128 (160) / _PT (161), the
-    ggml type ids (the file-types patch), of the type most converted weights have, so llama.cpp names the
-    model as BITCOS rather than as its source type; ties to the newer format, then PT."""
-    count: dict[int, int] = {}
-    for r in converted:
-        assert r.variant is not None
-        count[r.variant.type_id] = count.get(r.variant.type_id, 0) + 1
-    order = (TYPE_ID_BITMAP, Variant.PT.type_id, Variant.G128.type_id)
-    return max(order, key=lambda tid: (count.get(tid, 0), -order.index(tid)))
 
 
 def _strict_problem(reader: CheckedGGUFReader, plan: dict[str, Planned], existing: set[str]) -> str | None:
@@ -185,9 +122,9 @@ def _nothing_to_convert(src: Path, result: ConvertResult, n_bitcos: int) -> str:
 
 
 def convert(src: Path, out: Path | None = None, options: ConvertOptions | None = None, **changes) -> ConvertResult:
-    """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``) as ``options`` says (``pipeline.ConvertOptions``;
+    """Convert ``src`` to ``out`` (default ``IN-bitcos.gguf``) as ``options`` says (``passes.ConvertOptions``;
     keyword ``changes`` replace its fields, e.g. ``convert(src, out, progress=False)``); the passes are
-    ``pipeline``'s, see the module docstring."""
+    ``passes``' modules, see the module docstring."""
     opts = replace(options or ConvertOptions(), **changes)
     scale_variants(opts.scale, opts.format_version)  # refuse a bad choice before any work
     src = Path(src)
@@ -198,11 +135,11 @@ def convert(src: Path, out: Path | None = None, options: ConvertOptions | None =
     result = ConvertResult(src, out, notes=source.notes, layout_assumed=source.layout_assumed)
     t0 = time.perf_counter()
     # the key/values to copy, read now; then the parsed vocabulary arrays are dropped (peak memory)
-    metadata = _metadata_to_copy(reader)
+    metadata = metadata_to_copy(reader)
     reader.drop_array_fields()
     plan = _analyse_all(source, opts)
     result.seconds["analyze"] = time.perf_counter() - t0
-    problem = foreign.unloadable_left(reader.tensors, {name: (p.result,) for name, p in plan.items()})
+    problem = unloadable_left(reader.tensors, plan)
     if problem:
         raise ConvertError(f"{src}: {problem}")
     result.tensors = [
@@ -219,26 +156,27 @@ def convert(src: Path, out: Path | None = None, options: ConvertOptions | None =
     if not result.converted and not opts.allow_copy:
         raise ConvertError(_nothing_to_convert(src, result, n_bitcos))
 
-    # pass 3: encode while writing, pass 4: verify the temporary file before it replaces anything
+    # pass 3 for the tensors the cache did not keep: encoded while writing; pass 4: verify the temporary file
+    # before it replaces anything
     outputs: list[OutputTensor] = []
     for t in reader.tensors:
         planned = plan.get(t.name)
         if planned is not None and planned.result.converted:
-            outputs += _converted_outputs(source, t, planned, opts)
+            outputs += converted_outputs(src, t, planned, opts)
         else:
             outputs.append(
                 OutputTensor(t.name, t.tensor_type, tensor_ggml_shape(t), source=t, progress_bytes=int(t.n_bytes))
             )
 
     def check(tmp_path: Path) -> None:
-        verify_output(reader, tmp_path, result, progress=opts.progress, label=str(out))
+        verify_output(reader, tmp_path, result.converted, progress=opts.progress, label=str(out))
 
     result.removed_stale = write_verified(
         reader,
         src,
         out,
         force=opts.force,
-        metadata=_output_metadata(reader, metadata, result, n_bitcos),
+        metadata=output_metadata(reader, metadata, result.converted, n_bitcos),
         tensors=outputs,
         verify=check if opts.verify else None,
         progress=opts.progress,
@@ -250,8 +188,8 @@ def convert(src: Path, out: Path | None = None, options: ConvertOptions | None =
 
 
 def _analyse_all(source: Source, opts: ConvertOptions) -> dict[str, Planned]:
-    """Pass 2 over every candidate, in file order, with the encoding cache's budget; --strict stops at the first
-    ternary tensor that stays."""
+    """Pass 2 over every candidate, in file order, each followed by pass 3 while the encoding cache has room;
+    --strict stops at the first ternary tensor that stays."""
     candidates = [t for t in source.reader.tensors if source.is_candidate(t)]
     bar = tqdm(
         total=sum(int(t.n_bytes) for t in candidates),
@@ -264,9 +202,9 @@ def _analyse_all(source: Source, opts: ConvertOptions) -> dict[str, Planned]:
     cached = 0
     with bar:
         for t in candidates:
-            planned = analyse(source, t, opts, opts.cache_bytes - cached)
-            if planned.encoded is not None:
-                cached += planned.encoded.nbytes
+            planned = analyse(t, opts, opts.cache_bytes - cached)
+            cached += keep(source.path, planned)
+            source.reader.release_pages()
             plan[t.name] = planned
             bar.set_postfix_str(t.name, refresh=False)
             bar.update(int(t.n_bytes))
@@ -277,98 +215,6 @@ def _analyse_all(source: Source, opts: ConvertOptions) -> dict[str, Planned]:
                     f"{source.path}: tensor '{t.name}': ternary but not converted: {r.reason}{hint} (--strict)"
                 )
     return plan
-
-
-def _output_metadata(
-    reader: CheckedGGUFReader, metadata: list[tuple[str, tuple | ValueError]], result: ConvertResult, n_bitcos: int
-) -> list[tuple | ValueError]:
-    """The output's key/values: the source's, general.file_type replaced when anything converted, and the
-    ``bitcos.*`` keys on a file holding BITCOS tensors."""
-    kvs: list[tuple | ValueError] = []
-    for key, kv in metadata:
-        if isinstance(kv, ValueError):
-            kvs.append(kv)
-        elif not (key == "general.file_type" and result.converted):  # replaced: the file is now mostly BITCOS
-            kvs.append((key, *kv))
-    if result.converted:
-        kvs.append(("general.file_type", file_type_of(result.converted), GGUFValueType.UINT32, None))
-    if result.converted or n_bitcos > 0:  # no bitcos.* keys on a file without BITCOS tensors
-        conv_types = {r.src_type for r in result.converted}
-        kvs.append((KEY_FORMAT_VERSION, _file_format_version(reader, result), GGUFValueType.UINT32, None))
-        kvs.append((KEY_CONVERTED_FROM, _merged_converted_from(reader, conv_types), GGUFValueType.STRING, None))
-    return kvs
-
-
-def _converted_outputs(source: Source, t: ReaderTensor, planned: Planned, opts: ConvertOptions) -> list[OutputTensor]:
-    """The weight and companion of a converted tensor: encoded when the weight is written (pipeline.encode:
-    from pass 2's cache or made again), and released after the companion."""
-    held: list[codec.Encoded] = []
-    r = planned.result
-
-    def weight() -> np.ndarray:
-        held.append(encode(source, t, planned, opts))
-        return held[-1].blocks
-
-    def companion() -> np.ndarray:
-        return held.pop().companion.view(np.int8)
-
-    assert r.variant is not None
-    return [
-        OutputTensor(t.name, bitcos_type(r.variant), r.ne, data=weight, progress_bytes=int(t.n_bytes)),
-        OutputTensor(t.name + COMPANION_SUFFIX, COMPANION_TYPE, (r.companion_bytes,), data=companion),
-    ]
-
-
-def verify_output(
-    src_reader: CheckedGGUFReader,
-    out_path: Path,
-    result: ConvertResult,
-    *,
-    progress: bool = True,
-    label: str | None = None,
-) -> None:
-    """Every converted tensor decodes to the source's fp32 bits (−0.0 -> +0.0); others are byte-equal."""
-    label = label or str(out_path)
-
-    def check(r: TensorResult) -> Callable[[ReaderTensor, ReaderTensor, dict[str, ReaderTensor]], None]:
-        def converted(t: ReaderTensor, o: ReaderTensor, out_tensors: dict[str, ReaderTensor]) -> None:
-            comp = out_tensors.get(t.name + COMPANION_SUFFIX)
-            if comp is None or o.tensor_type not in BITCOS_TYPE_IDS:
-                raise ConvertError(f"{label}: tensor '{t.name}': verification failed: not written as BITCOS")
-            ne = tensor_ggml_shape(o)
-            n_rows, k = math.prod(ne[1:]), ne[0]
-            try:
-                dec = codec.decode(
-                    tensor_bytes(o), tensor_bytes(comp), int(o.tensor_type), k, n_rows, codec.n_mats_of(ne)
-                )
-            except codec.FormatError as e:
-                raise ConvertError(f"{label}: tensor '{t.name}': verification failed: {e}") from None
-            if dec.variant != r.variant:
-                raise ConvertError(
-                    f"{label}: tensor '{t.name}': verification failed: written as "
-                    f"{dec.variant.name}, chosen {r.variant.name}"
-                )
-            for s, e in iter_row_chunks(n_rows, k):
-                want = source_float_rows(t, s, e)
-                got = dec.to_float(slice(s, e))
-                # bit-exact up to the sign of zero (FORMAT.md §5): IEEE-equal (so +0 == -0, and a
-                # NaN never matches) and the output never holds -0.0; non-zero equal floats have equal bits
-                if not np.array_equal(got, want) or np.any(got.view(np.uint32) == np.uint32(0x80000000)):
-                    gb, wb = got.view(np.uint32), want.view(np.uint32)
-                    wb = np.where(wb == np.uint32(0x80000000), np.uint32(0), wb)
-                    bad = np.argwhere(gb != wb)[0]
-                    raise ConvertError(
-                        f"{label}: tensor '{t.name}': verification failed: row {s + int(bad[0])} "
-                        f"col {int(bad[1])} decodes to bits 0x{int(gb[tuple(bad)]):08x}, "
-                        f"source 0x{int(wb[tuple(bad)]):08x}"
-                    )
-                del want, got
-
-        return converted
-
-    verify_rewrite(
-        src_reader, out_path, label, rewritten={r.name: check(r) for r in result.converted}, progress=progress
-    )
 
 
 def summarize(result: ConvertResult) -> list[str]:

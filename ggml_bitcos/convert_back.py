@@ -39,7 +39,8 @@ from gguf_tools import CheckedGGUFReader, field_value, open_gguf, tensor_bytes, 
 from . import codec, tq
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_K
 from .rewrite import ConvertError, OutputTensor, check_paths, size_line, verify_rewrite, write_verified
-from .source import check_bitcos_file, source_float_rows
+from .passes.read import check_bitcos_file
+from .source import source_float_rows
 
 # target name -> (ggml type, llama file type written as general.file_type)
 TARGETS: dict[str, tuple[GGMLQuantizationType, LlamaFileType]] = {

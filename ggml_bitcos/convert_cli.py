@@ -10,9 +10,9 @@ from pathlib import Path
 from .convert import convert, summarize
 from .convert_back import KEEP, TARGETS, convert_back, print_summary
 from .format import VERSION, VERSIONS
-from .pipeline import DEFAULT_CACHE_BYTES, ConvertOptions
+from .passes import DEFAULT_CACHE_BYTES, SCALE_CHOICES, ConvertOptions
+from .passes.read import add_i2s_layout_option
 from .rewrite import ConvertError
-from .source import SCALE_CHOICES, add_i2s_layout_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

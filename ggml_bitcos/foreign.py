@@ -1,7 +1,7 @@
 """Ternary GGUF tensor types of other llama.cpp lines, read and written in numpy (docs/FORMAT.md §7.1 has the
 layouts, the forms of each type that are read, and where each fact comes from). Their ids, block sizes and
 forms are ``gguf_tools.type_table``'s (the GGUF layer sizes their tensors); this module decodes and encodes
-them and holds the converter's policy for them.
+them (the converter's policy for them is in its passes: ``passes.read`` refuses, ``passes.analyse`` decides).
 
 Where producers disagree on what a type id means (I2_S's three layouts, Q2_0's legacy group-128 form: the
 table's *forms*), the reader marks each tensor with its form (``SourceTensor.form``); every function
@@ -29,6 +29,7 @@ from typing import Final
 
 import numpy as np
 
+from gguf_tools.reader import tensor_form
 from gguf_tools.type_table import (
     FOREIGN_TYPES,
     I2_S,
@@ -44,13 +45,6 @@ from gguf_tools.type_table import (
     foreign_type,
     form_label,
 )
-
-HADAMARD_KEY_PREFIX: Final = "prism.hadamard."  # Prism's rotated-basis models: need a runtime transform
-
-
-def tensor_form(t) -> str:
-    """The form the reader assigned to a tensor (``SourceTensor.form``; "" for a plain gguf-py tensor)."""
-    return getattr(t, "form", "")
 
 
 # --- 2-bit codes: Q2_0 / PQ2_0 ----------------------------------------------------------------------
@@ -277,122 +271,6 @@ def float_rows(t, raw_rows: np.ndarray, start: int, stop: int) -> np.ndarray:
     return x
 
 
-# --- the converter's policy ------------------------------------------------------------------------
-
-
-def must_convert(t) -> bool:
-    """Tensor ``t`` must become BITCOS: this project's llama.cpp cannot load it as it is (so a BITCOS form
-    larger than the source is still taken: the source form does not run here at all, or is misread there)."""
-    ft = foreign_type(int(t.tensor_type), tensor_form(t))
-    return ft is not None and not ft.loadable
-
-
-def explain(t, result) -> None:
-    """Make the reason of an unconverted foreign-type tensor ``t`` (its ``source.TensorResult``) say what
-    the source layout holds and why BITCOS cannot hold it exactly."""
-    ft = foreign_type(int(t.tensor_type), tensor_form(t))
-    if (
-        ft is None
-        or result.converted
-        or result.grow_kept
-        or not result.reason.startswith(("not ternary", "no variant holds"))
-    ):
-        return
-    raw = np.asarray(t.data).view(np.uint8)
-    rows = math.prod(int(x) for x in t.shape[1:])
-    if ft.type_id in (Q2_0, PQ2_0):
-        codes, d = _q2_decode(raw.reshape(rows, -1), ft.block)
-        if np.any(codes == 2):
-            result.ternary_looking = False
-            result.reason = f"not ternary: {ft.name} code 3 (+2·d) present"
-        elif not np.all(np.isfinite(d)):
-            result.ternary_looking = False
-            result.reason = f"not ternary: non-finite {ft.name} block scale"
-        elif ft.type_id == Q2_0 and ft.loadable:
-            result.ternary_looking = True
-            result.reason = (
-                "Q2_0 block scales (fp16 per 64 weights) differ between the two halves of a "
-                "128-weight block and within rows: no BITCOS variant (one scale per matrix, per "
-                "row, per 256 or per 128 weights) holds them exactly; kept as Q2_0, which "
-                "llama.cpp runs"
-            )
-    elif ft.type_id == I2_S:
-        result.reason = "not ternary: I2_S field 3 (never written by bitnet.cpp) or a non-finite scale"
-    elif ft.type_id == PTQ1_0:
-        result.reason = "not ternary: non-finite PTQ1_0 block scale"
-
-
-def source_problem(reader) -> str | None:
-    """A reason the source cannot be converted to a file this llama.cpp runs correctly, before any work."""
-    for key in reader.fields:
-        if key.startswith(HADAMARD_KEY_PREFIX):
-            return (
-                f"metadata key '{key}': the model's weights are stored in Prism's Hadamard-rotated basis, "
-                f"which needs the activation transform of Prism's llama.cpp fork; this llama.cpp does not "
-                f"apply it, so the converted file (bit-exact weights) would compute a different model"
-            )
-    for t in reader.tensors:
-        if int(t.tensor_type) == I2_S:
-            k = int(t.shape[0])
-            n_rows = math.prod(int(x) for x in t.shape[1:])
-            layout = tensor_form(t) or I2S_DEFAULT_LAYOUT
-            why = i2_s_layout_problem(layout, n_rows, k)
-            if why:
-                fits = [x for x in I2S_LAYOUTS if i2_s_layout_problem(x, n_rows, k) is None]
-                hint = (
-                    f"--i2s-layout {' or '.join(fits)} reads it if the file holds that layout"
-                    if fits
-                    else "no layout of bitnet.cpp's quantizer holds it"
-                )
-                return f"tensor '{t.name}' (I2_S, shape {list(t.shape)}): {why}; {hint}"
-    return None
-
-
-def i2_s_layout_note(reader) -> str | None:
-    """One line saying which I2_S layout a source with I2_S tensors is read in and whether that is an
-    assumption (the file records no layout: FORMAT.md §7.1), or None for a source without I2_S tensors."""
-    if not any(int(t.tensor_type) == I2_S for t in reader.tensors):
-        return None
-    layout = getattr(reader, "i2s_layout", None)
-    if layout:
-        return f"I2_S tensors read in bitnet.cpp's {layout} layout (--i2s-layout {layout})"
-    return (
-        f"I2_S tensors read in bitnet.cpp's {I2S_DEFAULT_LAYOUT} layout, an assumption: the file does not "
-        f"record its layout; a file quantized by an ARM build of bitnet.cpp, or by an x86 build without "
-        f"ACT_PARALLEL, needs --i2s-layout arm or --i2s-layout x86-rows4 (FORMAT.md §7.1)"
-    )
-
-
-def unloadable_left(tensors, plan) -> str | None:
-    """After analysis: the first tensor of a type this llama.cpp cannot load that stays unconverted, as one
-    line (the output would not load), or None. ``tensors``: the source's gguf-py ReaderTensors; ``plan``:
-    name -> (source.TensorResult, ...) of the analyzed candidates."""
-    left = []
-    for t in tensors:
-        if not must_convert(t):
-            continue
-        r = plan.get(t.name, (None,))[0]
-        if r is not None and r.converted:
-            continue
-        if r is not None and r.reason:
-            why = r.reason
-        elif "token_embd" in t.name:
-            why = "a lookup table (GET_ROWS), which BITCOS cannot serve"
-        else:
-            why = f"{len(t.shape)}-D (only 2-D and 3-D weights convert)"
-        left.append((t, why))
-    if not left:
-        return None
-    t, why = left[0]
-    name = form_label(int(t.tensor_type), tensor_form(t))
-    more = f" (and {len(left) - 1} more such tensor(s))" if len(left) > 1 else ""
-    cannot = "would misread" if int(t.tensor_type) == Q2_0 else "cannot load"
-    return (
-        f"tensor '{t.name}' ({name}) cannot become BITCOS: {why}{more}; this llama.cpp {cannot} "
-        f"{name} tensors, so the output would not load right and none is written"
-    )
-
-
 __all__ = [
     "I2_S",
     "Q2_0",
@@ -419,9 +297,4 @@ __all__ = [
     "i2_s_nbytes",
     "i2_s_scale",
     "float_rows",
-    "must_convert",
-    "explain",
-    "source_problem",
-    "i2_s_layout_note",
-    "unloadable_left",
 ]

@@ -39,8 +39,8 @@ from gguf.gguf_reader import ReaderTensor
 from gguf_tools import GGUFError, tensor_bytes, tensor_ggml_shape
 
 from . import codec, ternary
-from .pipeline import open_source
-from .source import add_i2s_layout_option, analyze_tensor
+from .passes.analyse import analyze_tensor
+from .passes.read import add_i2s_layout_option, open_source
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_BITMAP, Variant
 from .info import validate_bitcos_tensor
 
@@ -143,8 +143,8 @@ def _v1_exact(exact_v2: set[Variant], k: int) -> set[Variant]:
 
 
 def collect(path: Path, *, progress: bool = True, i2s_layout: str | None = None) -> ModelStats:
-    """Passes 1 and 2 of the converter (``pipeline``: read + check, analyse) over ``path``, and every BITCOS
-    tensor it already holds validated and measured."""
+    """Passes 1 and 2 of the converter (``passes.read``: read + check, ``passes.analyse``) over ``path``, and
+    every BITCOS tensor it already holds validated and measured."""
     source = open_source(path, i2s_layout, error=GGUFError)
     by_name = {t.name: t for t in source.reader.tensors}
     todo = [t for t in source.reader.tensors if t.tensor_type in BITCOS_TYPE_IDS or source.is_candidate(t)]

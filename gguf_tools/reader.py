@@ -286,6 +286,11 @@ def field_value(field: ReaderField) -> tuple[Any, GGUFValueType, GGUFValueType |
     return field.contents(), main, None
 
 
+def tensor_form(t: ReaderTensor) -> str:
+    """The form the reader assigned to a tensor (``SourceTensor.form``; "" for a plain gguf-py tensor)."""
+    return getattr(t, "form", "")
+
+
 def tensor_ggml_shape(t: ReaderTensor) -> tuple[int, ...]:
     """ggml order (ne0 = row length first)."""
     return tuple(int(x) for x in t.shape)

@@ -390,9 +390,9 @@ KERNELS = kernel_manifest.load()
 
 def variant_build_sources(arch: str) -> list[str]:
     """The files of csrc/ a ggml-cpu variant of `arch` compiles, all with the variant's flags (the ggml-cpu patch
-    globs bitcos-kernels-*.c): every kernel file of the manifest that is for any architecture or for `arch`,
-    and the kernel table."""
-    files = [k.source for k in KERNELS.kernels if k.baseline or k.arch == arch]
+    globs bitcos-kernels-*.c): every kernel file of the manifest (its codes kernel's too) that is for any
+    architecture or for `arch`, and the kernel table."""
+    files = [s for k in KERNELS.kernels if k.baseline or k.arch == arch for s in k.sources]
     return [*dict.fromkeys(files), "bitcos-kernels-table.c"]
 
 
@@ -433,10 +433,12 @@ def build_kernel_program(
         objs.append(str(o))
 
     for k in KERNELS.baseline_kernels:
-        obj(CSRC / k.source, k.ident, [])
+        for n, src in enumerate(k.sources):
+            obj(CSRC / src, f"{k.ident}-{n}", [])
     arch = KERNELS.arch_of_machine(target or os.uname().machine)
     for k in KERNELS.kernels_of(arch) if arch else ():
-        obj(CSRC / k.source, k.ident, list(k.flags))
+        for n, src in enumerate(k.sources):
+            obj(CSRC / src, f"{k.ident}-{n}", list(k.flags))
     if arch and KERNELS.kernels_of(arch):
         base.append("-DBITCOS_KERNELS_PER_FILE_FLAGS=1")
     obj(CSRC / "bitcos-kernels-table.c", "table", [])

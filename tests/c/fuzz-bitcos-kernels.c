@@ -34,7 +34,11 @@
 //   * every kernel of the table this CPU can run (generic always; a SIMD kernel when the CPU has every
 //     extension its file was compiled for) is called through bitcos_kernel_mm, as the ggml glue calls it, and
 //     each float result must equal the generic one bit for bit
-//     (NaN results, which only overflowing extreme scales can make, must be NaN in both).
+//     (NaN results, which only overflowing extreme scales can make, must be NaN in both);
+//   * the 2-bit codes form (bitcos-kernels.h): the run decoded by bitcos_codes_decode and by the generic decode
+//     into a guard-page buffer of exactly nr rows of codes (the same bytes both ways), with the tensor's scales
+//     or, for block scales half of the time, those copied out by bitcos_codes_copy_block_scales; every kernel's
+//     codes kernel, through bitcos_kernel_codes_mm, must give the generic BITCOS kernel's bits.
 // Exit status: 0 when every case matched, 1 on a mismatch (the case and the first differing value printed),
 // a signal / sanitizer report on a bad access.
 #define _GNU_SOURCE
@@ -171,6 +175,73 @@ static float rand_f32_scale(void) {
 typedef const bitcos_kernel * impl;
 
 static uint64_t g_nan_cases = 0;
+
+// 1 when the nc columns of nr results equal ref bit for bit (both NaN counts as equal); else prints the case.
+static int same_as_reference(const case_desc * c, const char * what, const char * name, float * const * dcols,
+                             const float * ref) {
+    for (int64_t col = 0; col < c->nc; ++col) {
+        for (int64_t i = 0; i < c->nr; ++i) {
+            const float want = ref[col * c->nr + i], got = dcols[col][i];
+            uint32_t    a, b;
+            memcpy(&a, &want, 4);
+            memcpy(&b, &got, 4);
+            if (a != b && !(want != want && got != got)) {
+                print_case(stdout, c);
+                printf("MISMATCH %s%s vs generic: column %" PRId64 " row %" PRId64 " (tensor row %" PRId64
+                       "): %a (0x%08x) != %a (0x%08x)\n",
+                       name, what, col, i, c->r0 + i, (double) got, b, (double) want, a);
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+// The codes form of the run w: both decodes, then every kernel's codes kernel against ref (the generic BITCOS
+// kernel's results). Returns 0 when all matched.
+static int run_codes(const case_desc * c, const bitcos_rows * w, const impl * impls, int n_impls,
+                     const bitcos_q8_K * const * ycols, const float * ref) {
+    const size_t rb    = bitcos_codes_row_bytes(c->k);
+    gbuf         codes = galloc(rb * (size_t) c->nr);
+    uint8_t *    plain = malloc(rb * (size_t) c->nr + 1);
+    bitcos_codes_decode(w, 0, c->nr, codes.p, rb);
+    bitcos_codes_decode_generic(w, 0, c->nr, plain, rb);
+    int rc = 0;
+    if (memcmp(codes.p, plain, rb * (size_t) c->nr) != 0) {
+        print_case(stdout, c);
+        printf("MISMATCH bitcos_codes_decode vs bitcos_codes_decode_generic\n");
+        rc = 1;
+    }
+    free(plain);
+    bitcos_codes_rows cw      = bitcos_codes_rows_of(w, codes.p, rb);
+    // block scales copied out at stride 2, half of the time (what a loader does for v1 G128)
+    const int64_t     ns      = w->row_scale ? 0 : ((c->k + QK_BITCOS - 1) / QK_BITCOS) >> w->block_scale_shift;
+    const size_t      cbytes  = ns && (rng_u64() & 1) ? 2 * (size_t) (ns * c->nr) : 0;
+    gbuf              compact = galloc(cbytes);
+    if (cbytes) {
+        bitcos_codes_copy_block_scales(w, 0, c->nr, compact.p);
+        cw.block_scale     = compact.p;
+        cw.scale_stride    = 2;
+        cw.scale_row_bytes = 2 * (size_t) ns;
+    }
+    for (int m = 0; m < n_impls && rc == 0; ++m) {
+        gbuf    dbuf[MAX_COLS];
+        float * dcols[MAX_COLS];
+        for (int64_t col = 0; col < c->nc; ++col) {
+            dbuf[col] = galloc(sizeof(float) * (size_t) c->nr);
+            memset(dbuf[col].p, 0xff, sizeof(float) * (size_t) c->nr);
+            dcols[col] = (float *) (void *) dbuf[col].p;
+        }
+        bitcos_kernel_codes_mm(impls[m], &cw, c->nr, ycols, c->nc, dcols);
+        rc = !same_as_reference(c, cbytes ? " codes (compacted scales)" : " codes", impls[m]->name, dcols, ref);
+        for (int64_t col = 0; col < c->nc; ++col) {
+            gfree(&dbuf[col]);
+        }
+    }
+    gfree(&compact);
+    gfree(&codes);
+    return rc;
+}
 
 // Runs one case; returns 0 when every kernel matched the generic one.
 static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_impls) {
@@ -349,27 +420,12 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
             dcols[col] = (float *) (void *) dbuf[col].p;
         }
         bitcos_kernel_mm(impls[m], &w, c.nr, ycols, c.nc, dcols, NULL);
-        for (int64_t col = 0; col < c.nc && rc == 0; ++col) {
-            for (int64_t i = 0; i < c.nr; ++i) {
-                float *     want = &ref[col * c.nr + i];
-                const float got  = dcols[col][i];
-                if (m == 0) {
-                    *want = got;
-                    continue;
-                }
-                uint32_t a, b;
-                memcpy(&a, want, 4);
-                memcpy(&b, &got, 4);
-                const int both_nan = *want != *want && got != got;
-                if (a != b && !both_nan) {
-                    print_case(stdout, &c);
-                    printf("MISMATCH %s vs generic: column %" PRId64 " row %" PRId64 " (tensor row %" PRId64
-                           "): %a (0x%08x) != %a (0x%08x)\n",
-                           impls[m]->name, col, i, c.r0 + i, (double) got, b, (double) *want, a);
-                    rc = 1;
-                    break;
-                }
+        if (m == 0) {
+            for (int64_t col = 0; col < c.nc; ++col) {
+                memcpy(ref + col * c.nr, dcols[col], sizeof(float) * (size_t) c.nr);
             }
+        } else {
+            rc = !same_as_reference(&c, "", impls[m]->name, dcols, ref);
         }
         if (m == 0) {
             for (int64_t j = 0; j < c.nr * c.nc; ++j) {
@@ -382,6 +438,9 @@ static int run_case(uint64_t seed, uint64_t index, const impl * impls, int n_imp
         for (int64_t col = 0; col < c.nc; ++col) {
             gfree(&dbuf[col]);
         }
+    }
+    if (rc == 0) {
+        rc = run_codes(&c, &w, impls, n_impls, ycols, ref);
     }
     free(ref);
     for (int64_t col = 0; col < c.nc; ++col) {

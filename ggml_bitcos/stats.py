@@ -39,7 +39,7 @@ from gguf.gguf_reader import ReaderTensor
 from gguf_tools import GGUFError, tensor_bytes, tensor_ggml_shape
 
 from . import codec, ternary
-from .passes.analyse import analyze_tensor
+from .passes.analyse import Analysis, analyze_tensor
 from .passes.read import add_i2s_layout_option, open_source
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_BITMAP, Variant
 from .info import validate_bitcos_tensor
@@ -161,7 +161,9 @@ def collect(path: Path, *, progress: bool = True, i2s_layout: str | None = None)
             if t.tensor_type in BITCOS_TYPE_IDS:
                 stats.append(_bitcos_stat(path, t, by_name.get(t.name + COMPANION_SUFFIX)))
             else:
-                stat = _source_stat(path, t)
+                if 0 in tensor_ggml_shape(t):
+                    raise GGUFError(path, f"empty weight: a zero dimension (ne = {list(tensor_ggml_shape(t))})", t.name)
+                stat = _source_stat(analyze_tensor(t, "auto", want_codes=False))
                 if stat is not None:
                     stats.append(stat)
             source.reader.release_pages()
@@ -198,14 +200,11 @@ def _bitcos_stat(path: Path, t: ReaderTensor, comp: ReaderTensor | None) -> Tens
     )
 
 
-def _source_stat(path: Path, t: ReaderTensor) -> TensorStat | None:
-    """A candidate's analysis (convert's, before its grow check): its zeros and its bytes in every variant that
-    holds it exactly; None for a tensor that is not ternary (or cannot be measured)."""
-    ne = tensor_ggml_shape(t)
-    if 0 in ne:
-        raise GGUFError(path, f"empty weight: a zero dimension (ne = {list(ne)})", t.name)
-    a = analyze_tensor(t, "auto", want_codes=False)
+def _source_stat(a: Analysis) -> TensorStat | None:
+    """A candidate's analysis (convert's, before its grow check) as a stat: its zeros and its bytes in every
+    variant that holds it exactly; None for a tensor that is not ternary (or cannot be measured)."""
     r = a.result
+    ne = r.ne
     if not r.measured:
         return None
     assert a.row_nonzero is not None
@@ -213,12 +212,12 @@ def _source_stat(path: Path, t: ReaderTensor) -> TensorStat | None:
     exact_v2 = set(a.exact_bytes)
     vb = _variant_bytes(exact_v2 | _v1_exact(exact_v2, ne[0]), list(ne), r.n_weights - r.n_zeros, g)
     return TensorStat(
-        t.name,
+        r.name,
         r.src_form or r.src_type,
         list(ne),
         r.n_weights,
         r.n_zeros,
-        r.zero_density,
+        r.n_zeros / r.n_weights,  # measured: n_weights > 0
         codec.n_mats_of(ne),
         variant_bytes=vb,
     )

@@ -159,6 +159,7 @@ class Planned:
     encoding cache), then its encoding while the cache holds it."""
 
     result: TensorResult
+    must_convert: bool = False  # its source type does not load here (``must_convert``)
     analysis: Analysis | None = None
     encoded: codec.Encoded | None = None
 
@@ -171,7 +172,7 @@ def analyse(t: ReaderTensor, options: ConvertOptions, cache_left: int) -> Planne
     must = must_convert(t)
     a = analyze_tensor(t, options.scale, options.format_version)
     r = a.result
-    planned = Planned(r)
+    planned = Planned(r, must)
     if r.converted:
         r.out_bytes, r.companion_bytes = encoded_nbytes(a)
         if r.out_bytes > r.src_bytes and not options.force_grow and not must:
@@ -235,9 +236,9 @@ def unloadable_left(tensors: list[ReaderTensor], plan: dict[str, Planned]) -> st
     line (the output would not load), or None. ``tensors``: the source's; ``plan``: the analysed candidates."""
     left = []
     for t in tensors:
-        if not must_convert(t):
-            continue
         entry = plan.get(t.name)
+        if not (entry.must_convert if entry is not None else must_convert(t)):
+            continue
         r = entry.result if entry is not None else None
         if r is not None and r.converted:
             continue

@@ -38,6 +38,32 @@ X86_ALWAYS_INLINE __m256i avx2_codes_half(const __m256i * cv, const int8_t * qs)
     return _mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3));
 }
 
+// How a tile finds a block's scales, a constant per call site (no dispatch per block, as in the BITCOS
+// kernels): row scales, a scale per 256 weights (e0 == e1: no split test), a scale per 128.
+enum { CODES_ROW_SCALES, CODES_PER_256, CODES_PER_128 };
+
+// The fp32 scales of blocks b .. b + 8 of rows i0 .. i0 + R (a scale per 256 weights), one vcvtph2ps per row
+// where 8 are there at stride 2.
+X86_ALWAYS_INLINE void codes_stage_per_256(const bitcos_codes_rows * w, int64_t i0, const int R, int64_t b, int64_t nby,
+                                           float s256[][8]) {
+    for (int r = 0; r < R; ++r) {
+        const uint8_t * e = w->block_scale + (size_t) (i0 + r) * w->scale_row_bytes + (size_t) b * w->scale_stride;
+#    if defined(__F16C__)
+        if (nby - b >= 8 && w->scale_stride == 2) {
+            _mm256_storeu_ps(s256[r], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) e)));
+            continue;
+        }
+#    endif
+        {
+            for (int64_t j = 0; j < 8 && b + j < nby; ++j) {
+                uint16_t h;
+                memcpy(&h, e + (size_t) j * w->scale_stride, 2);
+                s256[r][j] = x86_fp16_to_fp32(h);
+            }
+        }
+    }
+}
+
 // The fp16 block scales e0, e1 of block b of row i (e1 = e0 for a block with one half).
 X86_ALWAYS_INLINE void avx2_block_scales(const bitcos_codes_rows * w, int64_t i, int64_t b, int halves, uint16_t e[2]) {
     const uint8_t * s = w->block_scale + (size_t) i * w->scale_row_bytes;
@@ -48,10 +74,10 @@ X86_ALWAYS_INLINE void avx2_block_scales(const bitcos_codes_rows * w, int64_t i,
     }
 }
 
-// R rows from i0 against C columns from c0; row_scales: the descriptor has row scales (a constant per call site).
+// R rows from i0 against C columns from c0; kind: how it finds the scales.
 X86_ALWAYS_INLINE void avx2_codes_tile(const bitcos_codes_rows * w, int64_t i0, const int R,
                                        const bitcos_q8_K * const * y, int64_t c0, const int C, float * const * dst,
-                                       const int row_scales) {
+                                       const int kind) {
     const int64_t nu = (w->k + QK_BITCOS - 1) / QK_BITCOS, nby = (nu + 1) / 2;
     const __m256i ones16 = _mm256_set1_epi16(1);
     const __m256i half0  = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
@@ -59,10 +85,14 @@ X86_ALWAYS_INLINE void avx2_codes_tile(const bitcos_codes_rows * w, int64_t i0, 
     for (int a = 0; a < R * C; ++a) {
         acc[a] = _mm256_setzero_ps();
     }
+    float s256[CODES_GEMV_ROWS][8]; // CODES_PER_256: the rows' scales of 8 blocks, converted 8 at a time
     for (int64_t b = 0; b < nby; ++b) {
         const int halves = 2 * b + 1 < nu ? 2 : 1;
-        __m256i   Q[CODES_GEMM_COLS];
-        float     yd[CODES_GEMM_COLS];
+        if (kind == CODES_PER_256 && (b & 7) == 0) {
+            codes_stage_per_256(w, i0, R, b, nby, s256);
+        }
+        __m256i Q[CODES_GEMM_COLS];
+        float   yd[CODES_GEMM_COLS];
         for (int c = 0; c < C; ++c) {
             const bitcos_q8_K * yb = &y[c0 + c][b];
             Q[c]                   = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) yb->bsums), ones16);
@@ -76,11 +106,13 @@ X86_ALWAYS_INLINE void avx2_codes_tile(const bitcos_codes_rows * w, int64_t i0, 
             __m256i       cv[8];
             avx2_codes_block(w->codes + (size_t) i * w->row_bytes + (size_t) b * BITCOS_CODES_BLOCK_BYTES, halves, cv);
             uint16_t e[2] = { 0, 0 };
-            if (!row_scales) {
+            if (kind == CODES_PER_128) {
                 avx2_block_scales(w, i, b, halves, e);
             }
-            const float s = row_scales ? w->row_scale[i] : x86_fp16_to_fp32(e[0]);
-            if (row_scales || e[0] == e[1]) {
+            const float s = kind == CODES_ROW_SCALES ? w->row_scale[i] :
+                            kind == CODES_PER_256    ? s256[r][b & 7] :
+                                                       x86_fp16_to_fp32(e[0]);
+            if (kind != CODES_PER_128 || e[0] == e[1]) {
                 for (int c = 0; c < C; ++c) {
                     const int8_t * qs = y[c0 + c][b].qs;
                     __m256i        p  = avx2_codes_half(cv, qs);
@@ -115,41 +147,48 @@ X86_ALWAYS_INLINE void avx2_codes_tile(const bitcos_codes_rows * w, int64_t i0, 
 
 // Every row tile of columns c0 .. c0 + C.
 X86_ALWAYS_INLINE void avx2_codes_cols(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y,
-                                       int64_t c0, const int C, float * const * dst, const int row_scales) {
+                                       int64_t c0, const int C, float * const * dst, const int kind) {
     const int R = C == 1 ? CODES_GEMV_ROWS : CODES_GEMM_ROWS;
     int64_t   i = 0;
     for (; i + R <= nr; i += R) {
-        avx2_codes_tile(w, i, R, y, c0, C, dst, row_scales);
+        avx2_codes_tile(w, i, R, y, c0, C, dst, kind);
     }
     for (; i < nr; ++i) {
-        avx2_codes_tile(w, i, 1, y, c0, C, dst, row_scales);
+        avx2_codes_tile(w, i, 1, y, c0, C, dst, kind);
     }
 }
 
 static void avx2_codes_mm(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                          float * const * dst, const int row_scales) {
+                          float * const * dst, const int kind) {
     int64_t c = 0;
     for (; c + CODES_GEMM_COLS <= nc; c += CODES_GEMM_COLS) {
-        avx2_codes_cols(w, nr, y, c, CODES_GEMM_COLS, dst, row_scales);
+        avx2_codes_cols(w, nr, y, c, CODES_GEMM_COLS, dst, kind);
     }
     for (; c < nc; ++c) {
-        avx2_codes_cols(w, nr, y, c, 1, dst, row_scales);
+        avx2_codes_cols(w, nr, y, c, 1, dst, kind);
     }
 }
 
 static void avx2_codes_mm_row(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                               float * const * dst) {
-    avx2_codes_mm(w, nr, y, nc, dst, 1);
+    avx2_codes_mm(w, nr, y, nc, dst, CODES_ROW_SCALES);
+}
+
+static void avx2_codes_mm_per_256(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                                  float * const * dst) {
+    avx2_codes_mm(w, nr, y, nc, dst, CODES_PER_256);
 }
 
 static void avx2_codes_mm_block(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                                 float * const * dst) {
-    avx2_codes_mm(w, nr, y, nc, dst, 0);
+    avx2_codes_mm(w, nr, y, nc, dst, CODES_PER_128);
 }
 
 void bitcos_codes_mm_avx2(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                           float * const * dst) {
-    (w->row_scale != NULL ? avx2_codes_mm_row : avx2_codes_mm_block)(w, nr, y, nc, dst);
+    (w->row_scale != NULL      ? avx2_codes_mm_row :
+     w->block_scale_shift == 1 ? avx2_codes_mm_per_256 :
+                                 avx2_codes_mm_block)(w, nr, y, nc, dst);
 }
 
 #endif

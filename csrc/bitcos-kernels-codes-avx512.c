@@ -13,7 +13,7 @@
 
 #    include "bitcos-kernels-x86.h"
 
-#    define CODES_GEMV_ROWS 4
+#    define CODES_GEMV_ROWS 8
 #    define CODES_GEMM_ROWS 2
 #    define CODES_GEMM_COLS 4
 
@@ -45,6 +45,32 @@ X86_ALWAYS_INLINE __m256i avx512_codes_fold(__m512i d) {
     return _mm256_add_epi32(_mm512_castsi512_si256(d), _mm512_extracti64x4_epi64(d, 1));
 }
 
+// How a tile finds a block's scales, a constant per call site: row scales, a scale per 256 weights (e0 == e1: no
+// split test), a scale per 128.
+enum { CODES_ROW_SCALES, CODES_PER_256, CODES_PER_128 };
+
+// The fp32 scales of blocks b .. b + 8 of rows i0 .. i0 + R (a scale per 256 weights), one vcvtph2ps per row
+// where 8 are there at stride 2.
+X86_ALWAYS_INLINE void codes_stage_per_256(const bitcos_codes_rows * w, int64_t i0, const int R, int64_t b, int64_t nby,
+                                           float s256[][8]) {
+    for (int r = 0; r < R; ++r) {
+        const uint8_t * e = w->block_scale + (size_t) (i0 + r) * w->scale_row_bytes + (size_t) b * w->scale_stride;
+#    if defined(__F16C__)
+        if (nby - b >= 8 && w->scale_stride == 2) {
+            _mm256_storeu_ps(s256[r], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) e)));
+            continue;
+        }
+#    endif
+        {
+            for (int64_t j = 0; j < 8 && b + j < nby; ++j) {
+                uint16_t h;
+                memcpy(&h, e + (size_t) j * w->scale_stride, 2);
+                s256[r][j] = x86_fp16_to_fp32(h);
+            }
+        }
+    }
+}
+
 X86_ALWAYS_INLINE void avx512_block_scales(const bitcos_codes_rows * w, int64_t i, int64_t b, int halves,
                                            uint16_t e[2]) {
     const uint8_t * s = w->block_scale + (size_t) i * w->scale_row_bytes;
@@ -57,7 +83,7 @@ X86_ALWAYS_INLINE void avx512_block_scales(const bitcos_codes_rows * w, int64_t 
 
 X86_ALWAYS_INLINE void avx512_codes_tile(const bitcos_codes_rows * w, int64_t i0, const int R,
                                          const bitcos_q8_K * const * y, int64_t c0, const int C, float * const * dst,
-                                         const int row_scales) {
+                                         const int kind) {
     const int64_t nu = (w->k + QK_BITCOS - 1) / QK_BITCOS, nby = (nu + 1) / 2;
     const __m256i ones16 = _mm256_set1_epi16(1);
     const __m256i half0  = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
@@ -65,10 +91,14 @@ X86_ALWAYS_INLINE void avx512_codes_tile(const bitcos_codes_rows * w, int64_t i0
     for (int a = 0; a < R * C; ++a) {
         acc[a] = _mm256_setzero_ps();
     }
+    float s256[CODES_GEMV_ROWS][8]; // CODES_PER_256: the rows' scales of 8 blocks, converted 8 at a time
     for (int64_t b = 0; b < nby; ++b) {
         const int halves = 2 * b + 1 < nu ? 2 : 1;
-        __m256i   Q[CODES_GEMM_COLS];
-        float     yd[CODES_GEMM_COLS];
+        if (kind == CODES_PER_256 && (b & 7) == 0) {
+            codes_stage_per_256(w, i0, R, b, nby, s256);
+        }
+        __m256i Q[CODES_GEMM_COLS];
+        float   yd[CODES_GEMM_COLS];
         for (int c = 0; c < C; ++c) {
             const bitcos_q8_K * yb = &y[c0 + c][b];
             Q[c]                   = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) yb->bsums), ones16);
@@ -86,11 +116,13 @@ X86_ALWAYS_INLINE void avx512_codes_tile(const bitcos_codes_rows * w, int64_t i0
                 avx512_codes_half(blk + 32, z + 2);
             }
             uint16_t e[2] = { 0, 0 };
-            if (!row_scales) {
+            if (kind == CODES_PER_128) {
                 avx512_block_scales(w, i, b, halves, e);
             }
-            const float s = row_scales ? w->row_scale[i] : x86_fp16_to_fp32(e[0]);
-            if (row_scales || e[0] == e[1]) {
+            const float s = kind == CODES_ROW_SCALES ? w->row_scale[i] :
+                            kind == CODES_PER_256    ? s256[r][b & 7] :
+                                                       x86_fp16_to_fp32(e[0]);
+            if (kind != CODES_PER_128 || e[0] == e[1]) {
                 for (int c = 0; c < C; ++c) {
                     const int8_t * qs = y[c0 + c][b].qs;
                     __m512i        d  = avx512_codes_dot(z, qs);
@@ -124,41 +156,48 @@ X86_ALWAYS_INLINE void avx512_codes_tile(const bitcos_codes_rows * w, int64_t i0
 }
 
 X86_ALWAYS_INLINE void avx512_codes_cols(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y,
-                                         int64_t c0, const int C, float * const * dst, const int row_scales) {
+                                         int64_t c0, const int C, float * const * dst, const int kind) {
     const int R = C == 1 ? CODES_GEMV_ROWS : CODES_GEMM_ROWS;
     int64_t   i = 0;
     for (; i + R <= nr; i += R) {
-        avx512_codes_tile(w, i, R, y, c0, C, dst, row_scales);
+        avx512_codes_tile(w, i, R, y, c0, C, dst, kind);
     }
     for (; i < nr; ++i) {
-        avx512_codes_tile(w, i, 1, y, c0, C, dst, row_scales);
+        avx512_codes_tile(w, i, 1, y, c0, C, dst, kind);
     }
 }
 
 static void avx512_codes_mm(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
-                            float * const * dst, const int row_scales) {
+                            float * const * dst, const int kind) {
     int64_t c = 0;
     for (; c + CODES_GEMM_COLS <= nc; c += CODES_GEMM_COLS) {
-        avx512_codes_cols(w, nr, y, c, CODES_GEMM_COLS, dst, row_scales);
+        avx512_codes_cols(w, nr, y, c, CODES_GEMM_COLS, dst, kind);
     }
     for (; c < nc; ++c) {
-        avx512_codes_cols(w, nr, y, c, 1, dst, row_scales);
+        avx512_codes_cols(w, nr, y, c, 1, dst, kind);
     }
 }
 
 static void avx512_codes_mm_row(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                                 float * const * dst) {
-    avx512_codes_mm(w, nr, y, nc, dst, 1);
+    avx512_codes_mm(w, nr, y, nc, dst, CODES_ROW_SCALES);
+}
+
+static void avx512_codes_mm_per_256(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
+                                    float * const * dst) {
+    avx512_codes_mm(w, nr, y, nc, dst, CODES_PER_256);
 }
 
 static void avx512_codes_mm_block(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                                   float * const * dst) {
-    avx512_codes_mm(w, nr, y, nc, dst, 0);
+    avx512_codes_mm(w, nr, y, nc, dst, CODES_PER_128);
 }
 
 void bitcos_codes_mm_avx512(const bitcos_codes_rows * w, int64_t nr, const bitcos_q8_K * const * y, int64_t nc,
                             float * const * dst) {
-    (w->row_scale != NULL ? avx512_codes_mm_row : avx512_codes_mm_block)(w, nr, y, nc, dst);
+    (w->row_scale != NULL      ? avx512_codes_mm_row :
+     w->block_scale_shift == 1 ? avx512_codes_mm_per_256 :
+                                 avx512_codes_mm_block)(w, nr, y, nc, dst);
 }
 
 #endif

@@ -114,6 +114,8 @@ X86_ALWAYS_INLINE void avx512_codes_tile(const bitcos_codes_rows * w, int64_t i0
             avx512_codes_half(blk, z);
             if (halves == 2) {
                 avx512_codes_half(blk + 32, z + 2);
+            } else {
+                z[2] = z[3] = _mm512_setzero_si512(); // never read; keeps GCC's -Wmaybe-uninitialized quiet
             }
             uint16_t e[2] = { 0, 0 };
             if (kind == CODES_PER_128) {

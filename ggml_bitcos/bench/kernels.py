@@ -8,6 +8,10 @@ rdtsc counts reference cycles at the constant TSC frequency, which equals core c
 runs at its nominal clock (see docs/KERNELS.md).
 
     ggml-bitcos bench kernels [--rows 16] [--k 2048] [--nc 1,4,16] [--z 0,0.4,0.95] [--variant g128] [--no-fma]
+                              [--no-codes]
+
+Each kernel is timed on the BITCOS weight and, as NAME/2bit, on the same weight decoded into the 2-bit codes
+form (docs/KERNELS.md §8), in the same rounds, with the per-round ratio 2bit / BITCOS.
 
 Variants (FORMAT.md §4.2): g128 and pt (version 1), matrix, row, b128, b256 (version 2); a comma list times
 several, each on its own table. --k must be a multiple of the variant's row-length multiple (32 for matrix /
@@ -34,6 +38,7 @@ from ggml_bitcos.ternary import random_codes
 
 
 VARIANT_NAMES: Final = tuple(v.name.lower() for v in Variant)
+CODES_SUFFIX: Final = "/2bit"  # a kernel's codes-form column: "avx512/2bit"
 
 
 def parse_variants(text: str) -> list[Variant]:
@@ -78,13 +83,15 @@ def measure(
     seed: int = 0,
     fma: bool = True,
     rounds: int = 3,
+    codes_form: bool = False,
 ) -> list[KernelTiming]:
     """Times every (z, nc, impl) on the same random matrix and activations per (z, nc): `rounds` rounds, each
     timing every implementation with `reps` calls in turn (generic, avx2, avx512, generic, ...).
 
     Block scales (G128, B128, B256) are random, so nearly every Q8_K block of G128 / B128 has two different
     half scales (the contract's two-FMA case); a tensor converted from TQ2_0 has equal halves and runs slightly
-    faster (B256 always has: one scale per Q8_K block). ROW gets random row scales, PT / MATRIX one scale."""
+    faster (B256 always has: one scale per Q8_K block). ROW gets random row scales, PT / MATRIX one scale.
+    `codes_form`: also time each kernel's codes-form kernel on the weight decoded (as impl + CODES_SUFFIX)."""
     rng = np.random.default_rng(seed)
     variant = Variant(variant)
     vname = variant.name.lower()
@@ -98,6 +105,8 @@ def measure(
         )
         row_scales = rng.uniform(0.05, 2.0, size=rows).astype(np.float32) if variant is Variant.ROW else None
         w = harness.encode_rows(codes, variant, block_scales=block_scales, scale=0.5, row_scales=row_scales)
+        w2 = harness.decode_codes(w, fma=fma)
+        timed = impls + [i + CODES_SUFFIX for i in impls] if codes_form else list(impls)
         for nc in ncs:
             y = random_q8k(rng, nc, k)
             units = rows * k * nc / 32.0
@@ -107,12 +116,22 @@ def measure(
                     harness.mm(impl, w, y, fma).view(np.uint32), reference.view(np.uint32)
                 ):
                     raise RuntimeError(f"{impl} differs from generic (z={z}, nc={nc}): not timing a wrong kernel")
-            per_round: dict[str, list[np.ndarray]] = {impl: [] for impl in impls}
+                if codes_form and not np.array_equal(
+                    harness.codes_mm(impl, w2, y, fma).view(np.uint32), reference.view(np.uint32)
+                ):
+                    raise RuntimeError(f"{impl}{CODES_SUFFIX} differs from generic (z={z}, nc={nc})")
+            per_round: dict[str, list[np.ndarray]] = {impl: [] for impl in timed}
             for _ in range(rounds):
-                for impl in impls:
-                    n = generic_reps(reps) if impl == "generic" else reps
-                    per_round[impl].append(harness.time_mm(impl, w, y, n, fma).astype(np.float64) / units)
-            for impl in impls:
+                for impl in timed:
+                    kernel = impl.removesuffix(CODES_SUFFIX)
+                    n = generic_reps(reps) if kernel == "generic" else reps
+                    t = (
+                        harness.time_codes_mm(kernel, w2, y, n, fma)
+                        if impl.endswith(CODES_SUFFIX)
+                        else harness.time_mm(kernel, w, y, n, fma)
+                    )
+                    per_round[impl].append(t.astype(np.float64) / units)
+            for impl in timed:
                 medians = tuple(float(np.median(t)) for t in per_round[impl])
                 mins = tuple(float(t.min()) for t in per_round[impl])
                 out.append(
@@ -145,7 +164,7 @@ def gamma_l1(
 def format_table(timings: list[KernelTiming], impls: list[str], stat: str = "median") -> str:
     """Text table of ticks per 32 weights per (z, nc), one column per implementation, with the speed-ups
     over the generic kernel when it was timed (median of the per-round speed-ups with their range, or
-    "within noise")."""
+    "within noise"), and of each codes-form column over its kernel on the BITCOS weight."""
     head = f"{'z':>5} {'nc':>4} " + " ".join(f"{i:>9}" for i in impls)
     speedups = "generic" in impls and len(impls) > 1
     if speedups:
@@ -159,7 +178,16 @@ def format_table(timings: list[KernelTiming], impls: list[str], stat: str = "med
         line = f"{z:5.2f} {nc:4d} " + " ".join(f"{value[i]:9.3f}" for i in impls)
         if speedups:
             line += "   " + "  ".join(
-                f"{i}: {timing.time_ratio(per_round['generic'], per_round[i]).cell()}" for i in impls if i != "generic"
+                f"{i}: {timing.time_ratio(per_round['generic'], per_round[i]).cell()}"
+                for i in impls
+                if i != "generic" and not i.endswith(CODES_SUFFIX)
+            )
+        codes = [i for i in impls if i.endswith(CODES_SUFFIX) and i.removesuffix(CODES_SUFFIX) in per_round]
+        if codes:
+            line += "   2bit vs BITCOS: " + "  ".join(
+                f"{i.removesuffix(CODES_SUFFIX)}: "
+                f"{timing.time_ratio(per_round[i.removesuffix(CODES_SUFFIX)], per_round[i]).cell()}"
+                for i in codes
             )
         lines.append(line)
     return "\n".join(lines)
@@ -199,6 +227,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON records (median and min) instead of the table")
     p.add_argument(
+        "--no-codes",
+        action="store_true",
+        help="time the kernels on the BITCOS weight only, not also on its 2-bit codes form (NAME/2bit)",
+    )
+    p.add_argument(
         "--no-fma",
         action="store_true",
         help="time the BITCOS_FMA=0 build (multiply, then add) instead of the fused one",
@@ -230,9 +263,21 @@ def run(args: argparse.Namespace) -> int:
     impls = [i for i in wanted if harness.available(i, fma)]
     skipped = [i for i in wanted if i not in impls]
     timings = {
-        v: measure(impls, v, args.rows, args.k, args.nc, args.z, args.reps, fma=fma, rounds=args.rounds)
+        v: measure(
+            impls,
+            v,
+            args.rows,
+            args.k,
+            args.nc,
+            args.z,
+            args.reps,
+            fma=fma,
+            rounds=args.rounds,
+            codes_form=not args.no_codes,
+        )
         for v in args.variant
     }
+    columns = impls if args.no_codes else impls + [i + CODES_SUFFIX for i in impls]
     if args.json:
         print(json.dumps([asdict(t) for ts in timings.values() for t in ts], indent=1))
         return 0
@@ -245,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
             f"TSC ticks per 32 weights per column ({args.stat} over {args.rounds} rounds of {args.reps} calls; "
             f"generic {generic_reps(args.reps)}), BITCOS_FMA={int(fma)}"
         )
-        print(format_table(ts, impls, args.stat))
+        print(format_table(ts, columns, args.stat))
     return 0
 
 

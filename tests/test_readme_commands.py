@@ -5,9 +5,9 @@ The commands are read from the fenced ```sh blocks of README.md and of docs/INST
 README sends builds for other CPUs to). HOW says how each one runs; the fast test fails when a document shows a
 command HOW does not cover, or HOW keeps one no document shows any more, so the docs and this test move together.
 A command runs verbatim unless HOW gives the command line it runs instead and why (a chat tool made single-turn, a
-generation bounded, a server's port made free). The placeholders are made in the folder first: model-tq2_0.gguf,
-model.gguf (TQ2_0), model-f16.gguf, model-bitcos.gguf (converted) and bitnet-i2_s.gguf (bitnet.cpp's I2_S in the
-ARM layout); each command runs in a fresh folder with copies of them, DIR linked to a folder shared by the
+generation bounded, a server's port made free). The placeholders are made first: model-tq2_0.gguf, model.gguf
+(TQ2_0), model-f16.gguf, model-bitcos.gguf (converted) and bitnet-i2_s.gguf (bitnet.cpp's I2_S in the ARM
+layout); each command runs in a fresh folder with copies of those it names, DIR linked to a folder shared by the
 commands that build into it and run from it.
 
 The runs are slow (GGML_BITCOS_SLOW=1): the venv install (~2 min with the warm cache ~/.cache/ggml-bitcos), the
@@ -308,11 +308,15 @@ def placeholders(venv: Path, user_env: dict[str, str], tmp_path_factory: pytest.
 
 
 def _folder(base: Path, placeholders: Path, command: str, how: How) -> Path:
-    """A fresh folder for the command with copies of the placeholders and DIR linked to its shared folder."""
+    """A fresh folder for the command with copies of the placeholders it names (only those: a file it writes by
+    default may be another one's name, e.g. convert --to tq2_0 model-bitcos.gguf writes model-tq2_0.gguf) and DIR
+    linked to its shared folder."""
     cwd = base / f"cmd-{list(HOW).index(command)}"
     cwd.mkdir()
+    named = set(re.findall(r"[\w.-]+\.gguf", how.run or command))
     for p in placeholders.iterdir():
-        shutil.copy2(p, cwd / p.name)
+        if p.name in named:
+            shutil.copy2(p, cwd / p.name)
     if how.dir is not None:
         shared = base / "shared" / how.dir
         shared.mkdir(parents=True, exist_ok=True)

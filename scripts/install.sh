@@ -2,7 +2,7 @@
 # Installs everything ggml-bitcos needs on a fresh Debian machine with Python >= 3.10:
 #   1. system packages when missing and we are root (ccache; gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu and
 #      qemu-user for the aarch64 kernel tests and the aarch64 llama.cpp build; llvm-19 and clang-19 for
-#      the static model `bench mca`; with -DGGML_VULKAN=ON in
+#      the static model `python3 -m dev.mca`; with -DGGML_VULKAN=ON in
 #      CMAKE_ARGS also glslc, libvulkan-dev, mesa-vulkan-drivers, spirv-tools/-headers, glslang-tools),
 #   2. the tools the test suite uses (pytest, matplotlib, cmake, ninja, the pinned ruff and clang-format, ...),
 #   3. `pip install .`: this package, whose build (buildsys/ggml_bitcos_backend.py) builds the patched llama.cpp
@@ -23,7 +23,7 @@ command -v ccache >/dev/null 2>&1 || apt_packages+=(ccache)
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || apt_packages+=(gcc-aarch64-linux-gnu)
 command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || apt_packages+=(g++-aarch64-linux-gnu)
 command -v qemu-aarch64 >/dev/null 2>&1 || apt_packages+=(qemu-user)
-# llvm-mca and the compiler whose hot loops it models (`ggml-bitcos bench mca`, tests/test_bench_mca.py)
+# llvm-mca and the compiler whose hot loops it models (`python3 -m dev.mca`, tests/test_bench_mca.py)
 command -v llvm-mca-19 >/dev/null 2>&1 || apt_packages+=(llvm-19)
 command -v clang-19 >/dev/null 2>&1 || apt_packages+=(clang-19)
 case " ${CMAKE_ARGS:-} " in

@@ -24,7 +24,7 @@
 // gen.inc, taken from bitcos-format.h): BITCOS_G128, BITCOS_PT or BITCOS_V2, BITCOS_BLOCK_U16 (block size in
 // u16), BITCOS_SCALE_U16 (G128: where d is), BITCOS_HDR_* (header field offsets), BITCOS_VARIANT_*.
 
-// For `ggml-bitcos bench gpu-isa` (ggml_bitcos/bench/gpu_isa.py): the superblock loop is the hot loop, 16
+// For `python3 -m dev.gpu_isa` (dev/gpu_isa.py): the superblock loop is the hot loop, 16
 // weights per lane and row an iteration; inside it the row loop and each row's recount of the step's superblocks.
 // gpu-isa: weights-per-iteration = 16 * NUM_ROWS; inner-trips = NUM_ROWS, BLOCK_SIZE / 16
 

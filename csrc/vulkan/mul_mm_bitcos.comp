@@ -16,7 +16,7 @@
 // Defines from the generator (bitcos-vulkan-shaders-gen.inc): BITCOS_G128, BITCOS_PT or BITCOS_V2,
 // BITCOS_BLOCK_U16, BITCOS_SCALE_U16, BITCOS_HDR_*, BITCOS_VARIANT_*.
 
-// For `ggml-bitcos bench gpu-isa --prompt`: the K-step loop is the hot loop, a lane's share of a step TM x TK / 64
+// For `python3 -m dev.gpu_isa --prompt`: the K-step loop is the hot loop, a lane's share of a step TM x TK / 64
 // weights times TN columns; RADV unrolls the 32-trip decode and staging loops and the multiply loop.
 // gpu-isa: weights-per-iteration = TM * TK / 64; columns = TN; inner-trips =
 #define TM 32   // rows per tile

@@ -111,6 +111,9 @@ prepare)
     mkdir -p .gpu/kernels && cp .gpu/kernels-build/libbitcos_kernels*.so .gpu/kernels/ && rm -rf .gpu/kernels-build
     # the CUDA kernels' standalone test program for the H200 (sm_90), driven there by tests/test_cuda.py
     nvcc -std=c++17 -O2 -arch=sm_90 -Icsrc -Icsrc/cuda tests/cuda/test-bitcos-cuda.cu -o .gpu/test-bitcos-cuda
+    # the vocab-only GGUFs of the pinned sdist (make-model's tokenizers): the GPU machine cannot fetch the sdist
+    mkdir -p .gpu/cache
+    python3 -c 'from ggml_bitcos.upstream import vocab_gguf; import shutil, sys; [shutil.copy(vocab_gguf(v), sys.argv[1]) for v in ("llama-spm", "llama-bpe")]' .gpu/cache
     python3 -m pip download -q --no-deps -d .gpu/wheels pytest pluggy iniconfig packaging
     python3 -m pip download -q --no-deps -d .gpu/wheels "gguf==0.19.0" tqdm
     o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
@@ -183,6 +186,9 @@ run)
     nvidia-smi > "$logs/nvidia-smi.txt" 2>&1 || true
     export BITCOS_KERNELS_LIB=$PWD/.gpu/kernels/libbitcos_kernels.so BITCOS_KERNELS_NOFMA_LIB=$PWD/.gpu/kernels/libbitcos_kernels_nofma.so
     pydeps=$pkgs/pydeps
+    # make-model's vocab GGUFs come from the carried cache, copied so the run's own files stay outside the checkout
+    mkdir -p /tmp/gpu-session-cache && cp .gpu/cache/*.gguf /tmp/gpu-session-cache/
+    export GGML_BITCOS_CACHE=/tmp/gpu-session-cache
 
     # the tools each step runs (each in a child bash, PYTHONPATH naming the llama_cpp package of its backend)
     cuda_env() { export PYTHONPATH="$PWD:$pkgs/cuda-py:$pydeps"; }

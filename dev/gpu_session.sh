@@ -115,7 +115,8 @@ prepare)
     mkdir -p .gpu/cache
     python3 -c 'from ggml_bitcos.upstream import vocab_gguf; import shutil, sys; [shutil.copy(vocab_gguf(v), sys.argv[1]) for v in ("llama-spm", "llama-bpe")]' .gpu/cache
     python3 -m pip download -q --no-deps -d .gpu/wheels pytest pluggy iniconfig packaging
-    python3 -m pip download -q --no-deps -d .gpu/wheels "gguf==0.19.0" tqdm
+    # llama_cpp imports diskcache (the GPU image has numpy, jinja2 and typing-extensions)
+    python3 -m pip download -q --no-deps -d .gpu/wheels "gguf==0.19.0" tqdm diskcache
     o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
     mkdir -p /tmp/amd64/partial
     apt-get $o update -qq

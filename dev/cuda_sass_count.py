@@ -8,7 +8,7 @@ inner loop's body times its trip count), divided by the weights one lane handles
 instructions issue too, so they count; both arms of a branch inside the loop count (an upper bound where
 the loop has such branches: the report says how many it has).
 
-Targets (what the numbers in docs/PERFORMANCE.md §5c were measured with):
+Targets (what the numbers in docs/GPU.md §3 were measured with):
   bitcos  the BITCOS mat-vec, tests/cuda/test-bitcos-cuda.cu's instance for one activation column; hot loop:
           the loop holding the warp prefix sum (SHFL.UP): two 32-bit bitmap words (64 weights) per lane per
           iteration (one word at commit fa24b23 and before); of its per-layout loops the cheapest, the

@@ -22,7 +22,7 @@ Memory: one tensor at a time. Every array of a tensor is released before the nex
 memory-mapped files' pages are dropped from the process after each tensor (``release_pages``), so the peak
 resident memory is the interpreter and the parsed metadata, plus the encoding cache (at most
 ``DEFAULT_CACHE_BYTES``), plus the working set of the largest converted tensor (about 6 bytes per weight:
-the int8 codes and the encoder's / decoder's bitmaps, sign bits and fp32 row chunks); README "Memory".
+the int8 codes and the encoder's / decoder's bitmaps, sign bits and fp32 row chunks); docs/USAGE.md §4.
 
 Crash safety: the output is written by ``gguf_tools.GGUFStreamWriter`` (temporary file under ``flock``,
 fsync, atomic rename, folder fsync; stale temporary files of killed runs removed by the next run).
@@ -70,7 +70,7 @@ class ConvertResult:
     notes: list[str] = field(default_factory=list)  # how the source was read (forms, I2_S layout)
     layout_assumed: bool = False  # its I2_S tensors were read in the default layout, which the file does not record
     seconds: dict[str, float] = field(default_factory=dict)
-    removed_stale: list[Path] = field(default_factory=list)  # temp files of killed runs removed (README)
+    removed_stale: list[Path] = field(default_factory=list)  # temp files of killed runs removed (docs/USAGE.md §3)
 
     @property
     def converted(self) -> list[TensorResult]:

@@ -1,5 +1,5 @@
 """The one safe rewrite of a GGUF file that ``convert`` and ``convert --to`` share: the paths checked, the output
-written tensor by tensor through ``gguf_tools.GGUFStreamWriter`` into a temporary file (README "Crash safety"),
+written tensor by tensor through ``gguf_tools.GGUFStreamWriter`` into a temporary file (docs/USAGE.md §3),
 verified there against the source, and only then renamed onto the target; any failure removes the temporary
 file and becomes one ``ConvertError`` line naming the file.
 

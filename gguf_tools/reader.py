@@ -2,7 +2,7 @@
 
 gguf-py parses the header, metadata and tensor infos. This module adds what a command-line tool needs on
 top: the BITCOS and foreign types registered (``gguf_tools.types``), and before any tensor is trusted the
-checks gguf.cpp applies (README "Foreign inputs", FORMAT.md §7.1): every tensor's type id known, its row
+checks gguf.cpp applies (docs/USAGE.md §1, FORMAT.md §7.1): every tensor's type id known, its row
 length a multiple of its block, and its data where its type and shape put it — offsets aligned, each
 tensor's data starting exactly where the previous one's (padded) ends, in the order of the tensor infos,
 inside the file, and nothing after the last one but its padding. gguf-py itself only checks that its views

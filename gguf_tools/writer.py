@@ -6,7 +6,7 @@ tensor referenced until the end. Its lower-level API streams instead: declare al
 the tensor data one tensor at a time (``write_tensor_data``), in declaration order. ``GGUFStreamWriter``
 wraps that flow, so at most one tensor's data (or a memory-mapped view of it) is alive at a time.
 
-Crash safety (the one safe-write path of ``convert`` and ``convert --to``; README "Crash safety"):
+Crash safety (the one safe-write path of ``convert`` and ``convert --to``; docs/USAGE.md §3):
 
 * the file is written to a temporary file in the target folder, ``.NAME.PID.RANDOM.bitcos.tmp``, created
   with ``O_EXCL`` and held under an exclusive ``flock`` for the writer's whole life;

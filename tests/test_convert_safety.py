@@ -6,7 +6,7 @@
   removes the stale temporary files and keeps every temporary file it cannot prove is a stale one of its own
   (a live process's, another output's, one under a live ``flock``, one that is no GGUF file);
 * the folder is fsynced after the rename (``convert`` and ``convert --to``: one safe-write path);
-* peak resident memory of a subprocess convert stays under the bound stated in README "Memory"
+* peak resident memory of a subprocess convert stays under the bound stated in docs/USAGE.md §4
   (``bound_bytes`` below) on a model whose input is far larger than that bound.
 """
 
@@ -39,7 +39,7 @@ from gguf_tools.writer import TEMP_SUFFIX, remove_stale_temps
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# README "Memory": peak RSS <= BASE_BYTES + the encoding cache + WORKING_SET_PER_WEIGHT x the weights of the
+# docs/USAGE.md §4: peak RSS <= BASE_BYTES + the encoding cache + WORKING_SET_PER_WEIGHT x the weights of the
 # largest tensor convert decodes (the bytes of the largest copied tensor count at 1/8 of that per byte).
 BASE_BYTES = 160 << 20
 WORKING_SET_PER_WEIGHT = 8

@@ -13,7 +13,7 @@
 //    nibble and 4 sign bits; a table in shared memory returns the 4 codes as packed int8 (one 32-bit load).
 //  * Mat-vec (decode, up to 8 columns): int8 activations per 32 and dp4a, two words per lane, two per-lane
 //    tables (leading / trailing sign windows at byte boundaries) so that the decode costs about one
-//    instruction per weight; see "Mat-vec" below and docs/PERFORMANCE.md §5c for the counts
+//    instruction per weight; see "Mat-vec" below and docs/GPU.md §3 for the counts
 //    (dev/cuda_sass_count.py). Batched (more columns): a tile decoded once into shared memory for 64
 //    columns on tensor cores (bitcos-cuda-mmq.cuh), with the small 256-entry table.
 //  * Each 32-weight block's exact int32 dot is scaled by its fp16 weight scale (G128, B128, B256) and its
@@ -157,7 +157,7 @@ __device__ __forceinline__ float bitcos_cuda_word_scale(const bitcos_cuda_layout
 // bitcos-cuda-mmq.cuh holds for both: y = s_r * sum_b fl32((float) P_rb * (w_rb * d_b)), P_rb the exact int32 dot of
 // block b).
 //
-// Why this decode (dev/cuda_sass_count.py measures it; docs/PERFORMANCE.md §5c): on a big GPU a BITCOS
+// Why this decode (dev/cuda_sass_count.py measures it; docs/GPU.md §3): on a big GPU a BITCOS
 // GEMV is instruction-bound, not memory-bound, unless the decode costs about one instruction per weight; the
 // integer ALU pipe (logic, shifts, byte permutes) issues at half the scheduler's rate and POPC at an eighth,
 // so the decode keeps both off the per-weight path:
@@ -506,7 +506,7 @@ template <class F> __host__ __forceinline__ void bitcos_cuda_with_cols(int nc, F
 // idle in its second step at 32 lanes and none at 8), the prefix sum (log2(LANES) shuffle steps) and the row's fixed
 // cost (its sign position, the segment reduction, the store), spread over K / LANES weights a lane. 8 lanes issue the
 // fewest instructions per weight at every K measured (dev/cuda_sass_count.py bitcos --k
-// 2048,2560,4096,6912,14336: 2.05-2.27 against 2.22-4.79 at 32 lanes; docs/PERFORMANCE.md §5c), and 8 lanes pad a row
+// 2048,2560,4096,6912,14336: 2.05-2.27 against 2.22-4.79 at 32 lanes; docs/GPU.md §3), and 8 lanes pad a row
 // at most as much as 16 or 32 (16-word steps), so 8 at every K (one instance per column count in the glue); the cost is
 // parallelism on small matrices (a quarter as many row groups: a 2560-row matrix keeps 640 warps busy), which only a
 // timed GPU run can weigh.

@@ -244,7 +244,7 @@ static bool use_q8_1(ggml_backend_vk_context * ctx, const ggml_tensor * src1) {
 // pass runs the mat-vec pipeline itself (push constant ncols = 0: mul_mat_vec_bitcos_fast.comp's
 // quantize_activations, src1 bound as fuse0, prealloc_y as D) rather than a pipeline of its own: with another
 // pipeline dispatched before the BITCOS mat-vec in one MUL_MAT, Mesa 22.3's lavapipe, the test device, corrupts
-// its heap (docs/PERFORMANCE.md §5.1). `dispatch(d_Q, pc, elements)` records the pass with the caller's bindings.
+// its heap (docs/GPU.md §1.1). `dispatch(d_Q, pc, elements)` records the pass with the caller's bindings.
 template <typename PC, typename Dispatch>
 static vk_subbuffer quantize_activations(ggml_backend_vk_context * ctx, vk_context & subctx, vk_pipeline & dmmv,
                                          const ggml_tensor * src1, const Dispatch & dispatch) {

@@ -6,7 +6,7 @@
 #extension GL_EXT_spirv_intrinsics : require
 #endif
 
-// BITCOS mat-vec (MUL_MAT with 1..8 columns, MUL_MAT_ID), the default decode shader (docs/PERFORMANCE.md §5.1).
+// BITCOS mat-vec (MUL_MAT with 1..8 columns, MUL_MAT_ID), the default decode shader (docs/GPU.md §1.1).
 // mul_mat_vec_bitcos.comp (GGML_BITCOS_VULKAN_EXACT=1) mirrors TQ2_0's arithmetic bit for bit; this one is
 // built for few instructions per weight and rounds differently (f32 fmas in another order: results within
 // test-backend-ops' NMSE bound for TQ2_0, not bit-identical).

@@ -193,21 +193,10 @@ void bitcos_codes_mm_generic(const bitcos_codes_rows * w, int64_t nr, const bitc
                 if (halves == 1) {
                     e[1] = e[0];
                 }
-                if (w->row_scale != NULL || e[0] == e[1]) {
-                    const float D = yb->d * (w->row_scale != NULL ? w->row_scale[i] : bitcos_fp16_to_fp32(e[0]));
-                    for (int l = 0; l < 8; ++l) {
-                        acc[l] = bitcos_contract_fma((float) (L[0][l] + L[1][l]), D, acc[l]);
-                    }
-                } else {
-                    const float D0 = yb->d * bitcos_fp16_to_fp32(e[0]);
-                    const float D1 = yb->d * bitcos_fp16_to_fp32(e[1]);
-                    for (int l = 0; l < 8; ++l) {
-                        acc[l] = bitcos_contract_fma((float) L[0][l], D0, acc[l]);
-                        acc[l] = bitcos_contract_fma((float) L[1][l], D1, acc[l]);
-                    }
-                }
+                bitcos_contract_block(acc, (const int32_t(*)[8]) L, yb->d,
+                                      w->row_scale != NULL ? &w->row_scale[i] : NULL, e);
             }
-            dst[c][i] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            dst[c][i] = bitcos_contract_reduce(acc);
         }
     }
 }

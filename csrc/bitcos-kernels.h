@@ -250,6 +250,31 @@ static inline float bitcos_fp16_to_fp32(uint16_t h) {
     return v.f;
 }
 
+// The contract's scale step for one Q8_K block, in the reference kernels: L[h][l] the block's exact lane sums per
+// half, yd the block's activation scale, row_scale the row's fp32 scale (NULL: block scales e[0], e[1], fp16 bits,
+// e[1] == e[0] when the block has one half).
+static inline void bitcos_contract_block(float acc[8], const int32_t L[2][8], float yd, const float * row_scale,
+                                         const uint16_t e[2]) {
+    if (row_scale != NULL || e[0] == e[1]) {
+        const float D = yd * (row_scale != NULL ? *row_scale : bitcos_fp16_to_fp32(e[0]));
+        for (int l = 0; l < 8; ++l) {
+            acc[l] = bitcos_contract_fma((float) (L[0][l] + L[1][l]), D, acc[l]);
+        }
+    } else {
+        const float D0 = yd * bitcos_fp16_to_fp32(e[0]);
+        const float D1 = yd * bitcos_fp16_to_fp32(e[1]);
+        for (int l = 0; l < 8; ++l) {
+            acc[l] = bitcos_contract_fma((float) L[0][l], D0, acc[l]);
+            acc[l] = bitcos_contract_fma((float) L[1][l], D1, acc[l]);
+        }
+    }
+}
+
+// The contract's final sum of the eight lanes.
+static inline float bitcos_contract_reduce(const float acc[8]) {
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,9 +8,9 @@ latter honestly: traffic generators (csrc/bitcos-traffic.c, one process per othe
 write or copy a buffer much larger than the last-level cache while one compute thread, pinned to the first CPU,
 
   1. measures the read bandwidth it has left (llama-bitcos-bench bandwidth: beta per core),
-  2. times the same ternary GEMV as BITCOS (PT and G128) and TQ2_0 / TQ1_0 through ggml's MUL_MAT
-     (llama-bitcos-bench gemv, repetitions interleaving the types, in rounds: ratios per round, printed
-     with their spread),
+  2. times the same ternary GEMV as BITCOS (--bitcos-types, default MATRIX and B256: what `convert` writes)
+     and TQ2_0 / TQ1_0 through ggml's MUL_MAT (llama-bitcos-bench gemv, repetitions interleaving the types,
+     in rounds: ratios per round, printed with their spread),
   3. optionally runs llama-bench decode (tg) on a TQ2_0 model and its BITCOS conversion (--models),
 
 for each traffic level. The roofline max(bytes / beta, weights / 32 * gamma / f) of each type, with gamma
@@ -18,6 +18,7 @@ for each traffic level. The roofline max(bytes / beta, weights / 32 * gamma / f)
 beta; the crossover is where the prediction reaches 1.
 
     ggml-bitcos bench bandwidth [--levels none,read,write,copy] [--rows 16384 --k 16384] [--z 0.42]
+                                [--bitcos-types bitcos_matrix,bitcos_b256]
                                 [--models tq2_0.gguf,bitcos.gguf] [--json out.json] [--plot out.png]
 
 A level is MODE[:RATE][*COUNT]: MODE none|read|write|copy, RATE the GB/s each generator aims at (default:
@@ -35,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,18 @@ from typing import Any
 import numpy as np
 
 from ggml_bitcos.bench import timing
-from ggml_bitcos.bench.common import bench_workdir, machine_line, pyplot, run_tool, save_figure, tsc_ghz, write_json
+from ggml_bitcos.bench.common import (
+    DEFAULT_BITCOS_TYPES,
+    add_bitcos_types_argument,
+    bench_workdir,
+    bitcos_variant,
+    machine_line,
+    pyplot,
+    run_tool,
+    save_figure,
+    tsc_ghz,
+    write_json,
+)
 from ggml_bitcos.bench.gemv import REF_ZERO_DENSITY, merge_tool_rounds, write_gemv_gguf
 
 TRAFFIC_MODES = {"read": 0, "write": 1, "copy": 2}  # csrc/bitcos-traffic.c BITCOS_TRAFFIC_*
@@ -62,7 +74,6 @@ def generator_cpus() -> list[int]:
 
 GENERATOR_BUFFER_MIB = 512  # per generator: well above any last-level cache here
 GENERATOR_SLICE_S = 0.2  # how often a generator checks for the stop signal
-BITCOS_TYPES = ("bitcos_pt", "bitcos_g128")
 REFS = ("tq2_0", "tq1_0")
 
 
@@ -294,16 +305,18 @@ def _no_traffic() -> Iterator[list[dict[str, Any]]]:
     yield []
 
 
-def gammas(log: Callable[[str], Any], impl: str | None = None) -> dict[str, float]:
-    """Cycles (TSC ticks) per 32 weights, L1-resident, one thread: ggml's own vec_dot for TQ2_0/TQ1_0 and the
-    BITCOS kernel of the harness that the installed ggml runs (`impl`; default the best this CPU has: match
-    it to the llama.cpp build, e.g. "avx2" for a GGML_NATIVE=OFF x86-64-v3 build) — the roofline's
-    instruction cost."""
+def gammas(
+    log: Callable[[str], Any], impl: str | None = None, bitcos_types: Sequence[str] = DEFAULT_BITCOS_TYPES
+) -> dict[str, float]:
+    """Cycles (TSC ticks) per 32 weights, L1-resident, one thread: ggml's own vec_dot for TQ2_0/TQ1_0 and, for
+    each of `bitcos_types`, the BITCOS kernel of the harness that the installed ggml runs (`impl`; default the
+    best this CPU has: match it to the llama.cpp build, e.g. "avx2" for a GGML_NATIVE=OFF x86-64-v3 build) —
+    the roofline's instruction cost."""
     g = {t: run_tool(["gamma", t, "2048", "8", "2000"])[0]["cycles_per_32"] for t in REFS}
     try:
         from ggml_bitcos.bench.kernels import gamma_l1
 
-        g.update(gamma_l1(impl=impl))
+        g.update(gamma_l1(impl=impl, types=bitcos_types))
     except Exception as e:  # harness missing: no BITCOS prediction
         log(f"# BITCOS gamma unavailable ({e})")
     return g
@@ -346,29 +359,41 @@ def bench_bandwidth(
     kernel_impl: str | None = None,
     log: Callable[[str], Any] = print,
     rounds: int = 3,
+    bitcos_types: Sequence[str] = DEFAULT_BITCOS_TYPES,
 ) -> dict[str, Any]:
-    """Every level's measurements, the gammas and the roofline prediction (see the module docstring)."""
+    """Every level's measurements, the gammas and the roofline prediction of each of `bitcos_types` (see the
+    module docstring)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    types = list(bitcos_types)
     ref = workdir / f"bw-ref-{rows}x{k}.gguf"
-    bc = workdir / f"bw-bitcos-{rows}x{k}-z{z:.3f}.gguf"
+    bc = workdir / f"bw-{'-'.join(types)}-{rows}x{k}-z{z:.3f}.gguf"  # a kept --workdir holds one file per type set
     if not ref.exists():
         write_gemv_gguf(ref, rows, k, REF_ZERO_DENSITY, list(REFS))
     if not bc.exists():
-        write_gemv_gguf(bc, rows, k, z, list(BITCOS_TYPES), seed=1)
+        write_gemv_gguf(bc, rows, k, z, types, seed=1)
     with pinned(compute_cpu()):
-        gam = gammas(log, kernel_impl)
+        gam = gammas(log, kernel_impl, types)
     ghz = tsc_ghz()
     out = []
     for lv in levels:
         rec = measure_level(lv, [(None, ref), (z, bc)], reps, models, n_gen, tg_reps, rounds)
-        rec["predicted"] = {t: predicted_ratio(rec, t, "tq2_0", gam, rec["beta_gb_s"], ghz) for t in BITCOS_TYPES}
+        rec["predicted"] = {t: predicted_ratio(rec, t, "tq2_0", gam, rec["beta_gb_s"], ghz) for t in types if t in gam}
         out.append(rec)
         log(
             f"# {lv.label}: beta {rec['beta_gb_s']:.1f} GB/s, generators {rec['generated_gb_s']:.1f} GB/s, "
             + ", ".join(f"{t} {v['median_us']:.0f} us" for t, v in rec["gemv"].items())
         )
-    cross = {t: crossover_beta(out[0], t, "tq2_0", gam, ghz) for t in BITCOS_TYPES if t in gam}
-    return {"levels": out, "gamma": gam, "tsc_ghz": ghz, "crossover_gb_s": cross, "z": z, "rows": rows, "k": k}
+    cross = {t: crossover_beta(out[0], t, "tq2_0", gam, ghz) for t in types if t in gam}
+    return {
+        "levels": out,
+        "gamma": gam,
+        "tsc_ghz": ghz,
+        "crossover_gb_s": cross,
+        "z": z,
+        "rows": rows,
+        "k": k,
+        "bitcos_types": types,
+    }
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -389,14 +414,21 @@ def tg_ratio(rec: dict[str, Any]) -> timing.RatioSpread | None:
     return timing.speed_ratio(tg[bc], tg[other])
 
 
-def level_ratios(rec: dict[str, Any]) -> dict[str, timing.RatioSpread]:
-    """The measured ratios of one level with their spread: GEMV PT and G128 against TQ2_0, PT against TQ1_0,
-    and tg BITCOS against the other model (when measured)."""
+def variant_label(t: str) -> str:
+    """The short name of a BITCOS type in the ratio keys and table columns: bitcos_matrix -> "matrix"."""
+    return bitcos_variant(t).name.lower()
+
+
+def level_ratios(rec: dict[str, Any], bitcos_types: Sequence[str]) -> dict[str, timing.RatioSpread]:
+    """The measured ratios of one level with their spread: the GEMV of every BITCOS type against TQ2_0
+    ("matrix_vs_tq2_0", ...), the first type against TQ1_0, and tg BITCOS against the other model (when
+    measured)."""
+    first = bitcos_types[0]
     out = {
-        "pt_vs_tq2_0": timing.time_ratio(gemv_rounds(rec, "tq2_0"), gemv_rounds(rec, "bitcos_pt")),
-        "g128_vs_tq2_0": timing.time_ratio(gemv_rounds(rec, "tq2_0"), gemv_rounds(rec, "bitcos_g128")),
-        "pt_vs_tq1_0": timing.time_ratio(gemv_rounds(rec, "tq1_0"), gemv_rounds(rec, "bitcos_pt")),
+        f"{variant_label(t)}_vs_tq2_0": timing.time_ratio(gemv_rounds(rec, "tq2_0"), gemv_rounds(rec, t))
+        for t in bitcos_types
     }
+    out[f"{variant_label(first)}_vs_tq1_0"] = timing.time_ratio(gemv_rounds(rec, "tq1_0"), gemv_rounds(rec, first))
     tg = tg_ratio(rec)
     if tg is not None:
         out["tg_bitcos_vs_other"] = tg
@@ -405,20 +437,26 @@ def level_ratios(rec: dict[str, Any]) -> dict[str, timing.RatioSpread]:
 
 def bandwidth_table(res: dict[str, Any]) -> str:
     """Markdown: per level, beta left, generated traffic, GEMV speed ratios measured (median of the per-round
-    ratios with their range, or "within noise") vs predicted, tg ratio."""
+    ratios with their range, or "within noise") vs predicted for the first BITCOS type, the others' measured
+    ratios to TQ2_0, the first's to TQ1_0, tg ratio."""
+    types = res["bitcos_types"]
+    first, others = variant_label(types[0]), [variant_label(t) for t in types[1:]]
+    head = first.upper()
     lines = [
-        "| level | beta left GB/s | generators GB/s | TQ2_0 µs | PT µs | PT/TQ2_0 measured | predicted "
-        "| G128/TQ2_0 | PT/TQ1_0 | tg BITCOS/TQ2_0 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| level | beta left GB/s | generators GB/s | TQ2_0 µs | {head} µs | {head}/TQ2_0 measured | predicted | "
+        + "".join(f"{o.upper()}/TQ2_0 | " for o in others)
+        + f"{head}/TQ1_0 | tg BITCOS/TQ2_0 |",
+        "|---" * (9 + len(others)) + "|",
     ]
     for r in res["levels"]:
-        ratios = level_ratios(r)
+        ratios = level_ratios(r, types)
         tgr = ratios["tg_bitcos_vs_other"].cell() if "tg_bitcos_vs_other" in ratios else "-"
         lines.append(
             f"| {r['level']} | {r['beta_gb_s']:.1f} | {r['generated_gb_s']:.1f} | "
-            f"{timing.value_cell(gemv_rounds(r, 'tq2_0'), 0)} | {timing.value_cell(gemv_rounds(r, 'bitcos_pt'), 0)} | "
-            f"{ratios['pt_vs_tq2_0'].cell()} | {r['predicted'].get('bitcos_pt', float('nan')):.3f}x | "
-            f"{ratios['g128_vs_tq2_0'].cell()} | {ratios['pt_vs_tq1_0'].cell()} | {tgr} |"
+            f"{timing.value_cell(gemv_rounds(r, 'tq2_0'), 0)} | {timing.value_cell(gemv_rounds(r, types[0]), 0)} | "
+            f"{ratios[f'{first}_vs_tq2_0'].cell()} | {r['predicted'].get(types[0], float('nan')):.3f}x | "
+            + "".join(f"{ratios[f'{o}_vs_tq2_0'].cell()} | " for o in others)
+            + f"{ratios[f'{first}_vs_tq1_0'].cell()} | {tgr} |"
         )
     cross = ", ".join(
         f"{t}: {'none in 0.25-200 GB/s' if b is None else f'{b:.1f} GB/s'}" for t, b in res["crossover_gb_s"].items()
@@ -442,7 +480,8 @@ def bandwidth_plot(res: dict[str, Any], out: Path, title: str) -> None:
     base = res["levels"][0]
     betas = [r["beta_gb_s"] for r in res["levels"]]
     grid = np.geomspace(1.0, max(60.0, 1.3 * max(betas)), 300)
-    for i, (t, color) in enumerate(zip(BITCOS_TYPES, ("C0", "C1"))):
+    for i, t in enumerate(res["bitcos_types"]):
+        color = f"C{i}"
         if t not in res["gamma"]:
             continue
         pred = [predicted_ratio(base, t, "tq2_0", res["gamma"], b, res["tsc_ghz"]) for b in grid]
@@ -462,9 +501,22 @@ def bandwidth_plot(res: dict[str, Any], out: Path, title: str) -> None:
             )
     tg_pts = [(r["beta_gb_s"], tg.median) for r in res["levels"] if (tg := tg_ratio(r)) is not None]
     if tg_pts:
-        ax.plot([p[0] for p in tg_pts], [p[1] for p in tg_pts], "s", color="C2", label="tg (llama-bench, 1 thread)")
-    byte_ratio = base["gemv"]["tq2_0"]["bytes"] / base["gemv"]["bitcos_pt"]["bytes"]
-    ax.axhline(byte_ratio, color="C0", linestyle="--", alpha=0.4, label=f"byte ratio PT {byte_ratio:.2f}x")
+        ax.plot(
+            [p[0] for p in tg_pts],
+            [p[1] for p in tg_pts],
+            "s",
+            color=f"C{len(res['bitcos_types'])}",
+            label="tg (llama-bench, 1 thread)",
+        )
+    first = res["bitcos_types"][0]
+    byte_ratio = base["gemv"]["tq2_0"]["bytes"] / base["gemv"][first]["bytes"]
+    ax.axhline(
+        byte_ratio,
+        color="C0",
+        linestyle="--",
+        alpha=0.4,
+        label=f"byte ratio {variant_label(first).upper()} {byte_ratio:.2f}x",
+    )
     ax.axhline(1.0, color="k", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("DRAM read bandwidth left to the compute thread (GB/s per core)")
@@ -490,6 +542,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     b.add_argument("--rows", type=int, default=16384)
     b.add_argument("--k", type=int, default=16384)
     b.add_argument("--z", type=float, default=0.42, help="zero density of the BITCOS weights (default 0.42)")
+    add_bitcos_types_argument(b, "to time and predict (the first is the table's main column)")
     b.add_argument("--reps", type=int, default=7, help="GEMV repetitions per round (default 7)")
     timing.add_rounds_argument(b, 3, "the GEMV of every type (and llama-bench tg over --models) per level")
     b.add_argument(
@@ -539,6 +592,7 @@ def run(args: argparse.Namespace) -> int:
             args.tg_reps,
             args.kernel_impl,
             rounds=args.rounds,
+            bitcos_types=args.bitcos_types,
         )
     title = (
         f"ggml-bitcos bench bandwidth, {args.rows}x{args.k}, z={args.z}, compute on CPU {compute_cpu()} "
@@ -546,7 +600,7 @@ def run(args: argparse.Namespace) -> int:
     )
     res["machine"] = title
     for lv in res["levels"]:
-        lv["ratios"] = {name: spread.as_json() for name, spread in level_ratios(lv).items()}
+        lv["ratios"] = {name: spread.as_json() for name, spread in level_ratios(lv, res["bitcos_types"]).items()}
     print(f"# {title}")
     print(bandwidth_table(res))
     if args.json:

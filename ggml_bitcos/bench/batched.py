@@ -4,7 +4,8 @@ of a BITCOS weight serves several activation columns.
 Two views, both BITCOS vs TQ2_0 / TQ1_0 of the same model, ratios from one run:
 
 1. ggml MUL_MAT with NCOLS = 1, 4, 8 columns (llama-bitcos-bench gemv, repetitions interleaving the types) on
-   the model's largest ternary shape: the kernel cost per column of a batched decode step;
+   the model's largest ternary shape, BITCOS as --bitcos-types (default MATRIX and B256, what `convert`
+   writes): the kernel cost per column of a batched decode step;
 2. llama-server with `-np P` slots and P concurrent greedy completions of n tokens each (P = 1, 4, 8):
    aggregate generated tokens per second, the number a serving user sees. Every model runs once per round
    and the rounds alternate models, so a slow phase of a shared machine hits all of them.
@@ -12,7 +13,8 @@ Two views, both BITCOS vs TQ2_0 / TQ1_0 of the same model, ratios from one run:
 Both views run in rounds; ratios are per-round ratios with their range (ggml_bitcos.bench.timing).
 
     ggml-bitcos bench batched [--preset bitnet-2b] [--zero-density 0.42] [--parallel 1,4,8] [--threads 2]
-                              [--n-gen 64] [--rounds 2] [--workdir DIR] [--json out.json]
+                              [--n-gen 64] [--rounds 2] [--bitcos-types bitcos_matrix,bitcos_b256]
+                              [--workdir DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,13 +22,22 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ggml_bitcos.bench import timing
-from ggml_bitcos.bench.common import bench_workdir, default_threads, machine_line, parse_ints, run_tool, write_json
+from ggml_bitcos.bench.common import (
+    DEFAULT_BITCOS_TYPES,
+    add_bitcos_types_argument,
+    bench_workdir,
+    default_threads,
+    machine_line,
+    parse_ints,
+    run_tool,
+    write_json,
+)
 from ggml_bitcos.bench.e2e import e2e_models
 from ggml_bitcos.bench.gemv import REF_ZERO_DENSITY, merge_tool_rounds, write_gemv_gguf
 
@@ -90,17 +101,20 @@ def bench_batched(
     gemm_shape: tuple[int, int],
     gemm_reps: int,
     log: Callable[[str], Any] = print,
+    bitcos_types: Sequence[str] = DEFAULT_BITCOS_TYPES,
 ) -> dict[str, Any]:
-    """Kernel columns sweep and llama-server throughput per model and P, in `rounds` rounds that each run every
-    type (medians over rounds; "rounds_us" / "rounds_ts": the per-round values)."""
+    """Kernel columns sweep (the references and `bitcos_types`) and llama-server throughput per model and P, in
+    `rounds` rounds that each run every type (medians over rounds; "rounds_us" / "rounds_ts": the per-round
+    values)."""
     models = e2e_models(workdir, preset, z, log)
     rows, k = gemm_shape
+    types = list(bitcos_types)
     ref = workdir / f"batched-ref-{rows}x{k}.gguf"
-    bc = workdir / f"batched-bitcos-{rows}x{k}-z{z:.3f}.gguf"
+    bc = workdir / f"batched-{'-'.join(types)}-{rows}x{k}-z{z:.3f}.gguf"  # one file per type set in a kept workdir
     if not ref.exists():
         write_gemv_gguf(ref, rows, k, REF_ZERO_DENSITY, ["tq2_0", "tq1_0"])
     if not bc.exists():
-        write_gemv_gguf(bc, rows, k, z, ["bitcos_pt"], seed=1)
+        write_gemv_gguf(bc, rows, k, z, types, seed=1)
     gemm_runs: dict[int, list[list[dict[str, Any]]]] = {nc: [] for nc in parallel}
     for _ in range(rounds):  # each round every column count, each tool run interleaving the types
         for nc in parallel:
@@ -140,6 +154,7 @@ def bench_batched(
         "gemm": gemm,
         "server": server,
         "gemm_shape": [rows, k],
+        "bitcos_types": types,
         "threads": threads,
         "n_gen": n_gen,
         "models": {t: str(p) for t, p in models.items()},
@@ -150,19 +165,22 @@ def batched_table(res: dict[str, Any]) -> str:
     """Markdown: ggml MUL_MAT per column count and llama-server aggregate t/s per P (medians and ranges over
     rounds), with BITCOS's ratios (median of the per-round ratios with their range, or "within noise")."""
     rows, k = res["gemm_shape"]
+    types = res["bitcos_types"]
     g = {(r["type"], r["ncols"]): r["rounds_us"] for r in res["gemm"]}
     out = [
         f"ggml MUL_MAT {rows} x {k}, {res['threads']} thread(s), µs per call, median (min-max) over rounds "
         "(ratio > 1: BITCOS faster)",
-        "| columns | TQ2_0 µs | TQ1_0 µs | BITCOS_PT µs | BITCOS/TQ2_0 | BITCOS/TQ1_0 |",
-        "|---|---|---|---|---|---|",
+        "| columns | TQ2_0 µs | TQ1_0 µs | "
+        + "".join(f"{t.upper()} µs | {t.upper()}/TQ2_0 | {t.upper()}/TQ1_0 | " for t in types),
+        "|---" * (3 + 3 * len(types)) + "|",
     ]
     for nc in sorted({r["ncols"] for r in res["gemm"]}):
-        a, b, c = g[("tq2_0", nc)], g[("tq1_0", nc)], g[("bitcos_pt", nc)]
-        out.append(
-            f"| {nc} | {timing.value_cell(a, 0)} | {timing.value_cell(b, 0)} | {timing.value_cell(c, 0)} | "
-            f"{timing.time_ratio(a, c).cell()} | {timing.time_ratio(b, c).cell()} |"
-        )
+        a, b = g[("tq2_0", nc)], g[("tq1_0", nc)]
+        cells = [
+            f"{timing.value_cell(c, 0)} | {timing.time_ratio(a, c).cell()} | {timing.time_ratio(b, c).cell()} | "
+            for c in (g[(t, nc)] for t in types)
+        ]
+        out.append(f"| {nc} | {timing.value_cell(a, 0)} | {timing.value_cell(b, 0)} | " + "".join(cells))
     s = {(r["type"], r["parallel"]): r["rounds_ts"] for r in res["server"]}
     out += [
         "",
@@ -181,14 +199,16 @@ def batched_table(res: dict[str, Any]) -> str:
 
 
 def batched_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """BITCOS's ratios of the tables with their spread, for the --json file."""
+    """BITCOS's ratios of the tables with their spread, for the --json file: MUL_MAT per BITCOS type ("type"),
+    llama-server for the converted model."""
     g = {(r["type"], r["ncols"]): r["rounds_us"] for r in res["gemm"]}
     s = {(r["type"], r["parallel"]): r["rounds_ts"] for r in res["server"]}
     out = []
     for nc in sorted({r["ncols"] for r in res["gemm"]}):
-        for ref in ("tq2_0", "tq1_0"):
-            spread = timing.time_ratio(g[(ref, nc)], g[("bitcos_pt", nc)])
-            out.append({"view": "gemm", "ncols": nc, "ref": ref, **spread.as_json()})
+        for t in res["bitcos_types"]:
+            for ref in ("tq2_0", "tq1_0"):
+                spread = timing.time_ratio(g[(ref, nc)], g[(t, nc)])
+                out.append({"view": "gemm", "type": t, "ncols": nc, "ref": ref, **spread.as_json()})
     for p in sorted({r["parallel"] for r in res["server"]}):
         for ref in ("tq2_0", "tq1_0"):
             spread = timing.speed_ratio(s[("bitcos", p)], s[(ref, p)])
@@ -213,6 +233,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     b.add_argument("--gemm-rows", type=int, default=6912, help="MUL_MAT rows (default: bitnet-2b's FFN)")
     b.add_argument("--gemm-k", type=int, default=2560)
     b.add_argument("--gemm-reps", type=int, default=15)
+    add_bitcos_types_argument(b, "of the MUL_MAT sweep (llama-server runs the model `convert` writes)")
     b.add_argument("--workdir", type=Path, default=None, help="models are made once per workdir")
     b.add_argument("--json", type=Path)
     b.set_defaults(func=run)
@@ -232,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
             args.rounds,
             (args.gemm_rows, args.gemm_k),
             args.gemm_reps,
+            bitcos_types=args.bitcos_types,
         )
     title = f"ggml-bitcos bench batched, {args.preset} z={args.zero_density} — {machine_line([args.threads])}"
     res["machine"] = title

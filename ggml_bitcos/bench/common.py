@@ -7,6 +7,7 @@ comma lists and run the tool the same way.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -16,6 +17,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from ggml_bitcos.format import Variant
 
 BENCH_TOOL = "llama-bitcos-bench"
 
@@ -60,6 +63,46 @@ def parse_floats(text: str) -> list[float]:
 def parse_ints(text: str) -> list[int]:
     """Comma list of ints (argparse `type`): "1,4,16" -> [1, 4, 16]; empty items skipped."""
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+# the BITCOS types the GEMV benchmarks time unless told otherwise: what `convert` (format version 2, --scale auto)
+# writes for the common sources, MATRIX for one scale per tensor (BitNet) and B256 for TQ2_0's per-256 scales
+DEFAULT_BITCOS_TYPES = ("bitcos_matrix", "bitcos_b256")
+
+
+def bitcos_variant(name: str) -> Variant:
+    """The variant of a benchmark type name ``bitcos_<variant>``: bitcos_pt, bitcos_g128 (format version 1),
+    bitcos_matrix, bitcos_row, bitcos_b128, bitcos_b256 (version 2); ValueError for any other name."""
+    variant = Variant.__members__.get(name[len("bitcos_") :].upper()) if name.startswith("bitcos_") else None
+    if variant is None:
+        names = ", ".join(v.name.lower() for v in Variant)
+        raise ValueError(f"unknown BITCOS type {name!r}: bitcos_<variant>, variant one of {names}")
+    return variant
+
+
+def parse_bitcos_types(text: str) -> list[str]:
+    """``--bitcos-types`` (argparse `type`): a comma list of bitcos_<variant> names, in order, each once."""
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    try:
+        for name in names:
+            bitcos_variant(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not names:
+        raise argparse.ArgumentTypeError("--bitcos-types: at least one bitcos_<variant>")
+    return names
+
+
+def add_bitcos_types_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """Adds ``--bitcos-types`` to a GEMV benchmark's parser; `what` says what the types are timed in."""
+    parser.add_argument(
+        "--bitcos-types",
+        type=parse_bitcos_types,
+        default=list(DEFAULT_BITCOS_TYPES),
+        help=f"comma list of the BITCOS types {what}: bitcos_matrix, bitcos_row, bitcos_b128, bitcos_b256 "
+        "(format version 2), bitcos_pt, bitcos_g128 (version 1; what older readers load) "
+        f"(default {','.join(DEFAULT_BITCOS_TYPES)}: what `convert` writes)",
+    )
 
 
 def default_threads() -> list[int]:

@@ -19,7 +19,9 @@ import numpy as np
 from ggml_bitcos import codec
 from ggml_bitcos.bench import timing
 from ggml_bitcos.bench.common import (
+    add_bitcos_types_argument,
     bench_workdir,
+    bitcos_variant,
     default_threads,
     machine_line,
     parse_floats,
@@ -69,11 +71,8 @@ def _encoded_tensors(
             for i in range(0, rows, 1024)
         ]
         return [(f"w.{t}", gt, ne, np.concatenate(parts, axis=0))]
-    # bitcos_<variant>: bitcos_pt / bitcos_g128 (format version 1), bitcos_matrix / _row / _b128 / _b256 (version
-    # 2, ggml type BITCOS: needs a llama.cpp built with it); every scale is `scale`
-    variant = Variant.__members__.get(t[len("bitcos_") :].upper()) if t.startswith("bitcos_") else None
-    if variant is None:
-        raise ValueError(f"unknown type {t}")
+    # bitcos_<variant> (version 2: ggml type BITCOS; version 1: BITCOS_PT / BITCOS_G128); every scale is `scale`
+    variant = bitcos_variant(t)
     if variant.scale_block:
         enc = codec.encode(codes, variant, block_scales=np.full((rows, k // variant.scale_block), scale))
     elif variant is Variant.ROW:
@@ -253,12 +252,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "the working set is all weights); grouped: each weight's repetitions back to back "
         "(a small weight stays in L1/L2: the cache-resident figure)",
     )
-    g.add_argument(
-        "--bitcos-types",
-        default="bitcos_pt,bitcos_g128",
-        help="comma list of bitcos_<variant>: bitcos_pt, bitcos_g128 (format version 1), bitcos_matrix, "
-        "bitcos_row, bitcos_b128, bitcos_b256 (version 2; default bitcos_pt,bitcos_g128)",
-    )
+    add_bitcos_types_argument(g, "to time at every z")
     g.add_argument("--workdir", type=Path, default=None, help="where the test GGUFs go (default: a temp dir)")
     g.add_argument("--json", type=Path, help="write all measurements as JSON")
     g.add_argument("--plot", type=Path, help="write the figure (PNG)")
@@ -276,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
             args.threads,
             args.reps,
             wd,
-            args.bitcos_types.split(","),
+            args.bitcos_types,
             list(REF_TYPES),
             order=args.order,
             rounds=args.rounds,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Final
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from ggml_bitcos import harness
 from ggml_bitcos.bench import timing
-from ggml_bitcos.bench.common import parse_floats, parse_ints, platform_cpu
+from ggml_bitcos.bench.common import DEFAULT_BITCOS_TYPES, bitcos_variant, parse_floats, parse_ints, platform_cpu
 from ggml_bitcos.format import Variant
 from ggml_bitcos.q8k import random_q8k
 from ggml_bitcos.ternary import random_codes
@@ -146,17 +147,23 @@ def best_impl(fma: bool = True) -> str:
 
 
 def gamma_l1(
-    rows: int = 16, k: int = 2048, z: float = 0.4, reps: int = 400, impl: str | None = None, rounds: int = 2
+    rows: int = 16,
+    k: int = 2048,
+    z: float = 0.4,
+    reps: int = 400,
+    impl: str | None = None,
+    rounds: int = 2,
+    types: Sequence[str] = DEFAULT_BITCOS_TYPES,
 ) -> dict[str, float]:
     """Kernel cost gamma for the roofline (ggml_bitcos.bench.roofline): TSC ticks per 32 weights, L1-resident
     (rows x k, default 16 x 2048), one column (GEMV), single thread, zero density z, best implementation,
-    minimum over `rounds` x `reps` calls. Keys "bitcos_pt" and "bitcos_g128". Raises KernelLibraryNotFound when
-    the harness library is not built. `impl`: the implementation to time instead of the best one (e.g. "avx2"
-    to match a llama.cpp built for x86-64-v3)."""
+    minimum over `rounds` x `reps` calls. One key per name of `types` (bitcos_<variant>). Raises
+    KernelLibraryNotFound when the harness library is not built. `impl`: the implementation to time instead of
+    the best one (e.g. "avx2" to match a llama.cpp built for x86-64-v3)."""
     impl = impl or best_impl()
     out: dict[str, float] = {}
-    for name, variant in (("bitcos_pt", Variant.PT), ("bitcos_g128", Variant.G128)):
-        (t,) = measure([impl], variant, rows, k, [1], [z], reps, rounds=rounds)
+    for name in types:
+        (t,) = measure([impl], bitcos_variant(name), rows, k, [1], [z], reps, rounds=rounds)
         out[name] = t.cycles_per_32_min
     return out
 

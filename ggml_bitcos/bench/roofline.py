@@ -7,12 +7,14 @@ the bound they predict for each type and zero density, next to the measured GEMV
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ggml_bitcos.bench import timing
 from ggml_bitcos.bench.common import (
+    DEFAULT_BITCOS_TYPES,
+    add_bitcos_types_argument,
     bench_workdir,
     default_threads,
     machine_line,
@@ -35,9 +37,10 @@ def bench_roofline(
     workdir: Path,
     log: Callable[[str], Any] = print,
     rounds: int = 3,
+    bitcos_types: Sequence[str] = DEFAULT_BITCOS_TYPES,
 ) -> dict[str, Any]:
-    """beta (GB/s per thread count), gamma (cycles/32 weights), predicted vs measured GEMV time (the GEMV in
-    `rounds` interleaved rounds, bench_gemv)."""
+    """beta (GB/s per thread count), gamma (cycles/32 weights), predicted vs measured GEMV time of the
+    references and `bitcos_types` (the GEMV in `rounds` interleaved rounds, bench_gemv)."""
     beta = {nt: read_bandwidth_gb_s(nt) for nt in threads}
     gam: dict[str, float] = {}
     for t in REF_TYPES:
@@ -45,11 +48,11 @@ def bench_roofline(
     try:
         from ggml_bitcos.bench.kernels import gamma_l1
 
-        gam.update(gamma_l1())
+        gam.update(gamma_l1(types=bitcos_types))
     except Exception as e:  # kernel harness not built: roofline without BITCOS gamma
         log(f"# BITCOS gamma unavailable ({e}); build the harness with `pip install .`")
     ghz = tsc_ghz()
-    res = bench_gemv(rows, k, zs, threads, reps, workdir, ["bitcos_pt"], list(REF_TYPES), log, rounds=rounds)
+    res = bench_gemv(rows, k, zs, threads, reps, workdir, list(bitcos_types), list(REF_TYPES), log, rounds=rounds)
     rows_out = []
     for r in res:
         n_w = r["rows"] * r["k"]
@@ -95,6 +98,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("--threads", type=parse_ints, default=default_threads())
     r.add_argument("--reps", type=int, default=7, help="GEMV repetitions per round (default 7)")
     timing.add_rounds_argument(r, 3, "the GEMV of every type and z")
+    add_bitcos_types_argument(r, "to predict and time at every z")
     r.add_argument("--workdir", type=Path, default=None)
     r.add_argument("--json", type=Path)
     r.set_defaults(func=run)
@@ -104,7 +108,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """`bench roofline`: measure, print the tables, write JSON when asked."""
     with bench_workdir(args.workdir) as wd:
-        rf = bench_roofline(args.threads, args.z, args.rows, args.k, args.reps, wd, rounds=args.rounds)
+        rf = bench_roofline(
+            args.threads, args.z, args.rows, args.k, args.reps, wd, rounds=args.rounds, bitcos_types=args.bitcos_types
+        )
     print(f"# ggml-bitcos bench roofline — {machine_line(args.threads)}; TSC {rf['tsc_ghz']:.2f} GHz")
     print(roofline_table(rf))
     if args.json:

@@ -171,21 +171,74 @@ def test_bench_gemv_small(tmp_path, patched_llama):
         timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:]
-    assert "vs TQ2_0" in r.stdout and "bitcos_pt" in r.stdout and "2 round(s)" in r.stdout
+    assert "vs TQ2_0" in r.stdout and "bitcos_matrix" in r.stdout and "2 round(s)" in r.stdout
     assert_ratios_with_spread(r.stdout)
     data = json.loads(out.read_text())
     res = data["results"]
     assert all(len(x["rounds_us"]) == 2 and x["median_us"] == sum(x["rounds_us"]) / 2 for x in res)
-    pt_vs_tq2 = [x for x in data["ratios"] if (x["type"], x["z"], x["ref"]) == ("bitcos_pt", 0.5, "tq2_0")]
-    assert len(pt_vs_tq2) == 1 and len(pt_vs_tq2[0]["per_round"]) == 2 and "within_noise" in pt_vs_tq2[0]
+    m_vs_tq2 = [x for x in data["ratios"] if (x["type"], x["z"], x["ref"]) == ("bitcos_matrix", 0.5, "tq2_0")]
+    assert len(m_vs_tq2) == 1 and len(m_vs_tq2[0]["per_round"]) == 2 and "within_noise" in m_vs_tq2[0]
+    # the default BITCOS types are what `convert` writes (format version 2), at every z
     types = {(x["type"], x["z"]) for x in res}
-    assert {("tq2_0", None), ("tq1_0", None), ("q4_0", None)} <= types
-    assert {("bitcos_pt", 0.0), ("bitcos_g128", 0.5), ("bitcos_pt", 1.0)} <= types
+    assert types == {("tq2_0", None), ("tq1_0", None), ("q4_0", None)} | {
+        (t, z) for t in ("bitcos_matrix", "bitcos_b256") for z in (0.0, 0.5, 1.0)
+    }
     assert all(x["median_us"] > 0 and x["rows"] == 256 and x["k"] == 512 for x in res)
-    # bytes include the companion: BITCOS_PT at z = 1 stores 1 bit per weight plus a small index
-    pt1 = next(x for x in res if x["type"] == "bitcos_pt" and x["z"] == 1.0)
-    assert 256 * 512 / 8 < pt1["bytes"] < 256 * 512 / 8 * 1.2
+    # bytes include the companion: MATRIX at z = 1 stores 1 bit per weight plus a small index
+    m1 = next(x for x in res if x["type"] == "bitcos_matrix" and x["z"] == 1.0)
+    assert 256 * 512 / 8 < m1["bytes"] < 256 * 512 / 8 * 1.2
     assert plot.stat().st_size > 0
+
+
+def test_bench_roofline_small(tmp_path, patched_llama, kernel_library):
+    """`bench roofline` on a small shape with a version-1 and a version-2 type on request: beta, gamma of every
+    type (ggml's vec_dot for the references, the harness kernel for BITCOS) and the prediction next to the
+    measured GEMV of every type and z."""
+    out = tmp_path / "roofline.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bitcos",
+            "bench",
+            "roofline",
+            "--rows",
+            "256",
+            "--k",
+            "512",
+            "--z",
+            "0.5",
+            "--threads",
+            "1",
+            "--reps",
+            "3",
+            "--rounds",
+            "2",
+            "--bitcos-types",
+            "bitcos_pt,bitcos_b256",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "| bitcos_b256 | 0.50 | 1 |" in r.stdout and "| bitcos_pt | 0.50 | 1 |" in r.stdout, r.stdout
+    rf = json.loads(out.read_text())
+    assert rf["beta_gb_s"]["1"] > 0
+    assert set(rf["gamma_cycles_per_32"]) == {"tq2_0", "tq1_0", "q4_0", "bitcos_pt", "bitcos_b256"}
+    assert all(g > 0 for g in rf["gamma_cycles_per_32"].values())
+    assert {(x["type"], x["z"]) for x in rf["rows"]} == {("tq2_0", None), ("tq1_0", None), ("q4_0", None)} | {
+        ("bitcos_pt", 0.5),
+        ("bitcos_b256", 0.5),
+    }
+    for x in rf["rows"]:
+        assert len(x["rounds_us"]) == 2 and x["median_us"] > 0
+        assert x["predicted_us"] == max(x["t_mem_us"], x["t_ins_us"]) > 0
 
 
 def test_bench_e2e_tiny_with_decode_breakdown(tmp_path, patched_llama):
@@ -408,6 +461,14 @@ def test_bench_cli_options():
     assert (args.func, args.z, args.threads, args.order) == (gemv.run, [0.0, 0.5], [1, 4], "grouped")
     args = parser.parse_args(["bench", "roofline", "--z", "0.4"])
     assert (args.func, args.z, args.reps) == (roofline.run, [0.4], 7)
+    # --bitcos-types: one parser for the GEMV benchmarks, default what `convert` writes, v1 on request
+    for bench in ("gemv", "roofline", "bandwidth", "batched"):
+        assert parser.parse_args(["bench", bench]).bitcos_types == ["bitcos_matrix", "bitcos_b256"]
+        args = parser.parse_args(["bench", bench, "--bitcos-types", "bitcos_pt, bitcos_g128,bitcos_pt"])
+        assert args.bitcos_types == ["bitcos_pt", "bitcos_g128"]
+        for bad in ("tq2_0", "bitcos_b512", ","):
+            with pytest.raises(SystemExit):
+                parser.parse_args(["bench", bench, "--bitcos-types", bad])
     args = parser.parse_args(["bench", "e2e", "--preset", "tiny", "--no-breakdown"])
     assert (args.func, args.preset, args.no_breakdown, args.rounds) == (e2e.run, "tiny", True, 3)
     args = parser.parse_args(["bench", "gpu", "--device", "CUDA0", "--refs", "Q4_0,q8_0", "--e2e-types", "bitcos"])
@@ -665,17 +726,22 @@ def test_bench_bandwidth_small(tmp_path, patched_llama, kernel_library):
         cwd=Path(__file__).resolve().parent.parent,
     )
     assert r.returncode == 0, r.stdout[-3000:]
-    assert "PT/TQ2_0 measured" in r.stdout and "predicted crossover" in r.stdout
+    assert "MATRIX/TQ2_0 measured" in r.stdout and "B256/TQ2_0" in r.stdout and "predicted crossover" in r.stdout
     assert RATIO_WITH_SPREAD.search(r.stdout), r.stdout  # (the roofline's predicted ratios stand alone)
     res = json.loads(out.read_text())
+    assert res["bitcos_types"] == ["bitcos_matrix", "bitcos_b256"]  # the default: what `convert` writes
+    assert {"bitcos_matrix", "bitcos_b256"} <= set(res["gamma"]) and set(res["crossover_gb_s"]) == set(
+        res["bitcos_types"]
+    )
     assert [lv["level"] for lv in res["levels"]] == ["none", "read:1*1"]
     none, read = res["levels"]
     assert none["generators"] == [] and len(read["generators"]) == 1 and read["generators"][0]["gb_per_s"] > 0
     for lv in res["levels"]:
         assert lv["beta_gb_s"] > 0
-        assert set(lv["gemv"]) == {"tq2_0", "tq1_0", "bitcos_pt", "bitcos_g128"}
+        assert set(lv["gemv"]) == {"tq2_0", "tq1_0", "bitcos_matrix", "bitcos_b256"}
         assert all(v["median_us"] > 0 and len(v["rounds_us"]) == 2 for v in lv["gemv"].values())
-        assert set(lv["ratios"]) == {"pt_vs_tq2_0", "g128_vs_tq2_0", "pt_vs_tq1_0"}  # no --models: no tg
+        assert set(lv["predicted"]) == {"bitcos_matrix", "bitcos_b256"}
+        assert set(lv["ratios"]) == {"matrix_vs_tq2_0", "b256_vs_tq2_0", "matrix_vs_tq1_0"}  # no --models: no tg
         assert all(x["rounds"] == 2 for x in lv["ratios"].values())
     assert plot.stat().st_size > 0
 
@@ -721,15 +787,17 @@ def test_bench_batched_tiny(tmp_path, patched_llama):
     assert r.returncode == 0, r.stdout[-3000:]
     res = json.loads(out.read_text())
     assert {(g["type"], g["ncols"]) for g in res["gemm"]} == {
-        (t, n) for t in ("tq2_0", "tq1_0", "bitcos_pt") for n in (1, 3)
+        (t, n) for t in ("tq2_0", "tq1_0", "bitcos_matrix", "bitcos_b256") for n in (1, 3)
     }
     assert {(s["type"], s["parallel"]) for s in res["server"]} == {
         (t, p) for t in ("tq1_0", "tq2_0", "bitcos") for p in (1, 3)
     }
     assert all(s["agg_ts"] > 0 and s["tokens"] == [6 * s["parallel"]] * 2 for s in res["server"])
     assert all(len(g["rounds_us"]) == 2 for g in res["gemm"]) and all(len(s["rounds_ts"]) == 2 for s in res["server"])
-    views = {(x["view"], x["ref"]) for x in res["ratios"]}
-    assert views == {(v, t) for v in ("gemm", "server") for t in ("tq2_0", "tq1_0")}
+    views = {(x["view"], x.get("type"), x["ref"]) for x in res["ratios"]}
+    assert views == {("gemm", t, ref) for t in ("bitcos_matrix", "bitcos_b256") for ref in ("tq2_0", "tq1_0")} | {
+        ("server", None, ref) for ref in ("tq2_0", "tq1_0")
+    }
     assert all(len(x["per_round"]) == 2 for x in res["ratios"])
-    assert "BITCOS/TQ2_0" in r.stdout
+    assert "BITCOS_B256/TQ1_0" in r.stdout and "BITCOS/TQ2_0" in r.stdout
     assert_ratios_with_spread(r.stdout)

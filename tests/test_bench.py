@@ -435,15 +435,15 @@ def test_bench_gpu_common_quant_references(tmp_path, patched_llama):
         timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:]
-    assert "| vs Q4_0 | vs Q8_0 |" in r.stdout and "| bitcos_pt | 0.40 |" in r.stdout, r.stdout
+    assert "| vs Q4_0 | vs Q8_0 |" in r.stdout and "| bitcos | 0.40 |" in r.stdout, r.stdout
     assert_ratios_with_spread(r.stdout)
     data = json.loads(out.read_text())
     recs = {(x["type"], x["z"]): x for x in data["matvec"]}
     assert all(len(x["rounds_us"]) == 2 for x in recs.values())
     spread = {(x["type"], x["ref"]): x for x in data["matvec_ratios"]}
-    assert {("bitcos_pt", "q4_0"), ("bitcos_pt", "q8_0"), ("q4_0", "q8_0")} <= set(spread)
-    assert len(spread[("bitcos_pt", "q4_0")]["per_round"]) == 2
-    assert set(recs) == {("q4_0", None), ("q8_0", None), ("bitcos_pt", 0.4)}
+    assert {("bitcos", "q4_0"), ("bitcos", "q8_0"), ("q4_0", "q8_0")} <= set(spread)
+    assert len(spread[("bitcos", "q4_0")]["per_round"]) == 2
+    assert set(recs) == {("q4_0", None), ("q8_0", None), ("bitcos", 0.4)}
     assert (recs[("q8_0", None)]["bytes"], recs[("q4_0", None)]["bytes"]) == (
         128 * 512 // 32 * 34,
         128 * 512 // 32 * 18,

@@ -2,7 +2,7 @@
 
 * mat-vec: ggml MUL_MAT with one column on the device (llama-bitcos-bench gemv-device) for each shape, the
   reference types once (`--refs`, default TQ2_0; Q4_0 / Q8_0 on a backend without TQ2_0 such as ggml-cuda)
-  and BITCOS (PT) at each zero density, repetitions interleaved across all weights, in rounds; time per
+  and BITCOS (MATRIX, what `convert` writes for a per-matrix scale) at each zero density, repetitions interleaved across all weights, in rounds; time per
   MUL_MAT, effective GB/s (weight + companion bytes / time) and the ratio to each reference with its spread
   over rounds (ggml_bitcos.bench.timing);
 * the device's copy bandwidth (llama-bitcos-bench copy-device), the roof those GB/s are compared with;
@@ -66,7 +66,7 @@ def bench_matvec(
     rounds: int = 3,
 ) -> list[dict[str, Any]]:
     """One gemv-device run over every shape's files: the reference types `refs` (default TQ2_0; z = 0.4, their
-    speed does not depend on z) and BITCOS PT per z. Records carry "z" (None for the references) and "shape".
+    speed does not depend on z) and BITCOS MATRIX per z. Records carry "z" (None for the references) and "shape".
     With `ref_device` (a backend without TQ2_0, e.g. SYCL0, measured against TQ2_0 on Vulkan0 of the same GPU)
     the references run there in a second run. A file already in `workdir` is reused (its name says what it
     holds; it is written whole or not at all), so a second device's run over the same --workdir (the GPU
@@ -81,9 +81,9 @@ def bench_matvec(
             write_gemv_gguf(p, rows, k, 0.4, refs)
         files.append(((rows, k), None, p))
         for z in zs:
-            p = workdir / f"gpu-bitcos-{rows}x{k}-z{z:.2f}.gguf"
+            p = workdir / f"gpu-bitcos-matrix-{rows}x{k}-z{z:.2f}.gguf"
             if not p.exists():
-                write_gemv_gguf(p, rows, k, z, ["bitcos_pt"], seed=1)
+                write_gemv_gguf(p, rows, k, z, ["bitcos_matrix"], seed=1)
             files.append(((rows, k), z, p))
     if ref_device is None or ref_device == device:
         runs = [

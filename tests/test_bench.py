@@ -602,9 +602,9 @@ def test_traffic_generator_modes(kernel_library):
 
     import numpy as np
 
-    from ggml_bitcos.bench import bandwidth
+    from ggml_bitcos.bench import traffic
 
-    lib = bandwidth._traffic_lib()
+    lib = traffic.traffic_lib()
     slice_bytes = 256 * 1024
     rng = np.random.default_rng(5)
     buf = rng.integers(0, 256, 4 * slice_bytes, dtype=np.uint8)
@@ -612,7 +612,7 @@ def test_traffic_generator_modes(kernel_library):
 
     def call(mode: str, b: np.ndarray, rate: float = 0.0) -> float:
         return lib.bitcos_h_traffic(
-            bandwidth.TRAFFIC_MODES[mode],
+            traffic.TRAFFIC_MODES[mode],
             b.ctypes.data,
             b.nbytes,
             rate,
@@ -673,7 +673,7 @@ def test_bandwidth_levels_parse():
 
     import pytest
 
-    from ggml_bitcos.bench.bandwidth import Level, parse_level
+    from ggml_bitcos.bench.traffic import Level, parse_level
 
     assert parse_level("none", 3) == Level("none")
     assert parse_level("copy", 3) == Level("copy", 0.0, 3)

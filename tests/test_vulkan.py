@@ -326,7 +326,7 @@ def test_bench_gpu_smoke(vulkan_build: Path, tmp_path: Path) -> None:
         cwd=Path(__file__).resolve().parent.parent,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "| tq2_0 | - |" in r.stdout and "| bitcos_pt | 0.40 |" in r.stdout, r.stdout
+    assert "| tq2_0 | - |" in r.stdout and "| bitcos | 0.40 |" in r.stdout, r.stdout
     data = json.loads((tmp_path / "gpu.json").read_text())
     sums = {rec["type"]: rec["checksum"] for rec in data["matvec"]}
     assert data["copy"]["gb_per_s"] > 0 and len(sums) == 2
@@ -383,5 +383,5 @@ def test_bench_gpu_reference_on_another_device(vulkan_build: Path, tmp_path: Pat
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "gpu.json").read_text())
     devices = {rec["type"]: rec["device"] for rec in data["matvec"]}
-    assert devices == {"tq2_0": "CPU", "bitcos_pt": "Vulkan0"}, devices
-    assert "| tq2_0 | - |" in r.stdout and "| bitcos_pt | 0.40 |" in r.stdout
+    assert devices == {"tq2_0": "CPU", "bitcos": "Vulkan0"}, devices
+    assert "| tq2_0 | - |" in r.stdout and "| bitcos | 0.40 |" in r.stdout

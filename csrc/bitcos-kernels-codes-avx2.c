@@ -38,32 +38,6 @@ X86_ALWAYS_INLINE __m256i avx2_codes_half(const __m256i * cv, const int8_t * qs)
     return _mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3));
 }
 
-// How a tile finds a block's scales, a constant per call site (no dispatch per block, as in the BITCOS
-// kernels): row scales, a scale per 256 weights (e0 == e1: no split test), a scale per 128.
-enum { CODES_ROW_SCALES, CODES_PER_256, CODES_PER_128 };
-
-// The fp32 scales of blocks b .. b + 8 of rows i0 .. i0 + R (a scale per 256 weights), one vcvtph2ps per row
-// where 8 are there at stride 2.
-X86_ALWAYS_INLINE void codes_stage_per_256(const bitcos_codes_rows * w, int64_t i0, const int R, int64_t b, int64_t nby,
-                                           float s256[][8]) {
-    for (int r = 0; r < R; ++r) {
-        const uint8_t * e = w->block_scale + (size_t) (i0 + r) * w->scale_row_bytes + (size_t) b * w->scale_stride;
-#    if defined(__F16C__)
-        if (nby - b >= 8 && w->scale_stride == 2) {
-            _mm256_storeu_ps(s256[r], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) e)));
-            continue;
-        }
-#    endif
-        {
-            for (int64_t j = 0; j < 8 && b + j < nby; ++j) {
-                uint16_t h;
-                memcpy(&h, e + (size_t) j * w->scale_stride, 2);
-                s256[r][j] = x86_fp16_to_fp32(h);
-            }
-        }
-    }
-}
-
 // The fp16 block scales e0, e1 of block b of row i (e1 = e0 for a block with one half).
 X86_ALWAYS_INLINE void avx2_block_scales(const bitcos_codes_rows * w, int64_t i, int64_t b, int halves, uint16_t e[2]) {
     const uint8_t * s = w->block_scale + (size_t) i * w->scale_row_bytes;

@@ -366,6 +366,32 @@ X86_ALWAYS_INLINE void x86_load_cursors(const bitcos_rows * w, int64_t r0, int n
         cursor[r] = w->sign_pos[r0 + r];
 }
 
+// The codes-form kernels (bitcos-kernels-codes-avx2.c, -avx512.c). How a tile finds a block's scales, a
+// constant per call site: row scales, a scale per 256 weights (e0 == e1: no split test), a scale per 128.
+enum { CODES_ROW_SCALES, CODES_PER_256, CODES_PER_128 };
+
+// The fp32 scales of blocks b .. b + 8 of rows i0 .. i0 + R (a scale per 256 weights), one vcvtph2ps per row
+// where 8 are there at stride 2.
+X86_ALWAYS_INLINE void codes_stage_per_256(const bitcos_codes_rows * w, int64_t i0, const int R, int64_t b, int64_t nby,
+                                           float s256[][8]) {
+    for (int r = 0; r < R; ++r) {
+        const uint8_t * e = w->block_scale + (size_t) (i0 + r) * w->scale_row_bytes + (size_t) b * w->scale_stride;
+#if defined(__F16C__)
+        if (nby - b >= 8 && w->scale_stride == 2) {
+            _mm256_storeu_ps(s256[r], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) e)));
+            continue;
+        }
+#endif
+        {
+            for (int64_t j = 0; j < 8 && b + j < nby; ++j) {
+                uint16_t h;
+                memcpy(&h, e + (size_t) j * w->scale_stride, 2);
+                s256[r][j] = x86_fp16_to_fp32(h);
+            }
+        }
+    }
+}
+
 // A kernel's two tile routines: rows r0 .. r0 + nrt (nrt <= X86_TILE_ROWS) against one column yc (GEMV; dc
 // points at the outputs of those rows), or against nct (2 .. X86_TILE_COLS) columns y[0 .. nct) (GEMM;
 // outputs dst[c][r0 ..]).

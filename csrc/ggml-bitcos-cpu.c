@@ -118,24 +118,77 @@ static void bitcos_quantize_src1(const struct ggml_compute_params * params, cons
     }
 }
 
-// The weight as seen by the kernels: data, companion and how view rows map to companion rows.
+// The weight as seen by the kernels: data, companion and how view rows map to companion rows. A weight in the
+// 2-bit codes form (ggml-bitcos-cpu-codes.cpp's buffer) has its codes at codes + base row * codes_row_bytes and
+// cdata is the copy of the companion's header and scales kept beside them (no sign pool).
 struct bitcos_weight {
     const struct ggml_tensor * w;
     const uint8_t *            cdata;
     struct ggml_bitcos_header  hdr;
     int64_t                    row0, step[3];
+    const uint8_t *            codes;       // NULL: the BITCOS form
+    size_t                     codes_row_bytes;
+    const uint8_t *            g128_scales; // codes form of v1 G128: the block scales copied out of its blocks
+    size_t                     g128_scale_row;
 };
 
 static void bitcos_weight_init(struct bitcos_weight * bw, const struct ggml_tensor * w) {
     const struct ggml_tensor * comp = ggml_bitcos_companion(w);
+    const struct ggml_tensor * base = w->view_src ? w->view_src : w;
     GGML_ASSERT(comp != NULL && "BITCOS weight without its companion tensor");
     GGML_ASSERT(ggml_bitcos_row_map(w, &bw->row0, bw->step));
-    bw->w     = w;
-    bw->cdata = (const uint8_t *) comp->data;
+    bw->w           = w;
+    bw->cdata       = (const uint8_t *) comp->data;
+    bw->codes       = NULL;
+    bw->g128_scales = NULL;
+    if (ggml_bitcos_is_codes_buffer(base->buffer)) {
+        struct ggml_bitcos_codes_state st;
+        memcpy(&st, (const char *) base->data + ggml_bitcos_codes_state_offset(base), sizeof st);
+        GGML_ASSERT(st.status == GGML_BITCOS_CODES_READY && "BITCOS weight in the 2-bit form was not decoded");
+        bw->codes           = (const uint8_t *) base->data;
+        bw->codes_row_bytes = bitcos_codes_row_bytes(base->ne[0]);
+        bw->cdata           = (const uint8_t *) base->data + ggml_bitcos_codes_companion_offset(base);
+        if (st.g128_scale_row != 0) {
+            bw->g128_scales    = bw->cdata + st.g128_scales;
+            bw->g128_scale_row = st.g128_scale_row;
+        }
+    }
     ggml_bitcos_read_header(bw->cdata, &bw->hdr);
     // cheap consistency check; the full validation ran at load time (ggml_bitcos_validate)
     GGML_ASSERT(bw->hdr.magic == BITCOS_MAGIC && bw->hdr.n_cols == (uint64_t) w->ne[0] && bw->hdr.n_mats > 0 &&
                 ggml_bitcos_type_has_variant(w->type, bw->hdr.variant));
+}
+
+// The codes form's part of bitcos_run_rows: n rows from base row g0 (step[0] base rows apart), written at dst[c] + d0.
+static void bitcos_run_codes(const struct bitcos_weight * bw, int64_t g0, int64_t n, const float * row_scale,
+                             const bitcos_q8_K * const * y, float * const * dst, int64_t nc, int64_t d0,
+                             const bitcos_kernel * kernel) {
+    const int         variant = bw->hdr.variant;
+    bitcos_codes_rows rows;
+    memset(&rows, 0, sizeof rows);
+    rows.k         = bw->w->ne[0];
+    rows.codes     = bw->codes + (size_t) g0 * bw->codes_row_bytes;
+    rows.row_bytes = bw->codes_row_bytes * (size_t) bw->step[0];
+    if (bitcos_variant_scale_block(variant) == 0) {
+        rows.row_scale = row_scale;
+    } else if (variant == BITCOS_VARIANT_G128) {
+        rows.block_scale     = bw->g128_scales + (size_t) g0 * bw->g128_scale_row;
+        rows.scale_stride    = sizeof(uint16_t);
+        rows.scale_row_bytes = bw->g128_scale_row * (size_t) bw->step[0];
+    } else {
+        rows.block_scale       = ggml_bitcos_block_scales(bw->cdata, &bw->hdr, (uint64_t) g0);
+        rows.scale_stride      = sizeof(uint16_t);
+        rows.scale_row_bytes   = (size_t) (ggml_bitcos_scale_row_bytes(&bw->hdr) * (uint64_t) bw->step[0]);
+        rows.block_scale_shift = variant == BITCOS_VARIANT_B256 ? 1 : 0;
+    }
+    float * dcol[BITCOS_COLS];
+    for (int64_t c0 = 0; c0 < nc; c0 += BITCOS_COLS) {
+        const int64_t cn = nc - c0 < BITCOS_COLS ? nc - c0 : BITCOS_COLS;
+        for (int64_t c = 0; c < cn; ++c) {
+            dcol[c] = dst[c0 + c] + d0;
+        }
+        bitcos_kernel_codes_mm(kernel, &rows, n, y + c0, cn, dcol);
+    }
 }
 
 // dst[c][i - r0] = W(i, i2, i3) . y[c] for rows r0 <= i < r1 of matrix (i2, i3) of the weight (view).
@@ -156,10 +209,17 @@ static void bitcos_run_rows(const struct bitcos_weight * bw, int64_t i2, int64_t
         const int64_t n  = r1 - r < BITCOS_RUN ? r1 - r : BITCOS_RUN;
         for (int64_t j = 0; j < n; ++j) {
             const uint64_t g = (uint64_t) (g0 + j * bw->step[0]);
-            sign_pos[j]      = ggml_bitcos_sign_pos(bw->cdata, &bw->hdr, g);
+            if (bw->codes == NULL) {
+                sign_pos[j] = ggml_bitcos_sign_pos(bw->cdata, &bw->hdr, g);
+            }
             if (sblk == 0) {
                 row_scale[j] = ggml_bitcos_row_scale(bw->cdata, &bw->hdr, g);
             }
+        }
+        if (bw->codes != NULL) {
+            bitcos_run_codes(bw, g0, n, row_scale, y, dst, nc, r - r0, kernel);
+            r += n;
+            continue;
         }
         bitcos_rows rows;
         memset(&rows, 0, sizeof rows);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ggml-bitcos.h"
+#include "ggml-backend.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -19,8 +20,13 @@ bool ggml_bitcos_cpu_supports_op(const struct ggml_tensor * op);
 // work buffer bytes for a MUL_MAT / MUL_MAT_ID node with a BITCOS src0, run by n_threads threads
 size_t ggml_bitcos_cpu_work_size(const struct ggml_tensor * node, int n_threads);
 
+// Both run a weight in either form: BITCOS, or the 2-bit codes form of a CPU_BITCOS_2BIT buffer.
 void ggml_bitcos_cpu_mul_mat(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 void ggml_bitcos_cpu_mul_mat_id(const struct ggml_compute_params * params, struct ggml_tensor * dst);
+
+// CPU_BITCOS_2BIT (ggml-bitcos-cpu-codes.cpp): ggml-cpu's extra buffer type for BITCOS weights decoded at load
+// into the 2-bit codes form where that form is chosen (GGML_BITCOS_CPU_FORM, docs/KERNELS.md §9)
+ggml_backend_buffer_type_t ggml_backend_cpu_bitcos_codes_buffer_type(void);
 
 #ifdef __cplusplus
 }

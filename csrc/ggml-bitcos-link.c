@@ -4,6 +4,7 @@
 // BITCOS logic of its own. Byte-level validation is ggml-bitcos.c.
 #include "ggml-bitcos.h"
 #include "ggml-bitcos-impl.h"
+#include "bitcos-kernels.h" // bitcos_codes_row_bytes
 #include "ggml-backend.h"
 
 #include <stdio.h>
@@ -158,6 +159,19 @@ bool ggml_bitcos_validate_tensor(const struct ggml_tensor * w, char * err, size_
         snprintf(err, err_size, "companion not loaded");
         return false;
     }
+    if (ggml_bitcos_is_codes_buffer(w->buffer)) {
+        // decoded into the codes form at load: the buffer validated both tensors before decoding and kept no
+        // BITCOS bytes to check again; its verdict is in the weight's allocation
+        struct ggml_bitcos_codes_state st;
+        memcpy(&st, (const char *) w->data + ggml_bitcos_codes_state_offset(w), sizeof st);
+        if (st.status == GGML_BITCOS_CODES_READY) {
+            return true;
+        }
+        snprintf(err, err_size, "%s", st.status == GGML_BITCOS_CODES_INVALID
+                                          ? st.error
+                                          : "the weight or its companion was never loaded into the 2-bit form's buffer");
+        return false;
+    }
     void *       wcopy, *ccopy;
     const void * wdata = host_data(w, &wcopy);
     const void * cdata = host_data(c, &ccopy);
@@ -235,4 +249,71 @@ bool ggml_bitcos_graph_check(struct ggml_cgraph * graph, struct ggml_backend ** 
         }
     }
     return true;
+}
+
+// --- the 2-bit codes form's layout (ggml-cpu's CPU_BITCOS_2BIT buffer) ----------------------------------
+
+bool ggml_bitcos_is_codes_buffer(struct ggml_backend_buffer * buffer) {
+    return buffer != NULL &&
+           strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(buffer)), GGML_BITCOS_CODES_BUFT_NAME) == 0;
+}
+
+static size_t pad64(size_t x) {
+    return (x + 63) & ~(size_t) 63;
+}
+
+static int64_t codes_rows(const struct ggml_tensor * w) {
+    return w->ne[1] * w->ne[2] * w->ne[3];
+}
+
+size_t ggml_bitcos_codes_bytes(const struct ggml_tensor * w) {
+    return pad64(bitcos_codes_row_bytes(w->ne[0]) * (size_t) codes_rows(w));
+}
+
+size_t ggml_bitcos_codes_state_offset(const struct ggml_tensor * w) {
+    return ggml_bitcos_codes_bytes(w);
+}
+
+size_t ggml_bitcos_codes_companion_offset(const struct ggml_tensor * w) {
+    return ggml_bitcos_codes_state_offset(w) + pad64(sizeof(struct ggml_bitcos_codes_state));
+}
+
+size_t ggml_bitcos_codes_alloc_size(const struct ggml_tensor * w) {
+    // the companion's header and scales section for the largest variant (B128: 2 bytes per 128 weights; ROW: 4 per
+    // row; MATRIX / PT: 4 per matrix), then v1 G128's copied block scales (2 bytes per 128 weights)
+    const size_t rows   = (size_t) codes_rows(w);
+    const size_t blocks = (size_t) ((w->ne[0] + 127) / 128) * rows;
+    size_t       scales = 2 * blocks;
+    if (4 * rows > scales) {
+        scales = 4 * rows;
+    }
+    scales += 4 * (size_t) (w->ne[2] * w->ne[3]);
+    return ggml_bitcos_codes_companion_offset(w) + pad64(BITCOS_HEADER_BYTES + scales) + pad64(2 * blocks);
+}
+
+double ggml_bitcos_codes_decode_seconds(const struct ggml_tensor * w) {
+    if (!ggml_bitcos_is_codes_buffer(w->buffer)) {
+        return -1.0;
+    }
+    struct ggml_bitcos_codes_state st;
+    memcpy(&st, (const char *) w->data + ggml_bitcos_codes_state_offset(w), sizeof st);
+    return (double) st.decode_ns * 1e-9;
+}
+
+// op_params[0]: a tag saying the hint was set; op_params[1]: the density as a float
+#define BITCOS_ZHINT_TAG 0x7a424354 // "TCBz"
+
+void ggml_bitcos_set_model_zero_density(struct ggml_tensor * w, float z) {
+    const int32_t tag = BITCOS_ZHINT_TAG;
+    memcpy(w->op_params, &tag, sizeof tag);
+    memcpy((char *) w->op_params + sizeof tag, &z, sizeof z);
+}
+
+float ggml_bitcos_model_zero_density(const struct ggml_tensor * w) {
+    const struct ggml_tensor * base = w->view_src ? w->view_src : w;
+    int32_t                    tag;
+    float                      z;
+    memcpy(&tag, base->op_params, sizeof tag);
+    memcpy(&z, (const char *) base->op_params + sizeof tag, sizeof z);
+    return tag == BITCOS_ZHINT_TAG && z >= 0.0f && z <= 1.0f ? z : -1.0f;
 }

@@ -97,6 +97,49 @@ GGML_API bool ggml_bitcos_validate_tensor(const struct ggml_tensor * w, char * e
 // BITCOS op can use it).
 GGML_API bool ggml_bitcos_row_map(const struct ggml_tensor * w, int64_t * row0, int64_t step[3]);
 
+// ---- The 2-bit codes form (docs/KERNELS.md §8-9) ----
+//
+// ggml-cpu's extra buffer type GGML_BITCOS_CODES_BUFT_NAME holds BITCOS weights decoded at load into the 2-bit
+// codes form (bitcos-kernels.h, bitcos_codes_rows) where that form is predicted faster on this machine. A weight's
+// allocation there: [codes, rows of the base tensor, bitcos_codes_row_bytes(K) apart][state block][the companion's
+// header and scales section as the file has it (so the companion accessors below work on it), then for v1 G128
+// the block scales copied out of its bitmap blocks]. Its companion keeps only a stub allocation: the sign pool is
+// not kept.
+#define GGML_BITCOS_CODES_BUFT_NAME "CPU_BITCOS_2BIT"
+
+// The decode's outcome, written into the weight's allocation when the weight and its companion have both been
+// set (the buffer validates them first, with ggml_bitcos_validate). ggml_bitcos_validate_tensor reports it.
+enum ggml_bitcos_codes_status {
+    GGML_BITCOS_CODES_PENDING = 0, // one of the two tensors has not been set
+    GGML_BITCOS_CODES_READY   = 1,
+    GGML_BITCOS_CODES_INVALID = 2, // `error` says why
+};
+
+struct ggml_bitcos_codes_state {
+    uint32_t status;          // enum ggml_bitcos_codes_status
+    uint32_t g128_scale_row;  // v1 G128: bytes per row of the copied block scales; else 0
+    uint64_t g128_scales;     // v1 G128: their offset from the start of the copied companion; else 0
+    uint64_t decode_ns;       // wall time of its validation and decode
+    char     error[232];
+};
+
+// true when `buffer` is a CPU_BITCOS_2BIT buffer (compared by buffer type name: ggml-base cannot see ggml-cpu)
+GGML_API bool   ggml_bitcos_is_codes_buffer(struct ggml_backend_buffer * buffer);
+// Bytes of the codes (all rows of the base weight w) and offsets in its allocation; alloc_size is what the
+// buffer type allocates for w (an upper bound on every variant's scales; untouched pages cost no memory).
+GGML_API size_t ggml_bitcos_codes_bytes(const struct ggml_tensor * w);
+GGML_API size_t ggml_bitcos_codes_state_offset(const struct ggml_tensor * w);
+GGML_API size_t ggml_bitcos_codes_companion_offset(const struct ggml_tensor * w);
+GGML_API size_t ggml_bitcos_codes_alloc_size(const struct ggml_tensor * w);
+// Seconds the decode of a weight in the codes form took; -1 when w is not in a CPU_BITCOS_2BIT buffer.
+GGML_API double ggml_bitcos_codes_decode_seconds(const struct ggml_tensor * w);
+
+// The model's zero density over its BITCOS weights, which the loader reads from the companion headers before any
+// buffer type is chosen (the codes form's choice needs it, and no data is loaded yet). Kept in the weight's
+// op_params (a leaf has none of its own); ggml_bitcos_model_zero_density returns -1 when it was never set.
+GGML_API void  ggml_bitcos_set_model_zero_density(struct ggml_tensor * w, float z);
+GGML_API float ggml_bitcos_model_zero_density(const struct ggml_tensor * w);
+
 // Parsed companion header (FORMAT.md §4.1; field offsets: enum bitcos_header_offset).
 struct ggml_bitcos_header {
     uint32_t magic;

@@ -81,7 +81,7 @@ def csrc_destinations() -> list[str]:
 
 
 def _csrc_files() -> list[Path]:
-    return sorted(p for p in CSRC_DIR.iterdir() if p.suffix in (".c", ".h"))
+    return sorted(p for p in CSRC_DIR.iterdir() if p.suffix in (".c", ".cpp", ".h"))
 
 
 def _vulkan_files() -> list[Path]:

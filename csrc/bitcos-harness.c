@@ -6,6 +6,7 @@
 // implement the same form of the contract. The kernels are the kernel table's (bitcos-kernels-table.c, built
 // with BITCOS_KERNELS_PER_FILE_FLAGS: each SIMD kernel file compiled with its own target flags, the CPU asked
 // at run time): an `impl` argument below is an index into that table, whose names bitcos_h_kernel_name gives.
+#include "bitcos-form.h"
 #include "bitcos-kernels.h"
 
 #include <stdint.h>
@@ -37,9 +38,9 @@ static const bitcos_kernel * bitcos_h_kernel(int impl) {
 // Version of the entry points below (ggml_bitcos/harness.py skips a library of another version): 2 = the
 // bitcos_rows descriptor of format version 2 (bits, unit stride, row or block scales); 3 = the kernels by
 // the table's index and name (bitcos_h_kernel_count, bitcos_h_kernel_name), bitcos_h_covers; 4 = the 2-bit
-// codes form (bitcos_h_codes_*).
+// codes form (bitcos_h_codes_*); 5 = the form decision (bitcos_h_form_*, bitcos-form.h).
 int bitcos_h_abi(void) {
-    return 4;
+    return 5;
 }
 
 // Arguments of one call in flat form: nc columns of ceil(k/256) Q8_K blocks each, back to back in y, and
@@ -272,4 +273,40 @@ int bitcos_h_codes_mm(int impl, int64_t k, const uint8_t * codes, size_t codes_r
                       int64_t nr, const bitcos_q8_K * y, int64_t nc, float * dst) {
     return bitcos_h_codes_time(impl, k, codes, codes_row_bytes, row_scale, block_scale, scale_stride, scale_row_bytes,
                                block_scale_shift, nr, y, nc, dst, 0, NULL);
+}
+
+// ---- The form decision (bitcos-form.h) ----
+
+// bitcos_form_choose on flat arguments; out[0..3] = bytes_bitcos, bytes_codes, t_bitcos, t_codes. Returns the form.
+int bitcos_h_form_choose(double gamma_bitcos, double gamma_codes, double beta_thread, int n_threads, double z,
+                         double scale_bits, double * out) {
+    const bitcos_form_inputs in = { gamma_bitcos, gamma_codes, beta_thread, n_threads, z, scale_bits };
+    const bitcos_form_choice c  = bitcos_form_choose(&in);
+    out[0]                      = c.bytes_bitcos;
+    out[1]                      = c.bytes_codes;
+    out[2]                      = c.t_bitcos;
+    out[3]                      = c.t_codes;
+    return c.form;
+}
+
+int bitcos_h_form_physical_cores(void) {
+    return bitcos_form_physical_cores();
+}
+
+double bitcos_h_form_measure_beta(int n_threads, double seconds) {
+    return bitcos_form_measure_beta(n_threads, seconds);
+}
+
+double bitcos_h_form_beta_cached(int n_threads, int * measured) {
+    return bitcos_form_beta_cached(n_threads, measured);
+}
+
+// gamma of both forms for kernel `impl` (ns per 32 weights). Returns 0, -1 when impl is not available here.
+int bitcos_h_form_measure_gamma(int impl, double z, double seconds, double * gamma_bitcos, double * gamma_codes) {
+    const bitcos_kernel * k = bitcos_h_kernel(impl);
+    if (k == NULL) {
+        return -1;
+    }
+    bitcos_form_measure_gamma(k, z, seconds, gamma_bitcos, gamma_codes);
+    return 0;
 }

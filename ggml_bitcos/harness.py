@@ -35,7 +35,7 @@ from . import codec
 from .format import BITMAP_BYTES, QK, Variant
 from .q8k import Q8K_DTYPE, as_q8k, n_blocks
 
-HARNESS_ABI: Final = 4  # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
+HARNESS_ABI: Final = 5  # bitcos_h_abi() of a library with these entry points (csrc/bitcos-harness.c)
 _LIB_NAMES: Final = {True: "libbitcos_kernels.so", False: "libbitcos_kernels_nofma.so"}
 _LIB_ENV: Final = {True: "BITCOS_KERNELS_LIB", False: "BITCOS_KERNELS_NOFMA_LIB"}
 
@@ -117,6 +117,18 @@ def load_library(fma: bool = True) -> ctypes.CDLL:
     lib.bitcos_h_codes_mm.restype = i32
     lib.bitcos_h_codes_time.argtypes = codes_args + [i32, vp]
     lib.bitcos_h_codes_time.restype = i32
+    # the form decision (csrc/bitcos-form.h)
+    f64, f64p = ctypes.c_double, ctypes.POINTER(ctypes.c_double)
+    lib.bitcos_h_form_choose.argtypes = [f64, f64, f64, i32, f64, f64, f64p]
+    lib.bitcos_h_form_choose.restype = i32
+    lib.bitcos_h_form_physical_cores.argtypes = []
+    lib.bitcos_h_form_physical_cores.restype = i32
+    lib.bitcos_h_form_measure_beta.argtypes = [i32, f64]
+    lib.bitcos_h_form_measure_beta.restype = f64
+    lib.bitcos_h_form_beta_cached.argtypes = [i32, ctypes.POINTER(i32)]
+    lib.bitcos_h_form_beta_cached.restype = f64
+    lib.bitcos_h_form_measure_gamma.argtypes = [i32, f64, f64, f64p, f64p]
+    lib.bitcos_h_form_measure_gamma.restype = i32
     if lib.bitcos_h_q8k_size() != Q8K_DTYPE.itemsize:
         raise RuntimeError("block_q8_K size mismatch between the library and Q8K_DTYPE")
     if bool(lib.bitcos_h_fma()) != fma:
@@ -448,3 +460,59 @@ def time_codes_mm(impl: str, w: CodesRows, y: np.ndarray, reps: int, fma: bool =
     if rc != 0:
         raise RuntimeError(f"bitcos_h_codes_time({impl}) failed: {rc}")
     return ticks
+
+
+# ------------------------------------------------------------------------------------------ the form decision
+FORM_NAMES: Final = ("bitcos", "codes")  # enum bitcos_form (csrc/bitcos-form.h)
+FORM_MARGIN: Final = 0.10  # BITCOS_FORM_MARGIN
+
+
+def form_choose(
+    gamma_bitcos: float, gamma_codes: float, beta_thread: float, n_threads: int, z: float, scale_bits: float = 0.0
+) -> dict:
+    """bitcos_form_choose: the roofline per form, T = max(bytes / beta_thread, gamma) in ns per 32 weights per
+    thread (gamma in ns per 32 weights, beta in GB/s per thread); "codes" only when T_bitcos > 1.1 T_codes.
+    Keys: form ("bitcos" / "codes"), bytes_bitcos, bytes_codes (per 32 weights), t_bitcos, t_codes."""
+    out = (ctypes.c_double * 4)()
+    form = load_library().bitcos_h_form_choose(
+        gamma_bitcos,
+        gamma_codes,
+        beta_thread,
+        n_threads,
+        z,
+        scale_bits,
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_double)),
+    )
+    keys = ("bytes_bitcos", "bytes_codes", "t_bitcos", "t_codes")
+    return {"form": FORM_NAMES[form], **dict(zip(keys, out, strict=True))}
+
+
+def form_physical_cores() -> int:
+    """bitcos_form_physical_cores: distinct (package, core) pairs of the online CPUs (llama.cpp's default threads)."""
+    return int(load_library().bitcos_h_form_physical_cores())
+
+
+def form_measure_beta(n_threads: int, seconds: float = 0.1) -> float:
+    """bitcos_form_measure_beta: streaming-read GB/s per thread while n_threads threads stream together."""
+    return float(load_library().bitcos_h_form_measure_beta(n_threads, seconds))
+
+
+def form_beta_cached(n_threads: int) -> tuple[float, bool]:
+    """bitcos_form_beta_cached: (GB/s per thread, whether it measured now) from $GGML_BITCOS_BETA, the cache file
+    cpu-bandwidth-v1.txt in $GGML_BITCOS_CACHE_DIR / $XDG_CACHE_HOME/ggml-bitcos / ~/.cache/ggml-bitcos, or a
+    measurement (appended to that file)."""
+    measured = ctypes.c_int(0)
+    gbs = load_library().bitcos_h_form_beta_cached(n_threads, ctypes.byref(measured))
+    return float(gbs), bool(measured.value)
+
+
+def form_measure_gamma(kernel_name: str, z: float, seconds: float = 0.02) -> tuple[float, float]:
+    """bitcos_form_measure_gamma: (gamma_bitcos, gamma_codes) in ns per 32 weights of kernel `kernel_name` on the
+    64 x 2048 cache-resident tile at zero density z, one column, min over ~2 ms repeats for about `seconds`."""
+    gb, gc = ctypes.c_double(), ctypes.c_double()
+    rc = load_library().bitcos_h_form_measure_gamma(
+        kernel_index(kernel_name), z, seconds, ctypes.byref(gb), ctypes.byref(gc)
+    )
+    if rc != 0:
+        raise RuntimeError(f"kernel {kernel_name!r} is not available on this CPU")
+    return gb.value, gc.value

@@ -743,6 +743,10 @@ def test_bench_bandwidth_small(tmp_path, patched_llama, kernel_library):
         assert set(lv["predicted"]) == {"bitcos_matrix", "bitcos_b256"}
         assert set(lv["ratios"]) == {"matrix_vs_tq2_0", "b256_vs_tq2_0", "matrix_vs_tq1_0"}  # no --models: no tg
         assert all(x["rounds"] == 2 for x in lv["ratios"].values())
+        # the in-memory form ggml-cpu's rule (csrc/bitcos-form.h) picks at this level's beta
+        assert lv["form_choice"]["form"] in ("bitcos", "codes") and lv["form_choice"]["t_codes"] > 0
+    assert res["form_gamma"]["bitcos_ns"] > 0 and res["form_gamma"]["codes_ns"] > 0
+    assert r.stdout.count("choice: ") == 2, r.stdout
     assert plot.stat().st_size > 0
 
 

@@ -15,7 +15,9 @@ write or copy a buffer much larger than the last-level cache while one compute t
 
 for each traffic level. The roofline max(bytes / beta, weights / 32 * gamma / f) of each type, with gamma
 (cycles per 32 weights, L1-resident) measured in the same invocation, predicts the speed ratio over all
-beta; the crossover is where the prediction reaches 1.
+beta; the crossover is where the prediction reaches 1. Each level also gets the in-memory form ggml-cpu's
+decision rule (csrc/bitcos-form.h, docs/KERNELS.md §9) would choose at the beta measured there: "choice: bitcos"
+or "codes", from the gamma of both forms on that rule's own 64 x 2048 tile.
 
     ggml-bitcos bench bandwidth [--levels none,read,write,copy] [--rows 16384 --k 16384] [--z 0.42]
                                 [--bitcos-types bitcos_matrix,bitcos_b256]
@@ -137,6 +139,29 @@ def gammas(
     return g
 
 
+def form_gammas(log: Callable[[str], Any], impl: str | None, z: float) -> dict[str, Any] | None:
+    """gamma of the BITCOS and the 2-bit codes kernel (ns per 32 weights, one thread) on the tile ggml-cpu's form
+    decision measures at load (bitcos_form_measure_gamma), for kernel `impl` (default: the best here); None
+    without the harness."""
+    try:
+        from ggml_bitcos import harness
+
+        impl = impl or harness.best_kernel()
+        gb, gc = harness.form_measure_gamma(impl, z, 0.05)
+    except Exception as e:  # harness missing: no choice
+        log(f"# form gamma unavailable ({e})")
+        return None
+    return {"kernel": impl, "bitcos_ns": gb, "codes_ns": gc}
+
+
+def form_choice(fg: dict[str, Any], beta_gb_s: float, z: float) -> dict[str, Any]:
+    """The form bitcos_form_choose picks for one compute thread at beta_gb_s: form, bytes and predicted ns per 32
+    weights of each."""
+    from ggml_bitcos import harness
+
+    return harness.form_choose(fg["bitcos_ns"], fg["codes_ns"], beta_gb_s, 1, z)
+
+
 def predicted_us(n_weights: int, n_bytes: int, gamma: float, beta_gb_s: float, ghz: float) -> float:
     """Roofline time of one GEMV: the slower of streaming its bytes at beta and executing it at gamma."""
     return max(n_bytes / (beta_gb_s * 1e3), n_weights / 32 * gamma / (ghz * 1e3))
@@ -188,11 +213,14 @@ def bench_bandwidth(
         write_gemv_gguf(bc, rows, k, z, types, seed=1)
     with pinned(compute_cpu()):
         gam = gammas(log, kernel_impl, types)
+        fg = form_gammas(log, kernel_impl, z)
     ghz = tsc_ghz()
     out = []
     for lv in levels:
         rec = measure_level(lv, [(None, ref), (z, bc)], reps, models, n_gen, tg_reps, rounds)
         rec["predicted"] = {t: predicted_ratio(rec, t, "tq2_0", gam, rec["beta_gb_s"], ghz) for t in types if t in gam}
+        if fg is not None:
+            rec["form_choice"] = form_choice(fg, rec["beta_gb_s"], z)
         out.append(rec)
         log(
             f"# {lv.label}: beta {rec['beta_gb_s']:.1f} GB/s, generators {rec['generated_gb_s']:.1f} GB/s, "
@@ -204,6 +232,7 @@ def bench_bandwidth(
         "gamma": gam,
         "tsc_ghz": ghz,
         "crossover_gb_s": cross,
+        "form_gamma": fg,
         "z": z,
         "rows": rows,
         "k": k,
@@ -284,6 +313,19 @@ def bandwidth_table(res: dict[str, Any]) -> str:
         f"gamma (TSC ticks / 32 weights, L1): {gam}; TSC {res['tsc_ghz']:.2f} GHz",
         f"predicted crossover (BITCOS faster than TQ2_0 below): {cross}",
     ]
+    fg = res.get("form_gamma")
+    if fg:
+        lines.append(
+            f"in-memory form (csrc/bitcos-form.h, 1 thread, {fg['kernel']}: gamma bitcos {fg['bitcos_ns']:.3f} ns, "
+            f"codes {fg['codes_ns']:.3f} ns per 32 weights):"
+        )
+    for r in res["levels"]:
+        c = r.get("form_choice")
+        if c:
+            lines.append(
+                f"  {r['level']}: choice: {c['form']} (t_bitcos {c['t_bitcos']:.3f} ns, t_codes {c['t_codes']:.3f} ns "
+                f"at {r['beta_gb_s']:.1f} GB/s)"
+            )
     return "\n".join(lines)
 
 

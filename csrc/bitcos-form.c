@@ -45,8 +45,8 @@ bitcos_form_choice bitcos_form_choose(const bitcos_form_inputs * in) {
     c.bytes_codes           = 8 + sb;           // 2 bits per weight
     // GB/s is bytes per ns; without beta or a gamma both times are infinite, so the comparison below keeps BITCOS
     const int known         = beta > 0 && !isnan(in->gamma_bitcos) && !isnan(in->gamma_codes);
-    c.t_bitcos              = known ? fmax(c.bytes_bitcos / beta, in->gamma_bitcos) : INFINITY;
-    c.t_codes               = known ? fmax(c.bytes_codes / beta, in->gamma_codes) : INFINITY;
+    c.t_bitcos              = known ? fmax(c.bytes_bitcos / beta, in->gamma_bitcos) : (double) INFINITY;
+    c.t_codes               = known ? fmax(c.bytes_codes / beta, in->gamma_codes) : (double) INFINITY;
     c.form = c.t_bitcos > (1 + BITCOS_FORM_MARGIN) * c.t_codes ? BITCOS_FORM_CODES : BITCOS_FORM_BITCOS;
     return c;
 }

@@ -52,15 +52,15 @@ int bitcos_cpu_threads() {
 
 // The form for weights of a model with zero density z (< 0: unknown). Logged once per distinct (z, threads).
 int bitcos_cpu_form(float z) {
-    static std::mutex                   mutex;
-    static std::map<std::string, int>   chosen;
-    std::lock_guard<std::mutex>         lock(mutex);
-    const char *                        env  = getenv("GGML_BITCOS_CPU_FORM");
-    const std::string                   mode = env != nullptr ? env : "auto";
+    static std::mutex                 mutex;
+    static std::map<std::string, int> chosen;
+    std::lock_guard<std::mutex>       lock(mutex);
+    const char *                      env  = getenv("GGML_BITCOS_CPU_FORM");
+    const std::string                 mode = env != nullptr ? env : "auto";
     if (mode == "bitcos" || mode == "2bit") {
         if (chosen.emplace(mode, 0).second) {
-            GGML_LOG_INFO("BITCOS CPU form: %s (GGML_BITCOS_CPU_FORM=%s)\n",
-                          mode == "2bit" ? "2-bit codes" : "BITCOS", mode.c_str());
+            GGML_LOG_INFO("BITCOS CPU form: %s (GGML_BITCOS_CPU_FORM=%s)\n", mode == "2bit" ? "2-bit codes" : "BITCOS",
+                          mode.c_str());
         }
         return mode == "2bit" ? BITCOS_FORM_CODES : BITCOS_FORM_BITCOS;
     }
@@ -71,8 +71,8 @@ int bitcos_cpu_form(float z) {
         // no hint (a caller other than llama.cpp's loader): the file's own form
         return BITCOS_FORM_BITCOS;
     }
-    const int  n_threads = bitcos_cpu_threads();
-    char       key[64];
+    const int n_threads = bitcos_cpu_threads();
+    char      key[64];
     snprintf(key, sizeof key, "%.2f|%d", z, n_threads);
     const auto it = chosen.find(key);
     if (it != chosen.end()) {
@@ -82,9 +82,9 @@ int bitcos_cpu_form(float z) {
     memset(&in, 0, sizeof in);
     int measured = 0;
     bitcos_form_measure_gamma(bitcos_kernel_best(), z, 0.03, &in.gamma_bitcos, &in.gamma_codes);
-    in.beta_thread = bitcos_form_beta_cached(n_threads, &measured);
-    in.n_threads   = n_threads;
-    in.z           = z;
+    in.beta_thread             = bitcos_form_beta_cached(n_threads, &measured);
+    in.n_threads               = n_threads;
+    in.z                       = z;
     const bitcos_form_choice c = bitcos_form_choose(&in);
     GGML_LOG_INFO("BITCOS CPU form: %s (auto: z %.2f, %d threads, beta %.1f GB/s per thread (%s), gamma BITCOS %.2f / "
                   "2-bit %.2f ns per 32 weights -> predicted %.2f vs %.2f ns; the 2-bit form runs when %.0f %% "
@@ -104,8 +104,8 @@ struct pending_half {
     std::vector<uint8_t>  bytes;            // else the companion's
 };
 
-std::mutex                                     g_pending_mutex;
-std::map<const ggml_tensor *, pending_half>    g_pending; // keyed by companion
+std::mutex                                  g_pending_mutex;
+std::map<const ggml_tensor *, pending_half> g_pending; // keyed by companion
 
 ggml_bitcos_codes_state * codes_state(ggml_tensor * w) {
     return (ggml_bitcos_codes_state *) ((char *) w->data + ggml_bitcos_codes_state_offset(w));
@@ -127,13 +127,13 @@ bool codes_decode(ggml_tensor * w, const uint8_t * wdata, const uint8_t * cdata,
     }
     ggml_bitcos_header hdr;
     ggml_bitcos_read_header(cdata, &hdr);
-    const int      variant  = hdr.variant;
-    const int64_t  n_rows   = w->ne[1] * w->ne[2] * w->ne[3];
-    const size_t   c_off    = ggml_bitcos_codes_companion_offset(w);
-    const size_t   cap      = ggml_bitcos_codes_alloc_size(w) - c_off;
-    const size_t   keep     = (size_t) hdr.row_base_offset; // header and scales section (validated canonical)
-    const size_t   g128_row = variant == BITCOS_VARIANT_G128 ? 2 * (size_t) ((w->ne[0] + 127) / 128) : 0;
-    const size_t   g128_off = (keep + 63) & ~(size_t) 63;
+    const int     variant  = hdr.variant;
+    const int64_t n_rows   = w->ne[1] * w->ne[2] * w->ne[3];
+    const size_t  c_off    = ggml_bitcos_codes_companion_offset(w);
+    const size_t  cap      = ggml_bitcos_codes_alloc_size(w) - c_off;
+    const size_t  keep     = (size_t) hdr.row_base_offset; // header and scales section (validated canonical)
+    const size_t  g128_row = variant == BITCOS_VARIANT_G128 ? 2 * (size_t) ((w->ne[0] + 127) / 128) : 0;
+    const size_t  g128_off = (keep + 63) & ~(size_t) 63;
     if (keep > cap || g128_off + g128_row * (size_t) n_rows > cap) {
         return codes_fail(w, "its scales do not fit the 2-bit form's allocation");
     }
@@ -159,8 +159,8 @@ bool codes_decode(ggml_tensor * w, const uint8_t * wdata, const uint8_t * cdata,
     }
     const size_t codes_row = bitcos_codes_row_bytes(w->ne[0]);
     // rows are independent: one contiguous range per core
-    const int    n_threads = (int) std::max<int64_t>(
-        1, std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n_rows / 16));
+    const int    n_threads =
+        (int) std::max<int64_t>(1, std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n_rows / 16));
     auto work = [&](int t) {
         const int64_t i0 = n_rows * t / n_threads, i1 = n_rows * (t + 1) / n_threads;
         bitcos_codes_decode(&rows, i0, i1, base, codes_row);
@@ -179,9 +179,9 @@ bool codes_decode(ggml_tensor * w, const uint8_t * wdata, const uint8_t * cdata,
     ggml_bitcos_codes_state * st = codes_state(w);
     st->g128_scale_row           = (uint32_t) g128_row;
     st->g128_scales              = g128_row != 0 ? g128_off : 0;
-    st->decode_ns                = (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - t0).count();
-    st->status                   = GGML_BITCOS_CODES_READY;
+    st->decode_ns =
+        (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    st->status = GGML_BITCOS_CODES_READY;
     return true;
 }
 
@@ -257,13 +257,13 @@ ggml_backend_buffer_t codes_buft_alloc_buffer(ggml_backend_buffer_type_t buft, s
     if (buffer == nullptr) {
         return nullptr;
     }
-    g_cpu_free_buffer          = buffer->iface.free_buffer;
-    buffer->buft               = buft;
-    buffer->iface.init_tensor  = codes_buffer_init_tensor;
-    buffer->iface.set_tensor   = codes_buffer_set_tensor;
-    buffer->iface.free_buffer  = codes_buffer_free_buffer;
-    buffer->iface.get_tensor   = nullptr; // the BITCOS bytes are gone; nothing reads them back
-    buffer->iface.cpy_tensor   = nullptr;
+    g_cpu_free_buffer           = buffer->iface.free_buffer;
+    buffer->buft                = buft;
+    buffer->iface.init_tensor   = codes_buffer_init_tensor;
+    buffer->iface.set_tensor    = codes_buffer_set_tensor;
+    buffer->iface.free_buffer   = codes_buffer_free_buffer;
+    buffer->iface.get_tensor    = nullptr; // the BITCOS bytes are gone; nothing reads them back
+    buffer->iface.cpy_tensor    = nullptr;
     buffer->iface.memset_tensor = nullptr;
     return buffer;
 }

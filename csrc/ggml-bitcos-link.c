@@ -167,9 +167,10 @@ bool ggml_bitcos_validate_tensor(const struct ggml_tensor * w, char * err, size_
         if (st.status == GGML_BITCOS_CODES_READY) {
             return true;
         }
-        snprintf(err, err_size, "%s", st.status == GGML_BITCOS_CODES_INVALID
-                                          ? st.error
-                                          : "the weight or its companion was never loaded into the 2-bit form's buffer");
+        snprintf(err, err_size, "%s",
+                 st.status == GGML_BITCOS_CODES_INVALID ?
+                     st.error :
+                     "the weight or its companion was never loaded into the 2-bit form's buffer");
         return false;
     }
     void *       wcopy, *ccopy;

@@ -116,10 +116,10 @@ enum ggml_bitcos_codes_status {
 };
 
 struct ggml_bitcos_codes_state {
-    uint32_t status;          // enum ggml_bitcos_codes_status
-    uint32_t g128_scale_row;  // v1 G128: bytes per row of the copied block scales; else 0
-    uint64_t g128_scales;     // v1 G128: their offset from the start of the copied companion; else 0
-    uint64_t decode_ns;       // wall time of its validation and decode
+    uint32_t status;         // enum ggml_bitcos_codes_status
+    uint32_t g128_scale_row; // v1 G128: bytes per row of the copied block scales; else 0
+    uint64_t g128_scales;    // v1 G128: their offset from the start of the copied companion; else 0
+    uint64_t decode_ns;      // wall time of its validation and decode
     char     error[232];
 };
 

@@ -13,7 +13,9 @@
 
 #    include "bitcos-kernels-x86.h"
 
-#    define CODES_GEMV_ROWS 8
+#    ifndef CODES_GEMV_ROWS
+#        define CODES_GEMV_ROWS 8
+#    endif
 #    define CODES_GEMM_ROWS 2
 #    define CODES_GEMM_COLS 4
 

@@ -125,9 +125,10 @@ def run_bench(
     repetitions: int = 3,
     timeout: float = 3600,
     extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[dict]:
     """llama-bench in JSON mode over several models in one run; `extra`: more llama-bench options
-    (e.g. ["-ngl", "99"])."""
+    (e.g. ["-ngl", "99"]); `env`: variables added to its environment (e.g. GGML_BITCOS_CPU_FORM)."""
     cmd = [str(tool_path("llama-bench"))]
     for m in models:
         cmd += ["-m", str(m)]
@@ -135,7 +136,13 @@ def run_bench(
     if threads:
         cmd += ["-t", ",".join(str(t) for t in threads)]
     r = subprocess.run(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **env} if env else None,
     )
     if r.returncode != 0:
         raise tool_failure("llama-bench", r.returncode, ", ".join(map(str, models)), r.stderr)

@@ -11,6 +11,7 @@ about speed. Without the cross toolchain or qemu-user these tests skip, except u
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -56,11 +57,20 @@ def arm_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
     return pairs
 
 
-def _run_arm(prefix: Path, tool: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """One of the aarch64 build's tools under qemu-user (-cpu max: every extension the build may use)."""
+def _run_arm(
+    prefix: Path, tool: str, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One of the aarch64 build's tools under qemu-user (-cpu max: every extension the build may use); `env`:
+    variables added to its environment."""
     cmd = [*HOST.emulator(), str(prefix / "bin" / tool), *args]
     r = subprocess.run(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **env} if env else None,
     )
     assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-4000:]}"
     return r
@@ -77,7 +87,7 @@ def _completion(prefix: Path, model: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _last_logits(prefix: Path, model: Path, out_dir: Path) -> np.ndarray:
+def _last_logits(prefix: Path, model: Path, out_dir: Path, env: dict[str, str] | None = None) -> np.ndarray:
     """The logits of the prompt's last token, saved by upstream's llama-debug (--save-logits writes them as raw
     float32 into <dir>/llamacpp-<model stem>.bin)."""
     _run_arm(
@@ -85,6 +95,7 @@ def _last_logits(prefix: Path, model: Path, out_dir: Path) -> np.ndarray:
         "llama-debug",
         *("-m", str(model), "-p", PROMPT, "-t", "1", "-c", "512", "--no-warmup"),
         *("--save-logits", "--logits-output-dir", str(out_dir)),
+        env=env,
     )
     return np.fromfile(out_dir / f"llamacpp-{model.stem}.bin", dtype=np.float32)
 
@@ -112,6 +123,16 @@ def test_aarch64_logits_match_tq2(aarch64_llama: Path, arm_pairs, tmp_path: Path
     print(f"{name}: aarch64 max |logit diff| {diff:.3g} (largest |logit| {scale:.3g})")
     assert diff <= 1e-3 * scale, f"{name}: max |logit diff| {diff} > 1e-3 * {scale}"
     assert int(np.argmax(a)) == int(np.argmax(b))
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_aarch64_cpu_forms_bit_identical(aarch64_llama: Path, arm_pairs, tmp_path: Path, name: str) -> None:
+    """The 2-bit codes form (decoded at load, the NEON codes kernels) and the BITCOS form give the same logits
+    bit for bit on aarch64 too (docs/KERNELS.md §8-9)."""
+    _, out = arm_pairs[name]
+    a = _last_logits(aarch64_llama, out, tmp_path / "bitcos", env={"GGML_BITCOS_CPU_FORM": "bitcos"})
+    b = _last_logits(aarch64_llama, out, tmp_path / "2bit", env={"GGML_BITCOS_CPU_FORM": "2bit"})
+    assert a.size > 1000 and np.array_equal(a, b), f"{name}: max |diff| {float(np.max(np.abs(a - b)))}"
 
 
 def test_aarch64_load_log_names_kernel(aarch64_llama: Path, arm_pairs) -> None:

@@ -279,8 +279,11 @@ def test_bench_e2e_tiny_with_decode_breakdown(tmp_path, patched_llama):
     assert r.returncode == 0, r.stdout[-3000:]
     assert "where a generated token's time goes" in r.stdout and "tg ceiling" in r.stdout
     assert_ratios_with_spread(r.stdout)
+    # the automatic choice's line, and BITCOS also in both forced CPU forms
+    assert re.search(r"BITCOS rows at 1 thread\(s\), the automatic CPU form: (BITCOS|2-bit codes) \(auto:", r.stdout)
+    assert "| BITCOS (BITCOS form) |" in r.stdout and "| BITCOS (2-bit form) |" in r.stdout
     data = json.loads(out.read_text())
-    assert len(data["llama_bench"]) == 6
+    assert len(data["llama_bench"]) == 10
     for rec in data["llama_bench"]:
         assert len(rec["rounds_ts"]) == 2 and rec["avg_ts"] > 0
         assert ("vs_TQ2_0" in rec) == (rec["_label"] != "TQ2_0")

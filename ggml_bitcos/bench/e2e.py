@@ -12,6 +12,7 @@ records through the helpers below; they never write into them.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -45,6 +46,36 @@ def e2e_label(model_filename: str) -> str:
     """Table label of an e2e model file (names as e2e_models() writes them)."""
     name = Path(model_filename).name
     return "BITCOS" if "bitcos" in name else ("TQ2_0" if "tq2_0" in name else "TQ1_0")
+
+
+# The CPU's in-memory forms of BITCOS weights (GGML_BITCOS_CPU_FORM, docs/KERNELS.md §9): "auto" is what a
+# user gets (the load-time choice), the other two force one form; records carry it as "bitcos_form".
+FORMS = ("auto", "bitcos", "2bit")
+FORM_LABELS = {"bitcos": "BITCOS form", "2bit": "2-bit form"}
+
+
+def record_label(record: dict[str, Any]) -> str:
+    """Table label of a llama-bench record: the model's, with the forced CPU form of a BITCOS run."""
+    label = e2e_label(record["model_filename"])
+    form = record.get("bitcos_form", "auto")
+    return label if form == "auto" or label != "BITCOS" else f"BITCOS ({FORM_LABELS[form]})"
+
+
+def auto_form_line(model: Path, threads: int) -> str:
+    """The load log's line on the CPU form the automatic choice takes for `model` at `threads` threads (what
+    llama-bench's auto rows ran), from a one-token llama-completion run; "" when the log has none."""
+    r = subprocess.run(
+        [str(llama_run.tool_path("llama-completion")), "-m", str(model), "-p", "Hi", "-n", "1", "-t", str(threads)]
+        + ["-no-cnv", "--no-warmup", "-c", "256", "-v"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "GGML_BITCOS_CPU_FORM": "auto", "GGML_BITCOS_THREADS": str(threads)},
+        timeout=600,
+    )
+    found = [ln for ln in r.stderr.splitlines() if "BITCOS CPU form:" in ln]
+    return found[-1].split("BITCOS CPU form:", 1)[1].strip() if found else ""
 
 
 def _cli(args: list[str], log: Log) -> None:
@@ -99,16 +130,37 @@ def llama_bench_rounds(
     threads: list[int] | None = None,
     extra: list[str] | None = None,
     log: Log = print,
+    forms: tuple[str, ...] = ("auto",),
 ) -> list[dict[str, Any]]:
     """llama-bench over `models`, `rounds` times: each round runs every model (and thread count) once, with
-    `reps` repetitions, so a slow phase of a shared machine hits all of them; merged by merge_rounds."""
+    `reps` repetitions, so a slow phase of a shared machine hits all of them; merged by merge_rounds. Each thread
+    count runs on its own, with the automatic CPU form chosen for that many threads (GGML_BITCOS_THREADS); each
+    other entry of `forms` runs the BITCOS models again with that form forced."""
     runs = []
+    bitcos_models = [m for m in models if e2e_label(str(m)) == "BITCOS"]
     for i in range(rounds):
         if rounds > 1:
             log(f"# llama-bench round {i + 1}/{rounds}")
-        runs.append(
-            llama_run.run_bench(models, n_prompt=n_prompt, n_gen=n_gen, threads=threads, repetitions=reps, extra=extra)
-        )
+        records: list[dict[str, Any]] = []
+        for t in threads or [0]:
+            for form in forms:
+                env = {"GGML_BITCOS_CPU_FORM": form}
+                if t:
+                    env["GGML_BITCOS_THREADS"] = str(t)
+                run_models = models if form == "auto" else bitcos_models
+                if not run_models:
+                    continue
+                recs = llama_run.run_bench(
+                    run_models,
+                    n_prompt=n_prompt,
+                    n_gen=n_gen,
+                    threads=[t] if t else None,
+                    repetitions=reps,
+                    extra=extra,
+                    env=env,
+                )
+                records += [{**r, "bitcos_form": form} for r in recs]
+        runs.append(records)
     return merge_rounds(runs)
 
 
@@ -122,8 +174,10 @@ def bench_e2e(
     n_gen: int,
     rounds: int = 3,
     log: Log = print,
+    forms: tuple[str, ...] = FORMS,
 ) -> list[dict[str, Any]]:
-    """llama-bench over the three models in `rounds` interleaved rounds (llama_bench_rounds)."""
+    """llama-bench over the three models in `rounds` interleaved rounds (llama_bench_rounds), BITCOS also in each
+    forced CPU form of `forms`."""
     models = e2e_models(workdir, preset, z, log)
     return llama_bench_rounds(
         [models["tq1_0"], models["tq2_0"], models["bitcos"]],
@@ -133,6 +187,7 @@ def bench_e2e(
         n_gen=n_gen,
         threads=threads,
         log=log,
+        forms=forms,
     )
 
 
@@ -142,7 +197,7 @@ def merge_rounds(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     standard deviation (llama-bench's own when there is one round)."""
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (r["model_filename"], r["n_prompt"], r["n_gen"], r["n_threads"])
+        return (r["model_filename"], r.get("bitcos_form", "auto"), r["n_prompt"], r["n_gen"], r["n_threads"])
 
     merged = timing.merge_rounds(runs, key, "avg_ts", "rounds_ts")
     if len(runs) == 1:
@@ -162,13 +217,13 @@ def record_kind(record: dict[str, Any]) -> str:
 
 def tg_ms_per_token(rows: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
     """Milliseconds per generated token by (model label, threads), from the tg records of llama-bench."""
-    return {(e2e_label(r["model_filename"]), r["n_threads"]): 1e3 / r["avg_ts"] for r in rows if r["n_prompt"] == 0}
+    return {(record_label(r), r["n_threads"]): 1e3 / r["avg_ts"] for r in rows if r["n_prompt"] == 0}
 
 
 def e2e_ratios(rows: list[dict[str, Any]], ref: str) -> dict[int, timing.RatioSpread]:
     """Per-round tokens/s ratio of each record (by its index in `rows`) to the `ref` model's record of the
     same test and thread count; the reference itself and records without a reference are left out."""
-    base = {(e2e_label(r["model_filename"]), record_kind(r), r["n_threads"]): r for r in rows}
+    base = {(record_label(r), record_kind(r), r["n_threads"]): r for r in rows}
     out = {}
     for i, r in enumerate(rows):
         b = base.get((ref, record_kind(r), r["n_threads"]))
@@ -192,7 +247,7 @@ def e2e_table(rows: list[dict[str, Any]]) -> str:
         cells = [vs[ref][i].cell() if i in vs[ref] else "-" for ref in ("TQ2_0", "TQ1_0")]
         ts = timing.value_cell(rounds_ts(r)) if "rounds_ts" in r else f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"
         out.append(
-            f"| {e2e_label(r['model_filename'])} | {test} | {r['n_threads']} | {ts} | {cells[0]} | {cells[1]} | "
+            f"| {record_label(r)} | {test} | {r['n_threads']} | {ts} | {cells[0]} | {cells[1]} | "
             f"{r['model_size'] / 2**20:.1f} |"
         )
     return "\n".join(out)
@@ -204,12 +259,12 @@ def e2e_plot(rows: list[dict[str, Any]], out: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, kind in zip(axes, ("tg", "pp")):
         rs = [r for r in rows if record_kind(r) == kind]
-        labels = [e2e_label(r["model_filename"]) for r in rs]
+        labels = [record_label(r) for r in rs]
         ax.bar(
             range(len(rs)),
             [r["avg_ts"] for r in rs],
             yerr=[r["stddev_ts"] for r in rs],
-            color=[LABEL_COLORS.get(label, "C4") for label in labels],
+            color=[LABEL_COLORS.get(label.split(" (")[0], "C4") for label in labels],
         )
         ax.set_xticks(range(len(rs)), [f"{label}\n{r['n_threads']}t" for label, r in zip(labels, rs)], fontsize=8)
         ax.set_ylabel("tokens / s")
@@ -261,7 +316,7 @@ def tg_ceiling(
     ms per token over BITCOS's with its ternary matmuls taking `floor_ms`. Round i pairs llama-bench's round i
     with the decode breakdown's round i; the medians alone when the round counts differ."""
     tg = {
-        e2e_label(r["model_filename"]): [1e3 / v for v in rounds_ts(r)]
+        record_label(r): [1e3 / v for v in rounds_ts(r)]
         for r in rows
         if r["n_prompt"] == 0 and r["n_threads"] == bc["threads"]
     }
@@ -316,7 +371,7 @@ def e2e_json(rows: list[dict[str, Any]], breakdown: list[dict[str, Any]]) -> dic
         "llama_bench": [
             {
                 **r,
-                "_label": e2e_label(r["model_filename"]),
+                "_label": record_label(r),
                 **{f"vs_{ref}": vs[ref][i].as_json() for ref in vs if i in vs[ref]},
             }
             for i, r in enumerate(rows)
@@ -346,6 +401,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="runs of the per-token matmul graphs (llama-bitcos-bench decode) per model",
     )
     e.add_argument("--no-breakdown", action="store_true", help="skip the decode time breakdown")
+    e.add_argument(
+        "--forms",
+        type=lambda v: tuple(f for f in v.split(",") if f),
+        default=FORMS,
+        help="CPU forms of the BITCOS weights to run (GGML_BITCOS_CPU_FORM): auto (the load-time choice, always "
+        "run), bitcos, 2bit; default auto,bitcos,2bit",
+    )
     e.set_defaults(func=run)
     return e
 
@@ -361,10 +423,14 @@ def run(args: argparse.Namespace) -> int:
         args.n_prompt,
         args.n_gen,
         rounds=args.rounds,
+        forms=tuple(dict.fromkeys(("auto", *args.forms))),
     )
     title = f"llama-bench, {args.preset} z={args.zero_density} — {machine_line(args.threads)}"
     print(f"# {title}")
     print(e2e_table(rows))
+    bitcos_model = e2e_models(args.workdir, args.preset, args.zero_density)["bitcos"]
+    for t in args.threads:
+        print(f"# BITCOS rows at {t} thread(s), the automatic CPU form: {auto_form_line(bitcos_model, t)}")
     breakdown = []
     if not args.no_breakdown:
         breakdown = decode_breakdown(

@@ -17,6 +17,7 @@
 #include "bitcos-kernels.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 static int bitcos_always(void) {
     return 1;
@@ -49,6 +50,15 @@ const bitcos_kernel * bitcos_kernel_named(const char * name) {
 }
 
 const bitcos_kernel * bitcos_kernel_best(void) {
+    // GGML_BITCOS_KERNEL=<name>: an available entry of lower preference instead (to compare kernels in one build,
+    // e.g. avx2 on an AVX-512 CPU); an unknown or unavailable name is ignored
+    const char * name = getenv("GGML_BITCOS_KERNEL");
+    if (name != NULL && name[0] != '\0') {
+        const bitcos_kernel * k = bitcos_kernel_named(name);
+        if (k != NULL && k->available()) {
+            return k;
+        }
+    }
     for (int i = BITCOS_N_KERNELS - 1; i > 0; --i) {
         if (bitcos_kernels[i].available()) {
             return &bitcos_kernels[i];

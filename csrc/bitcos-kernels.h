@@ -175,7 +175,7 @@ typedef void (*bitcos_log_fn)(const char * text);
 int                   bitcos_kernel_count(void);
 const bitcos_kernel * bitcos_kernel_at(int i);
 const bitcos_kernel * bitcos_kernel_named(const char * name); // NULL when not compiled in
-// The last available entry: the best kernel this CPU can run.
+// The last available entry: the best kernel this CPU can run (or the available entry $GGML_BITCOS_KERNEL names).
 const bitcos_kernel * bitcos_kernel_best(void);
 // bitcos_kernel_best(); the first call in the process also gives log (NULL: stderr) the line
 // "BITCOS CPU kernel: <name>\n" (the ggml glue's line at the first BITCOS mat-mul, i.e. at model load's warm-up).

@@ -280,16 +280,21 @@ size_t ggml_bitcos_codes_companion_offset(const struct ggml_tensor * w) {
 }
 
 size_t ggml_bitcos_codes_alloc_size(const struct ggml_tensor * w) {
-    // the companion's header and scales section for the largest variant (B128: 2 bytes per 128 weights; ROW: 4 per
-    // row; MATRIX / PT: 4 per matrix), then v1 G128's copied block scales (2 bytes per 128 weights)
+    // the companion's header and scales section for the largest variant the weight's type may hold, and for
+    // v1 G128 the block scales copied out of its bitmap blocks (2 bytes per 128 weights). The codes buffer asks
+    // for huge pages, so unused room costs memory: each type gets only what its variants can use.
     const size_t rows   = (size_t) codes_rows(w);
     const size_t blocks = (size_t) ((w->ne[0] + 127) / 128) * rows;
-    size_t       scales = 2 * blocks;
-    if (4 * rows > scales) {
-        scales = 4 * rows;
+    const size_t mats   = (size_t) (w->ne[2] * w->ne[3]);
+    size_t       scales = 0, g128 = 0;
+    if (w->type == GGML_TYPE_BITCOS_G128) {
+        g128 = 2 * blocks;
+    } else if (w->type == GGML_TYPE_BITCOS_PT) {
+        scales = 4 * mats;
+    } else { // MATRIX: 4 per matrix; ROW: 4 per row; B128 / B256: 2 per 128 / 256 weights
+        scales = 2 * blocks > 4 * rows ? 2 * blocks : 4 * rows;
     }
-    scales += 4 * (size_t) (w->ne[2] * w->ne[3]);
-    return ggml_bitcos_codes_companion_offset(w) + pad64(BITCOS_HEADER_BYTES + scales) + pad64(2 * blocks);
+    return ggml_bitcos_codes_companion_offset(w) + pad64(BITCOS_HEADER_BYTES + scales) + pad64(g128);
 }
 
 double ggml_bitcos_codes_decode_seconds(const struct ggml_tensor * w) {

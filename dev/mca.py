@@ -1,8 +1,10 @@
 """`python3 -m dev.mca` (a maintainer's instrument, run from a checkout): a static model of the CPU kernels' hot loops in llvm-mca - a prediction, not a measurement.
 
-Cycles per 32 weights of every BITCOS kernel file of an architecture and of upstream's TQ2_0 vec_dot
-(ggml_vec_dot_tq2_0_q8_K, compiled from the pinned upstream source fetched at run time, never copied into this
-repository) from the same compiler, at 1 and several activation columns, on the CPUs llvm-mca models:
+Cycles per 32 weights of every BITCOS kernel file of an architecture, of the codes-form kernels (NAME/2bit, the 2-bit
+codes of docs/KERNELS.md §8; aarch64) and of upstream's TQ2_0 vec_dot (ggml_vec_dot_tq2_0_q8_K, compiled from the
+pinned upstream source fetched at run time, never copied into this repository; on aarch64 also built like the Armv8.0
+kernel, tq2_0@neon: the reference of the kernels without dotprod) from the same compiler, at 1 and several
+activation columns, on the CPUs llvm-mca models:
 
     python3 -m dev.mca [--arch aarch64,x86_64] [--cpus apple-a14,neoverse-v2] [--nc 1,4] [--json]
     python3 -m dev.mca --arch x86_64 --measure      # + this machine's measured ticks, predicted/measured
@@ -70,6 +72,8 @@ COMMENT: Final = {a.name: a.mca.asm_comment for a in KERNELS.arches.values()}
 TICK: Final = "BITCOS-MCA-TICK"
 BLOCK: Final = 256  # weights per Q8_K block: a model's unit of work (one row x 256 weights)
 MCA_ITERATIONS: Final = 200
+CODES_SUFFIX: Final = "/2bit"  # a codes-form kernel's name: "neon/2bit" (bench kernels' NAME/2bit)
+TQ2: Final = "tq2_0"  # upstream's TQ2_0 vec_dot, the reference of every ratio
 
 # The upstream files TQ2_0's vec_dot is compiled from (and the headers they include), per architecture.
 UPSTREAM_GGML: Final = "vendor/llama.cpp/ggml/"
@@ -89,8 +93,9 @@ class Mark:
     marked starts where the match (or its group named "loop") starts, and has a braced body. `per_block(nc, defines)` is the number of
     times the body runs per row and 256 weights at nc columns (`defines`: the file's integer #defines).
     `select`: a C expression printed into the marker (a compile-time constant after inlining, e.g. the tile
-    scale kind); only instances where it is non-zero are modelled. `asm_function`: the compiled function
-    holding the instance (for loops inlined into several)."""
+    scale kind); only instances where it is non-zero (or, with `value`, equal to it: several marks on one loop
+    inlined as several tiles) are modelled. `asm_function`: the compiled function holding the instance (for
+    loops inlined into several)."""
 
     name: str
     function: str
@@ -98,6 +103,7 @@ class Mark:
     per_block: Callable[[int, dict[str, int]], float]
     select: str | None = None
     asm_function: str | None = None
+    value: int | None = None  # only instances whose selected value is this one (a tile's tag), not just non-zero
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,9 @@ class KernelModel:
     """One kernel path of one source file: its marks for nc columns and how it is compiled.
 
     `name`: a kernel of the manifest (csrc/bitcos-kernels.json), whose target flags the file is compiled with,
-    or "tq2_0" for upstream's vec_dot. `source`: a file of csrc/ or, for upstream, the path under
+    its codes-form kernel ("neon/2bit"), or "tq2_0" for upstream's vec_dot (built natively for each CPU) and
+    "tq2_0@NAME" for it built with the flags of the manifest's kernel NAME (`like`: NAME), the reference of the
+    kernels built with those flags. `source`: a file of csrc/ or, for upstream, the path under
     vendor/llama.cpp/ggml/. `marks(nc)`: the loops that make up the path at nc columns. `substitutions(nc)`:
     (regex, replacement) edits of the copy's headers and source (a tile size made equal to nc, so an unrolled
     column loop holds exactly the columns that run)."""
@@ -116,12 +124,15 @@ class KernelModel:
     upstream: bool
     marks: Callable[[int], tuple[Mark, ...]]
     substitutions: Callable[[int], tuple[tuple[str, str], ...]] = lambda nc: ()
+    like: str | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
-        """The kernel's target flags from the manifest (none for upstream or a kernel of every architecture)."""
+        """The kernel's target flags from the manifest (none for a kernel of every architecture or for upstream,
+        but for a `like` build of it: that kernel's); a codes-form kernel ("neon/2bit") has its table entry's."""
         known = {k.name: k for k in KERNELS.kernels}
-        return () if self.upstream or self.name not in known else known[self.name].flags
+        base = self.like if self.upstream else self.name.removesuffix(CODES_SUFFIX)
+        return known[base].flags if base in known else ()
 
 
 def bitcos_model(
@@ -134,9 +145,28 @@ def bitcos_model(
     return KernelModel(name, arch, KERNELS.kernel(name).source, False, marks, substitutions)
 
 
-def upstream_model(arch: str, marks: Callable[[int], tuple[Mark, ...]]) -> KernelModel:
-    """Upstream's TQ2_0 vec_dot on `arch` (the manifest's upstream_quants file)."""
-    return KernelModel("tq2_0", arch, UPSTREAM_QUANTS[arch], True, marks)
+def codes_model(
+    name: str,
+    arch: str,
+    marks: Callable[[int], tuple[Mark, ...]],
+    substitutions: Callable[[int], tuple[tuple[str, str], ...]],
+) -> KernelModel:
+    """The model of the codes-form kernel (docs/KERNELS.md §8) of the manifest's kernel `name`: "name/2bit", as
+    `bench kernels` names it, from the kernel's codes_source, compiled with the kernel's flags."""
+    return KernelModel(name + CODES_SUFFIX, arch, KERNELS.kernel(name).codes_source, False, marks, substitutions)
+
+
+def upstream_model(
+    arch: str,
+    marks: Callable[[int], tuple[Mark, ...]],
+    like: str | None = None,
+    substitutions: Callable[[int], tuple[tuple[str, str], ...]] = lambda nc: (),
+) -> KernelModel:
+    """Upstream's TQ2_0 vec_dot on `arch` (the manifest's upstream_quants file): "tq2_0", built natively for each
+    CPU, or "tq2_0@NAME", built with the target flags of the manifest's kernel NAME (`like`), what a core that
+    runs that kernel runs of TQ2_0 (aarch64 without dotprod: TQ2_0's smlal path)."""
+    name = TQ2 if like is None else f"{TQ2}@{like}"
+    return KernelModel(name, arch, UPSTREAM_QUANTS[arch], True, marks, substitutions, like)
 
 
 def _portable_marks(nc: int) -> tuple[Mark, ...]:
@@ -258,6 +288,38 @@ def _neon_marks(nc: int) -> tuple[Mark, ...]:
     )
 
 
+# The codes kernels' tiles (row scales: the MATRIX case), tagged by the value of the block loop's marker: 1 for a
+# tile of several rows and 1 column, 2 for 1 row and several columns (0: another scale kind, 3: a single row).
+_NEON_CODES_TAG = "kind != NEON_CODES_ROW ? 0 : R > 1 && C == 1 ? 1 : R == 1 && C > 1 ? 2 : 3"
+NEON_CODES_COLS: Final = 4  # the file's NEON_CODES_COLS, which tiles run at nc columns (tests/test_bench_mca.py)
+
+
+def _neon_codes_marks(nc: int) -> tuple[Mark, ...]:
+    # nc // NEON_CODES_COLS tiles of 1 row x NEON_CODES_COLS columns per row (a block's codes made once for them),
+    # then each remaining column in tiles of NEON_CODES_GEMV_ROWS rows (a block's activation loads and group sums
+    # shared by them): a block per pass. The single-row tail of a row count that is not a multiple of the tile's
+    # rows is not modelled. A mark must not count 0 passes (its blocks would leave the other tile's loop), so
+    # each is there only when its tile runs.
+    loop = r"for \(int64_t b = 0; b < nfull; \+\+b\)"
+    gemm = Mark(
+        "codes-gemm-block",
+        "neon_codes_tile",
+        loop,
+        lambda n, d: float(n // d["NEON_CODES_COLS"]),
+        _NEON_CODES_TAG,
+        value=2,
+    )
+    gemv = Mark(
+        "codes-gemv-block",
+        "neon_codes_tile",
+        loop,
+        lambda n, d: (n % d["NEON_CODES_COLS"]) / d["NEON_CODES_GEMV_ROWS"],
+        _NEON_CODES_TAG,
+        value=1,
+    )
+    return (*((gemm,) if nc >= NEON_CODES_COLS else ()), *((gemv,) if nc % NEON_CODES_COLS else ()))
+
+
 def _tq2_marks(nc: int) -> tuple[Mark, ...]:
     # one vec_dot per row and column, a 256-weight block per pass
     return (
@@ -265,31 +327,38 @@ def _tq2_marks(nc: int) -> tuple[Mark, ...]:
     )
 
 
+def _tq2_unrolled(nc: int) -> tuple[tuple[str, str], ...]:
+    # The block's two 128-weight chunks unrolled, as GCC -O3 compiles them (clang keeps the loop of the
+    # Armv8.0 path, whose accumulator chain llvm-mca would then charge as if it ran on from block to block)
+    return ((r"(for \(size_t j = 0; j < sizeof\(x->qs\); j \+= 32\))", r'_Pragma("GCC unroll 2") \1'),)
+
+
 MODELS: Final = (
     bitcos_model("neon", "aarch64", _neon_marks, _shape),
     bitcos_model("neon-dotprod", "aarch64", _neon_marks, _shape),
     bitcos_model("portable", "aarch64", _portable_marks, _shape),
+    codes_model("neon", "aarch64", _neon_codes_marks, _shape),
+    codes_model("neon-dotprod", "aarch64", _neon_codes_marks, _shape),
     upstream_model("aarch64", _tq2_marks),
+    upstream_model("aarch64", _tq2_marks, "neon", _tq2_unrolled),
     bitcos_model("avx512", "x86_64", _avx512_marks, _x86_shape),
     bitcos_model("avx2", "x86_64", _avx2_marks, _x86_shape),
     bitcos_model("portable", "x86_64", _portable_marks, _shape),
     upstream_model("x86_64", _tq2_marks),
 )
-# Kernels of the manifest that are no hot loop of their own: the reference.
-NOT_MODELLED: Final = ("generic",)
+# Kernels of the manifest that are no hot loop of their own (the references), and codes-form kernels not modelled
+# yet (the 2-bit form's targets are on aarch64; the x86 ones are measured by `bench kernels`).
+NOT_MODELLED: Final = ("generic", "generic/2bit", "portable/2bit", "avx2/2bit", "avx512/2bit")
 
 
 def unmodelled_kernels() -> list[str]:
-    """ "arch/name" of every kernel the manifest builds for an architecture of its own or for all of them that no
-    model covers on that architecture (a new kernel needs its model here)."""
+    """ "arch/name" of every kernel the manifest builds for an architecture of its own or for all of them, and of
+    its codes-form kernel ("name/2bit"), that no model covers on that architecture (a new kernel needs its model
+    here)."""
     have = {(m.arch, m.name) for m in MODELS if not m.upstream}
-    want = [
-        (a, k.name)
-        for a in KERNELS.arches
-        for k in (*KERNELS.baseline_kernels, *KERNELS.kernels_of(a))
-        if k.name not in NOT_MODELLED
-    ]
-    return [f"{a}/{n}" for a, n in want if (a, n) not in have]
+    kernels = [(a, k) for a in KERNELS.arches for k in (*KERNELS.baseline_kernels, *KERNELS.kernels_of(a))]
+    want = [(a, k.name) for a, k in kernels] + [(a, k.name + CODES_SUFFIX) for a, k in kernels if k.codes_source]
+    return [f"{a}/{n}" for a, n in want if n not in NOT_MODELLED and (a, n) not in have]
 
 
 # ------------------------------------------------------------------------------------- source markers
@@ -512,6 +581,13 @@ class Instance:
     notes: list[str] = field(default_factory=list)
 
 
+def selected(mark: Mark, value: int | None) -> bool:
+    """Whether a marker of `mark` with the selected value `value` (None: no select) is an instance of it."""
+    if mark.value is not None:
+        return value == mark.value
+    return value is None or value != 0
+
+
 def find_instance(
     funcs: dict[str, list[AsmItem]], mark: Mark, all_marks: Iterable[str], never: Iterable[str] = ()
 ) -> Instance:
@@ -526,7 +602,7 @@ def find_instance(
     for fname, items in funcs.items():
         if mark.asm_function is not None and fname != mark.asm_function:
             continue
-        ticks = [t for t in tick_positions(items) if t[1] == mark.name and (t[2] is None or t[2] != 0)]
+        ticks = [t for t in tick_positions(items) if t[1] == mark.name and selected(mark, t[2])]
         insns = instructions(items)
         if not ticks or not insns:
             continue
@@ -661,7 +737,7 @@ def compile_flags(model: KernelModel, cpu: str) -> list[str]:
     out = ["-O3", "-DNDEBUG"] + ([] if model.upstream else ["-ffp-contract=off"])
     if mca.compiler == "clang":
         out = [f"--target={mca.triple}", *out]
-    flags = list(mca.upstream_flags) if model.upstream else [*mca.defines, *model.flags]
+    flags = [*mca.upstream_flags, *model.flags] if model.upstream else [*mca.defines, *model.flags]
     if mca.tune_for_cpu:
         flags.append(f"-mtune={cpu}" if flags else f"-mcpu={cpu}")
     return [*out, *flags]
@@ -892,23 +968,40 @@ def measure_x86(
     try:
         tq = min(run_tool(["gamma", "tq2_0", str(k), str(rows), "2000"])[0]["cycles_per_32"] for _ in range(3))
         for nc in ncs:
-            out[("tq2_0", nc)] = tq
+            out[(TQ2, nc)] = tq
     except Exception:  # no patched llama.cpp installed: BITCOS kernels only
         pass
     return Measured(out, tsc_ticks_per_core_cycle(cc))
 
 
 # ------------------------------------------------------------------------------------------ output
-def ratio_to_tq2(preds: list[Prediction], p: Prediction) -> float | None:
-    ref = next((q for q in preds if q.kernel == "tq2_0" and q.arch == p.arch and q.cpu == p.cpu and q.nc == p.nc), None)
+def ratio_to_tq2(preds: list[Prediction], p: Prediction, ref_name: str = TQ2) -> float | None:
+    """p's cycles / those of the TQ2_0 model `ref_name` on the same CPU and columns (None: not modelled)."""
+    ref = next(
+        (q for q in preds if q.kernel == ref_name and q.arch == p.arch and q.cpu == p.cpu and q.nc == p.nc), None
+    )
     return p.cycles_per_32 / ref.cycles_per_32 if ref is not None and ref.cycles_per_32 > 0 else None
+
+
+def same_flags_reference(p: Prediction) -> str:
+    """The TQ2_0 model built with p's target flags ("tq2_0@neon" for neon and neon/2bit)."""
+    return f"{TQ2}@{p.kernel.removesuffix(CODES_SUFFIX)}"
+
+
+def ratio_to_tq2_same_flags(preds: list[Prediction], p: Prediction) -> float | None:
+    """p / TQ2_0 built with p's target flags, where such a model exists (a kernel whose flags lack what the
+    native build has, e.g. neon without dotprod); None elsewhere."""
+    return None if p.kernel.startswith(TQ2) else ratio_to_tq2(preds, p, same_flags_reference(p))
 
 
 def format_table(preds: list[Prediction], arch: str, measured: Measured | None = None) -> str:
     """One line per (CPU, nc, kernel): predicted cycles per 32 weights (all columns, per column), static
     instructions per 32 weights, the ratio to TQ2_0 at the same nc; with `measured`, this machine's measured
     TSC ticks and core cycles per 32 weights per column and predicted / measured (cycles)."""
-    head = f"{'cpu':<15} {'nc':>3} {'kernel':<14} {'cyc/32w':>8} {'per col':>8} {'insn/32w':>9} {'vs TQ2_0':>9}"
+    same = any(p.arch == arch and p.kernel.startswith(TQ2 + "@") for p in preds)
+    head = f"{'cpu':<15} {'nc':>3} {'kernel':<17} {'cyc/32w':>8} {'per col':>8} {'insn/32w':>9} {'vs TQ2_0':>9}"
+    if same:
+        head += f" {'same flags':>10}"
     if measured is not None:
         head += f" {'ticks':>7} {'meas.cyc':>8} {'pred/meas':>9}"
     lines = [head, "-" * len(head)]
@@ -918,9 +1011,12 @@ def format_table(preds: list[Prediction], arch: str, measured: Measured | None =
             for p in (q for q in rows if q.cpu == cpu and q.nc == nc):
                 r = ratio_to_tq2(preds, p)
                 line = (
-                    f"{cpu:<15} {nc:>3} {p.kernel:<14} {p.cycles_per_32:8.2f} {p.cycles_per_32_per_column:8.2f} "
+                    f"{cpu:<15} {nc:>3} {p.kernel:<17} {p.cycles_per_32:8.2f} {p.cycles_per_32_per_column:8.2f} "
                     f"{p.instructions_per_32:9.1f} {('%.2fx' % r) if r is not None else '-':>9}"
                 )
+                if same:
+                    rs = ratio_to_tq2_same_flags(preds, p)
+                    line += f" {('%.2fx' % rs) if rs is not None else '-':>10}"
                 if measured is not None:
                     m = measured.cycles(p.kernel, nc)
                     line += (
@@ -935,13 +1031,13 @@ def format_table(preds: list[Prediction], arch: str, measured: Measured | None =
 def format_loops(preds: list[Prediction], arch: str) -> str:
     """The loops behind each prediction of `arch`: where they are, their size and their llvm-mca cycles."""
     lines = [
-        f"\n{'cpu':<15} {'nc':>3} {'kernel':<14} {'function':<36} {'marks':<28} {'insns':>5} {'passes':>6} "
+        f"\n{'cpu':<15} {'nc':>3} {'kernel':<17} {'function':<36} {'marks':<28} {'insns':>5} {'passes':>6} "
         f"{'cyc/pass':>8} {'bound':>6}"
     ]
     for p in (q for q in preds if q.arch == arch):
         for lp in p.loops:
             lines.append(
-                f"{p.cpu:<15} {p.nc:>3} {p.kernel:<14} {lp['function'][:36]:<36} {','.join(lp['marks'])[:28]:<28} "
+                f"{p.cpu:<15} {p.nc:>3} {p.kernel:<17} {lp['function'][:36]:<36} {','.join(lp['marks'])[:28]:<28} "
                 f"{lp['instructions']:>5} {lp['passes_per_block']:>6.3g} {lp['cycles_per_pass']:>8.2f} "
                 f"{lp['block_rthroughput']:>6.1f}"
             )
@@ -1037,6 +1133,7 @@ def run(args: argparse.Namespace) -> int:
             rec = asdict(p)
             rec["cycles_per_32_per_column"] = p.cycles_per_32_per_column
             rec["ratio_to_tq2_0"] = ratio_to_tq2(preds, p)
+            rec["ratio_to_tq2_0_same_flags"] = ratio_to_tq2_same_flags(preds, p)
             rec["compiler"] = compilers[p.arch]
             if measured is not None and p.arch == "x86_64":
                 rec["measured_ticks_per_32_per_column"] = measured.ticks.get((p.kernel, p.nc))
@@ -1055,7 +1152,8 @@ def run(args: argparse.Namespace) -> int:
         )
         print("cycles per 32 weights of the matrix (all nc columns; 'per col' = / nc), static instructions per")
         print(
-            "32 weights, BITCOS / TQ2_0 cycles at the same nc"
+            "32 weights, BITCOS / TQ2_0 cycles at the same nc ('same flags': / TQ2_0 built with the kernel's target"
+            " flags, tq2_0@NAME, where the native build has more)"
             + (
                 "; measured: this machine's core cycles per 32 weights per column (min of `bench kernels`' TSC "
                 f"ticks / {measured.ticks_per_cycle:.3f} TSC ticks per core cycle)"

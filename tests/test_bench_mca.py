@@ -145,6 +145,63 @@ g:
     assert body.ticks == 2 and body.body == ["addl\t$1, %eax", "addl\t$1, %eax", "jne\t.L8"]
 
 
+TILES_ASM = """\
+kern:
+	mov	x8, xzr
+.LBB0_1:
+	// BITCOS-MCA-TICK codes-gemm-block 2
+	// BITCOS-MCA-TICK codes-gemv-block 2
+	add	x8, x8, #1
+	cmp	x8, x1
+	b.ne	.LBB0_1
+.LBB0_2:
+	// BITCOS-MCA-TICK codes-gemm-block 1
+	// BITCOS-MCA-TICK codes-gemv-block 1
+	add	x9, x9, #1
+	add	x10, x10, #1
+	cmp	x9, x1
+	b.ne	.LBB0_2
+.LBB0_3:
+	// BITCOS-MCA-TICK codes-gemm-block 0
+	// BITCOS-MCA-TICK codes-gemv-block 0
+	sub	x11, x11, #1
+	cbnz	x11, .LBB0_3
+	ret
+"""
+
+
+def test_tagged_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One block loop inlined as several tiles, its markers' value the tile's tag (the NEON codes kernels: 1 for
+    the rows x 1 column GEMV tile, 2 for the 1 row x 4 columns GEMM tile, 0 for another scale kind): each mark
+    takes the loop whose tag is its `value`, and the marks of a column count are only those of tiles that run."""
+    funcs = mca.parse_functions(TILES_ASM, "//")
+    names = ["codes-gemm-block", "codes-gemv-block"]
+    gemv = mca.find_instance(funcs, mca.Mark("codes-gemv-block", "f", "", one, "tag", value=1), names)
+    gemm = mca.find_instance(funcs, mca.Mark("codes-gemm-block", "f", "", one, "tag", value=2), names)
+    assert gemv.body == ["add\tx9, x9, #1", "add\tx10, x10, #1", "cmp\tx9, x1", "b.ne\t.LBB0_2"]
+    assert gemm.body == ["add\tx8, x8, #1", "cmp\tx8, x1", "b.ne\t.LBB0_1"]
+    assert mca.selected(mca.Mark("m", "f", "", one, "tag"), 2) and not mca.selected(mca.Mark("m", "f", "", one), 0)
+    # the model's tile width is the kernel file's
+    defines = mca.int_defines((mca.CSRC / mca.KERNELS.kernel("neon").codes_source).read_text())
+    assert defines["NEON_CODES_COLS"] == mca.NEON_CODES_COLS and defines["NEON_CODES_GEMV_ROWS"] > 1
+    d = {"NEON_CODES_COLS": 4, "NEON_CODES_GEMV_ROWS": 3}
+    by_nc = {nc: {m.name: m.per_block(nc, d) for m in mca._neon_codes_marks(nc)} for nc in (1, 3, 4, 5, 8)}
+    assert by_nc == {
+        1: {"codes-gemv-block": pytest.approx(1 / 3)},
+        3: {"codes-gemv-block": 1.0},
+        4: {"codes-gemm-block": 1.0},
+        5: {"codes-gemm-block": 1.0, "codes-gemv-block": pytest.approx(1 / 3)},
+        8: {"codes-gemm-block": 2.0},
+    }
+    # nc = 5: the GEMM tile's loop once and the GEMV tile's a third of a time per row and block
+    monkeypatch.setattr(
+        mca, "run_mca", lambda tool, arch, cpu, body: mca.McaSummary(100, 100 * len(body), 100 * len(body), 1.0)
+    )
+    model = mca.KernelModel("k", "aarch64", "k.c", False, mca._neon_codes_marks)
+    p = mca.predict(model, "neoverse-v2", 5, TILES_ASM, "llvm-mca", d)
+    assert p.cycles_per_32 == pytest.approx((3 * 1 + 4 / 3) / 8)
+
+
 C_SOURCE = """\
 static void f(int n, int * a);
 static void f(int n, int * a) {
@@ -225,13 +282,24 @@ def test_predict_adds_loops_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
         mca.predict(mca.KernelModel("k", "x86_64", "k.c", False, lambda nc: bad), "znver4", 2, asm, "llvm-mca", {})
 
 
-def test_every_kernel_has_a_model() -> None:
-    """Every kernel of the manifest (csrc/bitcos-kernels.json) on every architecture it is built for needs its
-    model in dev/mca.py (its hot loops' marks), the reference excepted; the models' flags are the manifest's."""
+def test_every_kernel_has_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel of the manifest (csrc/bitcos-kernels.json) on every architecture it is built for, and its
+    codes-form kernel (NAME/2bit, as `bench kernels` names it), needs its model in dev/mca.py (its hot loops'
+    marks), those of NOT_MODELLED excepted; the models' sources and flags are the manifest's."""
+    from ggml_bitcos.bench.kernels import CODES_SUFFIX
+
+    assert mca.CODES_SUFFIX == CODES_SUFFIX
     assert mca.unmodelled_kernels() == []
     for m in mca.MODELS:
-        if not m.upstream:
-            assert m.source == mca.KERNELS.kernel(m.name).source and m.flags == mca.KERNELS.kernel(m.name).flags
+        if m.upstream:
+            continue
+        k = mca.KERNELS.kernel(m.name.removesuffix(mca.CODES_SUFFIX))
+        assert m.source == (k.codes_source if m.name.endswith(mca.CODES_SUFFIX) else k.source), m.name
+        assert m.flags == k.flags, m.name
+    # the aarch64 codes kernels are modelled; without their models they are reported
+    assert {(m.arch, m.name) for m in mca.MODELS} >= {("aarch64", "neon/2bit"), ("aarch64", "neon-dotprod/2bit")}
+    monkeypatch.setattr(mca, "MODELS", tuple(m for m in mca.MODELS if not m.name.endswith(mca.CODES_SUFFIX)))
+    assert mca.unmodelled_kernels() == ["aarch64/neon/2bit", "aarch64/neon-dotprod/2bit"]
 
 
 def test_compile_flags_from_the_manifest() -> None:
@@ -250,6 +318,18 @@ def test_compile_flags_from_the_manifest() -> None:
         "-mtune=apple-a14",
     ]
     assert mca.compile_flags(by[("aarch64", "tq2_0")], "cortex-a76")[-1] == "-mcpu=cortex-a76"
+    # a codes kernel: its table entry's flags; TQ2_0 built like the Armv8.0 kernel: that kernel's, tuned
+    assert mca.compile_flags(by[("aarch64", "neon/2bit")], "neoverse-v2")[-2:] == [
+        "-march=armv8-a",
+        "-mtune=neoverse-v2",
+    ]
+    assert mca.compile_flags(by[("aarch64", "tq2_0@neon")], "apple-a14") == [
+        "--target=aarch64-linux-gnu",
+        "-O3",
+        "-DNDEBUG",
+        "-march=armv8-a",
+        "-mtune=apple-a14",
+    ]
     avx2 = mca.compile_flags(by[("x86_64", "avx2")], "znver4")
     assert avx2 == ["-O3", "-DNDEBUG", "-ffp-contract=off", "-DBITCOS_FMA=1", *mca.KERNELS.kernel("avx2").flags]
     assert mca.compile_flags(by[("x86_64", "tq2_0")], "znver4") == ["-O3", "-DNDEBUG", "-march=x86-64-v4"]
@@ -257,8 +337,9 @@ def test_compile_flags_from_the_manifest() -> None:
 
 def test_bench_mca_real(llvm_mca: str) -> None:
     """The real kernels through the real toolchain, one CPU per architecture, 1 and 4 columns: every model
-    whose source exists gives a prediction, TQ2_0's vec_dot runs once per column, and every BITCOS kernel
-    decodes a block once for all columns (its cycles per column fall from 1 to 4 columns)."""
+    whose source exists gives a prediction, TQ2_0's vec_dot (native and built like the Armv8.0 kernel) runs once
+    per column, and every BITCOS kernel, the codes kernels too, decodes a block once for all columns (its cycles
+    per column fall from 1 to 4 columns)."""
     r = subprocess.run(
         [
             sys.executable,
@@ -290,13 +371,24 @@ def test_bench_mca_real(llvm_mca: str) -> None:
     for p in out["predictions"]:
         assert p["cycles_per_32"] > 0 and p["instructions_per_32"] > 0, p
         assert all(lp["instructions"] > 0 and lp["passes_per_block"] > 0 for lp in p["loops"]), p
+    upstream = {m.name for m in mca.MODELS if m.upstream}
     for cpu, kernel, _ in expected:
         one_col, four = preds[(cpu, kernel, 1)], preds[(cpu, kernel, 4)]
-        if kernel == "tq2_0":
+        if kernel in upstream:  # a vec_dot per column, every loop of it modelled
             assert four["cycles_per_32"] == pytest.approx(4 * one_col["cycles_per_32"])
-            assert four["ratio_to_tq2_0"] == pytest.approx(1.0)
+            assert all(lp["notes"] == [] for lp in one_col["loops"]), one_col
+            if kernel == "tq2_0":
+                assert four["ratio_to_tq2_0"] == pytest.approx(1.0)
         else:
             assert four["cycles_per_32_per_column"] < one_col["cycles_per_32_per_column"], (four, one_col)
+        # against TQ2_0 built with the same flags where the native build has more (dotprod): the Armv8.0 kernels
+        same = kernel in ("neon", "neon/2bit")
+        assert (one_col["ratio_to_tq2_0_same_flags"] is not None) == same, one_col
+    # the codes kernels: the GEMV tile at 1 column, the GEMM tile at 4, each one loop with no part left out
+    for kernel in ("neon/2bit", "neon-dotprod/2bit"):
+        for nc, mark in ((1, "codes-gemv-block"), (4, "codes-gemm-block")):
+            (lp,) = preds[("neoverse-v2", kernel, nc)]["loops"]
+            assert lp["marks"] == [mark] and lp["notes"] == [], lp
 
 
 def test_cpus_by_architecture(llvm_mca: str) -> None:

@@ -1,12 +1,14 @@
-"""The aarch64 kernels (csrc/bitcos-kernels-neon.c: neon, neon-dotprod) under qemu-user, against the generic kernel
-and against the numpy evaluation of the arithmetic contract (``contract.reference_mm``).
+"""The aarch64 kernels (csrc/bitcos-kernels-neon.c: neon, neon-dotprod) and their codes-form kernels
+(csrc/bitcos-kernels-codes-neon.c) under qemu-user, against the generic kernel and against the numpy evaluation of
+the arithmetic contract (``contract.reference_mm``).
 
 Python cannot load an aarch64 library here, so the cases go through a file: Python encodes random codes with the
 reference codec (``harness.encode_rows``, the descriptors the harness library gets on x86), writes them for
 tests/c/bitcos-kernel-cases.c, cross-compiled with Debian's gcc-aarch64-linux-gnu with the kernel table and every
 kernel object of an aarch64 harness (tests/fuzzing.py, build_kernel_program, from csrc/bitcos-kernels.json), runs it under
 ``qemu-aarch64 -cpu max`` (which has dotprod, so every ARM path runs) and compares each kernel's float bits with
-the generic kernel's and with numpy's. Cases: every variant of both format versions, K = 32, 96, 160, 256, 640,
+the generic kernel's and with numpy's, and so does each kernel's codes-form kernel (docs/KERNELS.md §8) on the
+case decoded into 2-bit codes. Cases: every variant of both format versions, K = 32, 96, 160, 256, 640,
 768, 2080 where the variant allows it (partial last units, a Q8_K block with one half), zero densities 0 / 0.4 / 1,
 1 .. 17 columns, 1 .. 17 rows, both FMA forms; one case with a flipped sign bit must differ from numpy (the
 comparison's self-test). Skipped without the cross toolchain unless
@@ -34,6 +36,7 @@ ARM_KERNELS = tuple(k.name for k in fuzzing.KERNELS.kernels_of("aarch64"))
 KS = (32, 96, 160, 256, 640, 768, 2080)
 ZS = (0.0, 0.4, 1.0)
 NRS = (1, 3, 17)
+CODES = "/2bit"  # a codes-form kernel's results: NAME/2bit, as `bench kernels` names them
 
 
 def _toolchain() -> tuple[str, list[str]]:
@@ -130,7 +133,9 @@ def arm_cases() -> list[ArmCase]:
 
 @pytest.mark.parametrize("fma", (1, 0), ids=("fma", "nofma"))
 def test_arm_kernels_equal_generic_and_numpy(tmp_path: Path, arm_cases: list[ArmCase], fma: int) -> None:
-    """Every ARM kernel gives exactly the generic kernel's float bits and numpy's (the contract), every case."""
+    """Every ARM kernel, and its codes-form kernel on the case's rows decoded into 2-bit codes (NAME/2bit: the
+    GEMV tiles of 3 rows and their single-row tail, the GEMM tiles of 4 columns and the columns past them, a last
+    block of one half), gives exactly the generic kernel's float bits and numpy's (the contract), every case."""
     _toolchain()
     runner = fuzzing.CROSS_TARGETS["aarch64"][1]
     exe = fuzzing.build_kernel_program(
@@ -154,20 +159,21 @@ def test_arm_kernels_equal_generic_and_numpy(tmp_path: Path, arm_cases: list[Arm
         results = {}
         for n in names:
             ran = int(np.frombuffer(data, "<i4", 1, off)[0])
-            res = np.frombuffer(data, "<f4", c.nc * c.nr, off + 4).reshape(c.nc, c.nr)
-            off += 4 + 4 * c.nc * c.nr
+            res = np.frombuffer(data, "<f4", 2 * c.nc * c.nr, off + 4).reshape(2, c.nc, c.nr)
+            off += 4 + 8 * c.nc * c.nr
             assert ran == 1, f"{n} did not run under qemu -cpu max"
-            results[n] = res.view(np.uint32)
+            results[n] = res[0].view(np.uint32)
+            results[n + CODES] = res[1].view(np.uint32)
         what = f"{c.variant.name} k={c.k} nr={c.nr} nc={c.nc} fma={fma}"
-        for n in names:
+        for n in results:
             np.testing.assert_array_equal(results[n], results["generic"], err_msg=f"{n} vs generic, {what}")
             if c.corrupt:
                 assert not np.array_equal(results[n], want), f"{n}: a flipped sign went unnoticed, {what}"
             else:
                 np.testing.assert_array_equal(results[n], want, err_msg=f"{n} vs numpy, {what}")
-            checked[n] += 1
+            checked[n] = checked.get(n, 0) + 1
     assert off == len(data)
-    assert all(checked[n] == len(arm_cases) for n in ARM_KERNELS), checked
+    assert all(checked[n] == checked[n + CODES] == len(arm_cases) for n in ARM_KERNELS), checked
 
 
 # -march of llama.cpp's ARM CPU variants (ggml/src/CMakeLists.txt, GGML_CPU_ALL_VARIANTS / GGML_CPU_ARM_ARCH) and the

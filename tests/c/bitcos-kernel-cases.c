@@ -12,8 +12,9 @@
 // then the arrays: bits (nr * row_bytes), pool (pool_bytes), sign_pos (nr uint64), row scales (nr float32, when
 // has_row_scale), the block scale array (block_scale_bytes; the descriptor points block_scale_offset bytes
 // into it), activations (nc columns of ceil(k / 256) Q8_K blocks). A header with k == 0 ends the file.
-// OUT: per case and per table entry, an int32 (1: the kernel ran, 0: this CPU cannot run it) and nc * nr float32
-// (column-major like dst; NaN where it did not run).
+// OUT: per case and per table entry, an int32 (1: the kernel ran, 0: this CPU cannot run it), nc * nr float32
+// (column-major like dst; NaN where it did not run), then nc * nr float32 of its codes-form kernel
+// (bitcos_kernel_codes_mm) on the case's rows decoded into the 2-bit codes form (bitcos_codes_decode).
 #include "bitcos-kernels.h"
 
 #include <stdio.h>
@@ -92,6 +93,10 @@ int main(int argc, char ** argv) {
             ycols[c] = y + c * nby;
             dcols[c] = dst + c * nr;
         }
+        const size_t rb    = bitcos_codes_row_bytes(k);
+        uint8_t *    codes = malloc(rb * (size_t) nr);
+        bitcos_codes_decode(&w, 0, nr, codes, rb);
+        const bitcos_codes_rows cw = bitcos_codes_rows_of(&w, codes, rb);
         for (int i = 0; i < bitcos_kernel_count(); ++i) {
             const bitcos_kernel * kern = bitcos_kernel_at(i);
             const int32_t         ran  = kern->available() ? 1 : 0;
@@ -103,7 +108,15 @@ int main(int argc, char ** argv) {
             }
             write_all(out, &ran, sizeof ran);
             write_all(out, dst, (size_t) (nc * nr) * sizeof(float));
+            for (int64_t j = 0; j < nc * nr; ++j) {
+                dst[j] = NAN;
+            }
+            if (ran) {
+                bitcos_kernel_codes_mm(kern, &cw, nr, ycols, nc, dcols);
+            }
+            write_all(out, dst, (size_t) (nc * nr) * sizeof(float));
         }
+        free(codes);
         free(bits);
         free(pool);
         free(sign_pos);

@@ -23,8 +23,11 @@
 #include "ggml-cpu.h"
 #include "ggml-impl.h"
 #include "traits.h"
+#define GGML_COMMON_DECL_CPP
+#include "ggml-common.h" // block_tq2_0, QK_K
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -122,6 +125,47 @@ bool codes_fail(ggml_tensor * w, const char * msg) {
     return false;
 }
 
+// The decode's view of a validated weight: every row of the base tensor, sign_pos filled from the row index.
+bitcos_rows rows_of(const ggml_tensor * w, const uint8_t * wdata, const uint8_t * cdata, const ggml_bitcos_header & hdr,
+                    std::vector<uint64_t> & sign_pos) {
+    const int64_t n_rows = w->ne[1] * w->ne[2] * w->ne[3];
+    sign_pos.resize((size_t) n_rows);
+    for (int64_t r = 0; r < n_rows; ++r) {
+        sign_pos[(size_t) r] = ggml_bitcos_sign_pos(cdata, &hdr, (uint64_t) r);
+    }
+    bitcos_rows rows;
+    memset(&rows, 0, sizeof rows);
+    rows.k          = w->ne[0];
+    rows.bits       = wdata;
+    rows.unit_bytes = bitcos_block_bytes(hdr.variant);
+    rows.row_bytes  = w->nb[1];
+    rows.pool       = cdata + hdr.pool_offset;
+    rows.sign_pos   = sign_pos.data();
+    if (hdr.variant == BITCOS_VARIANT_G128) {
+        rows.block_scale     = wdata + offsetof(block_bitcos_g128, d);
+        rows.scale_stride    = sizeof(block_bitcos_g128);
+        rows.scale_row_bytes = w->nb[1];
+    }
+    return rows;
+}
+
+// fn(i0, i1) over [0, n_rows) in one contiguous range per core (rows are independent).
+template <typename F> void for_row_ranges(int64_t n_rows, F fn) {
+    const int n_threads =
+        (int) std::max<int64_t>(1, std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n_rows / 16));
+    auto work = [&](int t) {
+        fn(n_rows * t / n_threads, n_rows * (t + 1) / n_threads);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < n_threads; ++t) {
+        pool.emplace_back(work, t);
+    }
+    work(0);
+    for (auto & th : pool) {
+        th.join();
+    }
+}
+
 // Validates weight data wdata with companion cdata and decodes it into w's allocation.
 bool codes_decode(ggml_tensor * w, const uint8_t * wdata, const uint8_t * cdata, size_t cbytes) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -144,42 +188,15 @@ bool codes_decode(ggml_tensor * w, const uint8_t * wdata, const uint8_t * cdata,
     uint8_t * base = (uint8_t *) w->data;
     memcpy(base + c_off, cdata, keep);
 
-    std::vector<uint64_t> sign_pos((size_t) n_rows);
-    for (int64_t r = 0; r < n_rows; ++r) {
-        sign_pos[(size_t) r] = ggml_bitcos_sign_pos(cdata, &hdr, (uint64_t) r);
-    }
-    bitcos_rows rows;
-    memset(&rows, 0, sizeof rows);
-    rows.k          = w->ne[0];
-    rows.bits       = wdata;
-    rows.unit_bytes = bitcos_block_bytes(variant);
-    rows.row_bytes  = w->nb[1];
-    rows.pool       = cdata + hdr.pool_offset;
-    rows.sign_pos   = sign_pos.data();
-    if (variant == BITCOS_VARIANT_G128) {
-        rows.block_scale     = wdata + offsetof(block_bitcos_g128, d);
-        rows.scale_stride    = sizeof(block_bitcos_g128);
-        rows.scale_row_bytes = w->nb[1];
-    }
-    const size_t codes_row = bitcos_codes_row_bytes(w->ne[0]);
-    // rows are independent: one contiguous range per core
-    const int    n_threads =
-        (int) std::max<int64_t>(1, std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n_rows / 16));
-    auto work = [&](int t) {
-        const int64_t i0 = n_rows * t / n_threads, i1 = n_rows * (t + 1) / n_threads;
+    std::vector<uint64_t> sign_pos;
+    const bitcos_rows     rows      = rows_of(w, wdata, cdata, hdr, sign_pos);
+    const size_t          codes_row = bitcos_codes_row_bytes(w->ne[0]);
+    for_row_ranges(n_rows, [&](int64_t i0, int64_t i1) {
         bitcos_codes_decode(&rows, i0, i1, base, codes_row);
         if (g128_row != 0) {
             bitcos_codes_copy_block_scales(&rows, i0, i1, base + c_off + g128_off);
         }
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < n_threads; ++t) {
-        pool.emplace_back(work, t);
-    }
-    work(0);
-    for (auto & th : pool) {
-        th.join();
-    }
+    });
     ggml_bitcos_codes_state * st = codes_state(w);
     st->g128_scale_row           = (uint32_t) g128_row;
     st->g128_scales              = g128_row != 0 ? g128_off : 0;
@@ -345,6 +362,74 @@ class codes_extra_buffer_type : public ggml::cpu::extra_buffer_type {
 };
 
 } // namespace
+
+bool ggml_bitcos_cpu_to_tq2_0(const ggml_tensor * w, const void * wdata, const void * cdata, size_t cbytes, void * dst,
+                              char * err, size_t err_size) {
+    if (!ggml_bitcos_validate(w, wdata, cdata, cbytes, err, err_size)) {
+        return false;
+    }
+    ggml_bitcos_header hdr;
+    ggml_bitcos_read_header(cdata, &hdr);
+    const uint8_t * c = (const uint8_t *) cdata;
+    if (w->ne[0] % QK_K != 0) {
+        snprintf(err, err_size, "rows of %lld weights are not whole TQ2_0 blocks of %d", (long long) w->ne[0], QK_K);
+        return false;
+    }
+    const int64_t         n_rows = w->ne[1] * w->ne[2] * w->ne[3];
+    const int64_t         nb     = w->ne[0] / QK_K;
+    std::vector<uint64_t> sign_pos;
+    const bitcos_rows     rows = rows_of(w, (const uint8_t *) wdata, c, hdr, sign_pos);
+    const size_t          cb   = bitcos_codes_row_bytes(w->ne[0]);
+    std::atomic<int64_t>  bad_row{ -1 };
+    // TQ2_0's d of 256-block b of row r: the weight's scale there as fp16, which must be exact
+    auto                  d_of = [&](int64_t r, int64_t b, ggml_fp16_t & d) -> bool {
+        if (bitcos_variant_scale_block(hdr.variant) == 0) {
+            const float s = ggml_bitcos_row_scale(c, &hdr, (uint64_t) r);
+            d             = ggml_fp32_to_fp16(s);
+            return ggml_fp16_to_fp32(d) == s;
+        }
+        uint16_t e0, e1;
+        if (hdr.variant == BITCOS_VARIANT_G128) {
+            const uint8_t * blk = (const uint8_t *) wdata + (size_t) r * w->nb[1];
+            memcpy(&e0, blk + (size_t) (2 * b) * sizeof(block_bitcos_g128) + offsetof(block_bitcos_g128, d), 2);
+            memcpy(&e1, blk + (size_t) (2 * b + 1) * sizeof(block_bitcos_g128) + offsetof(block_bitcos_g128, d), 2);
+        } else {
+            const uint8_t * sc = ggml_bitcos_block_scales(c, &hdr, (uint64_t) r);
+            const int       sh = hdr.variant == BITCOS_VARIANT_B256 ? 1 : 0;
+            memcpy(&e0, sc + 2 * ((2 * b) >> sh), 2);
+            memcpy(&e1, sc + 2 * ((2 * b + 1) >> sh), 2);
+        }
+        memcpy(&d, &e0, 2);
+        return e0 == e1;
+    };
+    for_row_ranges(n_rows, [&](int64_t i0, int64_t i1) {
+        std::vector<uint8_t> codes(cb * 16);
+        for (int64_t r0 = i0; r0 < i1; r0 += 16) {
+            const int64_t r1  = std::min(i1, r0 + 16);
+            // a run starting at row r0, so that its rows land at the start of `codes`
+            bitcos_rows   run = rows;
+            run.bits += (size_t) r0 * rows.row_bytes;
+            run.sign_pos += r0;
+            bitcos_codes_decode(&run, 0, r1 - r0, codes.data(), cb);
+            for (int64_t r = r0; r < r1; ++r) {
+                block_tq2_0 * out = (block_tq2_0 *) dst + r * nb;
+                for (int64_t b = 0; b < nb; ++b) {
+                    memcpy(out[b].qs, codes.data() + (size_t) (r - r0) * cb + (size_t) b * sizeof(out[b].qs),
+                           sizeof(out[b].qs));
+                    if (!d_of(r, b, out[b].d)) {
+                        bad_row = r;
+                    }
+                }
+            }
+        }
+    });
+    if (bad_row >= 0) {
+        snprintf(err, err_size, "row %lld has a scale TQ2_0 cannot hold (not an fp16 value, or two per 256 weights)",
+                 (long long) bad_row.load());
+        return false;
+    }
+    return true;
+}
 
 ggml_backend_buffer_type_t ggml_backend_cpu_bitcos_codes_buffer_type(void) {
     static ggml_backend_buffer_type buft = {

@@ -323,3 +323,77 @@ float ggml_bitcos_model_zero_density(const struct ggml_tensor * w) {
     memcpy(&z, (const char *) base->op_params + sizeof tag, sizeof z);
     return tag == BITCOS_ZHINT_TAG && z >= 0.0f && z <= 1.0f ? z : -1.0f;
 }
+
+// --- TQ2_0-exact weights (devices without BITCOS kernels) ---------------------------------------------
+
+size_t ggml_bitcos_tq2_0_exact_bytes(const void * header) {
+    struct ggml_bitcos_header h;
+    ggml_bitcos_read_header(header, &h);
+    // the scales section (none in v1 G128) lies right after the header, the row index right after it
+    const bool scales_here =
+        h.variant == BITCOS_VARIANT_G128 ? h.scales_offset == 0 : h.scales_offset == BITCOS_HEADER_BYTES;
+    if (h.magic != BITCOS_MAGIC || !scales_here || h.row_base_offset < BITCOS_HEADER_BYTES ||
+        h.row_base_offset - BITCOS_HEADER_BYTES > ((uint64_t) 1 << 32)) {
+        return 0;
+    }
+    return (size_t) h.row_base_offset;
+}
+
+static bool f16_exact(float s) {
+    return ggml_fp16_to_fp32(ggml_fp32_to_fp16(s)) == s;
+}
+
+bool ggml_bitcos_tq2_0_exact(const struct ggml_tensor * w, const void * cdata, size_t cbytes, char * why,
+                             size_t why_size) {
+    const size_t need = cbytes >= BITCOS_HEADER_BYTES ? ggml_bitcos_tq2_0_exact_bytes(cdata) : 0;
+    if (need == 0 || need > cbytes) {
+        return ggml_bitcos_fail(why, why_size, "its companion header is not valid");
+    }
+    struct ggml_bitcos_header h;
+    ggml_bitcos_read_header(cdata, &h);
+    const uint64_t rows = (uint64_t) (w->ne[1] * w->ne[2] * w->ne[3]), mats = (uint64_t) (w->ne[2] * w->ne[3]);
+    if (w->ne[0] % 256 != 0) {
+        return ggml_bitcos_fail(why, why_size, "rows of %lld weights are not whole TQ2_0 blocks of 256",
+                                (long long) w->ne[0]);
+    }
+    if (!ggml_bitcos_type_has_variant(w->type, h.variant) || h.n_cols != (uint64_t) w->ne[0] || h.n_rows != rows ||
+        h.n_mats != mats || need - BITCOS_HEADER_BYTES < bitcos_scales_bytes(h.variant, h.n_cols, h.n_rows, h.n_mats)) {
+        return ggml_bitcos_fail(why, why_size, "its companion header does not match the weight");
+    }
+    switch (h.variant) {
+        case BITCOS_VARIANT_B256:
+            return true;
+        case BITCOS_VARIANT_PT:
+        case BITCOS_VARIANT_MATRIX:
+            for (uint64_t m = 0; m < mats; ++m) {
+                if (!f16_exact(ggml_bitcos_matrix_scale(cdata, &h, m))) {
+                    return ggml_bitcos_fail(why, why_size, "matrix %llu's scale is not an fp16 value",
+                                            (unsigned long long) m);
+                }
+            }
+            return true;
+        case BITCOS_VARIANT_ROW:
+            for (uint64_t r = 0; r < rows; ++r) {
+                if (!f16_exact(ggml_bitcos_row_scale(cdata, &h, r))) {
+                    return ggml_bitcos_fail(why, why_size, "row %llu's scale is not an fp16 value",
+                                            (unsigned long long) r);
+                }
+            }
+            return true;
+        case BITCOS_VARIANT_B128:
+            for (uint64_t r = 0; r < rows; ++r) {
+                const uint8_t * sc = ggml_bitcos_block_scales(cdata, &h, r);
+                for (int64_t b = 0; b < w->ne[0] / 256; ++b) {
+                    if (memcmp(sc + 4 * b, sc + 4 * b + 2, 2) != 0) {
+                        return ggml_bitcos_fail(why, why_size,
+                                                "row %llu has two scales in one 256-weight block (B128 split scales)",
+                                                (unsigned long long) r);
+                    }
+                }
+            }
+            return true;
+        default: // v1 G128: its scales are in the weight's blocks, which are not read before the buffer is chosen
+            return ggml_bitcos_fail(why, why_size,
+                                    "a version-1 G128 weight (its scales are not checked before loading)");
+    }
+}

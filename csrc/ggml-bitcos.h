@@ -140,6 +140,20 @@ GGML_API double ggml_bitcos_codes_decode_seconds(const struct ggml_tensor * w);
 GGML_API void  ggml_bitcos_set_model_zero_density(struct ggml_tensor * w, float z);
 GGML_API float ggml_bitcos_model_zero_density(const struct ggml_tensor * w);
 
+// ---- BITCOS weights as TQ2_0 on devices without BITCOS kernels ----
+//
+// The llama.cpp loader gives a device that runs TQ2_0 but not BITCOS (Metal, or any backend that gains TQ2_0) the
+// weights TQ2_0 can hold exactly, decoded on the host at load. Before anything is loaded it reads each
+// companion's first ggml_bitcos_tq2_0_exact_bytes bytes from the file and asks ggml_bitcos_tq2_0_exact; both
+// treat the bytes as untrusted (the full validation runs when the weight is decoded).
+// Bytes of the companion's header and scales section (what ggml_bitcos_tq2_0_exact reads); 0 when the header is
+// not a BITCOS header or its scales section is not where the format puts it.
+GGML_API size_t ggml_bitcos_tq2_0_exact_bytes(const void * header);
+// True when w's weights are TQ2_0-exact (FORMAT.md §10: K % 256 == 0; B256; MATRIX / PT / ROW scales that are
+// fp16 values; B128 with both halves of each 256-block sharing a scale). Else false with the reason in why.
+GGML_API bool   ggml_bitcos_tq2_0_exact(const struct ggml_tensor * w, const void * cdata, size_t cbytes, char * why,
+                                        size_t why_size);
+
 // Parsed companion header (FORMAT.md §4.1; field offsets: enum bitcos_header_offset).
 struct ggml_bitcos_header {
     uint32_t magic;

@@ -195,6 +195,11 @@ vk_pipeline & ggml_vk_bitcos_mul_mm_pipeline(const vk_device & device, ggml_type
 }
 
 bool ggml_vk_bitcos_supports_op(const vk_device & device, const ggml_tensor * op) {
+    // test hook: GGML_BITCOS_VULKAN_REFUSE=1 makes this backend one without BITCOS kernels, so that the loader's
+    // TQ2_0 path for such devices (Metal, ...) runs on lavapipe in the tests (tests/test_vulkan_tq2_0.py)
+    if (env_is_1("GGML_BITCOS_VULKAN_REFUSE")) {
+        return false;
+    }
     if (!ggml_bitcos_gpu_supports_op(op)) { // the rules every GPU backend shares (ggml-bitcos.h)
         return false;
     }

@@ -28,13 +28,15 @@
 #                lavapipe, except in a dry run), test-bitcos-backend on it (BITCOS vs the CPU) under each BITCOS
 #                mat-vec form: the default (the fast shader, with q8_1 activations where the device accelerates
 #                int8 dot products), the fast shader's f32 form (GGML_BITCOS_VULKAN_INT8=0) and the exact shader
-#                (GGML_BITCOS_VULKAN_EXACT=1, TQ2_0's arithmetic: also bit for bit vs TQ2_0);
+#                (GGML_BITCOS_VULKAN_EXACT=1, TQ2_0's arithmetic: also bit for bit vs TQ2_0); then
+#                tests/test_vulkan_tq2_0.py on it (the TQ2_0 path for backends without BITCOS kernels);
 #   cuda-bench   `ggml-bitcos bench gpu --device CUDA0 --refs q4_0,q8_0 --e2e-types bitcos`: mat-vec 32768x16384
 #                and 4096x14336 at z 0.3/0.4/0.5 next to Q4_0 and Q8_0 and the device copy, llama-bench -ngl 99 on
 #                the bitnet-2b shape, device model buffer vs TQ2_0's file bytes;
 #   vulkan-bench `bench gpu --device VulkanN --no-e2e` under each form (mat-vec BITCOS vs TQ2_0, the TQ2_0
 #                reference timed in each run), then `bench gpu` with llama-bench -ngl 99 under the default form
-#                (reuses cuda-bench's weights and models);
+#                (reuses cuda-bench's weights and models), and again with GGML_BITCOS_VULKAN_REFUSE=1 (the BITCOS
+#                model then runs as TQ2_0 on the device: the transcoded path beside the BITCOS kernels);
 #   bandwidth    `ggml-bitcos bench bandwidth` on the 16 CPU cores (the many-core regime: little DRAM bandwidth
 #                per core).
 #          $GPU_SESSION_BENCH_ARGS replaces the benches' default `--rounds 2` (interleaved rounds, the ratio's
@@ -254,6 +256,19 @@ run)
         python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
             --json "$logs/bench-gpu-vulkan-e2e.json" ${GPU_SESSION_BENCH_ARGS:---rounds 2} ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
     }
+    # the loader's TQ2_0 path for backends without BITCOS kernels (Metal), with Vulkan made one by its test hook:
+    # correctness on the device (BITCOS offloaded = its TQ2_0 source bit for bit), then llama-bench -ngl 99
+    vulkan_tq2_0() {
+        vulkan_env
+        GGML_VK_VISIBLE_DEVICES=${vk_dev#Vulkan} BITCOS_REQUIRE_VULKAN=1 \
+            python3 -m pytest -q -rA -p no:cacheprovider tests/test_vulkan_tq2_0.py
+    }
+    vulkan_e2e_tq2_0() {
+        vulkan_env
+        GGML_BITCOS_VULKAN_REFUSE=1 python3 -m ggml_bitcos bench gpu --device "$vk_dev" --workdir /tmp/bitcos-gpu \
+            --json "$logs/bench-gpu-vulkan-e2e-tq2_0.json" ${GPU_SESSION_BENCH_ARGS:---rounds 2} \
+            ${GPU_SESSION_VULKAN_BENCH_ARGS:-}
+    }
     bandwidth() {
         export PYTHONPATH="$PWD:$pkgs/vulkan-py:$pydeps"
         local levels=none n
@@ -262,7 +277,8 @@ run)
             --json "$logs/bench-bandwidth.json" --plot "$logs/bandwidth.png"
     }
     export -f cuda_env vulkan_env cuda_rebuild cuda_devices cuda_op cuda_e2e cuda_bench kernels vulkan_devices \
-        vulkan_op vulkan_op_f32 vulkan_op_exact vulkan_matvec vulkan_matvec_f32 vulkan_matvec_exact vulkan_e2e bandwidth
+        vulkan_op vulkan_op_f32 vulkan_op_exact vulkan_matvec vulkan_matvec_f32 vulkan_matvec_exact vulkan_e2e bandwidth \
+        vulkan_tq2_0 vulkan_e2e_tq2_0
     export pkgs pydeps logs SRC_TOPDIR CUDA_CMAKE_ARGS CUDA_TARGETS
 
     for part in $parts; do
@@ -312,12 +328,14 @@ print(next((os.path.join(d, "lib") for d in (s.submodule_search_locations if s e
                 step vulkan-op 180 vulkan_op
                 step vulkan-op-f32 150 vulkan_op_f32
                 step vulkan-op-exact 150 vulkan_op_exact
+                step vulkan-tq2_0 120 vulkan_tq2_0
             else
                 export vk_dev
                 step vulkan-matvec 240 vulkan_matvec
                 step vulkan-matvec-f32 150 vulkan_matvec_f32
                 step vulkan-matvec-exact 150 vulkan_matvec_exact
                 step vulkan-e2e 300 vulkan_e2e
+                step vulkan-e2e-tq2_0 240 vulkan_e2e_tq2_0
             fi
             ;;
         bandwidth) step bandwidth 300 bandwidth ;;

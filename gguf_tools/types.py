@@ -74,6 +74,11 @@ def register_bitcos_types() -> None:
 
 register_bitcos_types()
 
+# gguf-py 0.19 sizes a Q8_1 block as 40 bytes (fp32 d and s, an old layout); ggml's block_q8_1 holds two fp16:
+# 36 bytes. The reader sizes tensors as gguf.cpp does (ggml's type traits), so the entry is ggml's.
+if GGML_QUANT_SIZES.get(GGMLQuantizationType.Q8_1) == (32, 40):
+    GGML_QUANT_SIZES[GGMLQuantizationType.Q8_1] = (32, 36)
+
 
 def register_foreign_types() -> list[str]:
     """Teach gguf-py the foreign ternary types (``type_table.FOREIGN_TYPES``: I2_S, Q2_0, PQ2_0,
@@ -99,8 +104,9 @@ def tensor_nbytes(type_id: int, ne: Sequence[int], form: str = "") -> int:
     gguf.cpp's ggml_nbytes (and, for the foreign types, their producers') gives; the one size rule the reader,
     the writer and the converter share. ValueError when the row length is no multiple of the block."""
     block, block_bytes = type_block(type_id, form)
-    if int(ne[0]) % block:
-        raise ValueError(f"row length {int(ne[0])} is not a multiple of the {type_name(type_id)} block size {block}")
+    ne0 = int(ne[0]) if len(ne) else 1  # a tensor of 0 dimensions holds one element (gguf.cpp: ne all 1)
+    if ne0 % block:
+        raise ValueError(f"row length {ne0} is not a multiple of the {type_name(type_id)} block size {block}")
     n = math.prod(int(d) for d in ne)
     ft = foreign_type(type_id, form)
     return ft.nbytes(n) if ft is not None else n // block * block_bytes

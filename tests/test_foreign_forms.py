@@ -4,8 +4,9 @@
   default layout announced as an assumption;
 * Prism's legacy group-128 Q2_0 under id 42, recognised from the data extents and read as what it is;
 * every reader (convert, convert --allow-copy, convert --to, stats, info) refuses a file whose tensor data
-  is not where its type and shape put it (too short, too long, overlapping, trailing), naming the file, the
-  tensor and the rule, and writes nothing.
+  is not where its type and shape put it (too short, too long, overlapping, truncated), naming the file, the
+  tensor and the rule, and writes nothing; bytes after the last tensor's data (a last tensor longer than its
+  type and shape say looks the same) are accepted with a note, as llama.cpp accepts them (issue 30).
 
 The files are written by tests/foreign_gguf.py (its own GGUF writer and writers modelled on the original
 quantizers), and converted tensors are checked against its element-by-element dequantizer.
@@ -33,6 +34,7 @@ from foreign_gguf import (
     ternary_floats,
     write_raw,
 )
+import gguf_tools
 from ggml_bitcos import codec, foreign, tq
 from ggml_bitcos.format import BITCOS_TYPE_IDS, COMPANION_SUFFIX
 from ggml_bitcos.ternary import random_codes
@@ -301,7 +303,6 @@ CRAFTS = {  # case -> (rule words the error must contain, the tensor it names)
     "short": ("overlaps tensor 'blk.0.attn_q.weight'", "blk.0.attn_k.weight"),
     "long": ("where tensor 'blk.0.attn_q.weight'", "blk.0.attn_k.weight"),
     "overlap": ("overlaps tensor 'blk.0.attn_q.weight'", "blk.0.attn_k.weight"),
-    "last-long": ("follow its data", "blk.0.attn_k.weight"),
     "truncated": ("file is truncated", "blk.0.attn_k.weight"),
     "misaligned": ("not a multiple of the file's alignment", "blk.0.attn_k.weight"),
 }
@@ -365,6 +366,21 @@ def test_bad_extent_refused_by_every_reader(tmp_path, capsys, fmt, case):
         assert len(err) == 1 and err[0].startswith(f"ggml-bitcos: error: {path}: tensor '{tensor}': "), (args, err)
         assert rule in err[0], (args, err)
         assert not out.exists() and not list(tmp_path.glob(".out.gguf*")), args
+
+
+@pytest.mark.parametrize("fmt", CRAFT_TYPES)
+def test_last_tensor_longer_is_trailing_data_accepted(tmp_path, capsys, fmt):
+    """64 bytes after the last tensor's data: llama.cpp loads such a file (gguf.cpp checks only that each
+    tensor's data lies inside it), so stats and info read it, saying so, and convert --allow-copy drops them."""
+    from ggml_bitcos.cli import main
+
+    path = crafted_file(tmp_path / f"{fmt}.gguf", fmt, "last-long")
+    assert main(["info", str(path)]) == 0
+    assert "* source: 64 bytes follow the last tensor's data ('blk.0.attn_k.weight')" in capsys.readouterr().out
+    assert main(["stats", str(path), "-q"]) == 0, capsys.readouterr().err
+    out = tmp_path / "out.gguf"
+    assert main(["convert", str(path), "-o", str(out), "--allow-copy", "-q"]) == 0, capsys.readouterr().err
+    assert "bytes follow" not in " ".join(gguf_tools.open_gguf(out).form_notes)
 
 
 def test_bad_extent_message_from_the_command(tmp_path):

@@ -361,7 +361,11 @@ def parse_header(companion: np.ndarray) -> Header:
         raise FormatError(f"n_sign_bits {n_sign} exceeds the {n_rows * n_cols} weights")
     want = canonical_header(got.variant, n_cols, n_rows, n_mats, n_sign, got.row_group_log2)
     if got != want:
-        raise FormatError(f"companion offsets are not canonical: {got} != {want}")
+        bad = next(f.name for f in fields(Header) if getattr(got, f.name) != getattr(want, f.name))
+        raise FormatError(
+            f"companion section offsets/sizes are not canonical (FORMAT.md 4.1): {bad} {getattr(got, bad)}, "
+            f"expected {getattr(want, bad)}"
+        )
     if companion.nbytes != want.companion_bytes:
         raise FormatError(f"companion has {companion.nbytes} bytes, header says {want.companion_bytes}")
     return got

@@ -46,9 +46,9 @@ from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, Variant
 from .passes import DEFAULT_CACHE_BYTES, ConvertOptions, scale_variants
 from .passes.analyse import Planned, TensorResult, analyse, unloadable_left
 from .passes.encode import converted_outputs, keep
-from .passes.read import Source, open_source
+from .passes.read import Source, check_names_writable, open_source, validate_bitcos_tensors
 from .passes.write import metadata_to_copy, output_metadata, verify_output
-from .rewrite import ConvertError, OutputTensor, check_paths, size_line, write_verified
+from .rewrite import ConvertError, OutputTensor, check_paths, size_line, stale_line, write_verified
 from .source import TQ_SOURCES
 
 
@@ -71,6 +71,7 @@ class ConvertResult:
     layout_assumed: bool = False  # its I2_S tensors were read in the default layout, which the file does not record
     seconds: dict[str, float] = field(default_factory=dict)
     removed_stale: list[Path] = field(default_factory=list)  # temp files of killed runs removed (docs/USAGE.md §3)
+    bitcos_validated: int = 0  # BITCOS weights of the source, validated as the loader does and copied
 
     @property
     def converted(self) -> list[TensorResult]:
@@ -133,6 +134,9 @@ def convert(src: Path, out: Path | None = None, options: ConvertOptions | None =
     source = open_source(src, opts.i2s_layout)
     reader = source.reader
     result = ConvertResult(src, out, notes=source.notes, layout_assumed=source.layout_assumed)
+    check_names_writable(reader, src)
+    # the BITCOS tensors it holds are copied as they are: each must pass the loader's validation first
+    result.bitcos_validated = validate_bitcos_tensors(reader, src)
     t0 = time.perf_counter()
     # the key/values to copy, read now; then the parsed vocabulary arrays are dropped (peak memory)
     metadata = metadata_to_copy(reader)
@@ -265,10 +269,7 @@ def summarize(result: ConvertResult) -> list[str]:
     lines.append(size_line(result.src, result.out, result.verified, verified_words(result)))
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items()))
     if result.removed_stale:
-        lines.append(
-            f"removed {len(result.removed_stale)} stale temporary file(s) of {result.out.name} left by "
-            f"killed runs: " + ", ".join(p.name for p in result.removed_stale)
-        )
+        lines.append(stale_line(result.removed_stale, result.out))
     return lines
 
 
@@ -276,6 +277,8 @@ def verified_words(result: ConvertResult) -> str:
     """What the verification of a conversion established, in words: the output against the source *as read*,
     and where how it was read is an assumption (an I2_S layout the file does not record), that too."""
     words = "verified bit-exact against the source as read"
+    if result.bitcos_validated:
+        words += f" (its {result.bitcos_validated} BITCOS weight(s), copied, validated as llama.cpp's loader does)"
     if result.layout_assumed:
         words += f" (its I2_S tensors read in the assumed {foreign.I2S_DEFAULT_LAYOUT} layout: see 'source:' above)"
     return words

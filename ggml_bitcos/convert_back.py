@@ -38,8 +38,8 @@ from gguf_tools import CheckedGGUFReader, field_value, open_gguf, tensor_bytes, 
 
 from . import codec, tq
 from .format import BITCOS_TYPE_IDS, COMPANION_SUFFIX, QK, QK_K
-from .rewrite import ConvertError, OutputTensor, check_paths, size_line, verify_rewrite, write_verified
-from .passes.read import check_bitcos_file
+from .rewrite import ConvertError, OutputTensor, check_paths, size_line, stale_line, verify_rewrite, write_verified
+from .passes.read import check_bitcos_file, check_names_writable
 from .source import source_float_rows
 
 # target name -> (ggml type, llama file type written as general.file_type)
@@ -84,6 +84,7 @@ class ConvertBackResult:
     tensors: list[BackResult] = field(default_factory=list)
     verified: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
+    removed_stale: list[Path] = field(default_factory=list)  # temp files of killed runs removed (docs/USAGE.md §3)
 
 
 def _decode(path: Path, w: ReaderTensor, comp: ReaderTensor) -> codec.Decoded:
@@ -184,6 +185,7 @@ def convert_back(
     check_paths(src, out, force)
     reader = open_gguf(src)
     check_bitcos_file(reader, src)
+    check_names_writable(reader, src)
     result = ConvertBackResult(src, out, to)
     by_name = {t.name: t for t in reader.tensors}
     weights = [t for t in reader.tensors if int(t.tensor_type) in BITCOS_TYPE_IDS]
@@ -265,7 +267,7 @@ def convert_back(
     def check(tmp_path: Path) -> None:
         verify_back(reader, tmp_path, result, label=str(out))
 
-    write_verified(
+    result.removed_stale = write_verified(
         reader,
         src,
         out,
@@ -334,6 +336,8 @@ def summarize(res: ConvertBackResult) -> list[str]:
             )
     lines.append(size_line(res.src, res.out, res.verified))
     lines.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.seconds.items()))
+    if res.removed_stale:
+        lines.append(stale_line(res.removed_stale, res.out))
     return lines
 
 

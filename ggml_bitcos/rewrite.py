@@ -168,6 +168,14 @@ def size_line(src: Path, out: Path, verified: bool, verified_words: str = "verif
     )
 
 
+def stale_line(removed: Sequence[Path], out: Path) -> str:
+    """The summary line on the temporary files of killed runs (of any output) that the writer removed from the
+    output's folder (``GGUFStreamWriter.removed_stale``)."""
+    return f"removed {len(removed)} stale temporary file(s) left in {out.parent} by killed runs: " + ", ".join(
+        p.name for p in removed
+    )
+
+
 @contextlib.contextmanager
 def aborted_on_failure(writer: GGUFStreamWriter, out: Path) -> Iterator[None]:
     """Runs the block that writes `out` through `writer` (convert and convert --to): when it fails, the
@@ -227,6 +235,7 @@ __all__ = [
     "write_verified",
     "verify_rewrite",
     "size_line",
+    "stale_line",
     "aborted_on_failure",
     "describe_write_error",
     "bytes_equal",

@@ -13,12 +13,13 @@ Crash safety (the one safe-write path of ``convert`` and ``convert --to``; docs/
 * ``finish`` flushes and fsyncs it, renames it onto the target (``os.replace``: atomic, so the target is
   either the old file or the complete new one) and then fsyncs the folder, so the rename itself survives
   a power loss; any error or interrupt removes the temporary file;
-* a process killed with SIGKILL cannot clean up: the next writer for the same target
-  (``remove_stale_temps``, run by ``begin``) deletes the temporary files it can prove are stale leftovers
-  of that target: the name is exactly that target's pattern, a regular file owned by this user, empty or
-  starting with ``GGUF``, the PID in the name is not a running process, and its ``flock`` is free (a live
-  writer holds it; the kernel releases it when the process dies, SIGKILL included). Anything else is left
-  alone.
+* a process killed with SIGKILL cannot clean up: the next writer into the same folder, whatever its target
+  (``remove_stale_temps``, run by ``begin``), deletes the temporary files it can prove are stale leftovers
+  of a killed writer: the name is the temporary-file pattern (any target), a regular file owned by this
+  user, empty or starting with ``GGUF``, the PID in the name is not a running process, and its ``flock`` is
+  free (a live writer holds it, also one in another PID namespace; the kernel releases it when the process
+  dies, SIGKILL included). Anything else is left alone; the files removed are returned (``convert`` lists
+  them).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class GGUFStreamWriter:
         self._next = 0
         self._tmp: Path | None = None
         self._lock_fd: int | None = None  # the temporary file, flock'ed while this writer lives
-        self.removed_stale: list[Path] = []  # stale temporary files of the target removed by begin()
+        self.removed_stale: list[Path] = []  # stale temporary files in the target's folder removed by begin()
         self._begun = False
         self._done = False
 
@@ -248,10 +249,12 @@ class GGUFStreamWriter:
 TEMP_SUFFIX = ".bitcos.tmp"
 
 
-def _temp_pattern(target: Path) -> re.Pattern[str]:
-    """Names of the temporary files of ``target``: ``.NAME.PID.RANDOM.bitcos.tmp``, RANDOM 8 hex digits.
-    (A PID has at most 7 digits, so no other target's temporary file matches.)"""
-    return re.compile(r"\." + re.escape(target.name) + r"\.([0-9]{1,10})\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX))
+def _temp_pattern(target: Path | None = None) -> re.Pattern[str]:
+    """Names of the temporary files of ``target`` (None: of any target): ``.NAME.PID.RANDOM.bitcos.tmp``,
+    RANDOM 8 hex digits; group 1 is the PID. (A PID has at most 7 digits, so no other target's temporary
+    file matches a target's pattern.)"""
+    name = re.escape(target.name) if target is not None else r".+"
+    return re.compile(r"\." + name + r"\.([0-9]{1,10})\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX))
 
 
 def _create_temp(target: Path) -> tuple[Path, int]:
@@ -284,14 +287,14 @@ def _pid_running(pid: int) -> bool:
 
 
 def remove_stale_temps(target: os.PathLike[str] | str) -> list[Path]:
-    """Delete the temporary files an interrupted writer (SIGKILL, power loss) left for ``target``, when each
-    is provably stale; returns the paths removed. Proof, all of: the name is ``target``'s temporary-file
-    pattern; a regular file (not a link) owned by this user; empty or starting with ``GGUF``; the PID in its
-    name is no running process; its ``flock`` is free (every live writer holds it). The file is unlinked
-    while this process holds that lock. Anything unproven is kept."""
+    """Delete the temporary files interrupted writers (SIGKILL, power loss) left in ``target``'s folder, for
+    any target, when each is provably stale; returns the paths removed. Proof, all of: the name is the
+    temporary-file pattern; a regular file (not a link) owned by this user; empty or starting with ``GGUF``;
+    the PID in its name is no running process; its ``flock`` is free (every live writer holds it). The file
+    is unlinked while this process holds that lock. Anything unproven is kept."""
     target = Path(target)
     folder = target.parent if str(target.parent) else Path(".")
-    pat = _temp_pattern(target)
+    pat = _temp_pattern()
     removed: list[Path] = []
     try:
         names = os.listdir(folder)

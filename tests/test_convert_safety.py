@@ -3,8 +3,9 @@
 * SIGKILL of a real ``ggml-bitcos convert`` subprocess at several moments (before the temporary file
   exists, after its first bytes, half-way through the tensor data, when it has its full size: verify, fsync,
   rename) leaves the input byte-identical and an earlier output intact; the next run for the same output
-  removes the stale temporary files and keeps every temporary file it cannot prove is a stale one of its own
-  (a live process's, another output's, one under a live ``flock``, one that is no GGUF file);
+  removes the stale temporary files (its own output's and, issue 30, any other output's in the folder) and
+  keeps every temporary file it cannot prove is stale (a live process's, one under a live ``flock``, one that
+  is no GGUF file, a symlink); a run into another output of the same folder removes them too;
 * the folder is fsynced after the rename (``convert`` and ``convert --to``: one safe-write path);
 * peak resident memory of a subprocess convert stays under the bound stated in docs/USAGE.md §4
   (``bound_bytes`` below) on a model whose input is far larger than that bound.
@@ -156,15 +157,16 @@ def test_sigkill_at_any_moment_keeps_input_and_output_and_next_run_cleans_up(tmp
     # temp files the next run cannot prove are stale leftovers of its own target: all must survive
     live = tmp_path / f".{out.name}.{os.getpid()}.0badf00d{TEMP_SUFFIX}"  # a running process's PID
     live.write_bytes(b"GGUF" + bytes(60))
-    other = tmp_path / f".other.gguf.{dead[0]}.0badf00d{TEMP_SUFFIX}"  # another output's
+    other = tmp_path / f".other.gguf.{dead[0]}.0badf00d{TEMP_SUFFIX}"  # another output's, killed: stale too
     other.write_bytes(b"GGUF")
+    stale.append(other)
     locked = tmp_path / f".{out.name}.{dead[1]}.1badf00d{TEMP_SUFFIX}"  # a live flock holds it
     locked.write_bytes(b"GGUF")
     not_gguf = tmp_path / f".{out.name}.{dead[2]}.2badf00d{TEMP_SUFFIX}"  # not a GGUF this writer began
     not_gguf.write_bytes(b"important data")
     link = tmp_path / f".{out.name}.{dead[3]}.3badf00d{TEMP_SUFFIX}"  # a symlink (to the input)
     link.symlink_to(src)
-    keep = [live, other, locked, not_gguf, link]
+    keep = [live, locked, not_gguf, link]
     fd = os.open(locked, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
@@ -174,7 +176,8 @@ def test_sigkill_at_any_moment_keeps_input_and_output_and_next_run_cleans_up(tmp
         assert r.returncode == 0, r.stderr
     finally:
         os.close(fd)
-    assert f"removed 1 stale temporary file(s) of {out.name}" in r.stderr and stale[0].name in r.stderr, r.stderr
+    assert f"removed 2 stale temporary file(s) left in {tmp_path} by killed runs" in r.stderr, r.stderr
+    assert all(p.name in r.stderr for p in stale), r.stderr
     assert _sha(out) == out_sha  # the same bytes as the first run
     assert _sha(src) == src_sha
     for p in stale:

@@ -78,6 +78,41 @@ def check_bitcos_file(reader: CheckedGGUFReader, path: Path) -> None:
             raise ConvertError(f"{path}: tensor '{name}': companion without a BITCOS weight")
 
 
+def check_names_writable(reader: CheckedGGUFReader, path: Path) -> None:
+    """``convert`` and ``convert --to`` write every key and tensor name as UTF-8. A name that is not UTF-8 (which
+    gguf.cpp and the readers accept, the readers with its stray bytes escaped: ``gguf_tools.header``) cannot be
+    copied byte for byte, so they refuse such a file rather than rename anything."""
+    bad = reader.header.not_utf8
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ConvertError(
+            f"{path}: {bad[0]}{more}: the name is not UTF-8; this tool writes names as UTF-8 and cannot copy it "
+            f"byte for byte (info and stats read the file)"
+        )
+
+
+def validate_bitcos_tensors(reader: CheckedGGUFReader, path: Path) -> int:
+    """Validate every BITCOS weight and its companion as the llama.cpp loader does (``info.validate_bitcos_tensor``:
+    the one check behind ``info`` and ``stats``); ``ConvertError`` naming the tensor and the rule on the first
+    one that fails. ``convert`` runs it before it copies them, so it never writes a file the loader refuses
+    (issue 30: ``--allow-copy`` copied a broken companion and called the copy verified). Returns how many."""
+    from gguf_tools import GGUFError
+
+    from ..info import validate_bitcos_tensor
+
+    by_name = {t.name: t for t in reader.tensors}
+    n = 0
+    for t in reader.tensors:
+        if t.tensor_type in BITCOS_TYPE_IDS:
+            try:
+                validate_bitcos_tensor(path, t, by_name.get(t.name + COMPANION_SUFFIX))
+            except GGUFError as e:
+                raise ConvertError(str(e)) from None
+            reader.release_pages()
+            n += 1
+    return n
+
+
 def source_problem(reader: CheckedGGUFReader) -> str | None:
     """A reason the source cannot be converted to a file this llama.cpp runs correctly, before any work."""
     for key in reader.fields:
@@ -136,6 +171,8 @@ __all__ = [
     "Source",
     "open_source",
     "check_bitcos_file",
+    "check_names_writable",
+    "validate_bitcos_tensors",
     "source_problem",
     "i2_s_layout_note",
     "add_i2s_layout_option",

@@ -51,9 +51,9 @@ def models(tmp_path_factory, cuda_build) -> dict[str, tuple[Path, Path]]:
 
 
 def _tensor_mib(model: Path, pick) -> float:
-    from gguf import GGUFReader
+    from gguf_tools import open_gguf  # the bounded, checked reader (issue 30), not gguf-py's alone
 
-    return sum(int(t.n_bytes) for t in GGUFReader(model).tensors if pick(t)) / 2**20
+    return sum(int(t.n_bytes) for t in open_gguf(model).tensors if pick(t)) / 2**20
 
 
 def _bitcos_mib(model: Path) -> float:

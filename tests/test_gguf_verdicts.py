@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import struct
 import subprocess
 import sys
 import textwrap
@@ -27,7 +28,7 @@ import pytest
 
 import header_corpus
 from header_corpus import deadline
-from crafted import llama_model
+from crafted import COMPANION_SUFFIX, Variant, llama_model
 from gguf_raw import layout, patch, raw_gguf
 from gguf_tools import GGUFError, open_gguf
 
@@ -176,3 +177,34 @@ def test_llama_loads_and_refuses_the_same_whole_models(tmp_path: Path, patched_l
         theirs = "accepted" if loaded[str(p)] is None else "refused"
         assert ours == theirs, f"{name}: reader {ours} ({why}), Llama() {theirs} ({loaded[str(p)]})"
         assert ours == ("accepted" if name in ("good", "trailing-1", "trailing-100k", "vocab") else "refused")
+
+
+def test_llama_value_error_names_the_gguf_rule(tmp_path: Path, patched_llama) -> None:
+    """A file gguf.cpp refuses makes Llama() raise ValueError with gguf.cpp's own reason (its first error of
+    the read), not only "failed to load model": a moved data offset, a zero dimension (the next tensor's offset
+    then disagrees), a companion given another type, 5 dimensions, an unknown type id."""
+    good = llama_model(tmp_path / "good.gguf", {"blk.0.attn_q.weight": Variant.PT}, tokenizer=False)
+    b = good.read_bytes()
+    lay = layout(b)
+    k, c = lay.info("blk.0.attn_k.weight"), lay.info("blk.0.attn_q.weight" + COMPANION_SUFFIX)
+    rel = struct.unpack_from("<Q", b, k.offset_at)[0]
+    cases = {
+        "offset": (patch(b, k.offset_at, "<Q", rel + 32), "tensor 'blk.0.attn_k.weight' has offset"),
+        "zero-dim": (patch(b, k.n_dims_at + 4 + 8, "<q", 0), "tensor 'blk.0.attn_v.weight' has offset"),
+        "companion-type": (patch(b, c.type_at, "<I", 0), "tensor 'blk.0.attn_k.weight' has offset"),
+        "n-dims-5": (patch(b, k.n_dims_at, "<I", 5), "invalid number of dimensions: 5 > 4"),
+        "type-999": (patch(b, k.type_at, "<I", 999), "tensor 'blk.0.attn_k.weight' has invalid ggml type 999"),
+    }
+    paths = {}
+    for name, (data, _) in cases.items():
+        paths[name] = tmp_path / f"{name}.gguf"
+        paths[name].write_bytes(data)
+    r = subprocess.run(
+        [sys.executable, "-c", _LOAD, *map(str, paths.values())], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, f"Python process died ({r.returncode}):\n{r.stderr[-3000:]}"
+    loaded = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT ") :])
+    for name, p in paths.items():
+        msg = loaded[str(p)]
+        assert msg is not None, f"{name}: loaded"
+        assert msg.startswith(f"Failed to load model from file: {p}: ") and cases[name][1] in msg, f"{name}: {msg}"

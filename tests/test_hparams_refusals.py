@@ -1,6 +1,6 @@
 """A model file with hyperparameters upstream llama.cpp asserts on (block count 0 or above LLAMA_MAX_LAYERS, an
 expert count above LLAMA_MAX_EXPERTS, more experts used than there are, an embedding length of 0) is refused with
-a message, never by aborting the process: patches/0020 turns those GGML_ASSERTs into load errors, which reach
+a message, never by aborting the process: the loader patch on crafted files turns those GGML_ASSERTs into load errors, which reach
 the CLI's log and Llama()'s ValueError, verbose or not.
 
 Through the real patched llama.cpp (skips without it, fails under BITCOS_REQUIRE_LLAMA=1), on a tiny llama

@@ -1,7 +1,7 @@
 """BITCOS weights on a GPU backend that runs TQ2_0 but has no BITCOS kernels (Metal, or any backend that gains
 TQ2_0): the llama.cpp loader creates each TQ2_0-exact weight there as TQ2_0, decoded on the host at load
-(patches/0019; docs/GPU.md §1). Tested on lavapipe with the Vulkan backend made such a backend by its test
-hook GGML_BITCOS_VULKAN_REFUSE=1 (it then refuses every BITCOS op): a BITCOS file offloaded then runs TQ2_0 on
+(the loader patch "BITCOS weights as TQ2_0"; docs/GPU.md §1). Tested on lavapipe with the Vulkan backend made
+such a backend by its test hook GGML_BITCOS_VULKAN_REFUSE=1 (it then refuses every BITCOS op): a BITCOS file offloaded then runs TQ2_0 on
 the device and gives its TQ2_0 source's offloaded tokens and logits bit for bit; a weight TQ2_0 cannot hold
 stays on the CPU, and the load log says why; GGML_BITCOS_TQ2_0=0 turns the path off.
 

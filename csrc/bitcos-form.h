@@ -1,9 +1,12 @@
 // Which in-memory form a BITCOS weight runs in on the CPU: the stored BITCOS form, or the 2-bit codes form
-// decoded once at load (docs/KERNELS.md §8, §9). The choice is the paper's roofline per form,
-// T = max(B / beta_thread, gamma): BITCOS streams fewer bytes (B = (2 - z) bits per weight) but costs more
-// instructions (gamma), the codes form streams 2 bits per weight and decodes almost nothing. Where a thread's
-// share of memory bandwidth is scarce the bytes bind and BITCOS wins; where it is plentiful (few threads, or a
-// CPU whose BITCOS decode is slow) gamma binds and the codes form wins.
+// decoded once at load (docs/KERNELS.md §8, §9). The choice is a roofline per form with the memory time and the
+// decode time added, T = B / beta_thread + gamma, not the paper's max(B / beta_thread, gamma): a mat-vec thread
+// walks one row stream at a time and its decode does not hide the stream's stalls (on the measured x86 VM the
+// max() form predicted BITCOS 3 % faster where the codes form ran 8 % faster; the sum predicted 9 %, KERNELS.md
+// §9). BITCOS streams fewer bytes (B = (2 - z) bits per weight) but costs more instructions (gamma), the codes
+// form streams 2 bits per weight and decodes almost nothing. Where a thread's share of memory bandwidth is
+// scarce the bytes weigh more and BITCOS wins; where it is plentiful (few threads, or a CPU whose BITCOS decode
+// is slow) gamma weighs more and the codes form wins.
 //
 // Plain C11 with no ggml dependency: compiled into ggml-cpu (every CPU variant) and into the standalone harness
 // library (root CMakeLists.txt), which the Python tests and `ggml-bitcos bench bandwidth` call.
@@ -17,10 +20,10 @@ extern "C" {
 
 enum bitcos_form { BITCOS_FORM_BITCOS = 0, BITCOS_FORM_CODES = 1 };
 
-// The codes form must be predicted >= 10 % faster to be chosen: gamma and beta are measured on a machine that
+// The codes form must be predicted >= 5 % faster to be chosen: gamma and beta are measured on a machine that
 // is doing other things, and a decode costs load time and memory, so a near tie keeps the stored form instead
 // of flipping between forms from one load to the next on measurement noise.
-#define BITCOS_FORM_MARGIN 0.10
+#define BITCOS_FORM_MARGIN 0.05
 
 typedef struct {
     double gamma_bitcos; // ns per 32 weights per thread of the BITCOS kernel, cache-resident tile, 1 column
@@ -51,12 +54,14 @@ int bitcos_form_physical_cores(void);
 
 // Measures streaming-read bandwidth per thread with n_threads threads each reading its own buffer (size chosen
 // so that all buffers together exceed any LLC: e.g. 64 MiB per thread, capped by 1 GiB total), best of a few
-// passes, about `seconds` in all (0.05-0.2 s). GB/s per thread (1e9 bytes). 0 when the buffers cannot be had.
+// passes, about `seconds` in all (0.05-0.2 s); a pass counts only if its thread ran on a CPU for >= 90 % of it
+// (else, on a busy machine, the best pass). GB/s per thread (1e9 bytes). 0 when the buffers cannot be had.
 double bitcos_form_measure_beta(int n_threads, double seconds);
 
-// Cached beta: the file `<dir>/cpu-bandwidth-v1.txt` where dir is $GGML_BITCOS_CACHE_DIR, else
+// Cached beta: the file `<dir>/cpu-bandwidth-v2.txt` where dir is $GGML_BITCOS_CACHE_DIR, else
 // $XDG_CACHE_HOME/ggml-bitcos, else $HOME/.cache/ggml-bitcos; one line per key "<cpu model string>|<n_threads> <GB/s>"
-// (CPU model from /proc/cpuinfo "model name" / "CPU part", else "unknown"). Missing -> measure, append, return.
+// (CPU model from /proc/cpuinfo "model name" / "CPU part", else "unknown"). Missing -> measure, append (only a
+// figure from passes that ran undisturbed), return.
 // Env GGML_BITCOS_BETA=<GB/s per thread> overrides (no measure, no file). Unwritable dir -> measure and return.
 // *measured (may be NULL) tells whether it measured now.
 double bitcos_form_beta_cached(int n_threads, int * measured);

@@ -119,6 +119,9 @@ X86_ALWAYS_INLINE __m256 avx2_gemv_block(const bitcos_rows * w, x86_shape sh, co
 #    if X86_BITMAP_PREFETCH_BYTES
     _mm_prefetch((const char *) (row + (size_t) (2 * b) * sh.ub + X86_BITMAP_PREFETCH_BYTES), _MM_HINT_T0);
 #    endif
+#    if X86_POOL_PREFETCH_BYTES
+    _mm_prefetch((const char *) (w->pool + (*cur >> 3) + X86_POOL_PREFETCH_BYTES), _MM_HINT_T0);
+#    endif
     avx2_decode_block(blk, w->pool, cur, u);
     const __m256i s0v = avx2_dot_block(u, ch->qs[j]);
     __m256i       sv  = s0v;

@@ -363,6 +363,10 @@ X86_ALWAYS_INLINE __m512 avx512_gemv_pair(const bitcos_rows * w, const x86_shape
         _mm_prefetch((const char *) (rowA + (size_t) (2 * b) * bb + X86_BITMAP_PREFETCH_BYTES), _MM_HINT_T0);
         _mm_prefetch((const char *) (rowB + (size_t) (2 * b) * bb + X86_BITMAP_PREFETCH_BYTES), _MM_HINT_T0);
 #    endif
+#    if X86_POOL_PREFETCH_BYTES
+        _mm_prefetch((const char *) (pool + (ca >> 3) + X86_POOL_PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *) (pool + (cb >> 3) + X86_POOL_PREFETCH_BYTES), _MM_HINT_T0);
+#    endif
         avx512_decode_block(bitsA, bb, halves, pool, &ca, win, uA);
         avx512_block_dots_u(uA, halves, cc->qs[j], &zA0, &zA);
         avx512_decode_block(bitsB, bb, halves, pool, &cb, win, uB);

@@ -6,7 +6,7 @@
 // 256-bit half (vpsrlvw), so one zmm holds the codes of two consecutive 32-weight groups, matching 64
 // consecutive activations: two byte dot products per half block. Dword m of the result sums bytes 4m .. 4m+3,
 // so the contract's lane l is dword l + dword l + 8 (one fold per block). The rest is the AVX2 codes kernel's:
-// bsums for the subtracted sums, 4-row GEMV tiles and 2 x 4 GEMM tiles.
+// bsums for the subtracted sums, 1-row GEMV tiles with the codes prefetched far ahead and 2 x 4 GEMM tiles.
 #include "bitcos-kernels.h"
 
 #if defined(BITCOS_BUILD_AVX512)
@@ -14,10 +14,11 @@
 #    include "bitcos-kernels-x86.h"
 
 #    ifndef CODES_GEMV_ROWS
-#        define CODES_GEMV_ROWS 8
+#        define CODES_GEMV_ROWS 1
 #    endif
 #    define CODES_GEMM_ROWS 2
 #    define CODES_GEMM_COLS 4
+#    define CODES_TILE_ROWS (CODES_GEMV_ROWS > CODES_GEMM_ROWS ? CODES_GEMV_ROWS : CODES_GEMM_ROWS)
 
 #    if defined(__AVX512VNNI__)
 #        define AVX512_CODES_DOT(acc, u, q) _mm512_dpbusd_epi32(acc, u, q)
@@ -63,11 +64,11 @@ X86_ALWAYS_INLINE void avx512_codes_tile(const bitcos_codes_rows * w, int64_t i0
     const int64_t nu = (w->k + QK_BITCOS - 1) / QK_BITCOS, nby = (nu + 1) / 2;
     const __m256i ones16 = _mm256_set1_epi16(1);
     const __m256i half0  = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
-    __m256        acc[CODES_GEMV_ROWS * CODES_GEMM_COLS];
+    __m256        acc[CODES_TILE_ROWS * CODES_GEMM_COLS];
     for (int a = 0; a < R * C; ++a) {
         acc[a] = _mm256_setzero_ps();
     }
-    float s256[CODES_GEMV_ROWS][8]; // CODES_PER_256: the rows' scales of 8 blocks, converted 8 at a time
+    float s256[CODES_TILE_ROWS][8]; // CODES_PER_256: the rows' scales of 8 blocks, converted 8 at a time
     for (int64_t b = 0; b < nby; ++b) {
         const int halves = 2 * b + 1 < nu ? 2 : 1;
         if (kind == CODES_PER_256 && (b & 7) == 0) {
@@ -86,6 +87,7 @@ X86_ALWAYS_INLINE void avx512_codes_tile(const bitcos_codes_rows * w, int64_t i0
         for (int r = 0; r < R; ++r) {
             const int64_t   i   = i0 + r;
             const uint8_t * blk = w->codes + (size_t) i * w->row_bytes + (size_t) b * BITCOS_CODES_BLOCK_BYTES;
+            _mm_prefetch((const char *) (blk + X86_CODES_PREFETCH_BLOCKS * BITCOS_CODES_BLOCK_BYTES), _MM_HINT_T0);
             __m512i         z[4];
             avx512_codes_half(blk, z);
             if (halves == 2) {

@@ -41,10 +41,19 @@
 // GEMV memory order (docs/KERNELS.md §5): a row (AVX2) or a row pair (AVX-512) walks up to
 // X86_GEMV_SPAN_CHUNKS chunks before the next, so the bitmap and the sign pool are read as a few sequential
 // streams through the row tile; the bitmap is also prefetched X86_BITMAP_PREFETCH_BYTES bytes ahead of each
-// row's position (0: no prefetch).
+// row's position and the sign pool X86_POOL_PREFETCH_BYTES ahead of each row's cursor (0: no prefetch). The
+// codes-form kernels prefetch each row's codes X86_CODES_PREFETCH_BLOCKS Q8_K blocks (64 bytes each) ahead.
+// Software prefetch far ahead pays on the development VM, whose hardware prefetchers leave a one-stream
+// mat-vec stalled on loads (docs/KERNELS.md §8: tg 1.3-1.4x for the codes form, 1.1x for BITCOS).
 #define X86_GEMV_SPAN_CHUNKS 8 // chunks (16384 weights) of a column staged at once
 #ifndef X86_BITMAP_PREFETCH_BYTES
-#    define X86_BITMAP_PREFETCH_BYTES 512
+#    define X86_BITMAP_PREFETCH_BYTES 2048
+#endif
+#ifndef X86_POOL_PREFETCH_BYTES
+#    define X86_POOL_PREFETCH_BYTES 1024
+#endif
+#ifndef X86_CODES_PREFETCH_BLOCKS
+#    define X86_CODES_PREFETCH_BLOCKS 32
 #endif
 
 // Layout facts (bitcos-format.h) the decode relies on. A unit's bitmap is two little-endian u64 presence

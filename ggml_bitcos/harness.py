@@ -464,14 +464,14 @@ def time_codes_mm(impl: str, w: CodesRows, y: np.ndarray, reps: int, fma: bool =
 
 # ------------------------------------------------------------------------------------------ the form decision
 FORM_NAMES: Final = ("bitcos", "codes")  # enum bitcos_form (csrc/bitcos-form.h)
-FORM_MARGIN: Final = 0.10  # BITCOS_FORM_MARGIN
+FORM_MARGIN: Final = 0.05  # BITCOS_FORM_MARGIN
 
 
 def form_choose(
     gamma_bitcos: float, gamma_codes: float, beta_thread: float, n_threads: int, z: float, scale_bits: float = 0.0
 ) -> dict:
-    """bitcos_form_choose: the roofline per form, T = max(bytes / beta_thread, gamma) in ns per 32 weights per
-    thread (gamma in ns per 32 weights, beta in GB/s per thread); "codes" only when T_bitcos > 1.1 T_codes.
+    """bitcos_form_choose: the roofline per form, T = bytes / beta_thread + gamma in ns per 32 weights per thread
+    (gamma in ns per 32 weights, beta in GB/s per thread); "codes" only when T_bitcos > 1.05 T_codes.
     Keys: form ("bitcos" / "codes"), bytes_bitcos, bytes_codes (per 32 weights), t_bitcos, t_codes."""
     out = (ctypes.c_double * 4)()
     form = load_library().bitcos_h_form_choose(
@@ -499,7 +499,7 @@ def form_measure_beta(n_threads: int, seconds: float = 0.1) -> float:
 
 def form_beta_cached(n_threads: int) -> tuple[float, bool]:
     """bitcos_form_beta_cached: (GB/s per thread, whether it measured now) from $GGML_BITCOS_BETA, the cache file
-    cpu-bandwidth-v1.txt in $GGML_BITCOS_CACHE_DIR / $XDG_CACHE_HOME/ggml-bitcos / ~/.cache/ggml-bitcos, or a
+    cpu-bandwidth-v2.txt in $GGML_BITCOS_CACHE_DIR / $XDG_CACHE_HOME/ggml-bitcos / ~/.cache/ggml-bitcos, or a
     measurement (appended to that file)."""
     measured = ctypes.c_int(0)
     gbs = load_library().bitcos_h_form_beta_cached(n_threads, ctypes.byref(measured))

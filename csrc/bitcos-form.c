@@ -147,7 +147,7 @@ typedef struct {
     int             id;
     double          best_gbs;
     int             settled; // best_gbs is from a pass that ran on a CPU throughout
-    uint64_t        sum; // what the thread read: a store the compiler must keep, so the loads stay
+    uint64_t        sum;     // what the thread read: a store the compiler must keep, so the loads stay
 } form_beta_thread;
 
 // One thread: touches its own buffer (its pages local to it), waits until every thread has (page faults are not

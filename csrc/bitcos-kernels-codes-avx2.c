@@ -77,8 +77,8 @@ X86_ALWAYS_INLINE void avx2_codes_tile(const bitcos_codes_rows * w, int64_t i0, 
             }
         }
         for (int r = 0; r < R; ++r) {
-            const int64_t i = i0 + r;
-            __m256i       cv[8];
+            const int64_t   i = i0 + r;
+            __m256i         cv[8];
             const uint8_t * blk = w->codes + (size_t) i * w->row_bytes + (size_t) b * BITCOS_CODES_BLOCK_BYTES;
             _mm_prefetch((const char *) (blk + X86_CODES_PREFETCH_BLOCKS * BITCOS_CODES_BLOCK_BYTES), _MM_HINT_T0);
             avx2_codes_block(blk, halves, cv);

@@ -88,7 +88,7 @@ X86_ALWAYS_INLINE void avx512_codes_tile(const bitcos_codes_rows * w, int64_t i0
             const int64_t   i   = i0 + r;
             const uint8_t * blk = w->codes + (size_t) i * w->row_bytes + (size_t) b * BITCOS_CODES_BLOCK_BYTES;
             _mm_prefetch((const char *) (blk + X86_CODES_PREFETCH_BLOCKS * BITCOS_CODES_BLOCK_BYTES), _MM_HINT_T0);
-            __m512i         z[4];
+            __m512i z[4];
             avx512_codes_half(blk, z);
             if (halves == 2) {
                 avx512_codes_half(blk + 32, z + 2);

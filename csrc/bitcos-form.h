@@ -38,11 +38,11 @@ typedef struct {
     int    form;         // enum bitcos_form
     double bytes_bitcos; // bytes per 32 weights streamed: (2 - z) * 4 + scale_bits * 4
     double bytes_codes;  // 8 + scale_bits * 4
-    double t_bitcos;     // predicted ns per 32 weights per thread: max(bytes / beta_thread, gamma)
+    double t_bitcos;     // predicted ns per 32 weights per thread: bytes / beta_thread + gamma
     double t_codes;
 } bitcos_form_choice;
 
-// The paper's roofline T = max(B / beta_thread, gamma) per form; CODES only when t_bitcos > (1 + MARGIN) * t_codes.
+// T = B / beta_thread + gamma per form; CODES only when t_bitcos > (1 + MARGIN) * t_codes.
 // z is clamped to [0, 1]. beta_thread <= 0 or NaN (unknown) gives t = +inf for both forms, hence BITCOS; so does
 // a NaN gamma: without numbers the stored form stays.
 bitcos_form_choice bitcos_form_choose(const bitcos_form_inputs * in);

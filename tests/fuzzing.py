@@ -5,6 +5,7 @@ Used by tests/test_fuzz.py (CI-sized runs in the default suite) and runnable for
     python3 tests/fuzzing.py kernels --cases 1000000
     python3 tests/fuzzing.py asan-build                   # patched libllama + ggml with ASan+UBSan
     python3 tests/fuzzing.py loader --asan --cases 100000
+    python3 tests/fuzzing.py findings                     # the inputs of the open findings (fuzz-regressions/open/)
 
 Not a test module itself (pytest collects test_*.py only).
 """
@@ -47,6 +48,8 @@ ASAN_OPTIONS = "abort_on_error=1:halt_on_error=1:handle_abort=1:detect_leaks=0:a
 UBSAN_OPTIONS = "halt_on_error=1:abort_on_error=1:print_stacktrace=1"
 # one upstream report suppressed (the file says which and why)
 UBSAN_SUPPRESSIONS = ROOT / "tests" / "data" / "fuzz-ubsan.supp"
+# and the reports of the open upstream findings (docs/FUZZING.md §4), with their inputs
+UBSAN_OPEN_SUPPRESSIONS = REGRESSIONS / "open" / "ubsan-open.supp"
 
 
 # --- seed files --------------------------------------------------------------------------------------------
@@ -256,7 +259,8 @@ def make_seeds(folder: Path) -> list[Path]:
     full tensors, odd K (= 384; version 2: 160 and 224, partial last 128-weight units), a BITCOS output
     matrix, a gemma4 model whose per_layer_token_embd is read lazily (--lazy-mode), and general.alignment 4
     and 8 (companion sections only 4/8-byte aligned in memory under mmap; FORMAT.md promises 32 only for the
-    default alignment)."""
+    default alignment), 2 and 1 (tensor data off ggml-backend's 32-byte alignment: the loader reads such a file
+    instead of mapping it)."""
     folder.mkdir(parents=True, exist_ok=True)
     P, G = Variant.PT, Variant.G128
     M, R, B1, B2 = Variant.MATRIX, Variant.ROW, Variant.B128, Variant.B256
@@ -317,6 +321,8 @@ def make_seeds(folder: Path) -> list[Path]:
             seed=24,
         ),
         llama_seed(folder / "v2-align4.gguf", alignment=4, default=R, variants={"attn_q": B1, "ffn_up": M}, seed=25),
+        llama_seed(folder / "align2.gguf", alignment=2, variants={"attn_q": P, "ffn_up": P}, seed=14),
+        llama_seed(folder / "v2-align1.gguf", alignment=1, default=R, variants={"attn_q": B1, "ffn_up": M}, seed=15),
     ]
 
 
@@ -362,6 +368,98 @@ def split_seed(folder: Path, corrupt: bool = False) -> Path:
         )
     tmp.unlink()
     return paths[0]
+
+
+def rewrite_seed(
+    src: Path,
+    dst: Path,
+    *,
+    retype: dict[str, T] | None = None,
+    kv: dict[str, tuple] | None = None,
+    shape: dict[str, tuple[int, ...]] | None = None,
+    alignment: int | None = None,
+) -> Path:
+    """A seed written again with some F32 tensors as another type (`retype`: name -> type; the values
+    converted or quantized with gguf-py, integers rounded, Q8_1 / Q8_K the F32 bytes) and some KV values changed (`kv`: key -> (value,
+    GGUFValueType)), some tensors with another shape (`shape`: name -> ne; their first bytes kept, so no more
+    elements than before); `alignment`: general.alignment. The regression inputs of docs/FUZZING.md's findings
+    are made this way, so each differs from its seed in exactly what the finding names."""
+    from gguf import quants
+    from gguf_tools import open_gguf
+    from gguf_tools.reader import field_value, tensor_bytes, tensor_ggml_shape
+
+    retype, kv, shape = retype or {}, kv or {}, shape or {}
+    r = open_gguf(src)
+    arch = field_value(r.fields["general.architecture"])[0]
+    pairs = []
+    for key, fld in r.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment", KEY_FORMAT_VERSION):
+            continue
+        value, vtype, sub = field_value(fld)
+        value, vtype = kv.get(key, ((value, sub) if vtype == GGUFValueType.ARRAY else value, vtype))
+        pairs.append((key, value, vtype))
+    tensors = []
+    for t in r.tensors:
+        ne, data, tt = tensor_ggml_shape(t), tensor_bytes(t).copy(), t.tensor_type
+        if t.name in retype:
+            assert tt == T.F32, t.name
+            values, tt = data.view(np.float32).reshape(tuple(reversed(ne))), retype[t.name]
+            if tt in (T.I8, T.I16, T.I32, T.I64, T.F64):
+                dtype = {T.I8: np.int8, T.I16: np.int16, T.I32: np.int32, T.I64: np.int64, T.F64: np.float64}[tt]
+                data = (values if tt == T.F64 else np.rint(values * 4)).astype(dtype)
+            elif tt == T.Q1_0:  # no quantizer in gguf-py: per 128 weights an fp16 scale (mean |x|), sign bits
+                blocks = values.reshape(-1, 128)
+                d = np.abs(blocks).mean(axis=1).astype(np.float16).view(np.uint8).reshape(-1, 2)
+                bits = np.packbits(blocks >= 0, axis=1, bitorder="little")
+                data = np.concatenate([d, bits], axis=1).reshape(-1)
+            elif tt in (T.Q8_1, T.Q8_K):  # no quantizer in gguf-py (activation types): the F32 bytes
+                block, size = quants.GGML_QUANT_SIZES[tt]
+                n = values.size // block * size
+                data = np.frombuffer(values.tobytes()[:n].ljust(n, b"\0"), np.uint8).copy()
+            else:
+                data = quants.quantize(values, tt)
+        if t.name in shape:
+            ne = shape[t.name]
+            data = data.reshape(-1).view(np.uint8)[: data.nbytes * int(np.prod(ne)) // int(np.prod(t.shape))]
+            data = data.view(np.int8) if tt == T.I8 else data
+        tensors.append((t.name, tt, ne, data.view(np.int8) if tt == T.I8 else data))
+    if alignment is None and "general.alignment" in r.fields:
+        alignment = int(field_value(r.fields["general.alignment"])[0])
+    return _write(dst, pairs, tensors, arch=arch, alignment=alignment)
+
+
+# The inputs of the loader fuzzer's findings in upstream llama.cpp / ggml that are still open (docs/FUZZING.md
+# §4, findings 9 to 13; kept in fuzz-regressions/open/ and made by `tests/fuzzing.py findings`): name -> (seed of
+# make_seeds, or bitcos-output: a llama with a BITCOS output matrix, so token_embd serves GET_ROWS alone; tensors
+# retyped; KV values; optionally tensor shapes). Each aborts, crashes or hangs at the first decode, and the
+# mutator keeps away from them (tests/c/fuzz-bitcos-loader.c); or (ubsan-*) makes a UBSan report, which
+# open/ubsan-open.supp suppresses in the ASan+UBSan runs.
+OPEN_FINDINGS = {
+    "rms-epsilon-negative": ("dense-mixed", {}, {"llama.attention.layer_norm_rms_epsilon": (-1e-5, F32)}),
+    "norm-weight-f16": ("dense-mixed", {"blk.0.attn_norm.weight": T.F16}, {}),
+    "token-embd-i8-get-rows": ("bitcos-output", {"token_embd.weight": T.I8}, {}),
+    "token-embd-q8-1-get-rows": ("bitcos-output", {"token_embd.weight": T.Q8_1}, {}),
+    "per-layer-token-embd-i32": ("gemma4-lazy", {"per_layer_token_embd.weight": T.I32}, {}),
+    "ffn-gate-inp-f64": ("moe", {"blk.0.ffn_gate_inp.weight": T.F64}, {}),
+    "rope-dims-odd": ("gemma4-lazy", {}, {"gemma4.rope.dimension_count": (63, U32)}),
+    "rope-dims-zero": ("gemma4-lazy", {}, {"gemma4.rope.dimension_count": (0, U32)}),
+    "ubsan-q1-0-misaligned-load": ("dense-mixed", {"token_embd.weight": T.Q1_0}, {}),
+    "ubsan-empty-companion-direct-io": ("dense-mixed", {}, {}, {"blk.0.ffn_down.weight.bitcos": (0,)}),
+}
+
+
+def write_open_findings(folder: Path) -> list[Path]:
+    """The inputs of OPEN_FINDINGS, each its seed with exactly the finding's change."""
+    import tempfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        seeds = {p.stem: p for p in make_seeds(Path(tmp))}
+        seeds["bitcos-output"] = llama_seed(Path(tmp) / "bitcos-output.gguf", bitcos_output=True, seed=4)
+        return [
+            rewrite_seed(seeds[seed], folder / f"{name}.gguf", retype=retype, kv=kv, shape=shape[0] if shape else None)
+            for name, (seed, retype, kv, *shape) in OPEN_FINDINGS.items()
+        ]
 
 
 def make_refused_seeds(folder: Path) -> list[Path]:
@@ -558,10 +656,25 @@ def asan_build(jobs: int = 2) -> Path:
     return asan_lib_dir()
 
 
+def ubsan_suppressions() -> Path:
+    """UBSAN_SUPPRESSIONS with UBSAN_OPEN_SUPPRESSIONS' lines added (UBSan reads one file), in the temp folder."""
+    import tempfile
+
+    text = UBSAN_SUPPRESSIONS.read_text()
+    if UBSAN_OPEN_SUPPRESSIONS.is_file():
+        text += "\n" + UBSAN_OPEN_SUPPRESSIONS.read_text()
+    path = Path(tempfile.gettempdir()) / f"ggml-bitcos-fuzz-ubsan-{os.getuid()}.supp"
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_suffix(f".{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
+
+
 def sanitizer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["ASAN_OPTIONS"] = ASAN_OPTIONS
-    env["UBSAN_OPTIONS"] = f"{UBSAN_OPTIONS}:suppressions={UBSAN_SUPPRESSIONS}"
+    env["UBSAN_OPTIONS"] = f"{UBSAN_OPTIONS}:suppressions={ubsan_suppressions()}"
     env["GGML_NO_BACKTRACE"] = "1"  # ggml_abort would otherwise attach gdb for a backtrace
     return env
 
@@ -615,12 +728,19 @@ def _main(argv: list[str] | None = None) -> int:
     k.add_argument("--front", action="store_true", help="guard pages before the buffers instead of after")
     k.add_argument("--no-sanitize", action="store_true")
     sub.add_parser("asan-build", help="build the patched libllama with ASan+UBSan (own build dir, niced)")
+    fi = sub.add_parser("findings", help="write the inputs of the open upstream findings (OPEN_FINDINGS)")
+    fi.add_argument("folder", type=Path, nargs="?", default=REGRESSIONS / "open")
     lo = sub.add_parser("loader", help="loader fuzzer: mutated BITCOS GGUF files through llama_model_load_from_file")
     lo.add_argument("--cases", type=int, default=100000)
     lo.add_argument("--seed", type=int, default=1)
     lo.add_argument("--first", type=int, default=0)
     lo.add_argument("--decode", type=int, default=4, help="decode with every N-th accepted model (0: never)")
     lo.add_argument("--asan", action="store_true", help="use the ASan+UBSan build (asan-build first)")
+    lo.add_argument(
+        "--no-extra-bufts",
+        action="store_true",
+        help="never the extra buffer types (long ASan runs: docs/FUZZING.md §4)",
+    )
     lo.add_argument("--work", type=Path, default=Path("/tmp/ggml-bitcos-fuzz"))
     a = ap.parse_args(argv)
     if a.cmd == "kernels":
@@ -629,6 +749,10 @@ def _main(argv: list[str] | None = None) -> int:
         return subprocess.run(cmd, env=sanitizer_env()).returncode
     if a.cmd == "asan-build":
         print(asan_build())
+        return 0
+    if a.cmd == "findings":
+        for p in write_open_findings(a.folder):
+            print(p)
         return 0
     lib = asan_lib_dir() if a.asan else installed_llama_lib()
     if lib is None or not (lib / "libllama.so").is_file():
@@ -651,6 +775,7 @@ def _main(argv: list[str] | None = None) -> int:
         str(a.work / "crashes"),
         "--progress",
         "10000",
+        *(["--no-extra-bufts"] if a.no_extra_bufts else []),
         *seed_args(seeds, refused),
     ]
     (a.work / "crashes").mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,8 @@
 // the installed one (default suite) or the ASan+UBSan build (`tests/fuzzing.py asan-build`, long runs).
 //
 //   fuzz-bitcos-loader [--seed S] [--first I] [--cases N] [--seconds T] [--decode D] [--timeout T]
-//                      [--out DIR] [--save] [--progress P] seed.gguf... [refused=seed.gguf...]
-//   fuzz-bitcos-loader --replay [--out DIR] file.gguf...     (each file from its path, every load / lazy mode)
+//                      [--out DIR] [--save] [--progress P] [--no-extra-bufts] seed.gguf... [refused=seed.gguf...]
+//   fuzz-bitcos-loader --replay [--out DIR] file.gguf...     (each file as a case, every load / lazy mode)
 //
 // Each seed is parsed once (GGUF v3: KV pairs, tensor infos, data; for every ".bitcos" companion its header
 // and sections, for every BITCOS weight its blocks). Seeds must load and decode as they are, except those given
@@ -16,10 +16,14 @@
 // companion row_base / row_delta entries, sign-pool bits (inside the signs: valid; in the tail: invalid),
 // scales of every variant: the companion's fp32 matrix / row scales (PT, MATRIX, ROW) and fp16 block scales
 // (B128, B256), G128's fp16 scales in the weight blocks (NaN, inf, negative, -0, 65504, 65505, 1e38,
-// subnormal), bitmap bits (flipped, or moved inside a 32-weight block: still valid), tensor types (160, 161,
-// 162, I8, F32, TQ2_0, holes 43..159, 2^32-1), shapes (ne and n_dims; +-32 and +-128), data offsets, tensor names (the
-// ".bitcos" suffix, swaps), GGUF header counts, KV values (bitcos.format_version, general.alignment, general.file_type,
-// the shape hyper-parameters), truncation, appended bytes and random byte flips (outside the KV section). The bytes go
+// subnormal), bitmap bits (flipped, or moved inside a 32-weight block: still valid), tensor type ids (160, 161,
+// 162, I8 .. I64, F16, BF16, F64, TQ2_0, Q8_0, holes 43..159, 2^32-1, ...), non-BITCOS tensors retyped with data of
+// the type (converted or quantized by ggml, the data section laid out again), shapes (ne and n_dims; +-32 and
+// +-128), data offsets, tensor names (the ".bitcos" suffix, swaps), GGUF header counts, KV values (every <arch>.*
+// hyper-parameter with edge values, its value type, array items and counts; bitcos.format_version,
+// general.alignment below 32, general.file_type), truncation, appended bytes and random byte flips (outside the KV
+// section). What the mutator leaves alone is what aborts, crashes or hangs in upstream code (docs/FUZZING.md §2;
+// opens_type_finding, mut_kv_scalar). The bytes go
 // into a memfd and llama_model_load_from_file() loads /proc/self/fd/N with a random load mode (read, mmap, direct I/O),
 // lazy mode (off, auto, on), check_tensors and extra buffer types, CPU only. A refused load is fine; every D-th
 // accepted model also gets a context and decodes 3 tokens (the BITCOS MUL_MAT / MUL_MAT_ID kernels on whatever passed
@@ -74,9 +78,12 @@ static void put_le(uint8_t * p, int n, uint64_t v) {
 #define MAX_KV      64
 
 typedef struct {
-    size_t off;  // value position
-    int    size; // scalar size in bytes (0: not a mutable scalar)
-    char   key[64];
+    size_t   off;      // value position
+    int      size;     // scalar size in bytes (0: not a mutable scalar)
+    uint32_t type;     // GGUF value type (4 uint32, 5 int32, 6 float32, 7 bool, 8 string, 9 array, ...)
+    uint32_t arr_type; // arrays: the item type (items start at off + 12)
+    uint64_t arr_n;    // arrays: the item count
+    char     key[64];
 } kv_rec;
 
 typedef struct {
@@ -110,7 +117,9 @@ typedef struct {
     int          n_t;
     tensor_rec   t[MAX_TENSORS];
     size_t       data_start;
-    size_t       kv_end; // end of the KV section (start of the tensor infos)
+    size_t       kv_end;    // end of the KV section (start of the tensor infos)
+    uint64_t     alignment; // general.alignment (32 without the key)
+    char         arch[32];  // general.architecture: the prefix of the hyper-parameter keys
 } seed_file;
 
 static int parse_string(const uint8_t * b, size_t len, size_t * pos, size_t * soff, size_t * slen) {
@@ -191,13 +200,24 @@ static int load_seed(const char * path, seed_file * s) {
         kv_rec * r = &s->kv[s->n_kv++];
         snprintf(r->key, sizeof r->key, "%.*s", (int) kl, (const char *) b + ko);
         r->off  = pos;
+        r->type = type;
         r->size = type <= 12 ? k_type_size[type] : 0;
+        if (type == 9 && pos + 12 <= s->len) {
+            r->arr_type = (uint32_t) get_le(b + pos, 4);
+            r->arr_n    = get_le(b + pos + 4, 8);
+        }
         if (!skip_value(b, s->len, &pos, type))
             return 0;
         if (!strcmp(r->key, "general.alignment") && type == 4)
             alignment = get_le(b + r->off, 4);
+        if (!strcmp(r->key, "general.architecture") && type == 8) {
+            const uint64_t n = get_le(b + r->off, 8);
+            snprintf(s->arch, sizeof s->arch, "%.*s", (int) (n < sizeof s->arch ? n : sizeof s->arch - 1),
+                     (const char *) b + r->off + 8);
+        }
     }
-    s->kv_end = pos;
+    s->kv_end    = pos;
+    s->alignment = alignment;
     for (uint64_t i = 0; i < n_t; ++i) {
         tensor_rec * t = &s->t[s->n_t++];
         if (!parse_string(b, s->len, &pos, &t->name_off, &t->name_len))
@@ -540,43 +560,211 @@ static int is_bitcos_related(const tensor_rec * t) {
     return t->companion || ggml_bitcos_is_type((enum ggml_type) t->type);
 }
 
-// A BITCOS weight or companion gets any type; any other tensor only a BITCOS type (BITCOS where the model
-// does not use MUL_MAT, e.g. a norm, token_embd, a lazily read tensor). Other tensors never get other
-// types: upstream ggml aborts on, e.g., an I32 norm weight in a binary op at decode (found by this fuzzer,
-// tests/data/fuzz-regressions/upstream/), which is not BITCOS code.
+// Still open (docs/FUZZING.md finding 10, fuzz-regressions/open/): ggml-cpu has no kernel for some types in some
+// ops, the loader accepts such a tensor, and the first decode aborts or calls a null function pointer: a MUL
+// operand (a norm weight) of any type but F32 (binary_op: unsupported types); a GET_ROWS table (token_embd,
+// per_layer_token_embd) of type F64, I8, I16, I64 (get_rows: fatal error), Q8_1 (no to_float) or I32 (the rows
+// stay I32, and the next op aborts); a MUL_MAT weight of type F64 or Q8_1 (no vec_dot; Q8_K has neither
+// either). Not BITCOS code: the mutator gives no non-BITCOS tensor such a type. Integer types elsewhere are
+// refused at load (the integer-type rule), and the mutator does give those.
+static int opens_type_finding(const tensor_rec * t, uint32_t type) {
+    if (is_bitcos_related(t) || type >= GGML_TYPE_COUNT || ggml_bitcos_is_type((enum ggml_type) type) ||
+        ggml_blck_size((enum ggml_type) type) == 0) {
+        return 0; // BITCOS, or an id gguf.cpp refuses
+    }
+    const int integer = type == GGML_TYPE_I8 || type == GGML_TYPE_I16 || type == GGML_TYPE_I32 || type == GGML_TYPE_I64;
+    if (strstr(t->name, "norm"))
+        return !integer && type != GGML_TYPE_F32;
+    if (type == GGML_TYPE_F64 || type == GGML_TYPE_Q8_1 || type == GGML_TYPE_Q8_K)
+        return 1;
+    return integer && strstr(t->name, "token_embd") != NULL;
+}
+
+// Types a tensor's type id may become (mut_type: the id alone; mut_retype: with data of that type).
+static const uint32_t k_any_types[] = { GGML_TYPE_BITCOS_G128,
+                                        GGML_TYPE_BITCOS_PT,
+                                        GGML_TYPE_BITCOS,
+                                        GGML_TYPE_I8,
+                                        GGML_TYPE_I16,
+                                        GGML_TYPE_I32,
+                                        GGML_TYPE_I64,
+                                        GGML_TYPE_F32,
+                                        GGML_TYPE_F16,
+                                        GGML_TYPE_BF16,
+                                        GGML_TYPE_F64,
+                                        GGML_TYPE_TQ2_0,
+                                        GGML_TYPE_TQ1_0,
+                                        GGML_TYPE_Q8_0,
+                                        GGML_TYPE_Q4_0,
+                                        GGML_TYPE_Q4_K,
+                                        GGML_TYPE_MXFP4,
+                                        43,
+                                        100,
+                                        159,
+                                        163,
+                                        255,
+                                        0xffffffffu,
+                                        0x800000a0u };
+
+// A tensor's type id: any id (the defined types, BITCOS, the holes 43..159, 163, 2^32-1, ...), or the types of
+// two BITCOS weights / companions swapped (a weight and its companion, a version-1 weight with a version-2
+// companion, ...). Only the id changes, so a type of another size moves the tensor's end off the next
+// tensor's offset (gguf.cpp refuses it) unless the sizes agree (F32 / I32) or the tensor is the last one;
+// mut_retype changes the data with the type.
 static void mut_type(void) {
-    static const uint32_t types[] = { GGML_TYPE_BITCOS_G128,
-                                      GGML_TYPE_BITCOS_PT,
-                                      GGML_TYPE_BITCOS,
-                                      GGML_TYPE_I8,
-                                      GGML_TYPE_F32,
-                                      GGML_TYPE_F16,
-                                      GGML_TYPE_TQ2_0,
-                                      GGML_TYPE_TQ1_0,
-                                      GGML_TYPE_Q8_0,
-                                      GGML_TYPE_I32,
-                                      43,
-                                      100,
-                                      159,
-                                      163,
-                                      255,
-                                      0xffffffffu,
-                                      0x800000a0u };
-    const tensor_rec *    t       = pick_tensor(-1);
     if (rng_below(4) == 0) {
-        // swap the types of two BITCOS weights / companions (a weight and its companion, two variants, ...)
-        const tensor_rec *a = pick_tensor(rng_below(2)), *b = pick_tensor(rng_below(2));
+        const tensor_rec *a = pick_tensor((int) rng_below(2)), *b = pick_tensor((int) rng_below(2));
         const uint32_t ta = (uint32_t) get_le(g_buf + a->type_off, 4), tb = (uint32_t) get_le(g_buf + b->type_off, 4);
         put_le(g_buf + a->type_off, 4, tb);
         put_le(g_buf + b->type_off, 4, ta);
         return;
     }
-    if (is_bitcos_related(t)) {
-        put_le(g_buf + t->type_off, 4, types[rng_below(sizeof types / sizeof types[0])]);
-    } else {
+    const tensor_rec * t = pick_tensor(rng_below(2) ? 0 : -1);
+    uint32_t           nt;
+    if (!is_bitcos_related(t) && rng_below(3) == 0) {
+        // the BITCOS types where the model does not use MUL_MAT: a norm, token_embd, a lazily read tensor
         static const uint32_t bitcos_types[] = { GGML_TYPE_BITCOS_G128, GGML_TYPE_BITCOS_PT, GGML_TYPE_BITCOS };
-        put_le(g_buf + t->type_off, 4, bitcos_types[rng_below(3)]);
+        nt                                   = bitcos_types[rng_below(3)];
+    } else if (rng_below(8) == 0) {
+        nt = (uint32_t) rng_below(GGML_TYPE_COUNT + 2); // every id, defined or not
+    } else {
+        nt = k_any_types[rng_below(sizeof k_any_types / sizeof k_any_types[0])];
     }
+    if (opens_type_finding(t, nt))
+        nt = GGML_TYPE_BITCOS_PT;
+    put_le(g_buf + t->type_off, 4, nt);
+}
+
+// Tensor t's data replaced by `data` (n bytes), and every tensor's data moved to where a writer puts it: each at
+// the first offset aligned to general.alignment after the one before, with the offsets of the tensor infos
+// to match. So a tensor of another type (size) leaves the file well-formed. Tensors keep their order in the
+// seed; the bytes of the others come from the current case (earlier mutations included).
+static uint8_t * g_tmp;     // g_cap bytes
+static int       g_retyped; // the case's data were moved (mut_retype)
+
+static void relayout(const tensor_rec * t, const uint8_t * data, size_t n) {
+    const seed_file * s     = g_s;
+    const uint64_t    align = s->alignment ? s->alignment : 32;
+    if (g_len < s->data_start)
+        return;
+    int order[MAX_TENSORS];
+    for (int i = 0; i < s->n_t; ++i) {
+        int j = i;
+        while (j > 0 && s->t[order[j - 1]].offs > s->t[i].offs) {
+            order[j] = order[j - 1];
+            --j;
+        }
+        order[j] = i;
+    }
+    size_t pos = s->data_start;
+    memcpy(g_tmp, g_buf, s->data_start);
+    for (int k = 0; k < s->n_t; ++k) {
+        const tensor_rec * u   = &s->t[order[k]];
+        const size_t       off = (pos - s->data_start + align - 1) / align * align;
+        size_t             len = u == t ? n : u->size;
+        const uint8_t *    src = u == t ? data : g_buf + u->data;
+        if (u != t && u->data + len > g_len) // truncated before: copy what is left
+            len = u->data < g_len ? g_len - u->data : 0;
+        if (s->data_start + off + len > g_cap)
+            return;                                        // does not fit: leave the case as it is
+        memset(g_tmp + pos, 0, s->data_start + off - pos); // padding
+        pos = s->data_start + off;
+        memcpy(g_tmp + pos, src, len);
+        put_le(g_tmp + u->offs_off, 8, off);
+        pos += len;
+    }
+    memcpy(g_buf, g_tmp, pos);
+    g_len = pos;
+}
+
+// The non-BITCOS tensors are F32 in the seeds: a value as an integer of the given byte width (rounded, or an
+// extreme of the type).
+static void put_int(uint8_t * p, int width, float v) {
+    const int64_t lim = width >= 8 ? INT64_MAX : ((int64_t) 1 << (8 * width - 1)) - 1;
+    const double  d   = (double) v * 4.0;
+    int64_t       x;
+    switch (rng_below(16)) {
+        case 0:
+            x = lim;
+            break;
+        case 1:
+            x = -lim - 1;
+            break;
+        default:
+            x = d != d ? 0 : d >= (double) lim ? lim : d <= (double) (-lim - 1) ? -lim - 1 : (int64_t) d;
+            break;
+    }
+    put_le(p, width, (uint64_t) x);
+}
+
+// A non-BITCOS tensor (a norm, token_embd, the MoE router, gemma4's per-layer tables, ...) as another type with
+// data of that type: its F32 values converted (F16, BF16, F64, integers) or quantized by ggml
+// (ggml_quantize_chunk: Q4_0 .. Q8_0, the K-quants, IQ4_NL / IQ4_XS, TQ1_0 / TQ2_0, MXFP4, ...), or, for a
+// type ggml cannot quantize to (Q8_1, Q8_K), the seed's bytes; then relayout. The model may use the tensor in
+// an op that has no kernel for the type: the loader must refuse it (the integer-type rule), not abort at decode.
+static void mut_retype(void) {
+    static const uint32_t types[] = { GGML_TYPE_F16,    GGML_TYPE_BF16,  GGML_TYPE_F64,   GGML_TYPE_I8,
+                                      GGML_TYPE_I16,    GGML_TYPE_I32,   GGML_TYPE_I64,   GGML_TYPE_Q8_0,
+                                      GGML_TYPE_Q4_0,   GGML_TYPE_Q4_1,  GGML_TYPE_Q5_0,  GGML_TYPE_Q5_1,
+                                      GGML_TYPE_Q2_K,   GGML_TYPE_Q3_K,  GGML_TYPE_Q4_K,  GGML_TYPE_Q5_K,
+                                      GGML_TYPE_Q6_K,   GGML_TYPE_Q8_K,  GGML_TYPE_Q8_1,  GGML_TYPE_IQ4_NL,
+                                      GGML_TYPE_IQ4_XS, GGML_TYPE_TQ1_0, GGML_TYPE_TQ2_0, GGML_TYPE_MXFP4,
+                                      GGML_TYPE_Q1_0,   GGML_TYPE_Q2_0,  GGML_TYPE_F32 };
+    if (g_retyped)
+        return; // once per case: the tensors' data have moved
+    const tensor_rec * t = NULL;
+    for (int tries = 0; tries < 16 && t == NULL; ++tries) {
+        const tensor_rec * u = pick_tensor(-1);
+        if (!is_bitcos_related(u) && u->type == GGML_TYPE_F32)
+            t = u;
+    }
+    if (t == NULL)
+        return;
+    const enum ggml_type nt = (enum ggml_type) types[rng_below(sizeof types / sizeof types[0])];
+    const int64_t        k  = (int64_t) t->ne[0];
+    const int64_t        nr = (int64_t) (t->ne[1] * t->ne[2] * t->ne[3]);
+    if (k <= 0 || k % ggml_blck_size(nt) != 0 || opens_type_finding(t, nt))
+        return;
+    const size_t n  = ggml_row_size(nt, k) * (size_t) nr;
+    const size_t nf = (size_t) (k * nr); // F32 values in the seed
+    if (!in_buf(t->data, nf * 4) || n > g_cap / 2)
+        return;
+    float * src = malloc(nf * sizeof(float));
+    memcpy(src, g_buf + t->data, nf * sizeof(float));
+    uint8_t * dst = calloc(n ? n : 1, 1);
+    switch (nt) {
+        case GGML_TYPE_F32:
+            memcpy(dst, src, n);
+            break;
+        case GGML_TYPE_F64:
+            for (size_t i = 0; i < nf; ++i) {
+                const double d = src[i];
+                memcpy(dst + 8 * i, &d, 8);
+            }
+            break;
+        case GGML_TYPE_I8:
+        case GGML_TYPE_I16:
+        case GGML_TYPE_I32:
+        case GGML_TYPE_I64: {
+            const int w = (int) ggml_type_size(nt);
+            for (size_t i = 0; i < nf; ++i) {
+                put_int(dst + (size_t) w * i, w, src[i]);
+            }
+            break;
+        }
+        case GGML_TYPE_Q8_1:
+        case GGML_TYPE_Q8_K:
+            memcpy(dst, src, n < nf * 4 ? n : nf * 4);
+            break;
+        default:
+            ggml_quantize_chunk(nt, src, dst, 0, nr, k, NULL);
+            break;
+    }
+    put_le(g_buf + t->type_off, 4, (uint64_t) nt);
+    relayout(t, dst, n);
+    g_retyped = 1;
+    free(dst);
+    free(src);
 }
 
 static void mut_shape(void) {
@@ -668,45 +856,162 @@ static void mut_name(void) {
     }
 }
 
-// Keys whose values the fuzzer changes: the BITCOS key, the alignment (moves every tensor's data), the file
-// type and the hyper-parameters that fix the shapes of BITCOS weights. Not the other hyper-parameters: upstream
-// llama.cpp asserts on some of them (expert_count > LLAMA_MAX_EXPERTS, expert_used_count == 0: GGML_ASSERTs in
-// load_hparams, found by this fuzzer; docs/FUZZING.md, tests/data/fuzz-regressions/upstream/) and a huge
-// vocab_size of a model without tokenizer makes it allocate that many dummy tokens (minutes): not BITCOS code,
-// and the project's patches do not change it.
-static int kv_fuzzable(const char * key) {
-    static const char * const keys[] = { "bitcos.", "general.alignment", "general.file_type", ".embedding_length",
-                                         ".feed_forward_length" };
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; ++i) {
-        if (strstr(key, keys[i]))
-            return 1;
+// Keys whose values the fuzzer changes: every key of the model's own (<arch>.*: block count, embedding, head
+// and expert counts, context length, rope dimensions, key / value lengths, epsilons, sliding windows, ...),
+// the BITCOS key, general.alignment and general.file_type. Left alone: general.architecture and the other
+// general.* strings, and the tokenizer (the seeds have none: tokenizer code is upstream's alone).
+static int kv_fuzzable(const kv_rec * r) {
+    if (!strncmp(r->key, "bitcos.", 7) || !strcmp(r->key, "general.alignment") ||
+        !strcmp(r->key, "general.file_type")) {
+        return 1;
     }
-    return 0;
+    const size_t n = strlen(g_s->arch);
+    return n > 0 && !strncmp(r->key, g_s->arch, n) && r->key[n] == '.';
+}
+
+// An edge value of an integer of `size` bytes: 0, 1, the type's maximum, 2^20, 2^31, 2^31 - 1, the value +-1,
+// x2, /2, a small one, a power of two, a random one.
+static uint64_t edge_int(uint64_t v, int size) {
+    const uint64_t max = size >= 8 ? ~0ull : (1ull << (8 * size)) - 1;
+    switch (rng_below(16)) {
+        case 0:
+            return 0;
+        case 1:
+            return 1;
+        case 2:
+            return max;
+        case 3:
+            return 1ull << 20;
+        case 4:
+            return (1ull << 20) + 1;
+        case 5:
+            return 1ull << 31;
+        case 6:
+            return 0x7fffffffull;
+        case 7:
+            return v + 1;
+        case 8:
+            return v - 1;
+        case 9:
+            return v * 2;
+        case 10:
+            return v / 2;
+        case 11:
+            return 2 + rng_below(63);
+        case 12:
+            return 1ull << rng_below((uint64_t) (8 * size));
+        case 13:
+            return max - rng_below(4);
+        default:
+            return rng_u64() >> rng_below(64);
+    }
+}
+
+// general.alignment: below 32 (powers of two, and not: gguf.cpp refuses those), 0, or any other value
+static uint64_t alignment_value(uint64_t v) {
+    static const uint64_t small[] = { 1, 2, 4, 8, 16, 3, 5, 6, 12, 24, 31, 33, 48, 64, 0 };
+    return rng_below(4) ? small[rng_below(sizeof small / sizeof small[0])] : edge_int(v, 4);
+}
+
+// <arch>.vocab_size of a model without a tokenizer makes llama.cpp create that many dummy tokens, about 25 ms
+// per 2^20 and minutes for 2^28 (finding 4): a larger value becomes 2^20 (a quarter of them) or its low 16 bits.
+#define VOCAB_SIZE_MAX (1ull << 20)
+
+static void mut_kv_scalar(const kv_rec * r, size_t p, uint32_t type) {
+    const int size = type <= 12 ? k_type_size[type] : 0;
+    if (size == 0 || !in_buf(p, (size_t) size))
+        return;
+    const uint64_t v = get_le(g_buf + p, size);
+    uint64_t       nv;
+    if (type == 6) { // float32
+        float f;
+        memcpy(&f, &(uint32_t) { (uint32_t) v }, 4);
+        switch (rng_below(4)) {
+            case 0:
+                f = -f;
+                break;
+            case 1:
+                f = rng_below(2) ? f * 1024.0f : f / 1024.0f;
+                break;
+            default: {
+                const uint32_t bits = interesting_f32_bits();
+                memcpy(&f, &bits, 4);
+                break;
+            }
+        }
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        if (strstr(r->key, "epsilon") && (f < 0.0f || f != f)) {
+            // a negative or NaN norm epsilon aborts ggml-cpu's RMS_NORM at decode (GGML_ASSERT(eps >= 0.0f), upstream;
+            // finding 9, fuzz-regressions/open/): its magnitude, and NaN as +inf
+            bits = f != f ? 0x7f800000u : bits & 0x7fffffffu;
+        }
+        nv = bits;
+    } else if (type == 12) { // float64
+        nv = rng_below(2) ? 0x7ff8000000000000ull : edge_int(v, 8);
+    } else if (type == 7) {  // bool: 0, 1, or a byte that is neither
+        static const uint8_t b[] = { 0, 1, 2, 255 };
+        nv                       = b[rng_below(4)];
+    } else if (!strcmp(r->key, "general.alignment")) {
+        nv = alignment_value(v);
+    } else {
+        nv = edge_int(v, size);
+        if (type == 5 || type == 3 || type == 1 || type == 11) { // signed: negative values too
+            if (rng_below(4) == 0)
+                nv = (uint64_t) -(int64_t) (1 + rng_below(4));
+        }
+        if (size < 8)
+            nv &= (1ull << (8 * size)) - 1; // the value as stored
+        const size_t n = strlen(r->key);
+        if (n >= 11 && !strcmp(r->key + n - 11, ".vocab_size") && nv > VOCAB_SIZE_MAX)
+            nv = rng_below(4) == 0 ? VOCAB_SIZE_MAX : nv & 0xffff;
+        if (strcmp(g_s->arch, "llama") != 0 && n >= 21 && !strcmp(r->key + n - 21, ".rope.dimension_count") &&
+            (nv > v || (nv & 1) || nv == 0)) {
+            // odd, more than the head size, or 0: ggml-cpu's ROPE asserts at decode (GGML_ASSERT(n_dims % 2 ==
+            // 0), n_dims <= ne0), or with 0 loops forever (upstream, finding 11, fuzz-regressions/open/);
+            // llama's loader compares the value with the head size, gemma4's does not
+            nv = (nv > v ? v : nv) & ~1ull;
+            nv = nv ? nv : 2;
+        }
+    }
+    put_le(g_buf + p, size, nv);
 }
 
 static void mut_kv(void) {
     const kv_rec * cand[MAX_KV];
     int            n = 0;
     for (int i = 0; i < g_s->n_kv; ++i) {
-        if (kv_fuzzable(g_s->kv[i].key))
+        if (kv_fuzzable(&g_s->kv[i]))
             cand[n++] = &g_s->kv[i];
     }
     if (n == 0)
         return;
     const kv_rec * r = cand[rng_below((uint64_t) n)];
-    if (r->size == 0) {
-        // string or array: corrupt its length
+    if (r->size != 0 && r->type != 8 && rng_below(8) == 0) {
+        // the value's type: another of the same size (u32 / i32 / f32, u8 / i8 / bool, u64 / i64 / f64), so the
+        // file still parses and the loader sees a key of the wrong type
+        static const uint32_t same[4][3] = { { 0, 1, 7 }, { 2, 3, 3 }, { 4, 5, 6 }, { 10, 11, 12 } };
+        const int             row        = r->size == 1 ? 0 : r->size == 2 ? 1 : r->size == 4 ? 2 : 3;
+        put_le(g_buf + r->off - 4, 4, same[row][rng_below(3)]);
+        return;
+    }
+    if (r->type == 9) {
+        // an array (per-layer values, gemma4's sliding-window pattern): one item, or the count
+        const int isz = r->arr_type <= 12 ? k_type_size[r->arr_type] : 0;
+        if (isz > 0 && r->arr_type != 8 && r->arr_n > 0 && rng_below(4)) {
+            mut_kv_scalar(r, r->off + 12 + (size_t) isz * rng_below(r->arr_n), r->arr_type);
+        } else {
+            put_le(g_buf + r->off + 4, 8,
+                   rng_below(2) ? r->arr_n + (rng_below(2) ? 1 : (uint64_t) -1) : interesting_u64(r->arr_n));
+        }
+        return;
+    }
+    if (r->type == 8) {
+        // a string: its length
         put_le(g_buf + r->off, 8, interesting_u64(get_le(g_buf + r->off, 8)));
         return;
     }
-    const uint64_t v  = get_le(g_buf + r->off, r->size);
-    uint64_t       nv = rng_below(2) ? interesting_u64(v) : v + (rng_below(2) ? 1 : (uint64_t) -1);
-    if (strstr(r->key, "alignment") && nv != 0 && nv < 32 && (nv & (nv - 1)) == 0 && nv != v) {
-        // a smaller power of two moves the data section off a 32-byte boundary, and upstream then aborts in
-        // ggml_backend_cpu_buffer_from_ptr under mmap (found by this fuzzer; fuzz-regressions/upstream/)
-        nv = v * 2;
-    }
-    put_le(g_buf + r->off, r->size, nv);
+    mut_kv_scalar(r, r->off, r->type);
 }
 
 static void mut_counts(void) {
@@ -770,10 +1075,11 @@ static const struct {
     { mut_scale, 6, "scale" },
     { mut_bitmap, 6, "bitmap" },
     { mut_type, 8, "type" },
+    { mut_retype, 6, "retype" },
     { mut_shape, 8, "shape" },
     { mut_offset, 5, "offset" },
     { mut_name, 5, "name" },
-    { mut_kv, 5, "kv" },
+    { mut_kv, 10, "kv" },
     { mut_counts, 2, "counts" },
     { mut_truncate, 4, "truncate" },
     { mut_append, 2, "append" },
@@ -787,6 +1093,7 @@ static void make_case(const seed_file * seeds, int n_seeds) {
     g_s = &seeds[g_index % (uint64_t) n_seeds];
     memcpy(g_buf, g_s->bytes, g_s->len);
     g_len     = g_s->len;
+    g_retyped = 0;
     int total = 0;
     for (int i = 0; i < N_MUTATORS; ++i) {
         total += k_mutators[i].weight;
@@ -808,16 +1115,16 @@ static int      g_fd = -1;
 static char     g_fd_path[64];
 static uint64_t g_accepted, g_refused, g_decoded, g_ctx_failed, g_decode_failed;
 
-#define N_REASONS 64
+#define N_REASONS 256
 static struct {
-    char     text[72];
+    char     text[128];
     uint64_t n;
 } g_reasons[N_REASONS];
 static int g_n_reasons;
 
 static void count_reason(const char * msg) {
     // the reason with quoted names as '*' and numbers as '#', so that reasons group
-    char   key[72];
+    char   key[128];
     size_t n      = 0;
     int    quoted = 0;
     for (const char * c = msg; *c && n < sizeof key - 1; ++c) {
@@ -830,9 +1137,14 @@ static void count_reason(const char * msg) {
         if (quoted)
             continue;
         if (*c >= '0' && *c <= '9') { // a number (decimal, hex, float) -> '#'
-            key[n++] = '#';
-            while (c[1] && (strchr("0123456789abcdefxABCDEFX.+-", c[1]) != NULL))
+            key[n++]      = '#';
+            const int hex = c[0] == '0' && (c[1] == 'x' || c[1] == 'X');
+            if (hex)
                 ++c;
+            while (c[1] && ((c[1] >= '0' && c[1] <= '9') || (c[1] == '.' && c[2] >= '0' && c[2] <= '9') ||
+                            (hex && strchr("abcdefABCDEF", c[1]) != NULL) ||
+                            (!hex && (c[1] == 'e' || c[1] == 'E') && (c[2] == '-' || c[2] == '+'))))
+                c += (c[1] == 'e' || c[1] == 'E') && !hex ? 2 : 1;
             continue;
         }
         key[n++] = *c == '\n' ? ' ' : *c;
@@ -858,12 +1170,17 @@ static void write_fd(void) {
 }
 
 static const char *       g_load_path; // replay: the file itself (split models need their real names)
+// --no-extra-bufts: never the extra buffer types (CPU_REPACK, CPU_BITCOS_2BIT). Long ASan+UBSan runs need it: with
+// them, GCC 12's ASan runtime fails sporadically inside a thread's start once thread ids pass 8192 (docs/FUZZING.md
+// §4).
+static int                g_no_extra_bufts;
 static ggml_backend_dev_t g_no_devices[1] = { NULL };
 
 // mode_pick of load_case: load mode (pick % 4: read, mmap, mmap, direct I/O), lazy mode ((pick / 4) % 3: off, auto,
 // on), check_tensors ((pick / 12) % 4 == 0), extra buffer types ((pick / 48) % 2). The seeds and replayed files
-// are loaded with each of these: every load x lazy mode with check_tensors, and two without it.
-static const int k_all_modes[] = { 0, 1, 3, 4, 5, 7, 8, 9, 11, 61, 21 };
+// are loaded with each of these: every load x lazy mode with check_tensors, two without it, and read, mmap and
+// direct I/O with the extra buffer types (the CPU_REPACK / CPU_BITCOS_2BIT buffers).
+static const int k_all_modes[] = { 0, 1, 3, 4, 5, 7, 8, 9, 11, 61, 21, 48, 51 };
 #define N_ALL_MODES (int) (sizeof k_all_modes / sizeof k_all_modes[0])
 
 // Loads the current bytes; decodes when accepted and `decode`. Returns 1 when accepted.
@@ -880,7 +1197,7 @@ static int load_case(int decode, int mode_pick) {
     mp.load_mode                               = modes[mode_pick % 4];
     mp.lazy_mode                               = lazies[(mode_pick / 4) % 3];
     mp.check_tensors                           = (mode_pick / 12) % 4 == 0;
-    mp.use_extra_bufts                         = (mode_pick / 48) % 2;
+    mp.use_extra_bufts                         = !g_no_extra_bufts && (mode_pick / 48) % 2;
     g_last_log[0]                              = 0;
     struct llama_model * model                 = llama_model_load_from_file(g_load_path ? g_load_path : g_fd_path, mp);
     if (model == NULL) {
@@ -951,6 +1268,8 @@ int main(int argc, char ** argv) {
             progress = strtoull(argv[++i], NULL, 0);
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             snprintf(g_out, sizeof g_out, "%s", argv[++i]);
+        } else if (!strcmp(argv[i], "--no-extra-bufts")) {
+            g_no_extra_bufts = 1;
         } else if (!strcmp(argv[i], "--save")) {
             save = 1;
         } else if (!strcmp(argv[i], "--replay")) {
@@ -965,7 +1284,8 @@ int main(int argc, char ** argv) {
     if (n_paths == 0) {
         fprintf(stderr,
                 "usage: %s [--seed S] [--first I] [--cases N] [--seconds T] [--decode D] [--timeout T] "
-                "[--out DIR] [--save] [--progress P] seed.gguf...\n       %s --replay file.gguf...\n",
+                "[--out DIR] [--save] [--progress P] [--no-extra-bufts] seed.gguf...\n       %s --replay [--timeout T] "
+                "file.gguf...\n",
                 argv[0], argv[0]);
         return 2;
     }
@@ -991,8 +1311,8 @@ int main(int argc, char ** argv) {
     snprintf(g_fd_path, sizeof g_fd_path, "/proc/self/fd/%d", g_fd);
 
     if (replay) {
-        // each file as it is (loaded from its path: the first shard of a split model finds the others), with
-        // every load mode; any crash saves it again as crash-replay.gguf
+        // each file as it is (through the memfd; the first shard of a split model from its path, so that it finds
+        // the others), with every load mode; any crash saves it again as crash-replay.gguf
         for (int i = 0; i < n_paths; ++i) {
             seed_file s;
             memset(&s, 0, sizeof s);
@@ -1012,15 +1332,18 @@ int main(int argc, char ** argv) {
             }
             fclose(f);
             g_replay_name = paths[i];
-            g_load_path   = paths[i];
+            // through the memfd, as the fuzzing runs load (direct I/O then reads as it did there), except the
+            // shards of a split model, which find each other by their names
+            g_load_path   = strstr(paths[i], "-of-") ? paths[i] : NULL;
             int accepted  = 0;
+            g_decoded     = 0;
             for (int m = 0; m < N_ALL_MODES; ++m) {
                 alarm(timeout);
                 accepted += load_case(1, k_all_modes[m]);
                 alarm(0);
             }
-            printf("replay %s: accepted %d of %d loads; last reason: %s\n", paths[i], accepted, N_ALL_MODES,
-                   ggml_bitcos_last_error());
+            printf("replay %s: accepted %d of %d loads, %" PRIu64 " decoded; last reason: %s\n", paths[i], accepted,
+                   N_ALL_MODES, g_decoded, ggml_bitcos_last_error());
         }
         printf("ok: replayed %d files\n", n_paths);
         return 0;
@@ -1037,8 +1360,9 @@ int main(int argc, char ** argv) {
         seeds[i].refused = refused;
         max_len          = seeds[i].len > max_len ? seeds[i].len : max_len;
     }
-    g_cap = max_len + 4096;
+    g_cap = 2 * max_len + 65536; // a retyped tensor may grow (F32 -> F64, I64)
     g_buf = malloc(g_cap);
+    g_tmp = malloc(g_cap);
     // every seed must load and decode as it is (else the fuzzer would only test refusals of broken files),
     // except the refused=PATH ones, which must be refused
     for (int i = 0; i < n_paths; ++i) {
@@ -1077,8 +1401,8 @@ int main(int argc, char ** argv) {
         ++done;
         if (progress && done % progress == 0) {
             const double dt = now_s() - t0;
-            printf("progress: %" PRIu64 " cases, %" PRIu64 " accepted, %.0f s, %.1f cases/s\n", done, g_accepted, dt,
-                   done / dt);
+            printf("progress: %" PRIu64 " cases, %" PRIu64 " accepted, %" PRIu64 " decoded, %.0f s, %.1f cases/s\n",
+                   done, g_accepted, g_decoded, dt, done / dt);
             fflush(stdout);
         }
         if (seconds > 0 && (done & 15) == 0 && now_s() - t0 > seconds) {

@@ -153,6 +153,21 @@ _LOAD = textwrap.dedent("""
 """)
 
 
+def _llama_loads(tmp_path: Path, files: dict[str, bytes]) -> tuple[dict[str, Path], dict[str, str | None]]:
+    """Each of `files` written as <name>.gguf and loaded by Llama() in one child process (a crash fails the test):
+    the paths, and per name None (loaded) or the exception's text."""
+    paths = {}
+    for name, data in files.items():
+        paths[name] = tmp_path / f"{name}.gguf"
+        paths[name].write_bytes(data)
+    r = subprocess.run(
+        [sys.executable, "-c", _LOAD, *map(str, paths.values())], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, f"Python process died ({r.returncode}):\n{r.stderr[-3000:]}"
+    loaded = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT ") :])
+    return paths, {name: loaded[str(p)] for name, p in paths.items()}
+
+
 def test_llama_loads_and_refuses_the_same_whole_models(tmp_path: Path, patched_llama) -> None:
     good = llama_model(tmp_path / "good.gguf", {}, tokenizer=False)
     b = good.read_bytes()
@@ -163,19 +178,11 @@ def test_llama_loads_and_refuses_the_same_whole_models(tmp_path: Path, patched_l
     scores = layout(with_vocab).kv("tokenizer.ggml.scores")
     files["scores-2^64-1"] = patch(with_vocab, scores.value_at + 4, "<Q", (1 << 64) - 1)
     files["scores-type-u64"] = patch(with_vocab, scores.value_at, "<I", 10)  # 8-byte items: past the end
-    paths = {}
-    for name, data in files.items():
-        paths[name] = tmp_path / f"{name}.gguf"
-        paths[name].write_bytes(data)
-    r = subprocess.run(
-        [sys.executable, "-c", _LOAD, *map(str, paths.values())], capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, f"Python process died ({r.returncode}):\n{r.stderr[-3000:]}"
-    loaded = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT ") :])
+    paths, loaded = _llama_loads(tmp_path, files)
     for name, p in paths.items():
         ours, why = reader_verdict(p)
-        theirs = "accepted" if loaded[str(p)] is None else "refused"
-        assert ours == theirs, f"{name}: reader {ours} ({why}), Llama() {theirs} ({loaded[str(p)]})"
+        theirs = "accepted" if loaded[name] is None else "refused"
+        assert ours == theirs, f"{name}: reader {ours} ({why}), Llama() {theirs} ({loaded[name]})"
         assert ours == ("accepted" if name in ("good", "trailing-1", "trailing-100k", "vocab") else "refused")
 
 
@@ -195,16 +202,8 @@ def test_llama_value_error_names_the_gguf_rule(tmp_path: Path, patched_llama) ->
         "n-dims-5": (patch(b, k.n_dims_at, "<I", 5), "invalid number of dimensions: 5 > 4"),
         "type-999": (patch(b, k.type_at, "<I", 999), "tensor 'blk.0.attn_k.weight' has invalid ggml type 999"),
     }
-    paths = {}
-    for name, (data, _) in cases.items():
-        paths[name] = tmp_path / f"{name}.gguf"
-        paths[name].write_bytes(data)
-    r = subprocess.run(
-        [sys.executable, "-c", _LOAD, *map(str, paths.values())], capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, f"Python process died ({r.returncode}):\n{r.stderr[-3000:]}"
-    loaded = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT ") :])
+    paths, loaded = _llama_loads(tmp_path, {name: data for name, (data, _) in cases.items()})
     for name, p in paths.items():
-        msg = loaded[str(p)]
+        msg = loaded[name]
         assert msg is not None, f"{name}: loaded"
         assert msg.startswith(f"Failed to load model from file: {p}: ") and cases[name][1] in msg, f"{name}: {msg}"

@@ -5,7 +5,7 @@ Used by tests/test_fuzz.py (CI-sized runs in the default suite) and runnable for
     python3 tests/fuzzing.py kernels --cases 1000000
     python3 tests/fuzzing.py asan-build                   # patched libllama + ggml with ASan+UBSan
     python3 tests/fuzzing.py loader --asan --cases 100000
-    python3 tests/fuzzing.py findings                     # the inputs of the open findings (fuzz-regressions/open/)
+    python3 tests/fuzzing.py findings                     # the inputs of findings 9 to 13 (fuzz-regressions/)
 
 Not a test module itself (pytest collects test_*.py only).
 """
@@ -48,8 +48,6 @@ ASAN_OPTIONS = "abort_on_error=1:halt_on_error=1:handle_abort=1:detect_leaks=0:a
 UBSAN_OPTIONS = "halt_on_error=1:abort_on_error=1:print_stacktrace=1"
 # one upstream report suppressed (the file says which and why)
 UBSAN_SUPPRESSIONS = ROOT / "tests" / "data" / "fuzz-ubsan.supp"
-# and the reports of the open upstream findings (docs/FUZZING.md §4), with their inputs
-UBSAN_OPEN_SUPPRESSIONS = REGRESSIONS / "open" / "ubsan-open.supp"
 
 
 # --- seed files --------------------------------------------------------------------------------------------
@@ -428,13 +426,12 @@ def rewrite_seed(
     return _write(dst, pairs, tensors, arch=arch, alignment=alignment)
 
 
-# The inputs of the loader fuzzer's findings in upstream llama.cpp / ggml that are still open (docs/FUZZING.md
-# §4, findings 9 to 13; kept in fuzz-regressions/open/ and made by `tests/fuzzing.py findings`): name -> (seed of
-# make_seeds, or bitcos-output: a llama with a BITCOS output matrix, so token_embd serves GET_ROWS alone; tensors
-# retyped; KV values; optionally tensor shapes). Each aborts, crashes or hangs at the first decode, and the
-# mutator keeps away from them (tests/c/fuzz-bitcos-loader.c); or (ubsan-*) makes a UBSan report, which
-# open/ubsan-open.supp suppresses in the ASan+UBSan runs.
-OPEN_FINDINGS = {
+# The inputs of the loader fuzzer's findings 9 to 13 in upstream llama.cpp / ggml (docs/FUZZING.md §4), each
+# an abort, crash or hang at the first decode, or (ubsan-*) a UBSan report, until the patch series refused or
+# fixed it; kept in fuzz-regressions/ and made by `tests/fuzzing.py findings`: name -> (seed of make_seeds, or
+# bitcos-output: a llama with a BITCOS output matrix, so token_embd serves GET_ROWS alone; tensors retyped; KV
+# values; optionally tensor shapes).
+FINDING_INPUTS = {
     "rms-epsilon-negative": ("dense-mixed", {}, {"llama.attention.layer_norm_rms_epsilon": (-1e-5, F32)}),
     "norm-weight-f16": ("dense-mixed", {"blk.0.attn_norm.weight": T.F16}, {}),
     "token-embd-i8-get-rows": ("bitcos-output", {"token_embd.weight": T.I8}, {}),
@@ -448,8 +445,8 @@ OPEN_FINDINGS = {
 }
 
 
-def write_open_findings(folder: Path) -> list[Path]:
-    """The inputs of OPEN_FINDINGS, each its seed with exactly the finding's change."""
+def write_finding_inputs(folder: Path) -> list[Path]:
+    """The inputs of FINDING_INPUTS, each its seed with exactly the finding's change."""
     import tempfile
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -458,7 +455,7 @@ def write_open_findings(folder: Path) -> list[Path]:
         seeds["bitcos-output"] = llama_seed(Path(tmp) / "bitcos-output.gguf", bitcos_output=True, seed=4)
         return [
             rewrite_seed(seeds[seed], folder / f"{name}.gguf", retype=retype, kv=kv, shape=shape[0] if shape else None)
-            for name, (seed, retype, kv, *shape) in OPEN_FINDINGS.items()
+            for name, (seed, retype, kv, *shape) in FINDING_INPUTS.items()
         ]
 
 
@@ -657,12 +654,10 @@ def asan_build(jobs: int = 2) -> Path:
 
 
 def ubsan_suppressions() -> Path:
-    """UBSAN_SUPPRESSIONS with UBSAN_OPEN_SUPPRESSIONS' lines added (UBSan reads one file), in the temp folder."""
+    """UBSAN_SUPPRESSIONS copied to the temp folder (a path without spaces, which UBSAN_OPTIONS cannot quote)."""
     import tempfile
 
     text = UBSAN_SUPPRESSIONS.read_text()
-    if UBSAN_OPEN_SUPPRESSIONS.is_file():
-        text += "\n" + UBSAN_OPEN_SUPPRESSIONS.read_text()
     path = Path(tempfile.gettempdir()) / f"ggml-bitcos-fuzz-ubsan-{os.getuid()}.supp"
     if not path.is_file() or path.read_text() != text:
         tmp = path.with_suffix(f".{os.getpid()}")
@@ -728,8 +723,8 @@ def _main(argv: list[str] | None = None) -> int:
     k.add_argument("--front", action="store_true", help="guard pages before the buffers instead of after")
     k.add_argument("--no-sanitize", action="store_true")
     sub.add_parser("asan-build", help="build the patched libllama with ASan+UBSan (own build dir, niced)")
-    fi = sub.add_parser("findings", help="write the inputs of the open upstream findings (OPEN_FINDINGS)")
-    fi.add_argument("folder", type=Path, nargs="?", default=REGRESSIONS / "open")
+    fi = sub.add_parser("findings", help="write the inputs of findings 9 to 13 (FINDING_INPUTS)")
+    fi.add_argument("folder", type=Path, nargs="?", default=REGRESSIONS)
     lo = sub.add_parser("loader", help="loader fuzzer: mutated BITCOS GGUF files through llama_model_load_from_file")
     lo.add_argument("--cases", type=int, default=100000)
     lo.add_argument("--seed", type=int, default=1)
@@ -751,7 +746,7 @@ def _main(argv: list[str] | None = None) -> int:
         print(asan_build())
         return 0
     if a.cmd == "findings":
-        for p in write_open_findings(a.folder):
+        for p in write_finding_inputs(a.folder):
             print(p)
         return 0
     lib = asan_lib_dir() if a.asan else installed_llama_lib()

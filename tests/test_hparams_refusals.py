@@ -1,5 +1,6 @@
 """A model file with hyperparameters upstream llama.cpp asserts on (block count 0 or above LLAMA_MAX_LAYERS, an
-expert count above LLAMA_MAX_EXPERTS, more experts used than there are, an embedding length of 0) is refused with
+expert count above LLAMA_MAX_EXPERTS, more experts used than there are, an embedding length of 0, a negative or
+NaN norm epsilon) is refused with
 a message, never by aborting the process: the loader patch on crafted files turns those GGML_ASSERTs into load errors, which reach
 the CLI's log and Llama()'s ValueError, verbose or not.
 
@@ -20,14 +21,16 @@ import pytest
 from ggml_bitcos.llama_run import tool_path
 
 
-def _set_u32(src: Path, dst: Path, key: str, value: int) -> None:
-    """A copy of the GGUF `src` with the uint32 metadata value of `key` replaced (same length, so nothing moves)."""
+def _set_u32(src: Path, dst: Path, key: str, value: int | float) -> None:
+    """A copy of the GGUF `src` with the uint32 (or float32, for a float value) metadata value of `key` replaced
+    (same length, so nothing moves)."""
     data = bytearray(src.read_bytes())
     k = struct.pack("<Q", len(key)) + key.encode()
     i = data.find(k)
     assert i > 0, f"{key} not in {src}"
-    assert struct.unpack_from("<I", data, i + len(k))[0] == 4, f"{key} is not a uint32"  # GGUF_TYPE_UINT32
-    struct.pack_into("<I", data, i + len(k) + 4, value)
+    gguf_type, fmt = (6, "<f") if isinstance(value, float) else (4, "<I")  # GGUF_TYPE_FLOAT32 / UINT32
+    assert struct.unpack_from("<I", data, i + len(k))[0] == gguf_type, f"{key} is not of type {gguf_type}"
+    struct.pack_into(fmt, data, i + len(k) + 4, value)
     dst.write_bytes(bytes(data))
 
 
@@ -50,6 +53,13 @@ CASES = {
     "experts-above-max": ("llama.expert_count", 1 << 20, "n_expert <= LLAMA_MAX_EXPERTS"),
     "experts-used-above-count": ("llama.expert_used_count", 9, "n_expert_used_max <= hparams.n_expert"),
     "embedding-length-0": ("llama.embedding_length", 0, "n_embd > 0"),
+    # ggml's RMS_NORM asserts eps >= 0 at the first decode
+    "rms-epsilon-negative": ("llama.attention.layer_norm_rms_epsilon", -1e-5, "hparams.f_norm_rms_eps >= 0.0f"),
+    "rms-epsilon-nan": (
+        "llama.attention.layer_norm_rms_epsilon",
+        float("nan"),
+        "std::isfinite(hparams.f_norm_rms_eps)",
+    ),
 }
 
 

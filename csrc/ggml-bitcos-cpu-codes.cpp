@@ -29,6 +29,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -149,21 +151,91 @@ bitcos_rows rows_of(const ggml_tensor * w, const uint8_t * wdata, const uint8_t 
     return rows;
 }
 
+// Worker threads of the load-time decodes, started on first use and kept for the process: a model has hundreds
+// of weights, each decoded on every core, and threads started and joined per weight add their start-up to each
+// (and, under ASan, exhaust its thread bookkeeping over many loads in one process, as the loader fuzzer does).
+class decode_workers {
+  public:
+    static decode_workers & get() {
+        static decode_workers w;
+        return w;
+    }
+
+    // job(t) for t in [0, n) in parallel: 0 on the caller, the rest on workers; returns when all have returned.
+    // One job at a time (llama.cpp uploads tensors from one thread; the lock covers any other caller).
+    void run(int n, const std::function<void(int)> & job) {
+        std::lock_guard<std::mutex> one_job(run_mutex);
+        {
+            std::unique_lock<std::mutex> lock(mutex);
+            while ((int) threads.size() < n - 1) {
+                const int t = (int) threads.size() + 1;
+                threads.emplace_back([this, t] { work(t); });
+            }
+            current   = &job;
+            n_parts   = n;
+            remaining = n - 1;
+            ++generation;
+        }
+        wake.notify_all();
+        job(0);
+        std::unique_lock<std::mutex> lock(mutex);
+        done.wait(lock, [this] { return remaining == 0; });
+        current = nullptr;
+    }
+
+    ~decode_workers() {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            stop = true;
+        }
+        wake.notify_all();
+        for (auto & th : threads) {
+            th.join();
+        }
+    }
+
+  private:
+    void work(int t) {
+        uint64_t seen = 0;
+        for (;;) {
+            std::unique_lock<std::mutex> lock(mutex);
+            wake.wait(lock, [&] { return stop || generation != seen; });
+            if (stop) {
+                return;
+            }
+            seen = generation;
+            if (t >= n_parts) {
+                continue; // a job with fewer parts than workers
+            }
+            const std::function<void(int)> * job = current;
+            lock.unlock();
+            (*job)(t);
+            lock.lock();
+            if (--remaining == 0) {
+                done.notify_one();
+            }
+        }
+    }
+
+    std::mutex                       run_mutex, mutex;
+    std::condition_variable          wake, done;
+    std::vector<std::thread>         threads;
+    const std::function<void(int)> * current    = nullptr;
+    int                              n_parts    = 0;
+    int                              remaining  = 0;
+    uint64_t                         generation = 0;
+    bool                             stop       = false;
+};
+
 // fn(i0, i1) over [0, n_rows) in one contiguous range per core (rows are independent).
 template <typename F> void for_row_ranges(int64_t n_rows, F fn) {
     const int n_threads =
         (int) std::max<int64_t>(1, std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n_rows / 16));
-    auto work = [&](int t) {
-        fn(n_rows * t / n_threads, n_rows * (t + 1) / n_threads);
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < n_threads; ++t) {
-        pool.emplace_back(work, t);
+    if (n_threads == 1) {
+        fn(0, n_rows);
+        return;
     }
-    work(0);
-    for (auto & th : pool) {
-        th.join();
-    }
+    decode_workers::get().run(n_threads, [&](int t) { fn(n_rows * t / n_threads, n_rows * (t + 1) / n_threads); });
 }
 
 // Validates weight data wdata with companion cdata and decodes it into w's allocation.

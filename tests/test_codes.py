@@ -19,7 +19,7 @@ ZERO_DENSITIES = (0.0, 0.4, 1.0)
 # odd row lengths: partial last units (32, 96, 160, 576, 2080), a Q8_K block with one half (640, 2176: 17 units)
 KS = (32, 96, 128, 160, 256, 576, 640, 2048, 2080, 2176)
 VARIANT_KS = [(v, k) for v in VARIANTS for k in KS if k % v.k_multiple == 0]
-NRS = (1, 5, 9)  # a GEMV tile of 4 rows and its remainder, GEMM tiles of 2
+NRS = (1, 5, 9)  # GEMM tiles of 4 rows (x86) and a remainder
 NCS = (1, 2, 3, 4, 5, 8)
 FMAS = (True, False)
 FMA_IDS = ("fma", "nofma")

@@ -6,7 +6,8 @@
 // vpmaddwd(., 1) the contract's 8 lanes directly (dword l = bytes 4l .. 4l+3). The subtracted 32-weight sums
 // come from the Q8_K bsums (vpmaddwd(bsums, 1)), staged per block and column for every row of a tile. Tiles: 1
 // row against 1 column (GEMV: one stream, prefetched far ahead, ran faster than 2 or 4 rows), 2 rows against 4
-// columns (GEMM); the codes of a row's block are made once and serve every column of the tile.
+// columns (GEMM); the codes of a row's block are made once and serve every column of the tile. The GEMM is bound
+// by vpmaddubsw and 16 ymm: 1-4 x 2-8 tiles, unrolled or not, one D per column ran 0.79-1.04x of 2 x 4.
 #include "bitcos-kernels.h"
 
 #if defined(BITCOS_BUILD_AVX2)

@@ -8,8 +8,9 @@
 // so the contract's lane l is dword l + dword l + 8 (one fold per block). Subtracted sums from the bsums, as in
 // the AVX2 codes kernel. Tiles, rows x columns: GEMV 1 x 1 with the codes prefetched far ahead; GEMM 4 x 4, two
 // columns per zmm accumulator, so the fold, the subtraction, the conversion and the FMA take one instruction per
-// two outputs (4 x 4: 1.25-1.38x the 2 x 4 tile with one ymm per output; 8 x 4 the same, 2 x 8, 3 x 8, 4 x 2
-// slower, 4 x 8 spills: dev/codes_gemm_bench.sh).
+// two outputs: 1.25-1.38x the 2 x 4 tile with a ymm per output (dev/codes_gemm_bench.sh, 2-vCPU Xeon VM). 8 x 4
+// ties; 6 x 4, 3 x 8, 2 x 8, 4 x 2 are slower, 4 x 8 spills; two rows per zmm (a group's codes of both rows
+// against broadcast activations: no fold) ran 1.06-1.27x.
 #include "bitcos-kernels.h"
 
 #if defined(BITCOS_BUILD_AVX512)
@@ -26,11 +27,14 @@
 #        define CODES_GEMM_COLS 4
 #    endif
 #    define CODES_GEMM_PAIRS (CODES_GEMM_COLS / 2)
+#    if CODES_GEMM_COLS % 2 != 0 || CODES_GEMM_COLS < 2
+#        error "the GEMM tile holds column pairs"
+#    endif
 // a kind of its own here: row scales all equal in the tile (every MATRIX tile), D per column and block
-#    define CODES_ONE_SCALE  16
+#    define CODES_ONE_SCALE 16
 // the tile's rows and pairs unrolled, so its accumulators stay in registers (GCC leaves the row loop rolled, the
 // accumulators in memory: 12 % slower)
-#    define CODES_UNROLL     _Pragma("GCC unroll 8")
+#    define CODES_UNROLL    _Pragma("GCC unroll 8")
 
 #    if defined(__AVX512VNNI__)
 #        define AVX512_CODES_DOT(acc, u, q) _mm512_dpbusd_epi32(acc, u, q)

@@ -152,8 +152,8 @@ bitcos_rows rows_of(const ggml_tensor * w, const uint8_t * wdata, const uint8_t 
 }
 
 // Worker threads of the load-time decodes, started on first use and kept for the process: a model has hundreds
-// of weights, each decoded on every core, and threads started and joined per weight add their start-up to each
-// (and, under ASan, exhaust its thread bookkeeping over many loads in one process, as the loader fuzzer does).
+// of weights, each decoded on every core, and threads started and joined per weight would add their start-up to
+// each.
 class decode_workers {
   public:
     static decode_workers & get() {

@@ -5,7 +5,7 @@ Used by tests/test_fuzz.py (CI-sized runs in the default suite) and runnable for
     python3 tests/fuzzing.py kernels --cases 1000000
     python3 tests/fuzzing.py asan-build                   # patched libllama + ggml with ASan+UBSan
     python3 tests/fuzzing.py loader --asan --cases 100000
-    python3 tests/fuzzing.py findings                     # the inputs of findings 9 to 13 (fuzz-regressions/)
+    python3 tests/fuzzing.py findings                     # the inputs of findings 9 to 14 (fuzz-regressions/)
 
 Not a test module itself (pytest collects test_*.py only).
 """
@@ -376,11 +376,13 @@ def rewrite_seed(
     kv: dict[str, tuple] | None = None,
     shape: dict[str, tuple[int, ...]] | None = None,
     alignment: int | None = None,
+    add: dict[str, tuple[int, ...]] | None = None,
 ) -> Path:
     """A seed written again with some F32 tensors as another type (`retype`: name -> type; the values
     converted or quantized with gguf-py, integers rounded, Q8_1 / Q8_K the F32 bytes) and some KV values changed (`kv`: key -> (value,
     GGUFValueType)), some tensors with another shape (`shape`: name -> ne; their first bytes kept, so no more
-    elements than before); `alignment`: general.alignment. The regression inputs of docs/FUZZING.md's findings
+    elements than before); `alignment`: general.alignment; `add`: new F32 tensors of ones (name -> ne), which
+    `retype` may retype too. The regression inputs of docs/FUZZING.md's findings
     are made this way, so each differs from its seed in exactly what the finding names."""
     from gguf import quants
     from gguf_tools import open_gguf
@@ -397,11 +399,12 @@ def rewrite_seed(
         value, vtype = kv.get(key, ((value, sub) if vtype == GGUFValueType.ARRAY else value, vtype))
         pairs.append((key, value, vtype))
     tensors = []
-    for t in r.tensors:
-        ne, data, tt = tensor_ggml_shape(t), tensor_bytes(t).copy(), t.tensor_type
-        if t.name in retype:
-            assert tt == T.F32, t.name
-            values, tt = data.view(np.float32).reshape(tuple(reversed(ne))), retype[t.name]
+    items = [(t.name, tensor_ggml_shape(t), tensor_bytes(t).copy(), t.tensor_type, t.shape) for t in r.tensors]
+    items += [(name, ne, np.ones(int(np.prod(ne)), np.float32), T.F32, ne) for name, ne in (add or {}).items()]
+    for name, ne, data, tt, t_shape in items:
+        if name in retype:
+            assert tt == T.F32, name
+            values, tt = data.view(np.float32).reshape(tuple(reversed(ne))), retype[name]
             if tt in (T.I8, T.I16, T.I32, T.I64, T.F64):
                 dtype = {T.I8: np.int8, T.I16: np.int16, T.I32: np.int32, T.I64: np.int64, T.F64: np.float64}[tt]
                 data = (values if tt == T.F64 else np.rint(values * 4)).astype(dtype)
@@ -416,21 +419,21 @@ def rewrite_seed(
                 data = np.frombuffer(values.tobytes()[:n].ljust(n, b"\0"), np.uint8).copy()
             else:
                 data = quants.quantize(values, tt)
-        if t.name in shape:
-            ne = shape[t.name]
-            data = data.reshape(-1).view(np.uint8)[: data.nbytes * int(np.prod(ne)) // int(np.prod(t.shape))]
+        if name in shape:
+            ne = shape[name]
+            data = data.reshape(-1).view(np.uint8)[: data.nbytes * int(np.prod(ne)) // int(np.prod(t_shape))]
             data = data.view(np.int8) if tt == T.I8 else data
-        tensors.append((t.name, tt, ne, data.view(np.int8) if tt == T.I8 else data))
+        tensors.append((name, tt, ne, data.view(np.int8) if tt == T.I8 else data))
     if alignment is None and "general.alignment" in r.fields:
         alignment = int(field_value(r.fields["general.alignment"])[0])
     return _write(dst, pairs, tensors, arch=arch, alignment=alignment)
 
 
-# The inputs of the loader fuzzer's findings 9 to 13 in upstream llama.cpp / ggml (docs/FUZZING.md §4), each
+# The inputs of the loader fuzzer's findings 9 to 14 in upstream llama.cpp / ggml (docs/FUZZING.md §4), each
 # an abort, crash or hang at the first decode, or (ubsan-*) a UBSan report, until the patch series refused or
 # fixed it; kept in fuzz-regressions/ and made by `tests/fuzzing.py findings`: name -> (seed of make_seeds, or
 # bitcos-output: a llama with a BITCOS output matrix, so token_embd serves GET_ROWS alone; tensors retyped; KV
-# values; optionally tensor shapes).
+# values; optionally tensor shapes and tensors added).
 FINDING_INPUTS = {
     "rms-epsilon-negative": ("dense-mixed", {}, {"llama.attention.layer_norm_rms_epsilon": (-1e-5, F32)}),
     "norm-weight-f16": ("dense-mixed", {"blk.0.attn_norm.weight": T.F16}, {}),
@@ -442,6 +445,9 @@ FINDING_INPUTS = {
     "rope-dims-zero": ("gemma4-lazy", {}, {"gemma4.rope.dimension_count": (0, U32)}),
     "ubsan-q1-0-misaligned-load": ("dense-mixed", {"token_embd.weight": T.Q1_0}, {}),
     "ubsan-empty-companion-direct-io": ("dense-mixed", {}, {}, {"blk.0.ffn_down.weight.bitcos": (0,)}),
+    # not found by the fuzzer (its seeds have no rope_freqs): ggml_rope_ext asserts F32 frequency factors when the
+    # loader builds the op to ask the devices
+    "rope-freqs-f16": ("dense-mixed", {"rope_freqs.weight": T.F16}, {}, {}, {"rope_freqs.weight": (32,)}),
 }
 
 
@@ -454,8 +460,15 @@ def write_finding_inputs(folder: Path) -> list[Path]:
         seeds = {p.stem: p for p in make_seeds(Path(tmp))}
         seeds["bitcos-output"] = llama_seed(Path(tmp) / "bitcos-output.gguf", bitcos_output=True, seed=4)
         return [
-            rewrite_seed(seeds[seed], folder / f"{name}.gguf", retype=retype, kv=kv, shape=shape[0] if shape else None)
-            for name, (seed, retype, kv, *shape) in FINDING_INPUTS.items()
+            rewrite_seed(
+                seeds[seed],
+                folder / f"{name}.gguf",
+                retype=retype,
+                kv=kv,
+                shape=rest[0] if rest else None,
+                add=rest[1] if len(rest) > 1 else None,
+            )
+            for name, (seed, retype, kv, *rest) in FINDING_INPUTS.items()
         ]
 
 
@@ -723,7 +736,7 @@ def _main(argv: list[str] | None = None) -> int:
     k.add_argument("--front", action="store_true", help="guard pages before the buffers instead of after")
     k.add_argument("--no-sanitize", action="store_true")
     sub.add_parser("asan-build", help="build the patched libllama with ASan+UBSan (own build dir, niced)")
-    fi = sub.add_parser("findings", help="write the inputs of findings 9 to 13 (FINDING_INPUTS)")
+    fi = sub.add_parser("findings", help="write the inputs of findings 9 to 14 (FINDING_INPUTS)")
     fi.add_argument("folder", type=Path, nargs="?", default=REGRESSIONS)
     lo = sub.add_parser("loader", help="loader fuzzer: mutated BITCOS GGUF files through llama_model_load_from_file")
     lo.add_argument("--cases", type=int, default=100000)

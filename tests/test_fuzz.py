@@ -209,6 +209,8 @@ REGRESSION_OUTCOMES = {
     "rope-dims-zero.gguf": (0, 0, "invalid hyperparameters in the model file: hparams.n_rot_full > 0"),
     # finding 12: a Q1_0 token_embd made UBSan report a misaligned load in the x86 Q1_0 dot product
     "ubsan-q1-0-misaligned-load.gguf": (13, 13, ""),
+    # finding 14: an F16 rope_freqs aborted the load in ggml_rope_ext (asked of the devices)
+    "rope-freqs-f16.gguf": (0, 0, "no device here runs ROPE on tensor 'rope_freqs.weight' (type f16, 32)"),
     # finding 13: a 0-byte companion read with direct I/O passed a null pointer to memcpy
     "ubsan-empty-companion-direct-io.gguf": (0, 0, "invalid BITCOS tensor 'blk.0.ffn_down.weight': companion missing"),
 }

@@ -74,6 +74,24 @@ X86_ALWAYS_INLINE void avx512_block_scales(const bitcos_codes_rows * w, int64_t 
     }
 }
 
+// Row i's block b for both tiles: the codes some blocks ahead prefetched, the block decoded into z (z[2..3] of
+// its second half; zero for a lone half), and for per-128 scales its halves' fp16 scales in e (else 0).
+X86_ALWAYS_INLINE void avx512_codes_row_block(const bitcos_codes_rows * w, int64_t i, int64_t b, int halves, int kind,
+                                              __m512i z[4], uint16_t e[2]) {
+    const uint8_t * blk = w->codes + (size_t) i * w->row_bytes + (size_t) b * BITCOS_CODES_BLOCK_BYTES;
+    _mm_prefetch((const char *) (blk + X86_CODES_PREFETCH_BLOCKS * BITCOS_CODES_BLOCK_BYTES), _MM_HINT_T0);
+    avx512_codes_half(blk, z);
+    if (halves == 2) {
+        avx512_codes_half(blk + 32, z + 2);
+    } else {
+        z[2] = z[3] = _mm512_setzero_si512(); // never read; keeps GCC's -Wmaybe-uninitialized quiet
+    }
+    e[0] = e[1] = 0;
+    if (kind == CODES_PER_128) {
+        avx512_block_scales(w, i, b, halves, e);
+    }
+}
+
 // GEMV: R rows from i0 against column c0.
 X86_ALWAYS_INLINE void avx512_codes_gemv_tile(const bitcos_codes_rows * w, int64_t i0, const int R,
                                               const bitcos_q8_K * const * y, int64_t c0, float * const * dst,
@@ -97,20 +115,10 @@ X86_ALWAYS_INLINE void avx512_codes_gemv_tile(const bitcos_codes_rows * w, int64
             Q = _mm256_and_si256(Q, half0);
         }
         for (int r = 0; r < R; ++r) {
-            const int64_t   i   = i0 + r;
-            const uint8_t * blk = w->codes + (size_t) i * w->row_bytes + (size_t) b * BITCOS_CODES_BLOCK_BYTES;
-            _mm_prefetch((const char *) (blk + X86_CODES_PREFETCH_BLOCKS * BITCOS_CODES_BLOCK_BYTES), _MM_HINT_T0);
-            __m512i z[4];
-            avx512_codes_half(blk, z);
-            if (halves == 2) {
-                avx512_codes_half(blk + 32, z + 2);
-            } else {
-                z[2] = z[3] = _mm512_setzero_si512(); // never read; keeps GCC's -Wmaybe-uninitialized quiet
-            }
-            uint16_t e[2] = { 0, 0 };
-            if (kind == CODES_PER_128) {
-                avx512_block_scales(w, i, b, halves, e);
-            }
+            const int64_t i = i0 + r;
+            __m512i       z[4];
+            uint16_t      e[2];
+            avx512_codes_row_block(w, i, b, halves, kind, z, e);
             const float s = kind == CODES_ROW_SCALES ? w->row_scale[i] :
                             kind == CODES_PER_256    ? s256[r][b & 7] :
                                                        x86_fp16_to_fp32(e[0]);
@@ -190,20 +198,10 @@ X86_ALWAYS_INLINE void avx512_codes_gemm_tile(const bitcos_codes_rows * w, int64
         }
         CODES_UNROLL
         for (int r = 0; r < R; ++r) {
-            const int64_t   i   = i0 + r;
-            const uint8_t * blk = w->codes + (size_t) i * w->row_bytes + (size_t) b * BITCOS_CODES_BLOCK_BYTES;
-            _mm_prefetch((const char *) (blk + X86_CODES_PREFETCH_BLOCKS * BITCOS_CODES_BLOCK_BYTES), _MM_HINT_T0);
-            __m512i z[4];
-            avx512_codes_half(blk, z);
-            if (halves == 2) {
-                avx512_codes_half(blk + 32, z + 2);
-            } else {
-                z[2] = z[3] = _mm512_setzero_si512(); // never read; keeps GCC's -Wmaybe-uninitialized quiet
-            }
-            uint16_t e[2] = { 0, 0 };
-            if (kind == CODES_PER_128) {
-                avx512_block_scales(w, i, b, halves, e);
-            }
+            const int64_t i = i0 + r;
+            __m512i       z[4];
+            uint16_t      e[2];
+            avx512_codes_row_block(w, i, b, halves, kind, z, e);
             const float s = kind == CODES_ROW_SCALES ? w->row_scale[i] :
                             kind == CODES_PER_256    ? s256[r][b & 7] :
                             kind == CODES_PER_128    ? x86_fp16_to_fp32(e[0]) :
